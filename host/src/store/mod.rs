@@ -10,8 +10,10 @@
 //! - fencing tokens are unique and increase for the whole store.
 
 mod sqlite;
+#[cfg(test)]
+mod tests;
 
-pub use sqlite::{SqliteStore, SyncMode};
+pub use sqlite::{ParseSyncModeError, SqliteStore, SyncMode};
 
 use std::time::Duration;
 
@@ -195,6 +197,12 @@ pub enum StoreError {
         /// The run.
         run_id: String,
     },
+    /// The run does not exist: it must be opened with [`Store::open_run`] first.
+    #[error("run {run_id:?} does not exist")]
+    UnknownRun {
+        /// The run.
+        run_id: String,
+    },
     /// The store could not be opened or prepared.
     #[error("cannot open store {location}: {reason}")]
     Open {
@@ -204,7 +212,9 @@ pub enum StoreError {
         reason: String,
     },
     /// The store was written by a newer idem.
-    #[error("store schema version {found} is newer than this idem supports ({supported}); upgrade idem")]
+    #[error(
+        "store schema version {found} is newer than this idem supports ({supported}); upgrade idem"
+    )]
     SchemaTooNew {
         /// The version found in the store.
         found: i64,
@@ -244,8 +254,7 @@ pub trait Store: Send + Sync {
 
     /// Writes `result` as the key's committed result and removes the claim, in one
     /// transaction, if `token` still holds the claim; otherwise [`StoreError::ClaimLost`].
-    fn commit(&self, key: &str, token: u64, run_id: &str, result: &[u8])
-    -> Result<(), StoreError>;
+    fn commit(&self, key: &str, token: u64, run_id: &str, result: &[u8]) -> Result<(), StoreError>;
 
     /// Gives up the claim held by `token` without a result. Returns whether the caller
     /// still held it.
@@ -253,8 +262,13 @@ pub trait Store: Send + Sync {
 
     /// Extends the lease of the claim held by `token` until `now + lease`. Returns
     /// whether the caller still held it.
-    fn renew(&self, key: &str, token: u64, lease: Duration, now: Millis)
-    -> Result<bool, StoreError>;
+    fn renew(
+        &self,
+        key: &str,
+        token: u64,
+        lease: Duration,
+        now: Millis,
+    ) -> Result<bool, StoreError>;
 
     /// Creates the run if it is new; returns its record either way. Fails with
     /// [`StoreError::InputMismatch`] if it exists with other input.
@@ -270,6 +284,7 @@ pub trait Store: Send + Sync {
     fn load_progress(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError>;
 
     /// Replaces the run's checkpoint and stores its counts, in one transaction.
+    /// Fails with [`StoreError::UnknownRun`] if the run was never opened.
     fn save_progress(
         &self,
         run_id: &str,
@@ -278,10 +293,12 @@ pub trait Store: Send + Sync {
         now: Millis,
     ) -> Result<(), StoreError>;
 
-    /// Stores the run's counts (absolute values, not increments).
+    /// Stores the run's counts (absolute values, not increments). Fails with
+    /// [`StoreError::UnknownRun`] if the run was never opened.
     fn save_counts(&self, run_id: &str, counts: &Counts, now: Millis) -> Result<(), StoreError>;
 
-    /// Records how the run ended, with its final counts.
+    /// Records how the run ended, with its final counts. Fails with
+    /// [`StoreError::UnknownRun`] if the run was never opened.
     fn finish_run(
         &self,
         run_id: &str,

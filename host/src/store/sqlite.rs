@@ -1,0 +1,330 @@
+//! The SQLite backend of [`Store`]: one database file in WAL mode, shared safely by
+//! threads of one process and by several processes.
+//!
+//! Every write is one `BEGIN IMMEDIATE` transaction: the write lock is taken up front,
+//! so concurrent writers queue on the busy timeout instead of failing halfway through a
+//! read-then-write. All access goes through `SqliteStore::read` and
+//! `SqliteStore::write`, the one place that knows about locking.
+
+mod claims;
+mod runs;
+mod schema;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use rusqlite::{Connection, Row, TransactionBehavior};
+
+use super::{
+    Checkpoint, ClaimOutcome, ClaimRequest, Counts, Millis, OpenClaim, RunEnd, RunRecord, RunSpec,
+    Store, StoreError, now_millis,
+};
+
+/// How hard SQLite works to make a commit survive a crash (`--sync normal|full`).
+///
+/// Both modes survive the idem process crashing or being killed at any point: a
+/// transaction that returned is in the WAL file, which the operating system keeps.
+/// They differ when the machine loses power or the OS crashes:
+///
+/// - [`SyncMode::Normal`] syncs the WAL only when it is checkpointed, so the last
+///   transactions before the crash may be lost (the database stays consistent). A lost
+///   commit rolls the key back to a claim held by a holder that no longer exists: it is
+///   taken over when its lease expires and reported as in doubt, so its side effect may
+///   run twice.
+/// - [`SyncMode::Full`] syncs the WAL on every commit: a commit that returned survives
+///   power loss, at the cost of one `fsync` per transaction.
+///
+/// ```
+/// use idem::store::SyncMode;
+///
+/// let mode: SyncMode = "full".parse()?;
+/// assert_eq!(mode, SyncMode::Full);
+/// assert_eq!(mode.to_string(), "full");
+/// # Ok::<(), idem::store::ParseSyncModeError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SyncMode {
+    /// `PRAGMA synchronous = NORMAL`: fast; on power loss the last commits may be lost.
+    Normal,
+    /// `PRAGMA synchronous = FULL`: every commit is on disk before it returns.
+    Full,
+}
+
+impl SyncMode {
+    /// The mode's name, as `--sync` takes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SyncMode::Normal => "normal",
+            SyncMode::Full => "full",
+        }
+    }
+}
+
+impl fmt::Display for SyncMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for SyncMode {
+    type Err = ParseSyncModeError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.eq_ignore_ascii_case("normal") {
+            Ok(SyncMode::Normal)
+        } else if s.eq_ignore_ascii_case("full") {
+            Ok(SyncMode::Full)
+        } else {
+            Err(ParseSyncModeError {
+                given: s.to_owned(),
+            })
+        }
+    }
+}
+
+/// A `--sync` value that is neither `normal` nor `full`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown sync mode {given:?}: expected \"normal\" or \"full\"")]
+pub struct ParseSyncModeError {
+    /// What was given.
+    pub given: String,
+}
+
+/// A [`Store`] in one SQLite database file.
+///
+/// One connection serves all threads of the handle; open another handle (or run
+/// another process) on the same file and SQLite's file locks keep them consistent.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem::store::{ClaimOutcome, ClaimRequest, SqliteStore, Store, SyncMode};
+///
+/// let dir = tempfile::tempdir()?;
+/// let store = SqliteStore::open(&dir.path().join("idem.db"), SyncMode::Normal)?;
+/// let req = ClaimRequest {
+///     key: "send-invoice-42",
+///     run_id: "run-1",
+///     holder: "instance-a",
+///     lease: Duration::from_secs(30),
+///     now: idem::store::now_millis(),
+/// };
+/// let ClaimOutcome::Granted(grant) = store.claim(&req)? else {
+///     panic!("a fresh key is granted");
+/// };
+/// // ... perform the side effect, then:
+/// store.commit(req.key, grant.token, req.run_id, b"invoice sent")?;
+/// assert_eq!(store.claim(&req)?, ClaimOutcome::Committed(b"invoice sent".to_vec()));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct SqliteStore {
+    path: PathBuf,
+    conn: Mutex<Connection>,
+}
+
+impl SqliteStore {
+    /// Opens the idem database at `path`, creating it if the file does not exist or is
+    /// empty, and brings its schema up to date.
+    ///
+    /// Fails with [`StoreError::Open`] naming the path if its directory is missing,
+    /// the database cannot be written, or the file is something other than an idem
+    /// database (which is left untouched); with [`StoreError::SchemaTooNew`] if a newer
+    /// idem wrote it.
+    pub fn open(path: &Path, sync: SyncMode) -> Result<SqliteStore, StoreError> {
+        let conn = schema::open(path, sync)?;
+        Ok(SqliteStore {
+            path: path.to_owned(),
+            conn: Mutex::new(conn),
+        })
+    }
+
+    /// The database file this store was opened on.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Connection> {
+        // A transaction is rolled back when its guard drops, also when a panic unwinds
+        // through it: a poisoned connection is consistent and safe to keep using.
+        self.conn.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `f` on the connection outside any explicit transaction: each statement
+    /// reads one consistent snapshot.
+    fn read<T>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&Connection) -> Result<T, TxError>,
+    ) -> Result<T, StoreError> {
+        let conn = self.lock();
+        f(&conn).map_err(|e| e.during(op))
+    }
+
+    /// Runs `f` in one `BEGIN IMMEDIATE` transaction, committed if `f` succeeds and
+    /// rolled back otherwise.
+    fn write<T>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&Connection) -> Result<T, TxError>,
+    ) -> Result<T, StoreError> {
+        let mut conn = self.lock();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| backend(op, e))?;
+        let value = f(&tx).map_err(|e| e.during(op))?;
+        tx.commit().map_err(|e| backend(op, e))?;
+        Ok(value)
+    }
+}
+
+impl Store for SqliteStore {
+    fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        self.write("claim a key", |conn| claims::claim(conn, req, None))
+    }
+
+    fn take_over(
+        &self,
+        req: &ClaimRequest<'_>,
+        stale_token: u64,
+    ) -> Result<ClaimOutcome, StoreError> {
+        self.write("take over a claim", |conn| {
+            claims::claim(conn, req, Some(stale_token))
+        })
+    }
+
+    fn commit(&self, key: &str, token: u64, run_id: &str, result: &[u8]) -> Result<(), StoreError> {
+        let now = now_millis();
+        self.write("commit a result", |conn| {
+            claims::commit(conn, key, token, run_id, result, now)
+        })
+    }
+
+    fn release(&self, key: &str, token: u64) -> Result<bool, StoreError> {
+        self.write("release a claim", |conn| claims::release(conn, key, token))
+    }
+
+    fn renew(
+        &self,
+        key: &str,
+        token: u64,
+        lease: Duration,
+        now: Millis,
+    ) -> Result<bool, StoreError> {
+        let expires = claims::lease_expiry(now, lease);
+        self.write("renew a claim", |conn| {
+            claims::renew(conn, key, token, expires)
+        })
+    }
+
+    fn open_run(&self, spec: &RunSpec<'_>) -> Result<RunRecord, StoreError> {
+        self.write("open a run", |conn| runs::open_run(conn, spec))
+    }
+
+    fn run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
+        self.read("read a run", |conn| runs::run(conn, run_id))
+    }
+
+    fn runs(&self) -> Result<Vec<RunRecord>, StoreError> {
+        self.read("list runs", runs::runs)
+    }
+
+    fn load_progress(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
+        self.read("load progress", |conn| runs::load_progress(conn, run_id))
+    }
+
+    fn save_progress(
+        &self,
+        run_id: &str,
+        checkpoint: &Checkpoint,
+        counts: &Counts,
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        self.write("save progress", |conn| {
+            runs::save_progress(conn, run_id, checkpoint, counts, now)
+        })
+    }
+
+    fn save_counts(&self, run_id: &str, counts: &Counts, now: Millis) -> Result<(), StoreError> {
+        self.write("save counts", |conn| {
+            runs::save_counts(conn, run_id, counts, now)
+        })
+    }
+
+    fn finish_run(
+        &self,
+        run_id: &str,
+        end: RunEnd<'_>,
+        counts: &Counts,
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        self.write("finish a run", |conn| {
+            runs::finish_run(conn, run_id, end, counts, now)
+        })
+    }
+
+    fn open_claims(&self, run_id: Option<&str>) -> Result<Vec<OpenClaim>, StoreError> {
+        self.read("list open claims", |conn| claims::open_claims(conn, run_id))
+    }
+
+    fn committed(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.read("read a result", |conn| claims::committed(conn, key))
+    }
+}
+
+/// A failure inside an operation: SQLite's, to be named with the operation by
+/// [`TxError::during`], or already one of the store's own.
+#[derive(Debug)]
+enum TxError {
+    Sql(rusqlite::Error),
+    Store(StoreError),
+}
+
+impl TxError {
+    fn during(self, op: &'static str) -> StoreError {
+        match self {
+            TxError::Sql(e) => backend(op, e),
+            TxError::Store(e) => e,
+        }
+    }
+}
+
+impl From<rusqlite::Error> for TxError {
+    fn from(e: rusqlite::Error) -> Self {
+        TxError::Sql(e)
+    }
+}
+
+impl From<StoreError> for TxError {
+    fn from(e: StoreError) -> Self {
+        TxError::Store(e)
+    }
+}
+
+fn backend(op: &'static str, e: rusqlite::Error) -> StoreError {
+    StoreError::Backend {
+        op,
+        source: Box::new(e),
+    }
+}
+
+// SQLite integers are i64; the API counts in u64/u32. Out-of-range values are refused
+// rather than wrapped, so a corrupt row cannot turn into a plausible token.
+
+fn to_sql_int(value: u64) -> rusqlite::Result<i64> {
+    i64::try_from(value).map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
+}
+
+fn u64_column(row: &Row<'_>, idx: usize) -> rusqlite::Result<u64> {
+    let value: i64 = row.get(idx)?;
+    u64::try_from(value).map_err(|_| rusqlite::Error::IntegralValueOutOfRange(idx, value))
+}
+
+fn u32_column(row: &Row<'_>, idx: usize) -> rusqlite::Result<u32> {
+    let value: i64 = row.get(idx)?;
+    u32::try_from(value).map_err(|_| rusqlite::Error::IntegralValueOutOfRange(idx, value))
+}

@@ -1,0 +1,170 @@
+//! `idem run`: load an agent, open the store, drive one run to its end, print the
+//! output and the counts.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use idem::runtime::{
+    CrashPoint, DirGrant, FaultPlan, Host, Limits, RunOptions, RunReport, Runtime,
+    default_cache_dir,
+};
+use idem::store::{RunStatus, SqliteStore, SyncMode};
+use sha2::{Digest, Sha256};
+
+use super::{BadInput, Exit, args};
+
+#[derive(Debug, Parser)]
+pub struct RunCommand {
+    /// The agent: a component built with `cargo build --target wasm32-wasip2`.
+    agent: PathBuf,
+    /// The SQLite store.
+    #[arg(long, default_value = "idem.db")]
+    db: PathBuf,
+    /// Durability: `normal` (fast; a power loss may undo the last commits) or `full`
+    /// (every commit is fsync'd).
+    #[arg(long, default_value = "normal", value_parser = args::sync_mode)]
+    sync: SyncMode,
+    /// The run's id. Defaults to the agent's name and a hash of the input, so that the
+    /// same command resumes the same run.
+    #[arg(long)]
+    run_id: Option<String>,
+    /// The input, as JSON, or `@FILE` to read it from a file.
+    #[arg(long, default_value = "null")]
+    input: String,
+    /// Grant a host directory to the agent: `HOST::GUEST`. Repeatable.
+    #[arg(long = "dir", value_parser = args::dir_grant)]
+    dirs: Vec<DirGrant>,
+    /// Grant an environment variable to the agent: `K=V`. Repeatable.
+    #[arg(long = "env", value_parser = args::env_var)]
+    env: Vec<(String, String)>,
+    /// Drop the instance and start a fresh one each time it has been granted N claims.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    recycle_every: Option<u32>,
+    /// Drop the instance at PHASE of step STEP: before-claim, after-claim, in-effect,
+    /// after-commit or after-save. Repeatable.
+    #[arg(long, value_name = "PHASE:STEP")]
+    crash_at: Vec<CrashPoint>,
+    /// Drop instances at random host calls and mid-computation, from this seed.
+    #[arg(long, value_name = "SEED")]
+    chaos: Option<u64>,
+    /// How long a claim is held before another holder may take it over.
+    #[arg(long, default_value = "30s", value_parser = args::duration)]
+    lease: Duration,
+    /// How long to wait for another holder's commit before giving up.
+    #[arg(long, default_value = "60s", value_parser = args::duration)]
+    await_timeout: Duration,
+    /// Where precompiled agents are kept. Defaults to $XDG_CACHE_HOME/idem.
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// Compile the agent every time.
+    #[arg(long, conflicts_with = "cache_dir")]
+    no_cache: bool,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+impl RunCommand {
+    pub fn execute(self) -> anyhow::Result<Exit> {
+        let input = self.read_input()?;
+        let cache = if self.no_cache {
+            None
+        } else {
+            self.cache_dir.clone().or_else(default_cache_dir)
+        };
+        let runtime = Runtime::new(cache)?;
+        // The agent is checked before the store is opened: a bad agent changes nothing.
+        let agent = runtime.load(&self.agent)?;
+        let run_id = match &self.run_id {
+            Some(id) => id.clone(),
+            None => default_run_id(agent.name(), &input),
+        };
+        let store = SqliteStore::open(&self.db, self.sync)
+            .with_context(|| format!("opening store {}", self.db.display()))?;
+        let limits = Limits {
+            lease: self.lease,
+            await_timeout: self.await_timeout,
+            ..Limits::default()
+        };
+        let host = Host::new(Arc::new(runtime), Arc::new(store), limits);
+        let opts = RunOptions {
+            run_id: run_id.clone(),
+            input,
+            dirs: self.dirs.clone(),
+            env: self.env.clone(),
+            faults: FaultPlan {
+                crash_at: self.crash_at.clone(),
+                recycle_every: self.recycle_every,
+                chaos: self.chaos,
+            },
+        };
+        let report = host
+            .run(&agent, &opts)
+            .with_context(|| format!("run {run_id}"))?;
+        self.print(&report)?;
+        Ok(match report.status {
+            RunStatus::Completed => Exit::Done,
+            _ => Exit::AgentFailed,
+        })
+    }
+
+    fn read_input(&self) -> anyhow::Result<Vec<u8>> {
+        let bytes = match self.input.strip_prefix('@') {
+            Some(path) => std::fs::read(path)
+                .map_err(|e| BadInput(format!("cannot read --input file {path}: {e}")))?,
+            None => self.input.clone().into_bytes(),
+        };
+        serde_json::from_slice::<serde_json::Value>(&bytes)
+            .map_err(|e| BadInput(format!("--input is not valid JSON: {e}")))?;
+        Ok(bytes)
+    }
+
+    fn print(&self, report: &RunReport) -> anyhow::Result<()> {
+        let c = &report.counts;
+        let output = serde_json::from_slice::<serde_json::Value>(&report.outcome)
+            .unwrap_or_else(|_| String::from_utf8_lossy(&report.outcome).into_owned().into());
+        if self.json {
+            let (output, error) = match report.status {
+                RunStatus::Completed => (output, serde_json::Value::Null),
+                _ => (serde_json::Value::Null, output),
+            };
+            let doc = serde_json::json!({
+                "run_id": report.run_id,
+                "status": report.status,
+                "output": output,
+                "error": error,
+                "already_finished": report.already_finished,
+                "instances_now": report.instances_now,
+                "counts": c,
+            });
+            println!("{doc}");
+        } else {
+            let status = match (report.status, report.already_finished) {
+                (RunStatus::Completed, true) => "had already completed",
+                (RunStatus::Completed, false) => "completed",
+                _ => "failed",
+            };
+            println!("run {} {status}", report.run_id);
+            match report.status {
+                RunStatus::Completed => println!("output: {output}"),
+                _ => println!("error: {output}"),
+            }
+            println!(
+                "executed {}  skipped {}  awaited {}  reclaimed {}  instances {}",
+                c.executed, c.skipped, c.awaited, c.reclaimed, c.instances
+            );
+        }
+        Ok(())
+    }
+}
+
+/// `<agent>-<first 12 hex digits of SHA-256(input)>`: stable for the same agent and
+/// input, so re-running a command resumes its run instead of starting another.
+fn default_run_id(agent: &str, input: &[u8]) -> String {
+    let digest = Sha256::digest(input);
+    let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{agent}-{hex}")
+}

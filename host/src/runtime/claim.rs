@@ -1,0 +1,15 @@
+//! The host's record of a claim handed to a guest: what the `claim` resource stands for.
+
+/// A claim the guest holds. Lives in the instance's resource table; when the instance
+/// is dropped the table goes with it and the claim stays in the store, orphaned, exactly
+/// as if the process had died.
+#[derive(Debug, Clone)]
+pub struct ClaimHandle {
+    pub(crate) key: String,
+    pub(crate) token: u64,
+    pub(crate) attempt: u32,
+    pub(crate) in_doubt: bool,
+    /// The key's place in the run's order of first use: what `--crash-at PHASE:STEP`
+    /// counts.
+    pub(crate) ordinal: u32,
+}

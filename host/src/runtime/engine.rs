@@ -1,0 +1,160 @@
+//! The engine, the linker and loading agents: one `Engine` per process, each component
+//! compiled once (or loaded precompiled from the cache), one `InstancePre` per
+//! component digest.
+
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Config, Engine};
+
+use super::bindings::{Agent as AgentBindings, AgentPre};
+use super::cache::{ComponentCache, hex};
+use super::error::HostError;
+use super::state::InstanceState;
+
+/// The first eight bytes of a core module: magic, then version 1.
+const CORE_MODULE_HEADER: [u8; 8] = *b"\0asm\x01\0\0\0";
+
+/// The compiled-code side of a host: engine, linker, component cache. Shared by every
+/// run of a process.
+pub struct Runtime {
+    engine: Engine,
+    linker: Linker<InstanceState>,
+    cache: Option<ComponentCache>,
+}
+
+/// An agent ready to be instantiated any number of times.
+#[derive(Clone)]
+pub struct LoadedAgent {
+    pub(crate) name: String,
+    pub(crate) digest: String,
+    pub(crate) pre: AgentPre<InstanceState>,
+    pub(crate) from_cache: bool,
+}
+
+impl std::fmt::Debug for LoadedAgent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedAgent")
+            .field("name", &self.name)
+            .field("digest", &self.digest)
+            .field("from_cache", &self.from_cache)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LoadedAgent {
+    /// The agent's name: its file stem.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Hex SHA-256 of the component's bytes.
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+
+    /// Whether the compiled code came from the cache rather than a compile.
+    pub fn from_cache(&self) -> bool {
+        self.from_cache
+    }
+}
+
+impl Runtime {
+    /// Builds the engine and the linker. `cache_dir` enables the precompiled-component
+    /// cache.
+    pub fn new(cache_dir: Option<PathBuf>) -> Result<Runtime, HostError> {
+        let mut config = Config::new();
+        config.wasm_component_model(true);
+        // Fuel lets the host end an instance in the middle of guest computation at a
+        // point chosen by a seed, reproducibly (epoch interruption is wall-clock based).
+        config.consume_fuel(true);
+        let engine = Engine::new(&config).map_err(|e| HostError::Engine(format!("{e:#}")))?;
+
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| HostError::Engine(format!("{e:#}")))?;
+        AgentBindings::add_to_linker::<_, HasSelf<InstanceState>>(&mut linker, |s| s)
+            .map_err(|e| HostError::Engine(format!("{e:#}")))?;
+
+        let cache = cache_dir.map(|dir| ComponentCache::new(dir, &engine));
+        Ok(Runtime {
+            engine,
+            linker,
+            cache,
+        })
+    }
+
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Reads, checks and compiles (or loads from the cache) the agent at `path`.
+    pub fn load(&self, path: &Path) -> Result<LoadedAgent, HostError> {
+        let bytes = std::fs::read(path).map_err(|source| HostError::ReadAgent {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "agent".to_string());
+        self.load_bytes(path, &name, &bytes)
+    }
+
+    /// Like [`Runtime::load`] for bytes already in memory; `path` only names them in
+    /// errors.
+    pub fn load_bytes(
+        &self,
+        path: &Path,
+        name: &str,
+        bytes: &[u8],
+    ) -> Result<LoadedAgent, HostError> {
+        if !bytes.starts_with(b"\0asm") {
+            return Err(HostError::NotWasm {
+                path: path.to_path_buf(),
+            });
+        }
+        if bytes.starts_with(&CORE_MODULE_HEADER) {
+            return Err(HostError::CoreModule {
+                path: path.to_path_buf(),
+            });
+        }
+        let digest = hex(&Sha256::digest(bytes));
+        let cached = self
+            .cache
+            .as_ref()
+            .and_then(|c| c.load(&self.engine, &digest));
+        let from_cache = cached.is_some();
+        let component = match cached {
+            Some(component) => component,
+            None => {
+                let component = Component::new(&self.engine, bytes).map_err(|e| {
+                    HostError::InvalidComponent {
+                        path: path.to_path_buf(),
+                        reason: format!("{e:#}"),
+                    }
+                })?;
+                if let Some(cache) = &self.cache {
+                    cache.store(&digest, &component);
+                }
+                component
+            }
+        };
+        let wrong_world = |e: wasmtime::Error| HostError::WrongWorld {
+            path: path.to_path_buf(),
+            reason: format!("{e:#}"),
+        };
+        let instance_pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(wrong_world)?;
+        let pre = AgentPre::new(instance_pre).map_err(wrong_world)?;
+        Ok(LoadedAgent {
+            name: name.to_string(),
+            digest,
+            pre,
+            from_cache,
+        })
+    }
+}

@@ -1,0 +1,246 @@
+//! Opening a file as an idem SQLite store: refusing files that are not ours before
+//! anything is written, setting the connection's pragmas, and applying the numbered
+//! migrations.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use rusqlite::{Connection, ErrorCode, MAIN_DB, OpenFlags, TransactionBehavior};
+
+use super::SyncMode;
+use crate::store::StoreError;
+
+/// "idem" in ASCII, written to the database header (`PRAGMA application_id`) so that a
+/// file can be recognised as an idem store before anything is written to it.
+const APPLICATION_ID: i32 = 0x6964_656d;
+
+/// `MIGRATIONS[i]` brings the schema from version `i` to version `i + 1`; the version
+/// is kept in `PRAGMA user_version`.
+const MIGRATIONS: &[&str] = &[include_str!("../migrations/sqlite/0001_init.sql")];
+
+/// The schema version this build writes and understands.
+pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// How long a statement waits for another connection's write lock before failing.
+/// Transactions are short, so only a stuck writer should ever reach it.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Enough for every statement the store prepares, so hot paths never re-prepare.
+const STATEMENT_CACHE: usize = 32;
+
+/// What a file holds, judged from its header and schema alone.
+enum Contents {
+    /// A new or empty database: ours to initialise.
+    Empty,
+    /// An idem store at this schema version.
+    Idem { version: i64 },
+    /// Some other SQLite database.
+    Foreign { application_id: i32, objects: i64 },
+}
+
+/// Opens `path` and makes it a ready idem store, or explains why it cannot be one.
+pub(super) fn open(path: &Path, sync: SyncMode) -> Result<Connection, StoreError> {
+    let dir = directory_of(path);
+    let fail = |reason: String| refuse(path, reason);
+    let sql_fail = |e: rusqlite::Error| fail(describe(&e, dir));
+
+    check_location(path, dir).map_err(fail)?;
+    // No SQLITE_OPEN_URI: a path is a path, even one that starts with "file:".
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let mut conn = Connection::open_with_flags(path, flags).map_err(sql_fail)?;
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(sql_fail)?;
+    // SQLite silently falls back to read-only when the file is write-protected.
+    if conn.is_readonly(MAIN_DB).map_err(sql_fail)? {
+        return Err(fail(
+            "the file is write-protected; idem needs to write to it".to_owned(),
+        ));
+    }
+
+    // Judge the file before changing anything: even switching to WAL rewrites the
+    // header, and a file that is not ours must stay byte-identical.
+    check_contents(path, inspect(&conn).map_err(sql_fail)?)?;
+
+    let mode = enable_wal(&conn).map_err(sql_fail)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(fail(format!(
+            "SQLite cannot use WAL mode here (journal mode is {mode:?})"
+        )));
+    }
+    let synchronous = match sync {
+        SyncMode::Normal => "NORMAL",
+        SyncMode::Full => "FULL",
+    };
+    conn.pragma_update(None, "synchronous", synchronous)
+        .map_err(sql_fail)?;
+    conn.pragma_update(None, "foreign_keys", true)
+        .map_err(sql_fail)?;
+
+    migrate(&mut conn, path).map_err(|e| match e {
+        Failure::Sql(e) => sql_fail(e),
+        Failure::Store(e) => e,
+    })?;
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+    Ok(conn)
+}
+
+/// Switches the file to WAL mode and returns the journal mode it ends up in.
+///
+/// Converting needs an exclusive lock and SQLite does not call the busy handler for
+/// it, so a first open racing another one would fail at once: retry within the busy
+/// timeout instead. WAL mode is a property of the file, so once it is set, later opens
+/// only read it and take no lock.
+fn enable_wal(conn: &Connection) -> rusqlite::Result<String> {
+    let mode = |conn: &Connection| -> rusqlite::Result<String> {
+        conn.pragma_query_value(None, "journal_mode", |row| row.get(0))
+    };
+    let current = mode(conn)?;
+    if current.eq_ignore_ascii_case("wal") {
+        return Ok(current);
+    }
+    let deadline = Instant::now() + BUSY_TIMEOUT;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0)) {
+            Err(e) if e.sqlite_error_code() == Some(ErrorCode::DatabaseBusy) => {
+                if Instant::now() >= deadline {
+                    return Err(e);
+                }
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            result => return result,
+        }
+    }
+}
+
+/// Why migrating stopped.
+enum Failure {
+    Sql(rusqlite::Error),
+    Store(StoreError),
+}
+
+impl From<rusqlite::Error> for Failure {
+    fn from(e: rusqlite::Error) -> Self {
+        Failure::Sql(e)
+    }
+}
+
+/// Brings the schema to [`SCHEMA_VERSION`] in one `BEGIN IMMEDIATE` transaction.
+///
+/// The transaction always writes (the version, even when unchanged), so a database
+/// that cannot be written fails here, at open, rather than at the first claim.
+fn migrate(conn: &mut Connection, path: &Path) -> Result<(), Failure> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    // Judged again under the write lock: another process may have initialised (or
+    // upgraded) the file since the first look.
+    let from = check_contents(path, inspect(&tx)?).map_err(Failure::Store)?;
+    for migration in MIGRATIONS.iter().skip(from) {
+        tx.execute_batch(migration)?;
+    }
+    tx.pragma_update(None, "application_id", APPLICATION_ID)?;
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// The number of migrations already applied, or why the file must not be touched.
+fn check_contents(path: &Path, contents: Contents) -> Result<usize, StoreError> {
+    match contents {
+        Contents::Empty => Ok(0),
+        Contents::Idem { version } => match usize::try_from(version) {
+            Ok(applied) if applied <= MIGRATIONS.len() => Ok(applied),
+            Ok(_) => Err(StoreError::SchemaTooNew {
+                found: version,
+                supported: SCHEMA_VERSION,
+            }),
+            Err(_) => Err(refuse(
+                path,
+                format!("the idem store has an invalid schema version {version}"),
+            )),
+        },
+        Contents::Foreign {
+            application_id,
+            objects,
+        } => Err(refuse(
+            path,
+            format!(
+                "the file is a SQLite database but not an idem store (application_id \
+                 {application_id:#x}, {objects} schema objects); idem left it untouched"
+            ),
+        )),
+    }
+}
+
+fn refuse(path: &Path, reason: String) -> StoreError {
+    StoreError::Open {
+        location: path.display().to_string(),
+        reason,
+    }
+}
+
+/// Reads what the file holds without writing to it.
+fn inspect(conn: &Connection) -> rusqlite::Result<Contents> {
+    // One statement, so one snapshot: read separately, the three could straddle another
+    // process's initialisation and describe a file that never existed.
+    let (application_id, version, objects): (i32, i64, i64) = conn.query_row(
+        "SELECT (SELECT application_id FROM pragma_application_id()),
+                (SELECT user_version FROM pragma_user_version()),
+                (SELECT count(*) FROM sqlite_schema)",
+        [],
+        |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+    )?;
+    Ok(if application_id == APPLICATION_ID {
+        Contents::Idem { version }
+    } else if application_id == 0 && version == 0 && objects == 0 {
+        Contents::Empty
+    } else {
+        Contents::Foreign {
+            application_id,
+            objects,
+        }
+    })
+}
+
+/// Refuses locations SQLite would only report as "unable to open database file".
+fn check_location(path: &Path, dir: &Path) -> Result<(), String> {
+    if path.is_dir() {
+        return Err("it is a directory, not a database file".to_owned());
+    }
+    match std::fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(_) => Err(format!("{} is not a directory", dir.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(format!("directory {} does not exist", dir.display()))
+        }
+        Err(e) => Err(format!("cannot access directory {}: {e}", dir.display())),
+    }
+}
+
+/// The directory the database (and its `-wal` and `-shm` files) lives in.
+fn directory_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    }
+}
+
+/// Puts a SQLite error met while opening into words a user can act on.
+fn describe(e: &rusqlite::Error, dir: &Path) -> String {
+    match e.sqlite_error_code() {
+        Some(ErrorCode::NotADatabase) => {
+            "the file is not a SQLite database; idem left it untouched".to_owned()
+        }
+        Some(ErrorCode::CannotOpen | ErrorCode::PermissionDenied) => format!(
+            "cannot create or open the file; check that {} is writable ({e})",
+            dir.display()
+        ),
+        Some(ErrorCode::ReadOnly) => format!(
+            "the database is not writable; idem needs write access to the file and to \
+             {}, where SQLite keeps its -wal and -shm files ({e})",
+            dir.display()
+        ),
+        _ => e.to_string(),
+    }
+}
