@@ -1,9 +1,6 @@
 //! Store behaviour, written once and run against every backend: each backend adds a
 //! [`Harness`] and one `store_tests!` line.
 
-// A failed unwrap is a failed test, with the error in the message.
-#![allow(clippy::unwrap_used)]
-
 use std::collections::HashMap;
 use std::time::Duration;
 

@@ -1,9 +1,6 @@
 //! Tests of what only the SQLite backend has: files, pragmas and schema versions. The
 //! store's behaviour is tested for every backend in `store/tests.rs`.
 
-// A failed unwrap is a failed test, with the error in the message.
-#![allow(clippy::unwrap_used)]
-
 use std::path::Path;
 
 use rusqlite::Connection;
