@@ -11,6 +11,6 @@ wasmtime::component::bindgen!({
     },
 });
 
-pub use idem::agent::once::{Committed, Obtained, Outcome};
-pub use idem::agent::progress::Checkpoint as WitCheckpoint;
-pub use idem::agent::types::StepError;
+pub use self::idem::agent::once::{Committed, Obtained, Outcome};
+pub use self::idem::agent::progress::Checkpoint as WitCheckpoint;
+pub use self::idem::agent::types::StepError;

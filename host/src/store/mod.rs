@@ -270,7 +270,8 @@ pub trait Store: Send + Sync {
         now: Millis,
     ) -> Result<bool, StoreError>;
 
-    /// Creates the run if it is new; returns its record either way. Fails with
+    /// Creates the run if it is new; returns its record either way. A failed run is set
+    /// back to running: opening a run means resuming it. Fails with
     /// [`StoreError::InputMismatch`] if it exists with other input.
     fn open_run(&self, spec: &RunSpec<'_>) -> Result<RunRecord, StoreError>;
 

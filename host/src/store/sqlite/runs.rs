@@ -33,7 +33,20 @@ pub(super) fn open_run(conn: &Connection, spec: &RunSpec<'_>) -> Result<RunRecor
             }
             .into());
         }
-        Some(_) => {}
+        Some(_) => {
+            // Opening a run means driving it: a failed run goes back to running (its
+            // committed steps stay) so that status shows what is happening.
+            conn.prepare_cached(
+                "UPDATE runs SET status = ?2, outcome = NULL, updated = ?3
+                 WHERE run_id = ?1 AND status = ?4",
+            )?
+            .execute(params![
+                spec.run_id,
+                status_name(RunStatus::Running),
+                spec.now,
+                status_name(RunStatus::Failed)
+            ])?;
+        }
         None => {
             conn.prepare_cached(
                 "INSERT INTO runs (run_id, agent, digest, input, status, created, updated)
