@@ -1,0 +1,105 @@
+//! The SDK's one error type, and the readable text of the WIT `step-error`.
+
+use crate::StepError;
+
+/// Why an SDK call, or the agent itself, failed.
+///
+/// Agents return it from [`Agent::run`](crate::Agent::run); its `Display` text becomes
+/// the `err` of the component's `run` export. Plain strings convert into
+/// [`Error::Agent`], so an agent's own failures need no type of their own:
+///
+/// ```
+/// use idem_sdk::Error;
+///
+/// fn check(items: &[String]) -> Result<(), Error> {
+///     if items.is_empty() {
+///         Err("no items to process")?;
+///     }
+///     Ok(())
+/// }
+///
+/// let err = check(&[]).unwrap_err();
+/// assert_eq!(err.to_string(), "no items to process");
+/// assert!(matches!(err, Error::Agent(_)));
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A durable call (`run-once`, `commit`, `save`) was refused by the host.
+    #[error("{}", step_error_text(.0))]
+    Step(StepError),
+    /// The side effect passed to [`run_once`](crate::run_once) failed; its claim was
+    /// released, so running the agent again retries it under the same key.
+    #[error("side effect failed: {0}")]
+    Effect(String),
+    /// A value could not be encoded to, or decoded from, JSON.
+    #[error("JSON: {0}")]
+    Codec(String),
+    /// The agent's own failure.
+    #[error("{0}")]
+    Agent(String),
+}
+
+impl From<StepError> for Error {
+    fn from(err: StepError) -> Self {
+        Error::Step(err)
+    }
+}
+
+impl From<String> for Error {
+    fn from(text: String) -> Self {
+        Error::Agent(text)
+    }
+}
+
+impl From<&str> for Error {
+    fn from(text: &str) -> Self {
+        Error::Agent(text.to_owned())
+    }
+}
+
+impl Error {
+    /// Wraps a `serde_json` failure with what was being coded, so the run's error says
+    /// which value was at fault.
+    pub(crate) fn codec(what: &str, err: serde_json::Error) -> Self {
+        Error::Codec(format!("{what}: {err}"))
+    }
+}
+
+// The generated `Display` of `StepError` is its `Debug` form; agents and the host's
+// `status` output deserve a sentence.
+fn step_error_text(err: &StepError) -> String {
+    match err {
+        StepError::InvalidKey(reason) => format!("invalid key: {reason}"),
+        StepError::TooLarge(detail) => format!("too large: {detail}"),
+        StepError::ClaimLost(key) => format!("claim lost: {key}"),
+        StepError::AwaitTimeout(key) => format!("await timeout: {key}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_errors_read_as_sentences() {
+        let cases = [
+            (StepError::InvalidKey("empty".into()), "invalid key: empty"),
+            (
+                StepError::TooLarge("limit 10, got 11".into()),
+                "too large: limit 10, got 11",
+            ),
+            (StepError::ClaimLost("k".into()), "claim lost: k"),
+            (StepError::AwaitTimeout("k".into()), "await timeout: k"),
+        ];
+        for (err, text) in cases {
+            assert_eq!(Error::from(err).to_string(), text);
+        }
+    }
+
+    #[test]
+    fn strings_become_agent_errors() {
+        assert!(matches!(Error::from("x"), Error::Agent(t) if t == "x"));
+        assert!(matches!(Error::from(String::from("y")), Error::Agent(t) if t == "y"));
+    }
+}

@@ -1,0 +1,203 @@
+//! `run_once`: the typed face of the `run-once` import, and what it tells the agent.
+
+use std::fmt::Display;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::bindings::idem::agent::once::{self, Claim, Obtained};
+use crate::{Error, Key};
+
+/// How [`run_once`] reached its result.
+///
+/// ```
+/// use idem_sdk::Outcome;
+///
+/// // Only the first two mean the side effect ran in this call.
+/// let ran = |o: Outcome| matches!(o, Outcome::Executed | Outcome::Reclaimed { .. });
+/// assert!(ran(Outcome::Reclaimed { attempt: 2 }));
+/// assert!(!ran(Outcome::Skipped));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// This call claimed the key, ran the side effect and committed its result.
+    Executed,
+    /// As `Executed`, but an earlier holder of the key may have begun the side effect
+    /// and died before committing: the downstream may see it twice unless it dedupes
+    /// on the key (or the [`Step::token`]).
+    Reclaimed {
+        /// The attempt this call's claim had.
+        attempt: u32,
+    },
+    /// The key was committed before this call: the side effect did not run again.
+    Skipped,
+    /// Another live holder was running the key; this call waited for its commit.
+    Awaited,
+}
+
+/// What the side effect passed to [`run_once`] may know about its claim.
+///
+/// Pass [`key`](Step::key) or [`token`](Step::token) downstream: they let the receiver
+/// dedupe a retried effect or refuse a stale holder's late write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    key: String,
+    attempt: u32,
+    token: u64,
+    in_doubt: bool,
+}
+
+impl Step {
+    /// The idempotency key being executed.
+    ///
+    /// ```no_run
+    /// # use idem_sdk::{Key, run_once};
+    /// let (echo, _) = run_once(&Key::new("k"), |step| Ok::<_, String>(step.key().to_owned()))?;
+    /// assert_eq!(echo, "k");
+    /// # Ok::<(), idem_sdk::Error>(())
+    /// ```
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// 1 on the key's first execution; higher when an earlier claim was released (its
+    /// side effect failed) or retaken from a holder that died.
+    ///
+    /// ```no_run
+    /// # use idem_sdk::{Key, run_once};
+    /// run_once(&Key::new("k"), |step| {
+    ///     if step.attempt() > 3 {
+    ///         return Err("giving up after three attempts");
+    ///     }
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), idem_sdk::Error>(())
+    /// ```
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The fencing token: strictly greater than every token handed out for this key
+    /// before, so a downstream that remembers the highest token it saw can refuse a
+    /// stale holder.
+    ///
+    /// ```no_run
+    /// # use idem_sdk::{Key, run_once};
+    /// run_once(&Key::new("k"), |step| {
+    ///     let header = format!("Fencing-Token: {}", step.token());
+    ///     Ok::<_, String>(header.len())
+    /// })?;
+    /// # Ok::<(), idem_sdk::Error>(())
+    /// ```
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// True when an earlier holder may have begun this side effect and died before
+    /// committing it.
+    ///
+    /// ```no_run
+    /// # use idem_sdk::{Key, run_once};
+    /// run_once(&Key::new("k"), |step| {
+    ///     if step.in_doubt() {
+    ///         // Ask the downstream whether it already saw `step.key()`.
+    ///     }
+    ///     Ok::<_, String>(())
+    /// })?;
+    /// # Ok::<(), idem_sdk::Error>(())
+    /// ```
+    pub fn in_doubt(&self) -> bool {
+        self.in_doubt
+    }
+}
+
+/// Runs the side effect `f` at most once per committed `key`, across instances, host
+/// restarts and runs sharing the key.
+///
+/// If the key was already committed, `f` is not called: its stored result is decoded
+/// and returned with [`Outcome::Skipped`] (or [`Outcome::Awaited`] when this call waited
+/// for another live holder). Otherwise this call holds the key's claim and calls `f`:
+///
+/// - `Ok(value)`: `value` is stored as JSON and the key committed; the outcome is
+///   [`Outcome::Executed`], or [`Outcome::Reclaimed`] when an earlier holder died
+///   mid-way.
+/// - `Err(e)`: the claim is released and the call fails with [`Error::Effect`]; a later
+///   call (in this run or after a resume) retries under the same key, with a higher
+///   [`Step::attempt`].
+///
+/// If the host refuses the key or the commit, the call fails with [`Error::Step`]. If
+/// `f`'s value cannot be encoded to JSON, the claim is released and the call fails with
+/// [`Error::Codec`]: the side effect ran, but its result could not be recorded.
+///
+/// ```no_run
+/// use idem_sdk::{Key, Outcome, run_once};
+///
+/// let order = "order-17";
+/// let (receipt, outcome) = run_once(&Key::shared("charge", &order)?, |step| {
+///     // A real agent calls its payment API here, passing `step.key()` along.
+///     Ok::<_, std::io::Error>(format!("receipt for {order} (token {})", step.token()))
+/// })?;
+/// if outcome == Outcome::Skipped {
+///     println!("already charged: {receipt}");
+/// }
+/// # Ok::<(), idem_sdk::Error>(())
+/// ```
+pub fn run_once<T, E, F>(key: &Key, f: F) -> Result<(T, Outcome), Error>
+where
+    T: Serialize + DeserializeOwned,
+    E: Display,
+    F: FnOnce(&Step) -> Result<T, E>,
+{
+    match once::run_once(key.as_str())? {
+        once::Outcome::Committed(committed) => {
+            let value = serde_json::from_slice(&committed.value)
+                .map_err(|err| Error::codec(&format!("committed result of {key}"), err))?;
+            let outcome = match committed.obtained {
+                Obtained::Skipped => Outcome::Skipped,
+                Obtained::Awaited => Outcome::Awaited,
+            };
+            Ok((value, outcome))
+        }
+        once::Outcome::Claimed(claim) => execute(key, claim, f),
+    }
+}
+
+/// Runs `f` under `claim` and settles the claim: commit on success, release otherwise.
+/// The claim is moved into exactly one of `commit`/`release` on every path that
+/// returns; a panic in `f` drops it, which the host treats as a release.
+fn execute<T, E, F>(key: &Key, claim: Claim, f: F) -> Result<(T, Outcome), Error>
+where
+    T: Serialize,
+    E: Display,
+    F: FnOnce(&Step) -> Result<T, E>,
+{
+    let step = Step {
+        key: claim.key(),
+        attempt: claim.attempt(),
+        token: claim.token(),
+        in_doubt: claim.in_doubt(),
+    };
+    let value = match f(&step) {
+        Ok(value) => value,
+        Err(err) => {
+            Claim::release(claim);
+            return Err(Error::Effect(err.to_string()));
+        }
+    };
+    let bytes = match serde_json::to_vec(&value) {
+        Ok(bytes) => bytes,
+        Err(err) => {
+            Claim::release(claim);
+            return Err(Error::codec(&format!("result of {key}"), err));
+        }
+    };
+    Claim::commit(claim, &bytes)?;
+    let outcome = if step.in_doubt {
+        Outcome::Reclaimed {
+            attempt: step.attempt,
+        }
+    } else {
+        Outcome::Executed
+    };
+    Ok((value, outcome))
+}

@@ -1,0 +1,133 @@
+//! Test agent: `steps` checkpointed steps, each one `run_once` that appends a log line,
+//! with knobs that let tests put crashes, kills and failures where they want them.
+//!
+//! Input (all but `steps` and `log` optional):
+//!
+//! ```json
+//! {"steps": 5, "log": "/data/log.txt", "spin": 0, "fail_at": null, "pause_ms": 0, "shared": false}
+//! ```
+//!
+//! - `spin`: iterations of a busy loop before each step, so that fuel and epoch kills
+//!   land mid-computation, away from any host call;
+//! - `fail_at`: the step whose first attempt fails (the claim is released and the run
+//!   fails with `side effect failed: ...`); run it again and attempt 2 succeeds;
+//! - `pause_ms`: a sleep inside each side effect, so that runs overlap;
+//! - `shared`: keys without the run id (`step/{hash}`), shared by every run.
+//!
+//! Each executed step appends
+//! `{key} attempt={attempt} token={token} in_doubt={in_doubt} gen={generation}`; a failing
+//! attempt appends nothing. Output: `{"steps": N, "checksum": "<16 hex digits>"}`, the
+//! same however often the run was killed and resumed.
+
+use std::fs::OpenOptions;
+use std::hint::black_box;
+use std::io::Write;
+use std::thread;
+use std::time::Duration;
+
+use idem_sdk::{Agent, Error, Key, generation, load, run_once, save};
+use serde::{Deserialize, Serialize};
+
+#[derive(Deserialize)]
+struct Input {
+    steps: u64,
+    log: String,
+    #[serde(default)]
+    spin: u64,
+    #[serde(default)]
+    fail_at: Option<u64>,
+    #[serde(default)]
+    pause_ms: u64,
+    #[serde(default)]
+    shared: bool,
+}
+
+#[derive(Serialize)]
+struct Output {
+    steps: u64,
+    checksum: String,
+}
+
+struct Steps;
+
+impl Agent for Steps {
+    type Input = Input;
+    type Output = Output;
+
+    fn run(input: Input) -> Result<Output, Error> {
+        // `step` is the next step to run; the state is the checksum so far.
+        let (start, mut checksum) = match load::<u64>()? {
+            Some(checkpoint) => (checkpoint.step, checkpoint.state),
+            None => (0, 0),
+        };
+
+        for i in start..input.steps {
+            checksum = mix(checksum, spin(i, input.spin));
+
+            let key = if input.shared {
+                Key::shared("step", &i)?
+            } else {
+                Key::for_run("step", &i)?
+            };
+            let (value, _outcome) = run_once(&key, |step| {
+                if input.fail_at == Some(i) && step.attempt() == 1 {
+                    return Err(format!("step {i} fails on its first attempt"));
+                }
+                thread::sleep(Duration::from_millis(input.pause_ms));
+                let line = format!(
+                    "{} attempt={} token={} in_doubt={} gen={}\n",
+                    step.key(),
+                    step.attempt(),
+                    step.token(),
+                    step.in_doubt(),
+                    generation()
+                );
+                append(&input.log, &line)?;
+                Ok(mix(i, 0x5eed))
+            })?;
+
+            checksum = mix(checksum, value);
+            save(i + 1, &checksum)?;
+        }
+
+        Ok(Output {
+            steps: input.steps,
+            checksum: format!("{checksum:016x}"),
+        })
+    }
+}
+
+idem_sdk::export_agent!(Steps);
+
+/// A deterministic busy loop (xorshift64) that the optimiser cannot remove or shorten.
+fn spin(seed: u64, iterations: u64) -> u64 {
+    // Zero is a fixed point of xorshift: forcing the seed odd keeps the loop moving.
+    let mut x = mix(seed, 0x9e37_79b9_7f4a_7c15) | 1;
+    for _ in 0..iterations {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x = black_box(x);
+    }
+    x
+}
+
+/// Order-dependent mixing of two words (FNV-1a style).
+fn mix(acc: u64, word: u64) -> u64 {
+    (acc ^ word)
+        .wrapping_mul(0x0000_0100_0000_01b3)
+        .rotate_left(29)
+}
+
+/// Appends `line` in one write and makes it durable before the step commits.
+fn append(path: &str, line: &str) -> Result<(), String> {
+    let mut file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|err| format!("{path}: {err}"))?;
+    file.write_all(line.as_bytes())
+        .and_then(|()| file.flush())
+        .and_then(|()| file.sync_all())
+        .map_err(|err| format!("{path}: {err}"))
+}

@@ -1,0 +1,85 @@
+//! Paths of the guest components idem's tests run, built by `build.rs` for
+//! `wasm32-wasip2` whenever their sources (or the SDK, or the WIT) change.
+//!
+//! ```
+//! for (name, path) in idem_test_artifacts::ALL {
+//!     let bytes = std::fs::read(path)?;
+//!     assert_eq!(&bytes[..8], b"\0asm\x0d\0\x01\0", "{name} is not a component");
+//! }
+//! # Ok::<(), std::io::Error>(())
+//! ```
+//!
+//! # Layout
+//!
+//! - `build.rs`: runs a nested `cargo build --release --target wasm32-wasip2` over
+//!   `examples/` and `tests/guests/`, with one target dir under `OUT_DIR`.
+//! - `src/lib.rs`: one constant per guest, and [`ALL`].
+//! - `guests/`: the test-only guests' own workspace (`steps`, `command`).
+
+/// `examples/ledger`: appends one log line per item, resuming from its checkpoint.
+///
+/// Input `{"items": [..], "log": "/data/ledger.log"}`; output
+/// `{"processed": n, "total": t, "checksum": "<16 hex>"}`.
+///
+/// ```
+/// assert!(idem_test_artifacts::LEDGER.ends_with("ledger.wasm"));
+/// ```
+pub const LEDGER: &str = env!("IDEM_GUEST_LEDGER");
+
+/// `examples/dedupe`: charges each item once across runs, under shared keys.
+///
+/// Input `{"items": [..], "log": "/data/charges.log", "pause_ms": 0}`; output
+/// `{"charged": n, "executed": e, "skipped": s, "awaited": a}`.
+///
+/// ```
+/// assert!(idem_test_artifacts::DEDUPE.ends_with("dedupe.wasm"));
+/// ```
+pub const DEDUPE: &str = env!("IDEM_GUEST_DEDUPE");
+
+/// `tests/guests/steps`: N checkpointed, logged steps with knobs for faults.
+///
+/// Input `{"steps": n, "log": "/data/log.txt", "spin": 0, "fail_at": null,
+/// "pause_ms": 0, "shared": false}`; output `{"steps": n, "checksum": "<16 hex>"}`.
+///
+/// ```
+/// assert!(idem_test_artifacts::STEPS.ends_with("steps.wasm"));
+/// ```
+pub const STEPS: &str = env!("IDEM_GUEST_STEPS");
+
+/// `tests/guests/command`: a `wasi:cli/command` component that prints `hello`; the host
+/// must refuse it as not an `idem:agent/agent`.
+///
+/// ```
+/// assert!(idem_test_artifacts::COMMAND.ends_with("command.wasm"));
+/// ```
+pub const COMMAND: &str = env!("IDEM_GUEST_COMMAND");
+
+/// Every guest as `(name, path)`, for tests that go over them all.
+///
+/// ```
+/// let names: Vec<&str> = idem_test_artifacts::ALL.iter().map(|(name, _)| *name).collect();
+/// assert_eq!(names, ["ledger", "dedupe", "steps", "command"]);
+/// ```
+pub const ALL: &[(&str, &str)] = &[
+    ("ledger", LEDGER),
+    ("dedupe", DEDUPE),
+    ("steps", STEPS),
+    ("command", COMMAND),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_guest_is_a_component() -> std::io::Result<()> {
+        for (name, path) in ALL {
+            let bytes = std::fs::read(path)?;
+            assert!(
+                bytes.starts_with(b"\0asm\x0d\0\x01\0"),
+                "{name} ({path}) is not a component"
+            );
+        }
+        Ok(())
+    }
+}
