@@ -47,7 +47,8 @@ pub fn duration(s: &str) -> Result<Duration, String> {
 
 /// Parses `normal` or `full`.
 pub fn sync_mode(s: &str) -> Result<SyncMode, String> {
-    s.parse().map_err(|_| format!("expected normal or full, got {s:?}"))
+    s.parse()
+        .map_err(|_| format!("expected normal or full, got {s:?}"))
 }
 
 #[cfg(test)]

@@ -82,14 +82,6 @@ impl RunCommand {
             Some(id) => id.clone(),
             None => default_run_id(agent.name(), &input),
         };
-        let store = SqliteStore::open(&self.db, self.sync)
-            .with_context(|| format!("opening store {}", self.db.display()))?;
-        let limits = Limits {
-            lease: self.lease,
-            await_timeout: self.await_timeout,
-            ..Limits::default()
-        };
-        let host = Host::new(Arc::new(runtime), Arc::new(store), limits);
         let opts = RunOptions {
             run_id: run_id.clone(),
             input,
@@ -101,6 +93,15 @@ impl RunCommand {
                 chaos: self.chaos,
             },
         };
+        opts.check()?;
+        let store = SqliteStore::open(&self.db, self.sync)
+            .with_context(|| format!("opening store {}", self.db.display()))?;
+        let limits = Limits {
+            lease: self.lease,
+            await_timeout: self.await_timeout,
+            ..Limits::default()
+        };
+        let host = Host::new(Arc::new(runtime), Arc::new(store), limits);
         let report = host
             .run(&agent, &opts)
             .with_context(|| format!("run {run_id}"))?;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
-use idem::store::{RunRecord, SqliteStore, Store, SyncMode};
+use idem::store::{RunRecord, SqliteStore, Store};
 
 use super::{BadInput, Exit};
 
@@ -27,7 +27,7 @@ impl StatusCommand {
         if !self.db.exists() {
             return Err(BadInput(format!("no store at {}", self.db.display())).into());
         }
-        let store = SqliteStore::open(&self.db, SyncMode::Normal)
+        let store = SqliteStore::open_read_only(&self.db)
             .with_context(|| format!("opening store {}", self.db.display()))?;
         let runs = match &self.run_id {
             Some(id) => vec![
@@ -75,7 +75,10 @@ fn print_run(run: &RunRecord) {
         .ok()
         .and_then(|v| v.as_str().map(str::to_string))
         .unwrap_or_default();
-    let step = run.step.map(|s| s.to_string()).unwrap_or_else(|| "-".into());
+    let step = run
+        .step
+        .map(|s| s.to_string())
+        .unwrap_or_else(|| "-".into());
     let c = &run.counts;
     println!(
         "{:<32} {:<10} {:>6} {:>8} {:>8} {:>8} {:>9} {:>9}  {}",

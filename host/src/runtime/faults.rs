@@ -200,7 +200,13 @@ mod tests {
             assert_eq!(point, CrashPoint { phase, step: 7 });
             assert_eq!(point.to_string(), text);
         }
-        for bad in ["", "after-claim", "after-claim:0", "nowhere:3", "in-effect:x"] {
+        for bad in [
+            "",
+            "after-claim",
+            "after-claim:0",
+            "nowhere:3",
+            "in-effect:x",
+        ] {
             let err = bad.parse::<CrashPoint>().unwrap_err();
             assert!(err.to_string().contains("invalid crash point"), "{err}");
         }

@@ -12,8 +12,8 @@ use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 use super::Host;
 use super::engine::LoadedAgent;
 use super::error::HostError;
-use super::faults::{FaultPlan, Faults};
-use super::state::{HostCallFailure, InstanceState, RunCtx, is_recycle};
+use super::faults::{FaultPlan, Faults, Recycle};
+use super::state::{HostCallFailure, InstanceState, RunCtx};
 use crate::store::{Counts, RunEnd, RunSpec, RunStatus, now_millis};
 
 /// A host directory the agent may use, and the path it sees it under.
@@ -57,6 +57,16 @@ pub struct RunReport {
     pub already_finished: bool,
 }
 
+impl RunOptions {
+    /// Checks the options without touching any store: the run id, and that every
+    /// granted directory can be opened. [`Host::run`] does it too; calling it first lets
+    /// a caller refuse bad options before it opens (and so writes to) a store.
+    pub fn check(&self) -> Result<(), HostError> {
+        check_run_id(&self.run_id)?;
+        wasi_ctx(self).map(drop)
+    }
+}
+
 /// The longest run id accepted.
 const MAX_RUN_ID_BYTES: usize = 256;
 
@@ -83,7 +93,7 @@ impl Host {
     /// Drives run `opts.run_id` of `agent` to its end, resuming it from the store if it
     /// was started before. A run that already ended is reported as it ended.
     pub fn run(&self, agent: &LoadedAgent, opts: &RunOptions) -> Result<RunReport, HostError> {
-        check_run_id(&opts.run_id)?;
+        opts.check()?;
         let record = self.store.open_run(&RunSpec {
             run_id: &opts.run_id,
             agent: &agent.name,
@@ -126,8 +136,14 @@ impl Host {
             let ended = match result {
                 Ok(Ok(output)) => Some((RunStatus::Completed, output)),
                 Ok(Err(message)) => Some((RunStatus::Failed, message.into_bytes())),
-                Err(trap) if is_recycle(&trap) => None,
-                Err(trap) if is_fuel_exhausted(&trap) && run.faults.chaos() => None,
+                Err(ref trap) if let Some(drop) = trap.downcast_ref::<Recycle>() => {
+                    tracing::debug!(run_id = %opts.run_id, reason = %drop.reason, "instance dropped");
+                    None
+                }
+                Err(trap) if is_fuel_exhausted(&trap) && run.faults.chaos() => {
+                    tracing::debug!(run_id = %opts.run_id, reason = "chaos fuel budget ran out", "instance dropped");
+                    None
+                }
                 Err(trap) => match trap.downcast::<HostCallFailure>() {
                     Ok(HostCallFailure::Store(e)) => return Err(HostError::Store(e)),
                     // A trap the guest caused (panic, unreachable, stack overflow) is
@@ -141,7 +157,6 @@ impl Host {
             let now = now_millis();
             match ended {
                 None => {
-                    tracing::debug!(run_id = %opts.run_id, instances = run.counts.instances, "instance dropped; recreating");
                     self.store.save_counts(&opts.run_id, &run.counts, now)?;
                 }
                 Some((status, outcome)) => {
@@ -149,8 +164,7 @@ impl Host {
                         RunStatus::Completed => RunEnd::Completed(&outcome),
                         _ => RunEnd::Failed(std::str::from_utf8(&outcome).unwrap_or("")),
                     };
-                    self.store
-                        .finish_run(&opts.run_id, end, &run.counts, now)?;
+                    self.store.finish_run(&opts.run_id, end, &run.counts, now)?;
                     return Ok(RunReport {
                         run_id: opts.run_id.clone(),
                         status,

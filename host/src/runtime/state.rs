@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::faults::{Faults, Phase, Recycle};
+use super::faults::{Faults, Phase};
 use super::limits::Limits;
 use crate::store::{Counts, Store, StoreError};
 
@@ -125,9 +125,4 @@ impl WasiView for InstanceState {
             table: &mut self.table,
         }
     }
-}
-
-/// Whether a trap is one of the host's planned drops.
-pub(crate) fn is_recycle(e: &wasmtime::Error) -> bool {
-    e.is::<Recycle>()
 }

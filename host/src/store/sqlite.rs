@@ -143,6 +143,16 @@ impl SqliteStore {
         })
     }
 
+    /// Opens the existing idem database at `path` for reading only. Writes through the
+    /// handle fail; the file is never changed, not even its header.
+    pub fn open_read_only(path: &Path) -> Result<SqliteStore, StoreError> {
+        let conn = schema::open_read_only(path)?;
+        Ok(SqliteStore {
+            path: path.to_owned(),
+            conn: Mutex::new(conn),
+        })
+    }
+
     /// The database file this store was opened on.
     pub fn path(&self) -> &Path {
         &self.path

@@ -26,7 +26,9 @@ impl Host for InstanceState {
         let mut waited = false;
         let mut pause = AWAIT_POLL_MIN;
         let deadline = Instant::now() + self.run.limits.await_timeout;
-        let mut outcome = self.try_claim(&key, None).map_err(InstanceState::trap_store)?;
+        let mut outcome = self
+            .try_claim(&key, None)
+            .map_err(InstanceState::trap_store)?;
         loop {
             match outcome {
                 ClaimOutcome::Committed(value) => {
@@ -57,7 +59,9 @@ impl Host for InstanceState {
                     waited = true;
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(AWAIT_POLL_MAX);
-                    outcome = self.try_claim(&key, None).map_err(InstanceState::trap_store)?;
+                    outcome = self
+                        .try_claim(&key, None)
+                        .map_err(InstanceState::trap_store)?;
                 }
             }
         }

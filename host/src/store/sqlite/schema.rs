@@ -85,6 +85,32 @@ pub(super) fn open(path: &Path, sync: SyncMode) -> Result<Connection, StoreError
     Ok(conn)
 }
 
+/// Opens an existing idem store for reading only: nothing is written, not even the
+/// header, so looking at a store (`idem status`) never changes it.
+pub(super) fn open_read_only(path: &Path) -> Result<Connection, StoreError> {
+    let dir = directory_of(path);
+    let fail = |reason: String| refuse(path, reason);
+    let sql_fail = |e: rusqlite::Error| fail(describe(&e, dir));
+    if !path.is_file() {
+        return Err(fail("no such store file".to_owned()));
+    }
+    check_header(path).map_err(fail)?;
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(sql_fail)?;
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(sql_fail)?;
+    match check_contents(path, inspect(&conn).map_err(sql_fail)?)? {
+        applied if applied == MIGRATIONS.len() => {}
+        applied => {
+            return Err(fail(format!(
+                "the store is at schema version {applied}; open it for writing (idem run) \
+                 to upgrade it to {SCHEMA_VERSION}"
+            )));
+        }
+    }
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+    Ok(conn)
+}
+
 /// Switches the file to WAL mode and returns the journal mode it ends up in.
 ///
 /// Converting needs an exclusive lock and SQLite does not call the busy handler for
@@ -215,6 +241,29 @@ fn check_location(path: &Path, dir: &Path) -> Result<(), String> {
             Err(format!("directory {} does not exist", dir.display()))
         }
         Err(e) => Err(format!("cannot access directory {}: {e}", dir.display())),
+    }?;
+    check_header(path)
+}
+
+/// SQLite takes a file shorter than its 100-byte header for an empty database and
+/// overwrites it; refuse any non-empty file that does not start like a database.
+fn check_header(path: &Path) -> Result<(), String> {
+    const MAGIC: &[u8; 16] = b"SQLite format 3\0";
+    let mut head = Vec::with_capacity(MAGIC.len());
+    match std::fs::File::open(path) {
+        Ok(file) => {
+            use std::io::Read;
+            file.take(MAGIC.len() as u64)
+                .read_to_end(&mut head)
+                .map_err(|e| format!("cannot read the file: {e}"))?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(format!("cannot open the file: {e}")),
+    }
+    if head.is_empty() || head == MAGIC {
+        Ok(())
+    } else {
+        Err("the file is not a SQLite database; idem left it untouched".to_owned())
     }
 }
 

@@ -1,0 +1,139 @@
+//! Bad input through the real CLI: a clear error naming the problem, a non-zero exit,
+//! and no change to a store that already holds committed work.
+
+use std::path::Path;
+
+use idem_test_artifacts::{COMMAND, LEDGER};
+use sha2::{Digest, Sha256};
+
+use crate::util::{run_cli, stderr, stdout};
+
+/// A store with one completed ledger run, and the digest of its file.
+fn store_with_work(dir: &Path) -> (String, Vec<u8>) {
+    let db = dir.join("idem.db");
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let out = run_cli(&[
+        "run",
+        LEDGER,
+        "--db",
+        db.to_str().unwrap(),
+        "--run-id",
+        "kept",
+        "--dir",
+        &format!("{}::/data", data.display()),
+        "--input",
+        r#"{"items":["a","b","c"],"log":"/data/ledger.log"}"#,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Fold the WAL into the main file so its bytes are the whole store.
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .unwrap();
+    drop(conn);
+    let bytes = std::fs::read(&db).unwrap();
+    (
+        db.to_str().unwrap().to_string(),
+        Sha256::digest(bytes).to_vec(),
+    )
+}
+
+fn assert_store_unchanged(db: &str, digest: &[u8]) {
+    let bytes = std::fs::read(db).unwrap();
+    assert_eq!(Sha256::digest(bytes).to_vec(), digest, "the store changed");
+    let status = run_cli(&["status", "--db", db, "kept"]);
+    assert!(stdout(&status).contains("completed"), "{}", stdout(&status));
+}
+
+#[test]
+fn bad_agents_are_refused_by_name_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, digest) = store_with_work(dir.path());
+
+    let not_wasm = dir.path().join("notes.wasm");
+    std::fs::write(&not_wasm, "this is not wasm").unwrap();
+    let core = dir.path().join("core.wasm");
+    // The smallest valid core module: magic and version 1, no sections.
+    std::fs::write(&core, b"\0asm\x01\0\0\0").unwrap();
+    let truncated = dir.path().join("truncated.wasm");
+    let ledger = std::fs::read(LEDGER).unwrap();
+    std::fs::write(&truncated, &ledger[..ledger.len() / 2]).unwrap();
+    let missing = dir.path().join("missing.wasm");
+
+    let cases: [(&Path, &str); 5] = [
+        (&not_wasm, "is not a WebAssembly file"),
+        (&core, "is a core WebAssembly module, not a component"),
+        (&truncated, "is not a valid WebAssembly component"),
+        (Path::new(COMMAND), "is not an idem agent"),
+        (&missing, "cannot read agent"),
+    ];
+    for (agent, expected) in cases {
+        let out = run_cli(&["run", agent.to_str().unwrap(), "--db", &db, "--no-cache"]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{agent:?}: {err}");
+        assert!(
+            err.contains(expected),
+            "{agent:?}: expected {expected:?} in {err}"
+        );
+        assert!(
+            err.contains(agent.to_str().unwrap()),
+            "{agent:?}: the error names the file: {err}"
+        );
+        assert_store_unchanged(&db, &digest);
+    }
+}
+
+#[test]
+fn bad_arguments_are_refused_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, digest) = store_with_work(dir.path());
+    let cases: [(&[&str], &str); 4] = [
+        (&["--input", "{not json"], "--input is not valid JSON"),
+        (&["--crash-at", "sideways:3"], "invalid crash point"),
+        (&["--recycle-every", "0"], "--recycle-every"),
+        (
+            &["--dir", "/nowhere/at/all::/data"],
+            "cannot grant directory /nowhere/at/all",
+        ),
+    ];
+    for (args, expected) in cases {
+        let mut all = vec!["run", LEDGER, "--db", &db, "--run-id", "other"];
+        all.extend_from_slice(args);
+        let out = run_cli(&all);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(expected),
+            "{args:?}: expected {expected:?} in {err}"
+        );
+    }
+    assert_store_unchanged(&db, &digest);
+}
+
+#[test]
+fn an_unusable_db_path_is_named_in_the_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    // A path below a regular file can never be created, even by root.
+    let db = file.join("idem.db");
+    let out = run_cli(&["run", LEDGER, "--db", db.to_str().unwrap(), "--input", "{}"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains(db.to_str().unwrap()), "{err}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"x");
+
+    // A file that is not a database is refused and left byte-identical.
+    let out = run_cli(&[
+        "run",
+        LEDGER,
+        "--db",
+        file.to_str().unwrap(),
+        "--input",
+        "{}",
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains(file.to_str().unwrap()), "{err}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"x");
+}

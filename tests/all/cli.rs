@@ -1,0 +1,111 @@
+//! The `idem` binary end to end: the demo's recycling run, `--json`, `status`, resuming
+//! a finished run, and exit codes.
+
+use idem_test_artifacts::{LEDGER, STEPS};
+
+use crate::util::{key_counts, read_log, run_cli, stderr, stdout};
+
+#[test]
+fn ledger_with_recycling_through_the_binary() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("idem.db");
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let items: Vec<String> = (0..10).map(|i| format!("item-{i}")).collect();
+    let input = serde_json::json!({ "items": items, "log": "/data/ledger.log" }).to_string();
+    let grant = format!("{}::/data", data.display());
+    let args = [
+        "run",
+        LEDGER,
+        "--db",
+        db.to_str().unwrap(),
+        "--dir",
+        &grant,
+        "--input",
+        &input,
+        "--recycle-every",
+        "3",
+        "--json",
+    ];
+    let out = run_cli(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(doc["status"], "completed");
+    assert_eq!(doc["counts"]["executed"], 10);
+    assert_eq!(doc["counts"]["skipped"], 0);
+    assert_eq!(doc["counts"]["instances"], 4);
+    assert_eq!(doc["output"]["processed"], 10);
+    let lines = read_log(&data.join("ledger.log"));
+    assert_eq!(lines.len(), 10);
+    assert!(key_counts(&lines).values().all(|&c| c == 1));
+
+    // The same command again: the run is found finished; nothing runs again.
+    let again = run_cli(&args);
+    assert!(again.status.success(), "{}", stderr(&again));
+    let doc2: serde_json::Value = serde_json::from_str(&stdout(&again)).unwrap();
+    assert_eq!(doc2["already_finished"], true);
+    assert_eq!(doc2["output"], doc["output"]);
+    assert_eq!(read_log(&data.join("ledger.log")).len(), 10);
+
+    let status = run_cli(&["status", "--db", db.to_str().unwrap()]);
+    let text = stdout(&status);
+    assert!(status.status.success(), "{}", stderr(&status));
+    assert!(
+        text.contains("completed") && text.contains("ledger"),
+        "{text}"
+    );
+    assert!(text.contains("no open claims"), "{text}");
+}
+
+#[test]
+fn an_agent_error_exits_1_and_the_run_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("idem.db");
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let grant = format!("{}::/data", data.display());
+    let input = r#"{"steps":5,"log":"/data/log.txt","fail_at":2}"#;
+    let args = [
+        "run",
+        STEPS,
+        "--db",
+        db.to_str().unwrap(),
+        "--dir",
+        &grant,
+        "--input",
+        input,
+        "--run-id",
+        "flaky",
+    ];
+    let out = run_cli(&args);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stdout(&out).contains("failed"), "{}", stdout(&out));
+    assert_eq!(
+        read_log(&data.join("log.txt")).len(),
+        2,
+        "steps 0 and 1 ran; step 2 failed before its effect"
+    );
+
+    let status = run_cli(&["status", "--db", db.to_str().unwrap(), "flaky", "--json"]);
+    let doc: serde_json::Value = serde_json::from_str(&stdout(&status)).unwrap();
+    assert_eq!(doc["runs"][0]["status"], "failed");
+    assert_eq!(doc["runs"][0]["step"], 2);
+
+    // Running it again resumes: steps 0-1 are not redone, step 2 is retried (attempt 2).
+    let out = run_cli(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lines = read_log(&data.join("log.txt"));
+    assert_eq!(lines.len(), 5);
+    assert!(key_counts(&lines).values().all(|&c| c == 1));
+    assert_eq!(lines[2].attempt(), 2);
+}
+
+#[test]
+fn status_of_a_missing_store_is_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("none.db");
+    let out = run_cli(&["status", "--db", db.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("no store at"));
+    assert!(!db.exists());
+}

@@ -1,0 +1,13 @@
+//! idem's integration tests: real guests (built by `idem-test-artifacts`) under the real
+//! host, side effects counted in real files, state checked in real SQLite stores.
+
+// Test code: a failed unwrap is a failed test, with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod bad_input;
+mod cli;
+mod crash_sweep;
+mod dedupe;
+mod lease;
+mod recycle;
+mod util;

@@ -1,0 +1,166 @@
+//! The test harness: a temp dir with a store and a granted data dir, a shared runtime,
+//! the `idem` binary, and readers for the guests' side-effect logs.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::sync::{Arc, OnceLock};
+
+use idem::runtime::{
+    DirGrant, FaultPlan, Host, Limits, LoadedAgent, RunOptions, RunReport, Runtime,
+};
+use idem::store::{SqliteStore, SyncMode};
+
+/// One engine and component cache for the whole test binary, as in a real process.
+pub fn runtime() -> Arc<Runtime> {
+    static RUNTIME: OnceLock<Arc<Runtime>> = OnceLock::new();
+    Arc::clone(RUNTIME.get_or_init(|| Arc::new(Runtime::new(None).expect("engine builds"))))
+}
+
+/// Loads (compiles) a guest once per test binary.
+pub fn agent(path: &str) -> LoadedAgent {
+    static AGENTS: OnceLock<std::sync::Mutex<BTreeMap<String, LoadedAgent>>> = OnceLock::new();
+    let agents = AGENTS.get_or_init(Default::default);
+    let mut agents = agents.lock().unwrap();
+    agents
+        .entry(path.to_string())
+        .or_insert_with(|| runtime().load(Path::new(path)).expect("test guest loads"))
+        .clone()
+}
+
+/// A temp dir holding a store (`idem.db`) and a directory granted to guests as `/data`.
+pub struct TestHost {
+    pub dir: tempfile::TempDir,
+    pub host: Host,
+}
+
+impl TestHost {
+    pub fn new() -> TestHost {
+        Self::with_limits(Limits::default())
+    }
+
+    pub fn with_limits(limits: Limits) -> TestHost {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("data")).unwrap();
+        let store = SqliteStore::open(&dir.path().join("idem.db"), SyncMode::Normal).unwrap();
+        let host = Host::new(runtime(), Arc::new(store), limits);
+        TestHost { dir, host }
+    }
+
+    pub fn db(&self) -> PathBuf {
+        self.dir.path().join("idem.db")
+    }
+
+    pub fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    pub fn options(&self, run_id: &str, input: serde_json::Value, faults: FaultPlan) -> RunOptions {
+        RunOptions {
+            run_id: run_id.to_string(),
+            input: serde_json::to_vec(&input).unwrap(),
+            dirs: vec![DirGrant {
+                host: self.data(),
+                guest: "/data".to_string(),
+            }],
+            env: vec![],
+            faults,
+        }
+    }
+
+    pub fn run(
+        &self,
+        agent: &LoadedAgent,
+        run_id: &str,
+        input: serde_json::Value,
+        faults: FaultPlan,
+    ) -> RunReport {
+        self.host
+            .run(agent, &self.options(run_id, input, faults))
+            .unwrap_or_else(|e| panic!("run {run_id}: {e:#}"))
+    }
+
+    /// The lines of a side-effect log in the data dir.
+    pub fn log(&self, name: &str) -> Vec<LogLine> {
+        read_log(&self.data().join(name))
+    }
+}
+
+/// One side effect, as a guest logged it: `KEY attempt=N token=T ...`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogLine {
+    pub key: String,
+    pub fields: BTreeMap<String, String>,
+}
+
+impl LogLine {
+    pub fn attempt(&self) -> u32 {
+        self.fields["attempt"].parse().unwrap()
+    }
+
+    pub fn token(&self) -> u64 {
+        self.fields["token"].parse().unwrap()
+    }
+
+    pub fn flag(&self, name: &str) -> bool {
+        self.fields[name] == "true"
+    }
+}
+
+pub fn read_log(path: &Path) -> Vec<LogLine> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .map(|line| {
+            let mut parts = line.split(' ');
+            let key = parts.next().unwrap().to_string();
+            let fields = parts
+                .map(|kv| {
+                    let (k, v) = kv
+                        .split_once('=')
+                        .unwrap_or_else(|| panic!("bad log field {kv:?} in {line:?}"));
+                    (k.to_string(), v.to_string())
+                })
+                .collect();
+            LogLine { key, fields }
+        })
+        .collect()
+}
+
+/// How many times each key appears in a log.
+pub fn key_counts(lines: &[LogLine]) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for line in lines {
+        *counts.entry(line.key.clone()).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Runs the real `idem` binary.
+pub fn run_cli(args: &[&str]) -> Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .env("IDEM_LOG", "warn")
+        .output()
+        .expect("idem starts")
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Opens a store file read-only with plain rusqlite, to check it from outside idem.
+pub fn raw_db(path: &Path) -> rusqlite::Connection {
+    rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap()
+}
+
+pub fn integrity_ok(path: &Path) {
+    let conn = raw_db(path);
+    let result: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(result, "ok");
+}
