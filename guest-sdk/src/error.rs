@@ -74,6 +74,7 @@ fn step_error_text(err: &StepError) -> String {
         StepError::TooLarge(detail) => format!("too large: {detail}"),
         StepError::ClaimLost(key) => format!("claim lost: {key}"),
         StepError::AwaitTimeout(key) => format!("await timeout: {key}"),
+        StepError::InDoubt(key) => format!("in doubt, waiting for idem resolve: {key}"),
     }
 }
 
@@ -91,6 +92,10 @@ mod tests {
             ),
             (StepError::ClaimLost("k".into()), "claim lost: k"),
             (StepError::AwaitTimeout("k".into()), "await timeout: k"),
+            (
+                StepError::InDoubt("k".into()),
+                "in doubt, waiting for idem resolve: k",
+            ),
         ];
         for (err, text) in cases {
             assert_eq!(Error::from(err).to_string(), text);

@@ -29,6 +29,9 @@ pub enum Outcome {
         /// The attempt this call's claim had.
         attempt: u32,
     },
+    /// The claim was in doubt and the [`InDoubt::Probe`] found that the downstream had
+    /// applied the side effect: its answer was committed without running `f` again.
+    Probed,
     /// The key was committed before this call: the side effect did not run again.
     Skipped,
     /// Another live holder was running the key; this call waited for its commit.
@@ -148,6 +151,49 @@ where
     E: Display,
     F: FnOnce(&Step) -> Result<T, E>,
 {
+    run_once_with(key, InDoubt::Retry, f)
+}
+
+/// What [`run_once_with`] does when it gets a claim in doubt: an earlier holder may
+/// have begun the side effect and died before committing it.
+pub enum InDoubt<'a, T> {
+    /// Run the side effect again under the same key (the default of [`run_once`]): a
+    /// downstream that dedupes on [`Step::key`] applies it once.
+    Retry,
+    /// At most once: do not run it again. The run stops in the `in-doubt` state, the
+    /// key stays parked, and an operator settles it with `idem resolve RUN KEY
+    /// --result JSON` (it happened) or `--retry` (it did not). This call does not
+    /// return.
+    Fail,
+    /// Ask the downstream: `Ok(Some(value))` means the effect was applied and `value`
+    /// is its result (committed without running `f`); `Ok(None)` means it was not, so
+    /// `f` runs; `Err` releases the claim and fails the call.
+    Probe(&'a dyn Fn(&Step) -> Result<Option<T>, String>),
+}
+
+/// [`run_once`] with a policy for claims in doubt.
+///
+/// ```no_run
+/// use idem_sdk::{InDoubt, Key, run_once_with};
+///
+/// // A payment that must never be sent twice without a human deciding.
+/// let key = Key::shared("wire", &("acct-9", 250))?;
+/// let (receipt, _) = run_once_with(&key, InDoubt::Fail, |step| {
+///     Ok::<_, String>(format!("wired with token {}", step.token()))
+/// })?;
+/// # let _: String = receipt;
+/// # Ok::<(), idem_sdk::Error>(())
+/// ```
+pub fn run_once_with<T, E, F>(
+    key: &Key,
+    policy: InDoubt<'_, T>,
+    f: F,
+) -> Result<(T, Outcome), Error>
+where
+    T: Serialize + DeserializeOwned,
+    E: Display,
+    F: FnOnce(&Step) -> Result<T, E>,
+{
     match once::run_once(key.as_str())? {
         once::Outcome::Committed(committed) => {
             let value = serde_json::from_slice(&committed.value)
@@ -158,14 +204,20 @@ where
             };
             Ok((value, outcome))
         }
-        once::Outcome::Claimed(claim) => execute(key, claim, f),
+        once::Outcome::Claimed(claim) => execute(key, claim, policy, f),
     }
 }
 
 /// Runs `f` under `claim` and settles the claim: commit on success, release otherwise.
-/// The claim is moved into exactly one of `commit`/`release` on every path that
-/// returns; a panic in `f` drops it, which the host treats as a release.
-fn execute<T, E, F>(key: &Key, claim: Claim, f: F) -> Result<(T, Outcome), Error>
+/// The claim is moved into exactly one of `commit`/`release`/`stop` on every path. A
+/// panic in `f` traps the instance: the claim is left to the host, which retakes it in
+/// doubt.
+fn execute<T, E, F>(
+    key: &Key,
+    claim: Claim,
+    policy: InDoubt<'_, T>,
+    f: F,
+) -> Result<(T, Outcome), Error>
 where
     T: Serialize,
     E: Display,
@@ -177,12 +229,39 @@ where
         token: claim.token(),
         in_doubt: claim.in_doubt(),
     };
-    let value = match f(&step) {
-        Ok(value) => value,
-        Err(err) => {
-            Claim::release(claim);
-            return Err(Error::Effect(err.to_string()));
+    let mut probed = None;
+    if step.in_doubt {
+        match policy {
+            InDoubt::Retry => {}
+            InDoubt::Fail => {
+                Claim::stop(
+                    claim,
+                    &format!("attempt {} of {key} may have run already", step.attempt - 1),
+                );
+                // The host ends the instance inside `stop`; reaching this line means a
+                // host that does not implement it.
+                return Err(Error::Agent(format!(
+                    "the host did not stop the run in doubt at {key}"
+                )));
+            }
+            InDoubt::Probe(probe) => match probe(&step) {
+                Ok(found) => probed = found,
+                Err(err) => {
+                    Claim::release(claim);
+                    return Err(Error::Effect(format!("probe: {err}")));
+                }
+            },
         }
+    }
+    let (value, applied) = match probed {
+        Some(value) => (value, true),
+        None => match f(&step) {
+            Ok(value) => (value, false),
+            Err(err) => {
+                Claim::release(claim);
+                return Err(Error::Effect(err.to_string()));
+            }
+        },
     };
     let bytes = match serde_json::to_vec(&value) {
         Ok(bytes) => bytes,
@@ -192,7 +271,9 @@ where
         }
     };
     Claim::commit(claim, &bytes)?;
-    let outcome = if step.in_doubt {
+    let outcome = if applied {
+        Outcome::Probed
+    } else if step.in_doubt {
         Outcome::Reclaimed {
             attempt: step.attempt,
         }

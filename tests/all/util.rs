@@ -140,6 +140,8 @@ pub fn run_cli(args: &[&str]) -> Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
         .args(args)
         .env("IDEM_LOG", "warn")
+        // Compiled agents are cached for the whole suite, never in the user's cache.
+        .env("XDG_CACHE_HOME", env!("CARGO_TARGET_TMPDIR"))
         .output()
         .expect("idem starts")
 }

@@ -76,7 +76,7 @@ impl Agent for Dedupe {
             output.charged += 1;
             match outcome {
                 Outcome::Executed | Outcome::Reclaimed { .. } => output.executed += 1,
-                Outcome::Skipped => output.skipped += 1,
+                Outcome::Skipped | Outcome::Probed => output.skipped += 1,
                 Outcome::Awaited => output.awaited += 1,
             }
         }

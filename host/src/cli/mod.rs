@@ -1,6 +1,7 @@
 //! The `idem` subcommands, one file each, and the exit codes they share.
 
 mod args;
+mod resolve;
 mod run;
 mod status;
 
@@ -24,6 +25,8 @@ pub enum Command {
     Run(run::RunCommand),
     /// Show runs, their progress, counts and open claims.
     Status(status::StatusCommand),
+    /// Settle a key that a run parked in doubt, so that the run can resume.
+    Resolve(resolve::ResolveCommand),
 }
 
 impl Command {
@@ -31,6 +34,7 @@ impl Command {
         match self {
             Command::Run(cmd) => cmd.execute(),
             Command::Status(cmd) => cmd.execute(),
+            Command::Resolve(cmd) => cmd.execute(),
         }
     }
 }
@@ -49,6 +53,8 @@ pub enum Exit {
     Store = 3,
     /// The host failed (engine, or a run that kept being dropped).
     Host = 4,
+    /// The run is stopped in doubt: `idem resolve` settles its parked keys.
+    InDoubt = 5,
 }
 
 impl From<Exit> for ExitCode {
@@ -73,6 +79,7 @@ impl Exit {
                 return match e {
                     HostError::Store(e) => Exit::for_store(e),
                     HostError::TooManyInstances { .. } | HostError::Engine(_) => Exit::Host,
+                    HostError::InDoubt { .. } => Exit::InDoubt,
                     _ => Exit::BadInput,
                 };
             }
@@ -85,7 +92,7 @@ impl Exit {
 
     fn for_store(e: &StoreError) -> Exit {
         match e {
-            StoreError::InputMismatch { .. } => Exit::BadInput,
+            StoreError::InputMismatch { .. } | StoreError::NotInDoubt { .. } => Exit::BadInput,
             _ => Exit::Store,
         }
     }

@@ -108,7 +108,8 @@ impl RunCommand {
         self.print(&report)?;
         Ok(match report.status {
             RunStatus::Completed => Exit::Done,
-            _ => Exit::AgentFailed,
+            RunStatus::InDoubt => Exit::InDoubt,
+            RunStatus::Failed | RunStatus::Running => Exit::AgentFailed,
         })
     }
 
@@ -146,6 +147,7 @@ impl RunCommand {
             let status = match (report.status, report.already_finished) {
                 (RunStatus::Completed, true) => "had already completed",
                 (RunStatus::Completed, false) => "completed",
+                (RunStatus::InDoubt, _) => "stopped in doubt (settle it with idem resolve)",
                 _ => "failed",
             };
             println!("run {} {status}", report.run_id);

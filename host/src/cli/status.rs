@@ -55,14 +55,14 @@ impl StatusCommand {
         } else {
             println!("open claims:");
             for c in &claims {
+                let holder = match (&c.parked, &c.holder) {
+                    (Some(reason), _) => format!("(parked in doubt: {reason})"),
+                    (None, Some(holder)) => holder.clone(),
+                    (None, None) => "(released)".to_string(),
+                };
                 println!(
-                    "  {} run={} attempt={} token={} holder={} lease_expires={}",
-                    c.key,
-                    c.run_id,
-                    c.attempt,
-                    c.token,
-                    c.holder.as_deref().unwrap_or("(released)"),
-                    c.lease_expires
+                    "  {} run={} attempt={} token={} holder={holder} lease_expires={}",
+                    c.key, c.run_id, c.attempt, c.token, c.lease_expires
                 );
             }
         }

@@ -70,6 +70,17 @@ pub enum HostError {
         /// Why.
         reason: String,
     },
+    /// The run is stopped in doubt: its parked keys must be resolved first.
+    #[error(
+        "run {run_id} is stopped in doubt at {}; settle each with `idem resolve {run_id} KEY --result JSON` (the effect happened) or `--retry`",
+        keys.join(", ")
+    )]
+    InDoubt {
+        /// The run.
+        run_id: String,
+        /// Its parked keys.
+        keys: Vec<String>,
+    },
     /// The run kept being dropped without finishing.
     #[error("run {run_id} used {instances} instances without finishing; giving up")]
     TooManyInstances {

@@ -13,6 +13,7 @@ mod claim;
 mod engine;
 mod error;
 mod faults;
+mod heartbeat;
 mod imports;
 mod limits;
 mod run;
@@ -28,6 +29,7 @@ pub use limits::Limits;
 pub use run::{DirGrant, RunOptions, RunReport};
 
 use crate::store::Store;
+use heartbeat::Heartbeat;
 use state::LiveHolders;
 
 /// Runs agents against a store. Cheap to share between threads: each run gets its own
@@ -37,6 +39,7 @@ pub struct Host {
     store: Arc<dyn Store>,
     limits: Limits,
     live: Arc<LiveHolders>,
+    heartbeat: Arc<Heartbeat>,
 }
 
 impl Host {
@@ -45,11 +48,13 @@ impl Host {
         // Unique per process and start: a claim naming another process (or an earlier
         // start of this one) is never treated as orphaned; only its lease frees it.
         let host_id = format!("{:016x}", fastrand::u64(..));
+        let heartbeat = Arc::new(Heartbeat::start(Arc::clone(&store), limits.lease));
         Host {
             runtime,
             store,
             limits,
             live: Arc::new(LiveHolders::new(host_id)),
+            heartbeat,
         }
     }
 

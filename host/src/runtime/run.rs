@@ -13,7 +13,7 @@ use super::Host;
 use super::engine::LoadedAgent;
 use super::error::HostError;
 use super::faults::{FaultPlan, Faults, Recycle};
-use super::state::{HostCallFailure, InstanceState, RunCtx};
+use super::state::{HostCallFailure, InstanceState, RunCtx, StoppedInDoubt};
 use crate::store::{Counts, RunEnd, RunSpec, RunStatus, now_millis};
 
 /// A host directory the agent may use, and the path it sees it under.
@@ -101,6 +101,19 @@ impl Host {
             input: &opts.input,
             now: now_millis(),
         })?;
+        if record.status == RunStatus::InDoubt {
+            let keys = self
+                .store
+                .open_claims(Some(&opts.run_id))?
+                .into_iter()
+                .filter(|c| c.parked.is_some())
+                .map(|c| c.key)
+                .collect();
+            return Err(HostError::InDoubt {
+                run_id: opts.run_id.clone(),
+                keys,
+            });
+        }
         if record.status == RunStatus::Completed {
             return Ok(RunReport {
                 run_id: record.run_id,
@@ -117,6 +130,7 @@ impl Host {
             store: Arc::clone(&self.store),
             limits: self.limits.clone(),
             live: Arc::clone(&self.live),
+            heartbeat: Arc::clone(&self.heartbeat),
             counts: record.counts,
             faults: Faults::new(&opts.faults),
             ordinals: HashMap::new(),
@@ -143,6 +157,24 @@ impl Host {
                 Err(trap) if is_fuel_exhausted(&trap) && run.faults.chaos() => {
                     tracing::debug!(run_id = %opts.run_id, reason = "chaos fuel budget ran out", "instance dropped");
                     None
+                }
+                Err(ref trap) if let Some(stopped) = trap.downcast_ref::<StoppedInDoubt>() => {
+                    // The store already holds the run's in-doubt status and reason.
+                    self.store
+                        .save_counts(&opts.run_id, &run.counts, now_millis())?;
+                    let reason = self
+                        .store
+                        .run(&opts.run_id)?
+                        .and_then(|r| r.outcome)
+                        .unwrap_or_else(|| format!("in doubt at key {}", stopped.key).into_bytes());
+                    return Ok(RunReport {
+                        run_id: opts.run_id.clone(),
+                        status: RunStatus::InDoubt,
+                        outcome: reason,
+                        counts: run.counts,
+                        instances_now: run.counts.instances - first_instance,
+                        already_finished: false,
+                    });
                 }
                 Err(trap) => match trap.downcast::<HostCallFailure>() {
                     Ok(HostCallFailure::Store(e)) => return Err(HostError::Store(e)),
@@ -209,6 +241,7 @@ impl Host {
             .instantiate(&mut store)
             .and_then(|instance| instance.call_run(&mut store, &opts.input));
         self.live.leave(&holder);
+        self.heartbeat.forget(&holder);
         // The store (and with it the instance and every claim handle it held) is gone
         // here; only the run's own context goes on.
         let state = store.into_data();

@@ -9,6 +9,7 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::faults::{Faults, Phase};
+use super::heartbeat::Heartbeat;
 use super::limits::Limits;
 use crate::store::{Counts, Store, StoreError};
 
@@ -70,12 +71,20 @@ pub(crate) enum HostCallFailure {
     Store(#[from] StoreError),
 }
 
+/// The agent parked an in-doubt claim: the instance ends and the run stops in doubt.
+#[derive(Debug, thiserror::Error)]
+#[error("run stopped in doubt at key {key}")]
+pub(crate) struct StoppedInDoubt {
+    pub(crate) key: String,
+}
+
 /// The run an instance serves; carried from instance to instance.
 pub(crate) struct RunCtx {
     pub(crate) run_id: String,
     pub(crate) store: Arc<dyn Store>,
     pub(crate) limits: Limits,
     pub(crate) live: Arc<LiveHolders>,
+    pub(crate) heartbeat: Arc<Heartbeat>,
     pub(crate) counts: Counts,
     pub(crate) faults: Faults,
     /// Each key's place in the order the run first used it (1-based).

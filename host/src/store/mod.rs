@@ -65,6 +65,14 @@ pub enum ClaimOutcome {
     Granted(Grant),
     /// Another holder has the claim and its lease has not expired.
     Held(HeldClaim),
+    /// The claim is parked in doubt ([`Store::park`]): nobody may take it until an
+    /// operator resolves it ([`Store::resolve`]).
+    Parked {
+        /// The run that parked it.
+        run_id: String,
+        /// Why it was parked.
+        reason: String,
+    },
 }
 
 /// A claim held by someone else.
@@ -127,6 +135,18 @@ pub enum RunStatus {
     Completed,
     /// The agent returned an error; running it again resumes it.
     Failed,
+    /// The agent stopped rather than repeat a side effect that may already have
+    /// happened; `idem resolve` settles the parked key, then the run can resume.
+    InDoubt,
+}
+
+/// How an operator settles a parked, in-doubt key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolution<'a> {
+    /// The side effect did happen: commit these result bytes for the key.
+    Commit(&'a [u8]),
+    /// It did not (or should happen again): release the claim so the run retries it.
+    Retry,
 }
 
 /// A run as the store knows it.
@@ -168,6 +188,8 @@ pub struct OpenClaim {
     pub attempt: u32,
     /// When the lease runs out.
     pub lease_expires: Millis,
+    /// Why the claim is parked in doubt, if it is.
+    pub parked: Option<String>,
 }
 
 /// How a run ended.
@@ -196,6 +218,14 @@ pub enum StoreError {
     InputMismatch {
         /// The run.
         run_id: String,
+    },
+    /// `resolve` named a key that is not parked for that run.
+    #[error("key {key:?} is not parked in doubt by run {run_id:?}; nothing to resolve")]
+    NotInDoubt {
+        /// The run.
+        run_id: String,
+        /// The key.
+        key: String,
     },
     /// The run does not exist: it must be opened with [`Store::open_run`] first.
     #[error("run {run_id:?} does not exist")]
@@ -313,4 +343,28 @@ pub trait Store: Send + Sync {
 
     /// The committed result of `key`, without claiming it.
     fn committed(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Parks the claim held by `token` in doubt and sets run `run_id` to
+    /// [`RunStatus::InDoubt`], in one transaction. Fails with [`StoreError::ClaimLost`]
+    /// if `token` no longer holds the claim.
+    fn park(
+        &self,
+        key: &str,
+        token: u64,
+        run_id: &str,
+        reason: &str,
+        now: Millis,
+    ) -> Result<(), StoreError>;
+
+    /// Settles a key parked by run `run_id`: commits a result under a fresh token, or
+    /// releases the claim for a retry. The run goes back to [`RunStatus::Running`] once
+    /// none of its keys is parked. Fails with [`StoreError::NotInDoubt`] if the key is
+    /// not parked by that run.
+    fn resolve(
+        &self,
+        run_id: &str,
+        key: &str,
+        resolution: Resolution<'_>,
+        now: Millis,
+    ) -> Result<(), StoreError>;
 }

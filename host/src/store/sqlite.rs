@@ -21,8 +21,8 @@ use std::time::Duration;
 use rusqlite::{Connection, Row, TransactionBehavior};
 
 use super::{
-    Checkpoint, ClaimOutcome, ClaimRequest, Counts, Millis, OpenClaim, RunEnd, RunRecord, RunSpec,
-    Store, StoreError, now_millis,
+    Checkpoint, ClaimOutcome, ClaimRequest, Counts, Millis, OpenClaim, Resolution, RunEnd,
+    RunRecord, RunSpec, Store, StoreError, now_millis,
 };
 
 /// How hard SQLite works to make a commit survive a crash (`--sync normal|full`).
@@ -283,6 +283,31 @@ impl Store for SqliteStore {
 
     fn committed(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.read("read a result", |conn| claims::committed(conn, key))
+    }
+
+    fn park(
+        &self,
+        key: &str,
+        token: u64,
+        run_id: &str,
+        reason: &str,
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        self.write("park a claim in doubt", |conn| {
+            claims::park(conn, key, token, run_id, reason, now)
+        })
+    }
+
+    fn resolve(
+        &self,
+        run_id: &str,
+        key: &str,
+        resolution: Resolution<'_>,
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        self.write("resolve an in-doubt key", |conn| {
+            claims::resolve(conn, run_id, key, resolution, now)
+        })
     }
 }
 

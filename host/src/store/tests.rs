@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::{
-    Checkpoint, ClaimOutcome, ClaimRequest, Counts, Grant, HeldClaim, Millis, OpenClaim, RunEnd,
-    RunSpec, RunStatus, SqliteStore, Store, StoreError, SyncMode,
+    Checkpoint, ClaimOutcome, ClaimRequest, Counts, Grant, HeldClaim, Millis, OpenClaim,
+    Resolution, RunEnd, RunSpec, RunStatus, SqliteStore, Store, StoreError, SyncMode,
 };
 
 /// A fresh, empty database of one backend, owned for the length of a test.
@@ -49,6 +49,10 @@ macro_rules! store_tests {
                 finish_run_records_outcome,
                 runs_are_listed_newest_first,
                 open_claims_by_run,
+                park_blocks_the_key_until_resolved_with_a_result,
+                resolve_retry_releases_the_key,
+                park_and_resolve_need_the_right_token_and_run,
+                failed_run_resumes_as_running,
             ];
             harness: [
                 reopening_keeps_everything,
@@ -235,6 +239,7 @@ fn refused_commit_writes_nothing(store: &dyn Store) {
             token: new.token,
             attempt: 2,
             lease_expires: T0 + 2 * LEASE_MS,
+            parked: None,
         }]
     );
     // A token never handed out, and a released claim, are refused the same way.
@@ -571,6 +576,7 @@ fn open_claims_by_run(store: &dyn Store) {
                 token: a1.token,
                 attempt: 1,
                 lease_expires: T0 + LEASE_MS,
+                parked: None,
             },
             OpenClaim {
                 key: "a2".to_owned(),
@@ -579,6 +585,7 @@ fn open_claims_by_run(store: &dyn Store) {
                 token: a2.token,
                 attempt: 1,
                 lease_expires: T0 + 1 + LEASE_MS,
+                parked: None,
             },
         ]
     );
@@ -679,6 +686,7 @@ fn two_handles_race_for_claims(harness: &mut dyn Harness) {
                                 wins.push((k, grant.token));
                             }
                             ClaimOutcome::Held(_) | ClaimOutcome::Committed(_) => {}
+                            other => panic!("nothing is parked in this race: {other:?}"),
                         }
                     }
                     wins
@@ -710,4 +718,136 @@ fn two_handles_race_for_claims(harness: &mut dyn Harness) {
         }
     }
     assert_eq!(other.open_claims(None).unwrap(), vec![]);
+}
+
+fn park_blocks_the_key_until_resolved_with_a_result(store: &dyn Store) {
+    store.open_run(&spec("run-1", b"in", T0)).unwrap();
+    let first = granted(store.claim(&req("k", "a", T0)).unwrap());
+    // The holder dies in the effect; the next one gets it in doubt and parks it.
+    let second = granted(store.claim(&req("k", "b", T0 + LEASE_MS)).unwrap());
+    assert!(second.in_doubt);
+    store
+        .park(
+            "k",
+            second.token,
+            "run-1",
+            "may have run",
+            T0 + LEASE_MS + 1,
+        )
+        .unwrap();
+
+    let run = store.run("run-1").unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::InDoubt);
+    assert_eq!(
+        run.outcome.as_deref(),
+        Some(&b"in doubt at key k: may have run"[..])
+    );
+    // Nobody takes a parked key, however old its lease.
+    let parked = ClaimOutcome::Parked {
+        run_id: "run-1".to_owned(),
+        reason: "may have run".to_owned(),
+    };
+    assert_eq!(
+        store.claim(&req("k", "c", T0 + 100 * LEASE_MS)).unwrap(),
+        parked
+    );
+    assert_eq!(
+        store
+            .take_over(&req("k", "c", T0 + 100 * LEASE_MS), second.token)
+            .unwrap(),
+        parked
+    );
+    let claims = store.open_claims(Some("run-1")).unwrap();
+    assert_eq!(claims.len(), 1);
+    assert_eq!(claims[0].parked.as_deref(), Some("may have run"));
+    assert_eq!(claims[0].holder, None);
+    // The parked holder cannot commit any more.
+    assert!(matches!(
+        store.commit("k", second.token, "run-1", b"late"),
+        Err(StoreError::ClaimLost { .. })
+    ));
+
+    store
+        .resolve(
+            "run-1",
+            "k",
+            Resolution::Commit(b"done"),
+            T0 + 200 * LEASE_MS,
+        )
+        .unwrap();
+    assert_eq!(store.committed("k").unwrap().as_deref(), Some(&b"done"[..]));
+    assert_eq!(
+        store.claim(&req("k", "c", T0 + 201 * LEASE_MS)).unwrap(),
+        ClaimOutcome::Committed(b"done".to_vec())
+    );
+    assert!(store.open_claims(None).unwrap().is_empty());
+    let run = store.run("run-1").unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Running);
+    assert_eq!(run.outcome, None);
+    // The resolution took a fresh token, above every holder's.
+    let next = granted(store.claim(&req("other", "d", T0)).unwrap());
+    assert!(next.token > second.token + 1 && second.token > first.token);
+}
+
+fn resolve_retry_releases_the_key(store: &dyn Store) {
+    store.open_run(&spec("run-1", b"in", T0)).unwrap();
+    granted(store.claim(&req("k", "a", T0)).unwrap());
+    let second = granted(store.claim(&req("k", "b", T0 + LEASE_MS)).unwrap());
+    store
+        .park("k", second.token, "run-1", "unsure", T0 + LEASE_MS)
+        .unwrap();
+    store
+        .resolve("run-1", "k", Resolution::Retry, T0 + LEASE_MS + 1)
+        .unwrap();
+    assert_eq!(
+        store.run("run-1").unwrap().unwrap().status,
+        RunStatus::Running
+    );
+    // Released: the next claim is attempt 3 and, the operator having decided, not in
+    // doubt.
+    let third = granted(store.claim(&req("k", "c", T0 + LEASE_MS + 2)).unwrap());
+    assert_eq!((third.attempt, third.in_doubt), (3, false));
+}
+
+fn park_and_resolve_need_the_right_token_and_run(store: &dyn Store) {
+    store.open_run(&spec("run-1", b"in", T0)).unwrap();
+    store.open_run(&spec("run-2", b"in", T0)).unwrap();
+    let grant = granted(store.claim(&req("k", "a", T0)).unwrap());
+    assert!(matches!(
+        store.park("k", grant.token + 1, "run-1", "x", T0),
+        Err(StoreError::ClaimLost { .. })
+    ));
+    // A live, unparked claim is not the operator's to resolve.
+    assert!(matches!(
+        store.resolve("run-1", "k", Resolution::Retry, T0),
+        Err(StoreError::NotInDoubt { .. })
+    ));
+    store.park("k", grant.token, "run-1", "x", T0).unwrap();
+    assert!(matches!(
+        store.resolve("run-2", "k", Resolution::Commit(b"r"), T0),
+        Err(StoreError::NotInDoubt { .. })
+    ));
+    assert!(matches!(
+        store.resolve("run-1", "missing", Resolution::Commit(b"r"), T0),
+        Err(StoreError::NotInDoubt { .. })
+    ));
+    assert_eq!(store.committed("k").unwrap(), None);
+    assert_eq!(
+        store.run("run-2").unwrap().unwrap().status,
+        RunStatus::Running
+    );
+}
+
+fn failed_run_resumes_as_running(store: &dyn Store) {
+    store.open_run(&spec("run-1", b"in", T0)).unwrap();
+    store
+        .finish_run("run-1", RunEnd::Failed("boom"), &Counts::default(), T0 + 1)
+        .unwrap();
+    assert_eq!(
+        store.run("run-1").unwrap().unwrap().status,
+        RunStatus::Failed
+    );
+    let again = store.open_run(&spec("run-1", b"in", T0 + 2)).unwrap();
+    assert_eq!(again.status, RunStatus::Running);
+    assert_eq!(again.outcome, None);
 }

@@ -7,8 +7,8 @@ use wasmtime::component::Resource;
 use crate::runtime::bindings::idem::agent::once::{Host, HostClaim};
 use crate::runtime::bindings::{Committed, Obtained, Outcome, StepError};
 use crate::runtime::claim::ClaimHandle;
-use crate::runtime::faults::Phase;
-use crate::runtime::state::InstanceState;
+use crate::runtime::faults::{Phase, Recycle};
+use crate::runtime::state::{InstanceState, StoppedInDoubt};
 use crate::store::{ClaimOutcome, ClaimRequest, Grant, StoreError, now_millis};
 
 /// First and longest pause between polls while awaiting another holder's commit.
@@ -46,6 +46,7 @@ impl Host for InstanceState {
                     self.fault(Phase::AfterClaim, ordinal)?;
                     return Ok(Ok(Outcome::Claimed(claim)));
                 }
+                ClaimOutcome::Parked { .. } => return Ok(Err(StepError::InDoubt(key))),
                 ClaimOutcome::Held(held) if self.run.live.is_orphan(&held.holder) => {
                     // One of our own dropped instances held it: nobody is executing it.
                     outcome = self
@@ -94,6 +95,7 @@ impl InstanceState {
         if grant.in_doubt {
             self.run.counts.reclaimed += 1;
         }
+        self.run.heartbeat.hold(&key, grant.token, &self.holder);
         Ok(self.table.push(ClaimHandle {
             key,
             token: grant.token,
@@ -104,6 +106,7 @@ impl InstanceState {
     }
 
     fn release_claim(&mut self, claim: &ClaimHandle) -> wasmtime::Result<()> {
+        self.run.heartbeat.settle(&claim.key, claim.token);
         self.run
             .store
             .release(&claim.key, claim.token)
@@ -145,6 +148,7 @@ impl HostClaim for InstanceState {
                 result.len()
             ))));
         }
+        self.run.heartbeat.settle(&claim.key, claim.token);
         match self
             .run
             .store
@@ -162,6 +166,26 @@ impl HostClaim for InstanceState {
     fn release(&mut self, claim: Resource<ClaimHandle>) -> wasmtime::Result<()> {
         let claim = self.table.delete(claim)?;
         self.release_claim(&claim)
+    }
+
+    fn stop(&mut self, claim: Resource<ClaimHandle>, reason: String) -> wasmtime::Result<()> {
+        let claim = self.table.delete(claim)?;
+        self.run.heartbeat.settle(&claim.key, claim.token);
+        match self.run.store.park(
+            &claim.key,
+            claim.token,
+            &self.run.run_id,
+            &reason,
+            now_millis(),
+        ) {
+            Ok(()) => Err(wasmtime::Error::new(StoppedInDoubt { key: claim.key })),
+            // Another holder took the key over meanwhile and will settle it: this
+            // instance ends and the next one finds the key committed or held.
+            Err(StoreError::ClaimLost { .. }) => Err(wasmtime::Error::new(Recycle {
+                reason: format!("claim on {} taken over while stopping in doubt", claim.key),
+            })),
+            Err(e) => Err(InstanceState::trap_store(e)),
+        }
     }
 
     fn drop(&mut self, claim: Resource<ClaimHandle>) -> wasmtime::Result<()> {

@@ -5,15 +5,42 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
+use super::runs::status_name;
 use super::{TxError, to_sql_int, u32_column, u64_column};
-use crate::store::{ClaimOutcome, ClaimRequest, Grant, HeldClaim, Millis, OpenClaim, StoreError};
+use crate::store::{
+    ClaimOutcome, ClaimRequest, Grant, HeldClaim, Millis, OpenClaim, Resolution, RunStatus,
+    StoreError,
+};
 
 /// A key's claim row as it stands.
 struct Current {
+    run_id: String,
     holder: Option<String>,
     token: u64,
     attempt: u32,
     lease_expires: Millis,
+    parked: Option<String>,
+}
+
+/// The key's claim row, if any.
+fn current(conn: &Connection, key: &str) -> Result<Option<Current>, TxError> {
+    let current = conn
+        .prepare_cached(
+            "SELECT run_id, holder, token, attempt, lease_expires, parked
+             FROM claims WHERE key = ?1",
+        )?
+        .query_row([key], |row| {
+            Ok(Current {
+                run_id: row.get(0)?,
+                holder: row.get(1)?,
+                token: u64_column(row, 2)?,
+                attempt: u32_column(row, 3)?,
+                lease_expires: row.get(4)?,
+                parked: row.get(5)?,
+            })
+        })
+        .optional()?;
+    Ok(current)
 }
 
 /// When a lease of `lease` taken at `now` runs out. Saturates: an absurdly long lease
@@ -33,17 +60,7 @@ pub(super) fn claim(
     if let Some(result) = committed(conn, req.key)? {
         return Ok(ClaimOutcome::Committed(result));
     }
-    let current = conn
-        .prepare_cached("SELECT holder, token, attempt, lease_expires FROM claims WHERE key = ?1")?
-        .query_row([req.key], |row| {
-            Ok(Current {
-                holder: row.get(0)?,
-                token: u64_column(row, 1)?,
-                attempt: u32_column(row, 2)?,
-                lease_expires: row.get(3)?,
-            })
-        })
-        .optional()?;
+    let current = current(conn, req.key)?;
     let lease_expires = lease_expiry(req.now, req.lease);
 
     let Some(current) = current else {
@@ -66,6 +83,12 @@ pub(super) fn claim(
         }));
     };
 
+    if let Some(reason) = current.parked {
+        return Ok(ClaimOutcome::Parked {
+            run_id: current.run_id,
+            reason,
+        });
+    }
     let in_doubt = match current.holder {
         // Released: the holder gave up before starting, or knows it did not finish.
         None => false,
@@ -203,14 +226,14 @@ pub(super) fn open_claims(
     let claims = match run_id {
         Some(run_id) => conn
             .prepare_cached(
-                "SELECT key, run_id, holder, token, attempt, lease_expires FROM claims
+                "SELECT key, run_id, holder, token, attempt, lease_expires, parked FROM claims
                  WHERE run_id = ?1 ORDER BY key",
             )?
             .query_map([run_id], open_claim)?
             .collect::<rusqlite::Result<_>>()?,
         None => conn
             .prepare_cached(
-                "SELECT key, run_id, holder, token, attempt, lease_expires FROM claims
+                "SELECT key, run_id, holder, token, attempt, lease_expires, parked FROM claims
                  ORDER BY key",
             )?
             .query_map([], open_claim)?
@@ -227,5 +250,104 @@ fn open_claim(row: &Row<'_>) -> rusqlite::Result<OpenClaim> {
         token: u64_column(row, 3)?,
         attempt: u32_column(row, 4)?,
         lease_expires: row.get(5)?,
+        parked: row.get(6)?,
     })
+}
+
+/// Parks the claim held by `token` in doubt and marks its run in doubt. Runs inside a
+/// write transaction.
+pub(super) fn park(
+    conn: &Connection,
+    key: &str,
+    token: u64,
+    run_id: &str,
+    reason: &str,
+    now: Millis,
+) -> Result<(), TxError> {
+    let lost = || {
+        TxError::Store(StoreError::ClaimLost {
+            key: key.to_owned(),
+            token,
+        })
+    };
+    let Ok(token_sql) = to_sql_int(token) else {
+        return Err(lost());
+    };
+    let changed = conn
+        .prepare_cached(
+            "UPDATE claims SET holder = NULL, parked = ?3
+             WHERE key = ?1 AND token = ?2 AND holder IS NOT NULL",
+        )?
+        .execute(params![key, token_sql, reason])?;
+    if changed != 1 {
+        return Err(lost());
+    }
+    let outcome = format!("in doubt at key {key}: {reason}");
+    let changed = conn
+        .prepare_cached(
+            "UPDATE runs SET status = ?2, outcome = ?3, updated = ?4 WHERE run_id = ?1",
+        )?
+        .execute(params![
+            run_id,
+            status_name(RunStatus::InDoubt),
+            outcome.as_bytes(),
+            now
+        ])?;
+    if changed != 1 {
+        return Err(TxError::Store(StoreError::UnknownRun {
+            run_id: run_id.to_owned(),
+        }));
+    }
+    Ok(())
+}
+
+/// Settles a key parked by `run_id`. Runs inside a write transaction.
+pub(super) fn resolve(
+    conn: &Connection,
+    run_id: &str,
+    key: &str,
+    resolution: Resolution<'_>,
+    now: Millis,
+) -> Result<(), TxError> {
+    let not_parked = || {
+        TxError::Store(StoreError::NotInDoubt {
+            run_id: run_id.to_owned(),
+            key: key.to_owned(),
+        })
+    };
+    let current = current(conn, key)?.ok_or_else(not_parked)?;
+    if current.parked.is_none() || current.run_id != run_id {
+        return Err(not_parked());
+    }
+    match resolution {
+        Resolution::Commit(result) => {
+            // A fresh token: the resolution is a commit of its own, after every
+            // holder that ever had the key.
+            let token = to_sql_int(next_token(conn)?)?;
+            conn.prepare_cached("DELETE FROM claims WHERE key = ?1")?
+                .execute([key])?;
+            conn.prepare_cached(
+                "INSERT INTO results (key, run_id, result, token, attempt, committed_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?
+            .execute(params![key, run_id, result, token, current.attempt, now])?;
+        }
+        Resolution::Retry => {
+            conn.prepare_cached("UPDATE claims SET parked = NULL, holder = NULL WHERE key = ?1")?
+                .execute([key])?;
+        }
+    }
+    // The run resumes once nothing of it is parked any more.
+    conn.prepare_cached(
+        "UPDATE runs SET status = ?2, outcome = NULL, updated = ?3
+         WHERE run_id = ?1 AND status = ?4
+           AND NOT EXISTS (SELECT 1 FROM claims WHERE run_id = ?1 AND parked IS NOT NULL)",
+    )?
+    .execute(params![
+        run_id,
+        status_name(RunStatus::Running),
+        now,
+        status_name(RunStatus::InDoubt)
+    ])?;
+    Ok(())
 }

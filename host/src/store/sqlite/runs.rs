@@ -204,11 +204,12 @@ fn record(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
     })
 }
 
-fn status_name(status: RunStatus) -> &'static str {
+pub(super) fn status_name(status: RunStatus) -> &'static str {
     match status {
         RunStatus::Running => "running",
         RunStatus::Completed => "completed",
         RunStatus::Failed => "failed",
+        RunStatus::InDoubt => "in-doubt",
     }
 }
 
@@ -218,6 +219,7 @@ fn status_from(row: &Row<'_>, idx: usize) -> rusqlite::Result<RunStatus> {
         "running" => Ok(RunStatus::Running),
         "completed" => Ok(RunStatus::Completed),
         "failed" => Ok(RunStatus::Failed),
+        "in-doubt" => Ok(RunStatus::InDoubt),
         _ => Err(rusqlite::Error::FromSqlConversionFailure(
             idx,
             Type::Text,

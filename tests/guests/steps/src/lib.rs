@@ -12,7 +12,10 @@
 //! - `fail_at`: the step whose first attempt fails (the claim is released and the run
 //!   fails with `side effect failed: ...`); run it again and attempt 2 succeeds;
 //! - `pause_ms`: a sleep inside each side effect, so that runs overlap;
-//! - `shared`: keys without the run id (`step/{hash}`), shared by every run.
+//! - `shared`: keys without the run id (`step/{hash}`), shared by every run;
+//! - `policy`: what to do with a claim in doubt: `"retry"` (default), `"fail"` (stop
+//!   the run in doubt), or `"probe"` (look for the key in the log: found means the
+//!   effect was applied, so its value is committed without appending again).
 //!
 //! Each executed step appends
 //! `{key} attempt={attempt} token={token} in_doubt={in_doubt} gen={generation}`; a failing
@@ -25,7 +28,7 @@ use std::io::Write;
 use std::thread;
 use std::time::Duration;
 
-use idem_sdk::{Agent, Error, Key, generation, load, run_once, save};
+use idem_sdk::{Agent, Error, InDoubt, Key, generation, load, run_once_with, save};
 use serde::{Deserialize, Serialize};
 
 #[derive(Deserialize)]
@@ -40,6 +43,17 @@ struct Input {
     pause_ms: u64,
     #[serde(default)]
     shared: bool,
+    #[serde(default)]
+    policy: Policy,
+}
+
+#[derive(Deserialize, Default, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+enum Policy {
+    #[default]
+    Retry,
+    Fail,
+    Probe,
 }
 
 #[derive(Serialize)]
@@ -69,7 +83,21 @@ impl Agent for Steps {
             } else {
                 Key::for_run("step", &i)?
             };
-            let (value, _outcome) = run_once(&key, |step| {
+            // The log is the downstream: a line with the key means the effect landed.
+            let probe = |step: &idem_sdk::Step| -> Result<Option<u64>, String> {
+                let log = std::fs::read_to_string(&input.log).unwrap_or_default();
+                let prefix = format!("{} ", step.key());
+                Ok(log
+                    .lines()
+                    .any(|line| line.starts_with(&prefix))
+                    .then(|| mix(i, 0x5eed)))
+            };
+            let policy = match input.policy {
+                Policy::Retry => InDoubt::Retry,
+                Policy::Fail => InDoubt::Fail,
+                Policy::Probe => InDoubt::Probe(&probe),
+            };
+            let (value, _outcome) = run_once_with(&key, policy, |step| {
                 if input.fail_at == Some(i) && step.attempt() == 1 {
                     return Err(format!("step {i} fails on its first attempt"));
                 }

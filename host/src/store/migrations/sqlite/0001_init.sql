@@ -9,8 +9,8 @@ CREATE TABLE runs (
     agent     TEXT NOT NULL,
     digest    TEXT NOT NULL,
     input     BLOB NOT NULL,
-    status    TEXT NOT NULL CHECK (status IN ('running', 'completed', 'failed')),
-    -- The output when completed, the error text (UTF-8) when failed.
+    status    TEXT NOT NULL CHECK (status IN ('running', 'completed', 'failed', 'in-doubt')),
+    -- The output when completed, the error text (UTF-8) when failed or in doubt.
     outcome   BLOB,
     executed  INTEGER NOT NULL DEFAULT 0 CHECK (executed >= 0),
     skipped   INTEGER NOT NULL DEFAULT 0 CHECK (skipped >= 0),
@@ -30,7 +30,8 @@ CREATE TABLE progress (
 ) STRICT;
 
 -- A key being executed. The row goes away when its result is committed; `holder` is
--- NULL once the claim was released without a result. Claims carry no foreign key to
+-- NULL once the claim was released without a result. `parked` holds the reason when
+-- the claim is parked in doubt: nobody takes it until an operator resolves it. Claims carry no foreign key to
 -- `runs`: keys are store-wide, and the protocol does not need the run to exist.
 -- Rows are small, so WITHOUT ROWID keeps each lookup to one b-tree.
 CREATE TABLE claims (
@@ -39,7 +40,8 @@ CREATE TABLE claims (
     holder        TEXT,
     token         INTEGER NOT NULL CHECK (token > 0),
     attempt       INTEGER NOT NULL CHECK (attempt > 0),
-    lease_expires INTEGER NOT NULL
+    lease_expires INTEGER NOT NULL,
+    parked        TEXT
 ) STRICT, WITHOUT ROWID;
 
 CREATE INDEX claims_by_run ON claims (run_id);
