@@ -6,7 +6,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::bindings::idem::agent::once::{self, Claim, Obtained};
-use crate::{Error, Key};
+use crate::{Error, Key, StepError};
 
 /// How [`run_once`] reached its result.
 ///
@@ -128,7 +128,10 @@ impl Step {
 ///   call (in this run or after a resume) retries under the same key, with a higher
 ///   [`Step::attempt`].
 ///
-/// If the host refuses the key or the commit, the call fails with [`Error::Step`]. If
+/// If the host refuses the key or the commit, the call fails with [`Error::Step`] — except
+/// when the claim was taken over while `f` ran (this instance was paused past its lease)
+/// and the taker committed: then the taker's result is returned, as
+/// [`Outcome::Awaited`]. If
 /// `f`'s value cannot be encoded to JSON, the claim is released and the call fails with
 /// [`Error::Codec`]: the side effect ran, but its result could not be recorded.
 ///
@@ -195,17 +198,36 @@ where
     F: FnOnce(&Step) -> Result<T, E>,
 {
     match once::run_once(key.as_str())? {
-        once::Outcome::Committed(committed) => {
-            let value = serde_json::from_slice(&committed.value)
-                .map_err(|err| Error::codec(&format!("committed result of {key}"), err))?;
-            let outcome = match committed.obtained {
-                Obtained::Skipped => Outcome::Skipped,
-                Obtained::Awaited => Outcome::Awaited,
-            };
-            Ok((value, outcome))
-        }
-        once::Outcome::Claimed(claim) => execute(key, claim, policy, f),
+        once::Outcome::Committed(committed) => decode(key, committed),
+        once::Outcome::Claimed(claim) => match execute(key, claim, policy, f) {
+            // The claim was taken over while `f` ran (this instance was paused past
+            // its lease): the taker's commit is the key's result, so hand that back.
+            Err(Error::Step(StepError::ClaimLost(lost))) => match once::run_once(key.as_str())? {
+                once::Outcome::Committed(committed) => {
+                    decode(key, committed).map(|(value, _)| (value, Outcome::Awaited))
+                }
+                // The taker released it instead; `f` is spent, so the caller decides.
+                once::Outcome::Claimed(claim) => {
+                    Claim::release(claim);
+                    Err(Error::Step(StepError::ClaimLost(lost)))
+                }
+            },
+            other => other,
+        },
     }
+}
+
+fn decode<T: DeserializeOwned>(
+    key: &Key,
+    committed: once::Committed,
+) -> Result<(T, Outcome), Error> {
+    let value = serde_json::from_slice(&committed.value)
+        .map_err(|err| Error::codec(&format!("committed result of {key}"), err))?;
+    let outcome = match committed.obtained {
+        Obtained::Skipped => Outcome::Skipped,
+        Obtained::Awaited => Outcome::Awaited,
+    };
+    Ok((value, outcome))
 }
 
 /// Runs `f` under `claim` and settles the claim: commit on success, release otherwise.

@@ -221,6 +221,10 @@ impl Host {
     ) -> Result<(wasmtime::Result<Result<Vec<u8>, String>>, RunCtx), HostError> {
         let generation = run.counts.instances;
         run.counts.instances += 1;
+        // Durable before the instance runs: its claims' counts are written with them,
+        // and a process killed now still shows the instance it had started.
+        self.store
+            .save_counts(&opts.run_id, &run.counts, now_millis())?;
         let holder = self.live.holder(&opts.run_id, generation);
         let fuel = run.faults.fuel_budget().unwrap_or(u64::MAX);
         let state = InstanceState {

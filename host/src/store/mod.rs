@@ -269,7 +269,8 @@ pub enum StoreError {
 pub trait Store: Send + Sync {
     /// Claims `req.key`, or returns its committed result, or reports its live holder.
     /// A claim that was released, or whose lease expired, is granted to the caller with
-    /// the next attempt and a fresh token.
+    /// the next attempt and a fresh token. A grant adds one to the run's `executed`
+    /// count (and `reclaimed`, when in doubt) in the same transaction.
     fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError>;
 
     /// Takes the claim on `req.key` from the holder whose token is `stale_token`, even

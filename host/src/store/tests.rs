@@ -53,6 +53,7 @@ macro_rules! store_tests {
                 resolve_retry_releases_the_key,
                 park_and_resolve_need_the_right_token_and_run,
                 failed_run_resumes_as_running,
+                grants_are_counted_in_their_run,
             ];
             harness: [
                 reopening_keeps_everything,
@@ -850,4 +851,25 @@ fn failed_run_resumes_as_running(store: &dyn Store) {
     let again = store.open_run(&spec("run-1", b"in", T0 + 2)).unwrap();
     assert_eq!(again.status, RunStatus::Running);
     assert_eq!(again.outcome, None);
+}
+
+fn grants_are_counted_in_their_run(store: &dyn Store) {
+    store.open_run(&spec("run-1", b"in", T0)).unwrap();
+    let first = granted(store.claim(&req("k", "a", T0)).unwrap());
+    granted(store.claim(&req("j", "a", T0)).unwrap());
+    let counts = store.run("run-1").unwrap().unwrap().counts;
+    assert_eq!((counts.executed, counts.reclaimed), (2, 0));
+    // A takeover in doubt counts as executed and reclaimed, durably, before any flush.
+    let taken = granted(
+        store
+            .take_over(&req("k", "b", T0 + 1), first.token)
+            .unwrap(),
+    );
+    assert!(taken.in_doubt);
+    let counts = store.run("run-1").unwrap().unwrap().counts;
+    assert_eq!((counts.executed, counts.reclaimed), (3, 1));
+    // Found committed: not a grant, so not counted here.
+    store.commit("k", taken.token, "run-1", b"r").unwrap();
+    store.claim(&req("k", "c", T0 + 2)).unwrap();
+    assert_eq!(store.run("run-1").unwrap().unwrap().counts.executed, 3);
 }

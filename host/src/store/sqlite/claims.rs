@@ -76,6 +76,7 @@ pub(super) fn claim(
             to_sql_int(token)?,
             lease_expires
         ])?;
+        count_grant(conn, req.run_id, false)?;
         return Ok(ClaimOutcome::Granted(Grant {
             token,
             attempt: 1,
@@ -120,11 +121,23 @@ pub(super) fn claim(
         attempt,
         lease_expires
     ])?;
+    count_grant(conn, req.run_id, in_doubt)?;
     Ok(ClaimOutcome::Granted(Grant {
         token,
         attempt,
         in_doubt,
     }))
+}
+
+/// Counts a grant in its run's record, in the claim's own transaction: `executed` and
+/// `reclaimed` stay exact even when the process dies before it flushes its other
+/// counts. A claim made outside any known run counts nowhere.
+fn count_grant(conn: &Connection, run_id: &str, in_doubt: bool) -> Result<(), TxError> {
+    conn.prepare_cached(
+        "UPDATE runs SET executed = executed + 1, reclaimed = reclaimed + ?2 WHERE run_id = ?1",
+    )?
+    .execute(params![run_id, i64::from(in_doubt)])?;
+    Ok(())
 }
 
 /// The next fencing token: one greater than any handed out before, in this store.
