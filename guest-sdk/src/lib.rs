@@ -88,7 +88,7 @@ pub use agent::Agent;
 pub use bindings::idem::agent::types::StepError;
 pub use error::Error;
 pub use key::Key;
-pub use once::{InDoubt, Outcome, Step, run_once, run_once_with};
+pub use once::{InDoubt, Once, Outcome, Step, run_once, run_once_with};
 pub use progress::{Checkpoint, load, save};
 pub use run_info::{generation, run_id};
 

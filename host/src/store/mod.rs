@@ -287,6 +287,22 @@ pub trait Store: Send + Sync {
     /// transaction, if `token` still holds the claim; otherwise [`StoreError::ClaimLost`].
     fn commit(&self, key: &str, token: u64, run_id: &str, result: &[u8]) -> Result<(), StoreError>;
 
+    /// [`Store::commit`] and [`Store::save_progress`] of run `run_id` in ONE
+    /// transaction: the step that committed also advanced the checkpoint, so a durable
+    /// step costs one write transaction after its claim instead of two. Nothing is
+    /// written if the claim was lost.
+    #[allow(clippy::too_many_arguments)]
+    fn commit_and_save(
+        &self,
+        key: &str,
+        token: u64,
+        run_id: &str,
+        result: &[u8],
+        checkpoint: &Checkpoint,
+        counts: &Counts,
+        now: Millis,
+    ) -> Result<(), StoreError>;
+
     /// Gives up the claim held by `token` without a result. Returns whether the caller
     /// still held it.
     fn release(&self, key: &str, token: u64) -> Result<bool, StoreError>;

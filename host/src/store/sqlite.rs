@@ -214,6 +214,22 @@ impl Store for SqliteStore {
         })
     }
 
+    fn commit_and_save(
+        &self,
+        key: &str,
+        token: u64,
+        run_id: &str,
+        result: &[u8],
+        checkpoint: &Checkpoint,
+        counts: &Counts,
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        self.write("commit a result and save progress", |conn| {
+            claims::commit(conn, key, token, run_id, result, now)?;
+            runs::save_progress(conn, run_id, checkpoint, counts, now)
+        })
+    }
+
     fn release(&self, key: &str, token: u64) -> Result<bool, StoreError> {
         self.write("release a claim", |conn| claims::release(conn, key, token))
     }

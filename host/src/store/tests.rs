@@ -54,6 +54,7 @@ macro_rules! store_tests {
                 park_and_resolve_need_the_right_token_and_run,
                 failed_run_resumes_as_running,
                 grants_are_counted_in_their_run,
+                commit_and_save_is_one_transaction,
             ];
             harness: [
                 reopening_keeps_everything,
@@ -872,4 +873,52 @@ fn grants_are_counted_in_their_run(store: &dyn Store) {
     store.commit("k", taken.token, "run-1", b"r").unwrap();
     store.claim(&req("k", "c", T0 + 2)).unwrap();
     assert_eq!(store.run("run-1").unwrap().unwrap().counts.executed, 3);
+}
+
+fn commit_and_save_is_one_transaction(store: &dyn Store) {
+    store.open_run(&spec("run-1", b"in", T0)).unwrap();
+    let stale = granted(store.claim(&req("k", "a", T0)).unwrap());
+    let taker = granted(
+        store
+            .take_over(&req("k", "b", T0 + 1), stale.token)
+            .unwrap(),
+    );
+    let counts = Counts {
+        executed: 7,
+        ..Counts::default()
+    };
+    let checkpoint = Checkpoint {
+        step: 1,
+        state: b"s1".to_vec(),
+    };
+    // The stale holder's commit is refused and its checkpoint is not written either.
+    assert!(matches!(
+        store.commit_and_save(
+            "k",
+            stale.token,
+            "run-1",
+            b"old",
+            &checkpoint,
+            &counts,
+            T0 + 2
+        ),
+        Err(StoreError::ClaimLost { .. })
+    ));
+    assert_eq!(store.load_progress("run-1").unwrap(), None);
+    assert_eq!(store.committed("k").unwrap(), None);
+
+    store
+        .commit_and_save(
+            "k",
+            taker.token,
+            "run-1",
+            b"new",
+            &checkpoint,
+            &counts,
+            T0 + 3,
+        )
+        .unwrap();
+    assert_eq!(store.committed("k").unwrap().as_deref(), Some(&b"new"[..]));
+    assert_eq!(store.load_progress("run-1").unwrap(), Some(checkpoint));
+    assert_eq!(store.run("run-1").unwrap().unwrap().counts.executed, 7);
 }

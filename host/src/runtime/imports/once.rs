@@ -5,11 +5,11 @@ use std::time::{Duration, Instant};
 use wasmtime::component::Resource;
 
 use crate::runtime::bindings::idem::agent::once::{Host, HostClaim};
-use crate::runtime::bindings::{Committed, Obtained, Outcome, StepError};
+use crate::runtime::bindings::{Committed, Obtained, Outcome, StepError, WitCheckpoint};
 use crate::runtime::claim::ClaimHandle;
 use crate::runtime::faults::{Phase, Recycle};
 use crate::runtime::state::{InstanceState, StoppedInDoubt};
-use crate::store::{ClaimOutcome, ClaimRequest, Grant, StoreError, now_millis};
+use crate::store::{Checkpoint, ClaimOutcome, ClaimRequest, Grant, StoreError, now_millis};
 
 /// First and longest pause between polls while awaiting another holder's commit.
 const AWAIT_POLL_MIN: Duration = Duration::from_millis(1);
@@ -136,30 +136,63 @@ impl HostClaim for InstanceState {
         &mut self,
         claim: Resource<ClaimHandle>,
         result: Vec<u8>,
+        then_save: Option<WitCheckpoint>,
     ) -> wasmtime::Result<Result<(), StepError>> {
         let claim = self.table.delete(claim)?;
         self.fault(Phase::InEffect, claim.ordinal)?;
-        let limit = self.run.limits.max_result_bytes;
-        if result.len() > limit {
-            self.release_claim(&claim)?;
-            return Ok(Err(StepError::TooLarge(format!(
-                "result of key {:?} is {} bytes, over the limit of {limit} bytes",
+        let limits = &self.run.limits;
+        let too_large = if result.len() > limits.max_result_bytes {
+            Some(format!(
+                "result of key {:?} is {} bytes, over the limit of {} bytes",
                 claim.key,
-                result.len()
-            ))));
+                result.len(),
+                limits.max_result_bytes
+            ))
+        } else {
+            then_save
+                .as_ref()
+                .filter(|c| c.state.len() > limits.max_state_bytes)
+                .map(|c| {
+                    format!(
+                        "progress state is {} bytes, over the limit of {} bytes",
+                        c.state.len(),
+                        limits.max_state_bytes
+                    )
+                })
+        };
+        if let Some(detail) = too_large {
+            self.release_claim(&claim)?;
+            return Ok(Err(StepError::TooLarge(detail)));
         }
         self.run.heartbeat.settle(&claim.key, claim.token);
-        match self
-            .run
-            .store
-            .commit(&claim.key, claim.token, &self.run.run_id, &result)
-        {
+        let store = &self.run.store;
+        let run_id = &self.run.run_id;
+        let written = match &then_save {
+            None => store.commit(&claim.key, claim.token, run_id, &result),
+            Some(c) => store.commit_and_save(
+                &claim.key,
+                claim.token,
+                run_id,
+                &result,
+                &Checkpoint {
+                    step: c.step,
+                    state: c.state.clone(),
+                },
+                &self.run.counts,
+                now_millis(),
+            ),
+        };
+        match written {
             Ok(()) => {}
             Err(StoreError::ClaimLost { key, .. }) => return Ok(Err(StepError::ClaimLost(key))),
             Err(e) => return Err(InstanceState::trap_store(e)),
         }
         self.run.last_committed = claim.ordinal;
         self.fault(Phase::AfterCommit, claim.ordinal)?;
+        if then_save.is_some() {
+            // The checkpoint that follows the commit is durable at this same boundary.
+            self.fault(Phase::AfterSave, claim.ordinal)?;
+        }
         Ok(Ok(()))
     }
 
