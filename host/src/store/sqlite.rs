@@ -6,6 +6,7 @@
 //! read-then-write. All access goes through `SqliteStore::read` and
 //! `SqliteStore::write`, the one place that knows about locking.
 
+mod batch;
 mod claims;
 mod runs;
 mod schema;
@@ -15,10 +16,11 @@ mod tests;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use rusqlite::{Connection, Row, TransactionBehavior};
+use rusqlite::{Connection, Row};
+
+use batch::{Batcher, WriteError};
 
 use super::{
     Checkpoint, ClaimOutcome, ClaimRequest, Counts, Millis, OpenClaim, Resolution, RunEnd,
@@ -124,7 +126,7 @@ pub struct ParseSyncModeError {
 #[derive(Debug)]
 pub struct SqliteStore {
     path: PathBuf,
-    conn: Mutex<Connection>,
+    conn: Batcher,
 }
 
 impl SqliteStore {
@@ -139,7 +141,7 @@ impl SqliteStore {
         let conn = schema::open(path, sync)?;
         Ok(SqliteStore {
             path: path.to_owned(),
-            conn: Mutex::new(conn),
+            conn: Batcher::new(conn),
         })
     }
 
@@ -149,7 +151,7 @@ impl SqliteStore {
         let conn = schema::open_read_only(path)?;
         Ok(SqliteStore {
             path: path.to_owned(),
-            conn: Mutex::new(conn),
+            conn: Batcher::new(conn),
         })
     }
 
@@ -158,37 +160,32 @@ impl SqliteStore {
         &self.path
     }
 
-    fn lock(&self) -> MutexGuard<'_, Connection> {
-        // A transaction is rolled back when its guard drops, also when a panic unwinds
-        // through it: a poisoned connection is consistent and safe to keep using.
-        self.conn.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Runs `f` on the connection outside any explicit transaction: each statement
-    /// reads one consistent snapshot.
+    /// reads one consistent snapshot of committed data.
     fn read<T>(
         &self,
         op: &'static str,
         f: impl FnOnce(&Connection) -> Result<T, TxError>,
     ) -> Result<T, StoreError> {
-        let conn = self.lock();
-        f(&conn).map_err(|e| e.during(op))
+        self.conn.read(f).map_err(|e| e.during(op))
     }
 
-    /// Runs `f` in one `BEGIN IMMEDIATE` transaction, committed if `f` succeeds and
-    /// rolled back otherwise.
+    /// Runs `f` in a `BEGIN IMMEDIATE` transaction (shared with concurrent writers of
+    /// this handle: group commit), rolled back if `f` fails, and returns once the
+    /// transaction is committed.
     fn write<T>(
         &self,
         op: &'static str,
         f: impl FnOnce(&Connection) -> Result<T, TxError>,
     ) -> Result<T, StoreError> {
-        let mut conn = self.lock();
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(|e| backend(op, e))?;
-        let value = f(&tx).map_err(|e| e.during(op))?;
-        tx.commit().map_err(|e| backend(op, e))?;
-        Ok(value)
+        self.conn.write(f).map_err(|e| match e {
+            WriteError::Work(e) => e.during(op),
+            WriteError::Sql(e) => backend(op, e),
+            WriteError::Commit(message) => StoreError::Backend {
+                op,
+                source: message.into(),
+            },
+        })
     }
 }
 
