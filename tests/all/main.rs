@@ -11,6 +11,7 @@ mod dedupe;
 mod heartbeat;
 mod in_doubt;
 mod lease;
+mod limits;
 mod multi_process;
 mod recycle;
 mod util;

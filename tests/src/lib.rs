@@ -14,7 +14,7 @@
 //! - `build.rs`: runs a nested `cargo build --release --target wasm32-wasip2` over
 //!   `examples/` and `tests/guests/`, with one target dir under `OUT_DIR`.
 //! - `src/lib.rs`: one constant per guest, and [`ALL`].
-//! - `guests/`: the test-only guests' own workspace (`steps`, `command`).
+//! - `guests/`: the test-only guests' own workspace (`steps`, `command`, `hostile`).
 
 /// `examples/ledger`: appends one log line per item, resuming from its checkpoint.
 ///
@@ -54,17 +54,27 @@ pub const STEPS: &str = env!("IDEM_GUEST_STEPS");
 /// ```
 pub const COMMAND: &str = env!("IDEM_GUEST_COMMAND");
 
+/// `tests/guests/hostile`: misbehaves on request — spins, allocates without end,
+/// recurses, panics, hands the host oversized payloads or malformed keys — so the
+/// host's limits can be tested.
+///
+/// ```
+/// assert!(idem_test_artifacts::HOSTILE.ends_with("hostile.wasm"));
+/// ```
+pub const HOSTILE: &str = env!("IDEM_GUEST_HOSTILE");
+
 /// Every guest as `(name, path)`, for tests that go over them all.
 ///
 /// ```
 /// let names: Vec<&str> = idem_test_artifacts::ALL.iter().map(|(name, _)| *name).collect();
-/// assert_eq!(names, ["ledger", "dedupe", "steps", "command"]);
+/// assert_eq!(names, ["ledger", "dedupe", "steps", "command", "hostile"]);
 /// ```
 pub const ALL: &[(&str, &str)] = &[
     ("ledger", LEDGER),
     ("dedupe", DEDUPE),
     ("steps", STEPS),
     ("command", COMMAND),
+    ("hostile", HOSTILE),
 ];
 
 #[cfg(test)]

@@ -56,6 +56,31 @@ pub struct RunCommand {
     /// How long to wait for another holder's commit before giving up.
     #[arg(long, default_value = "60s", value_parser = args::duration)]
     await_timeout: Duration,
+    /// Longest idempotency key, in bytes.
+    #[arg(long, default_value = "512", value_parser = args::size)]
+    max_key_bytes: usize,
+    /// Largest committed result.
+    #[arg(long, default_value = "1MiB", value_parser = args::size)]
+    max_result_bytes: usize,
+    /// Largest checkpoint state.
+    #[arg(long, default_value = "1MiB", value_parser = args::size)]
+    max_state_bytes: usize,
+    /// Largest linear memory of an instance.
+    #[arg(long, default_value = "256MiB", value_parser = args::size)]
+    max_memory: usize,
+    /// Most elements of an instance's table.
+    #[arg(long, default_value = "100000")]
+    max_table_elements: usize,
+    /// Longest an instance may compute between two calls into idem.
+    #[arg(long, default_value = "60s", value_parser = args::duration)]
+    max_compute: Duration,
+    /// Fuel (about one unit per wasm instruction) one invocation may burn; no limit by
+    /// default.
+    #[arg(long, value_name = "UNITS")]
+    max_fuel: Option<u64>,
+    /// Longest a side effect may run, from its claim to its commit.
+    #[arg(long, default_value = "5m", value_parser = args::duration)]
+    effect_timeout: Duration,
     /// Where precompiled agents are kept. Defaults to $XDG_CACHE_HOME/idem.
     #[arg(long)]
     cache_dir: Option<PathBuf>,
@@ -99,6 +124,14 @@ impl RunCommand {
         let limits = Limits {
             lease: self.lease,
             await_timeout: self.await_timeout,
+            max_key_bytes: self.max_key_bytes,
+            max_result_bytes: self.max_result_bytes,
+            max_state_bytes: self.max_state_bytes,
+            max_memory_bytes: self.max_memory,
+            max_table_elements: self.max_table_elements,
+            max_compute: self.max_compute,
+            max_fuel: self.max_fuel,
+            effect_timeout: self.effect_timeout,
             ..Limits::default()
         };
         let host = Host::new(Arc::new(runtime), Arc::new(store), limits);

@@ -25,7 +25,7 @@ pub use cache::default_cache_dir;
 pub use engine::{LoadedAgent, Runtime};
 pub use error::HostError;
 pub use faults::{CrashPoint, CrashPointError, FaultPlan, Phase, Recycle};
-pub use limits::Limits;
+pub use limits::{LimitExceeded, Limits};
 pub use run::{DirGrant, RunOptions, RunReport};
 
 use crate::store::Store;

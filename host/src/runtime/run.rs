@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use wasmtime::Store as WasmStore;
 use wasmtime::component::ResourceTable;
@@ -13,6 +14,7 @@ use super::Host;
 use super::engine::LoadedAgent;
 use super::error::HostError;
 use super::faults::{FaultPlan, Faults, Recycle};
+use super::limits::LimitExceeded;
 use super::state::{HostCallFailure, InstanceState, RunCtx, StoppedInDoubt};
 use crate::store::{Counts, RunEnd, RunSpec, RunStatus, now_millis};
 
@@ -135,6 +137,7 @@ impl Host {
             faults: Faults::new(&opts.faults),
             ordinals: HashMap::new(),
             last_committed: 0,
+            fuel_left: self.limits.max_fuel,
         };
         let first_instance = run.counts.instances;
         loop {
@@ -154,9 +157,21 @@ impl Host {
                     tracing::debug!(run_id = %opts.run_id, reason = %drop.reason, "instance dropped");
                     None
                 }
+                Err(trap) if is_fuel_exhausted(&trap) && run.fuel_left == Some(0) => {
+                    let limit = self.limits.max_fuel.unwrap_or(0);
+                    Some((
+                        RunStatus::Failed,
+                        LimitExceeded::Fuel { limit }.to_string().into_bytes(),
+                    ))
+                }
                 Err(trap) if is_fuel_exhausted(&trap) && run.faults.chaos() => {
                     tracing::debug!(run_id = %opts.run_id, reason = "chaos fuel budget ran out", "instance dropped");
                     None
+                }
+                Err(ref trap) if let Some(limit) = trap.downcast_ref::<LimitExceeded>() => {
+                    // The run stops, resumable: committed steps stay, and running it again
+                    // (with a larger limit, if the agent needs one) goes on from there.
+                    Some((RunStatus::Failed, limit.to_string().into_bytes()))
                 }
                 Err(ref trap) if let Some(stopped) = trap.downcast_ref::<StoppedInDoubt>() => {
                     // The store already holds the run's in-doubt status and reason.
@@ -180,10 +195,7 @@ impl Host {
                     Ok(HostCallFailure::Store(e)) => return Err(HostError::Store(e)),
                     // A trap the guest caused (panic, unreachable, stack overflow) is
                     // the agent's error, not the host's.
-                    Err(trap) => Some((
-                        RunStatus::Failed,
-                        format!("agent trapped: {trap:#}").into_bytes(),
-                    )),
+                    Err(trap) => Some((RunStatus::Failed, trap_message(&trap).into_bytes())),
                 },
             };
             let now = now_millis();
@@ -226,7 +238,8 @@ impl Host {
         self.store
             .save_counts(&opts.run_id, &run.counts, now_millis())?;
         let holder = self.live.holder(&opts.run_id, generation);
-        let fuel = run.faults.fuel_budget().unwrap_or(u64::MAX);
+        let chaos_fuel = run.faults.fuel_budget().unwrap_or(u64::MAX);
+        let fuel = chaos_fuel.min(run.fuel_left.unwrap_or(u64::MAX));
         let state = InstanceState {
             wasi: wasi_ctx(opts)?,
             table: ResourceTable::new(),
@@ -234,23 +247,63 @@ impl Host {
             generation,
             holder: holder.clone(),
             grants: 0,
+            last_call: Instant::now(),
+            effect: None,
         };
         let mut store = WasmStore::new(self.runtime.engine(), state);
+        store.limiter(|state| state as &mut dyn wasmtime::ResourceLimiter);
         store
             .set_fuel(fuel)
             .map_err(|e| HostError::Engine(format!("{e:#}")))?;
+        // Every epoch tick while wasm runs, check the wall-clock limits.
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(|ctx| match ctx.data().check_time() {
+            Ok(()) => Ok(wasmtime::UpdateDeadline::Continue(1)),
+            Err(limit) => Err(wasmtime::Error::new(limit)),
+        });
         self.live.enter(&holder);
         let result = agent
             .pre
             .instantiate(&mut store)
             .and_then(|instance| instance.call_run(&mut store, &opts.input));
         self.live.leave(&holder);
-        self.heartbeat.forget(&holder);
+        // The host knows these claims' holder is gone: end their leases now, so that
+        // whoever runs next (this process or another) retakes them without waiting.
+        // They stay claims: whether their effects ran is still in doubt.
+        for (key, token) in self.heartbeat.forget(&holder) {
+            if let Err(e) = self.store.renew(&key, token, Duration::ZERO, now_millis()) {
+                tracing::warn!(%key, error = %e, "cannot end the lease of a dropped instance's claim");
+            }
+        }
+        let burnt = fuel.saturating_sub(store.get_fuel().unwrap_or(0));
         // The store (and with it the instance and every claim handle it held) is gone
         // here; only the run's own context goes on.
-        let state = store.into_data();
+        let mut state = store.into_data();
+        if let Some(left) = &mut state.run.fuel_left {
+            *left = left.saturating_sub(burnt);
+        }
         Ok((result, state.run))
     }
+}
+
+/// The run's error text for a trap the guest caused: the trap's cause and what it
+/// usually means, without the wasm backtrace (logged at debug level instead).
+fn trap_message(trap: &wasmtime::Error) -> String {
+    tracing::debug!(trap = format!("{trap:?}"), "agent trapped");
+    let Some(code) = trap.downcast_ref::<wasmtime::Trap>() else {
+        return format!("agent trapped: {}", trap.root_cause());
+    };
+    let hint = match code {
+        wasmtime::Trap::UnreachableCodeReached => {
+            " (a Rust agent panicked: its message is on stderr)"
+        }
+        wasmtime::Trap::MemoryOutOfBounds => {
+            " (in a Rust agent, often a stack overflow: its stack lives in linear memory)"
+        }
+        wasmtime::Trap::StackOverflow => " (stack overflow: the call stack is exhausted)",
+        _ => "",
+    };
+    format!("agent trapped: {code}{hint}")
 }
 
 fn is_fuel_exhausted(trap: &wasmtime::Error) -> bool {

@@ -17,6 +17,16 @@ const AWAIT_POLL_MAX: Duration = Duration::from_millis(50);
 
 impl Host for InstanceState {
     fn run_once(&mut self, key: String) -> wasmtime::Result<Result<Outcome, StepError>> {
+        self.touch();
+        let outcome = self.claim_or_await(key);
+        // Awaiting another holder may take long; that was idem's time, not the guest's.
+        self.touch();
+        outcome
+    }
+}
+
+impl InstanceState {
+    fn claim_or_await(&mut self, key: String) -> wasmtime::Result<Result<Outcome, StepError>> {
         if let Err(reason) = self.run.limits.check_key(&key) {
             return Ok(Err(StepError::InvalidKey(reason)));
         }
@@ -96,6 +106,9 @@ impl InstanceState {
             self.run.counts.reclaimed += 1;
         }
         self.run.heartbeat.hold(&key, grant.token, &self.holder);
+        if self.effect.is_none() {
+            self.effect = Some((key.clone(), std::time::Instant::now()));
+        }
         Ok(self.table.push(ClaimHandle {
             key,
             token: grant.token,
@@ -106,12 +119,26 @@ impl InstanceState {
     }
 
     fn release_claim(&mut self, claim: &ClaimHandle) -> wasmtime::Result<()> {
-        self.run.heartbeat.settle(&claim.key, claim.token);
+        self.end_effect(claim);
         self.run
             .store
             .release(&claim.key, claim.token)
             .map_err(InstanceState::trap_store)?;
         Ok(())
+    }
+}
+
+impl InstanceState {
+    /// The claim is settled (or about to be): stop renewing its lease and timing it.
+    fn end_effect(&mut self, claim: &ClaimHandle) {
+        self.run.heartbeat.settle(&claim.key, claim.token);
+        if self
+            .effect
+            .as_ref()
+            .is_some_and(|(key, _)| *key == claim.key)
+        {
+            self.effect = None;
+        }
     }
 }
 
@@ -138,7 +165,11 @@ impl HostClaim for InstanceState {
         result: Vec<u8>,
         then_save: Option<WitCheckpoint>,
     ) -> wasmtime::Result<Result<(), StepError>> {
+        self.touch();
         let claim = self.table.delete(claim)?;
+        // A side effect past its time limit is not committed: the instance ends and the
+        // claim is retaken in doubt when the run resumes.
+        self.check_time().map_err(wasmtime::Error::new)?;
         self.fault(Phase::InEffect, claim.ordinal)?;
         let limits = &self.run.limits;
         let too_large = if result.len() > limits.max_result_bytes {
@@ -164,7 +195,7 @@ impl HostClaim for InstanceState {
             self.release_claim(&claim)?;
             return Ok(Err(StepError::TooLarge(detail)));
         }
-        self.run.heartbeat.settle(&claim.key, claim.token);
+        self.end_effect(&claim);
         let store = &self.run.store;
         let run_id = &self.run.run_id;
         let written = match &then_save {
@@ -197,13 +228,15 @@ impl HostClaim for InstanceState {
     }
 
     fn release(&mut self, claim: Resource<ClaimHandle>) -> wasmtime::Result<()> {
+        self.touch();
         let claim = self.table.delete(claim)?;
         self.release_claim(&claim)
     }
 
     fn stop(&mut self, claim: Resource<ClaimHandle>, reason: String) -> wasmtime::Result<()> {
+        self.touch();
         let claim = self.table.delete(claim)?;
-        self.run.heartbeat.settle(&claim.key, claim.token);
+        self.end_effect(&claim);
         match self.run.store.park(
             &claim.key,
             claim.token,
@@ -224,6 +257,7 @@ impl HostClaim for InstanceState {
     fn drop(&mut self, claim: Resource<ClaimHandle>) -> wasmtime::Result<()> {
         // A claim dropped without commit or release is released: the guest gave up on
         // the side effect, so the key may be tried again.
+        self.touch();
         let claim = self.table.delete(claim)?;
         self.release_claim(&claim)
     }
