@@ -13,5 +13,6 @@ mod in_doubt;
 mod lease;
 mod limits;
 mod multi_process;
+mod pinning;
 mod recycle;
 mod util;

@@ -87,6 +87,9 @@ pub struct RunCommand {
     /// Compile the agent every time.
     #[arg(long, conflicts_with = "cache_dir")]
     no_cache: bool,
+    /// Resume a run that was started with another build of the agent (recorded).
+    #[arg(long)]
+    upgrade: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -117,6 +120,7 @@ impl RunCommand {
                 recycle_every: self.recycle_every,
                 chaos: self.chaos,
             },
+            upgrade: self.upgrade,
         };
         opts.check()?;
         let store = SqliteStore::open(&self.db, self.sync)

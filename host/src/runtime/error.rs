@@ -81,6 +81,19 @@ pub enum HostError {
         /// Its parked keys.
         keys: Vec<String>,
     },
+    /// The run was started with another component.
+    #[error(
+        "run {run_id} was started with component {pinned}, not {given}; pass --upgrade to \
+         resume it with this one (the upgrade is recorded)"
+    )]
+    Pinned {
+        /// The run.
+        run_id: String,
+        /// The digest it was started with.
+        pinned: String,
+        /// The digest given now.
+        given: String,
+    },
     /// The run kept being dropped without finishing.
     #[error("run {run_id} used {instances} instances without finishing; giving up")]
     TooManyInstances {

@@ -40,6 +40,9 @@ pub struct RunOptions {
     pub env: Vec<(String, String)>,
     /// Planned instance drops.
     pub faults: FaultPlan,
+    /// Resume a run started with another component (the upgrade is recorded); without
+    /// it, such a resume is refused.
+    pub upgrade: bool,
 }
 
 /// How a run ended, and what it took.
@@ -96,6 +99,22 @@ impl Host {
     /// was started before. A run that already ended is reported as it ended.
     pub fn run(&self, agent: &LoadedAgent, opts: &RunOptions) -> Result<RunReport, HostError> {
         opts.check()?;
+        // A run is pinned to the component it started with: another one could read its
+        // checkpoint and results differently.
+        if let Some(existing) = self.store.run(&opts.run_id)?
+            && existing.digest != agent.digest
+        {
+            if !opts.upgrade {
+                return Err(HostError::Pinned {
+                    run_id: opts.run_id.clone(),
+                    pinned: existing.digest,
+                    given: agent.digest.clone(),
+                });
+            }
+            self.store
+                .upgrade_run(&opts.run_id, &existing.digest, &agent.digest, now_millis())?;
+            tracing::info!(run_id = %opts.run_id, from = %existing.digest, to = %agent.digest, "run upgraded");
+        }
         let record = self.store.open_run(&RunSpec {
             run_id: &opts.run_id,
             agent: &agent.name,

@@ -361,6 +361,17 @@ pub trait Store: Send + Sync {
     /// The committed result of `key`, without claiming it.
     fn committed(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError>;
 
+    /// Moves run `run_id` from the component `from` to the component `to` and records
+    /// the upgrade; fails with [`StoreError::UnknownRun`] if the run does not exist with
+    /// digest `from`.
+    fn upgrade_run(
+        &self,
+        run_id: &str,
+        from: &str,
+        to: &str,
+        now: Millis,
+    ) -> Result<(), StoreError>;
+
     /// Parks the claim held by `token` in doubt and sets run `run_id` to
     /// [`RunStatus::InDoubt`], in one transaction. Fails with [`StoreError::ClaimLost`]
     /// if `token` no longer holds the claim.

@@ -298,6 +298,18 @@ impl Store for SqliteStore {
         self.read("read a result", |conn| claims::committed(conn, key))
     }
 
+    fn upgrade_run(
+        &self,
+        run_id: &str,
+        from: &str,
+        to: &str,
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        self.write("upgrade a run", |conn| {
+            runs::upgrade_run(conn, run_id, from, to, now)
+        })
+    }
+
     fn park(
         &self,
         key: &str,

@@ -55,6 +55,7 @@ macro_rules! store_tests {
                 failed_run_resumes_as_running,
                 grants_are_counted_in_their_run,
                 commit_and_save_is_one_transaction,
+                upgrade_moves_a_run_to_another_component,
             ];
             harness: [
                 reopening_keeps_everything,
@@ -921,4 +922,16 @@ fn commit_and_save_is_one_transaction(store: &dyn Store) {
     assert_eq!(store.committed("k").unwrap().as_deref(), Some(&b"new"[..]));
     assert_eq!(store.load_progress("run-1").unwrap(), Some(checkpoint));
     assert_eq!(store.run("run-1").unwrap().unwrap().counts.executed, 7);
+}
+
+fn upgrade_moves_a_run_to_another_component(store: &dyn Store) {
+    store.open_run(&spec("run-1", b"in", T0)).unwrap();
+    assert!(matches!(
+        store.upgrade_run("run-1", "not-the-digest", "cd34", T0 + 1),
+        Err(StoreError::UnknownRun { .. })
+    ));
+    assert_eq!(store.run("run-1").unwrap().unwrap().digest, "ab12");
+    store.upgrade_run("run-1", "ab12", "cd34", T0 + 2).unwrap();
+    let run = store.run("run-1").unwrap().unwrap();
+    assert_eq!((run.digest.as_str(), run.updated), ("cd34", T0 + 2));
 }

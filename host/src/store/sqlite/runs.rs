@@ -65,6 +65,29 @@ pub(super) fn open_run(conn: &Connection, spec: &RunSpec<'_>) -> Result<RunRecor
     run(conn, spec.run_id)?.ok_or_else(|| unknown_run(spec.run_id))
 }
 
+/// Moves the run to another component and records it.
+pub(super) fn upgrade_run(
+    conn: &Connection,
+    run_id: &str,
+    from: &str,
+    to: &str,
+    now: Millis,
+) -> Result<(), TxError> {
+    let changed = conn
+        .prepare_cached(
+            "UPDATE runs SET digest = ?3, updated = ?4 WHERE run_id = ?1 AND digest = ?2",
+        )?
+        .execute(params![run_id, from, to, now])?;
+    if changed != 1 {
+        return Err(unknown_run(run_id));
+    }
+    conn.prepare_cached(
+        "INSERT INTO run_upgrades (run_id, from_digest, to_digest, at) VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute(params![run_id, from, to, now])?;
+    Ok(())
+}
+
 /// The run's record, if it exists.
 pub(super) fn run(conn: &Connection, run_id: &str) -> Result<Option<RunRecord>, TxError> {
     let record = conn

@@ -21,6 +21,14 @@ CREATE TABLE runs (
     updated   INTEGER NOT NULL
 ) STRICT;
 
+-- Each time a run was resumed with another component (`idem run --upgrade`).
+CREATE TABLE run_upgrades (
+    run_id      TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    from_digest TEXT NOT NULL,
+    to_digest   TEXT NOT NULL,
+    at          INTEGER NOT NULL
+) STRICT;
+
 -- One checkpoint per run, replaced as the run advances.
 CREATE TABLE progress (
     run_id  TEXT PRIMARY KEY NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
