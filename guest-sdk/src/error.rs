@@ -75,6 +75,7 @@ fn step_error_text(err: &StepError) -> String {
         StepError::ClaimLost(key) => format!("claim lost: {key}"),
         StepError::AwaitTimeout(key) => format!("await timeout: {key}"),
         StepError::InDoubt(key) => format!("in doubt, waiting for idem resolve: {key}"),
+        StepError::KeyReused(detail) => format!("key reused with other input: {detail}"),
     }
 }
 

@@ -281,7 +281,7 @@ impl<'a, T: Serialize + DeserializeOwned> Once<'a, T> {
         F: FnOnce(&Step) -> Result<T, E>,
     {
         let key = self.key;
-        let (value, outcome, then) = match once::run_once(key.as_str())? {
+        let (value, outcome, then) = match once::run_once(key.as_str(), key.fingerprint())? {
             once::Outcome::Committed(committed) => {
                 let (value, outcome) = decode(key, committed)?;
                 (value, outcome, then)
@@ -290,17 +290,19 @@ impl<'a, T: Serialize + DeserializeOwned> Once<'a, T> {
                 Ok((value, outcome)) => (value, outcome, None),
                 // The claim was taken over while `f` ran (this instance was paused past
                 // its lease): the taker's commit is the key's result, so hand that back.
-                Err(Failed::Lost(lost, then)) => match once::run_once(key.as_str())? {
-                    once::Outcome::Committed(committed) => {
-                        let (value, _) = decode(key, committed)?;
-                        (value, Outcome::Awaited, then)
+                Err(Failed::Lost(lost, then)) => {
+                    match once::run_once(key.as_str(), key.fingerprint())? {
+                        once::Outcome::Committed(committed) => {
+                            let (value, _) = decode(key, committed)?;
+                            (value, Outcome::Awaited, then)
+                        }
+                        // The taker released it instead; `f` is spent, so the caller decides.
+                        once::Outcome::Claimed(claim) => {
+                            Claim::release(claim);
+                            return Err(Error::Step(StepError::ClaimLost(lost)));
+                        }
                     }
-                    // The taker released it instead; `f` is spent, so the caller decides.
-                    once::Outcome::Claimed(claim) => {
-                        Claim::release(claim);
-                        return Err(Error::Step(StepError::ClaimLost(lost)));
-                    }
-                },
+                }
                 Err(Failed::Other(err)) => return Err(err),
             },
         };

@@ -34,6 +34,7 @@ fn a_stale_claim_is_taken_over_after_its_lease_and_fenced() {
             key: &key,
             run_id: "leased",
             holder: "elsewhere/leased/0",
+            fingerprint: None,
             lease,
             now: now_millis(),
         })

@@ -176,3 +176,27 @@ fn a_side_effect_past_its_time_limit_is_not_committed() {
     assert_eq!(lines.len(), 1);
     assert_eq!(lines[0].attempt(), 2);
 }
+
+#[test]
+fn a_key_reused_with_other_input_is_refused_by_name() {
+    let case = Case::new();
+    let (code, doc, err) = case.run("first", json!({ "mode": "bound-key", "n": 1 }), &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(doc["output"], "1");
+    // The same key and input in another run: the committed result, not executed again.
+    let (code, doc, err) = case.run("same", json!({ "mode": "bound-key", "n": 1 }), &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        (doc["counts"]["skipped"].as_u64(), doc["output"].as_str()),
+        (Some(1), Some("1"))
+    );
+    // The same key with other input: refused, naming the key; the result is untouched.
+    case.failed_with(
+        "other",
+        json!({ "mode": "bound-key", "n": 2 }),
+        &[],
+        &["key reused with other input", "\"bound\""],
+    );
+    let (_, doc, _) = case.run("again", json!({ "mode": "bound-key", "n": 1 }), &[]);
+    assert_eq!(doc["output"], "1");
+}

@@ -128,6 +128,25 @@ pub enum LimitExceeded {
     },
 }
 
+impl Limits {
+    /// Checks an input fingerprint: short printable text, like a hex digest.
+    pub fn check_fingerprint(&self, fingerprint: &str) -> Result<(), String> {
+        if fingerprint.is_empty() || fingerprint.len() > MAX_FINGERPRINT_BYTES {
+            return Err(format!(
+                "fingerprint must be 1 to {MAX_FINGERPRINT_BYTES} bytes, not {}",
+                fingerprint.len()
+            ));
+        }
+        if fingerprint.chars().any(|c| c.is_control()) {
+            return Err("fingerprint holds a control character".to_string());
+        }
+        Ok(())
+    }
+}
+
+/// Longest input fingerprint: room for any hex digest with an algorithm prefix.
+const MAX_FINGERPRINT_BYTES: usize = 256;
+
 #[cfg(test)]
 mod tests {
     use super::*;

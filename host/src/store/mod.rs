@@ -38,6 +38,8 @@ pub struct ClaimRequest<'a> {
     pub run_id: &'a str,
     /// The holder's identity: unique per live instance.
     pub holder: &'a str,
+    /// What the step was asked to do (a hash of its input), if the caller knows.
+    pub fingerprint: Option<&'a str>,
     /// How long the claim stays the holder's without being renewed or committed.
     pub lease: Duration,
     /// The time of the request.
@@ -65,6 +67,12 @@ pub enum ClaimOutcome {
     Granted(Grant),
     /// Another holder has the claim and its lease has not expired.
     Held(HeldClaim),
+    /// The key was committed, or is claimed, with another fingerprint: it is being
+    /// reused for different input.
+    Conflict {
+        /// The fingerprint the key is bound to.
+        fingerprint: String,
+    },
     /// The claim is parked in doubt ([`Store::park`]): nobody may take it until an
     /// operator resolves it ([`Store::resolve`]).
     Parked {
@@ -268,6 +276,8 @@ pub enum StoreError {
 /// serialises what it must.
 pub trait Store: Send + Sync {
     /// Claims `req.key`, or returns its committed result, or reports its live holder.
+    /// If the key is bound to a fingerprint (by its claim or its result) and
+    /// `req.fingerprint` is another, reports [`ClaimOutcome::Conflict`] instead.
     /// A claim that was released, or whose lease expired, is granted to the caller with
     /// the next attempt and a fresh token. A grant adds one to the run's `executed`
     /// count (and `reclaimed`, when in doubt) in the same transaction.

@@ -112,6 +112,7 @@ pub struct ParseSyncModeError {
 ///     key: "send-invoice-42",
 ///     run_id: "run-1",
 ///     holder: "instance-a",
+///     fingerprint: None,
 ///     lease: Duration::from_secs(30),
 ///     now: idem::store::now_millis(),
 /// };

@@ -56,6 +56,7 @@ macro_rules! store_tests {
                 grants_are_counted_in_their_run,
                 commit_and_save_is_one_transaction,
                 upgrade_moves_a_run_to_another_component,
+                fingerprints_bind_keys_to_their_input,
             ];
             harness: [
                 reopening_keeps_everything,
@@ -135,6 +136,7 @@ fn req<'a>(key: &'a str, holder: &'a str, now: Millis) -> ClaimRequest<'a> {
         key,
         run_id: "run-1",
         holder,
+        fingerprint: None,
         lease: LEASE,
         now,
     }
@@ -676,6 +678,7 @@ fn two_handles_race_for_claims(harness: &mut dyn Harness) {
                             key: &key,
                             run_id: "race",
                             holder: &holder,
+                            fingerprint: None,
                             lease: Duration::from_secs(3600),
                             now: T0,
                         };
@@ -934,4 +937,47 @@ fn upgrade_moves_a_run_to_another_component(store: &dyn Store) {
     store.upgrade_run("run-1", "ab12", "cd34", T0 + 2).unwrap();
     let run = store.run("run-1").unwrap().unwrap();
     assert_eq!((run.digest.as_str(), run.updated), ("cd34", T0 + 2));
+}
+
+fn fingerprints_bind_keys_to_their_input(store: &dyn Store) {
+    let with = |key: &'static str, fingerprint: Option<&'static str>, holder, now| ClaimRequest {
+        fingerprint,
+        ..req(key, holder, now)
+    };
+    let conflict = |fingerprint: &str| ClaimOutcome::Conflict {
+        fingerprint: fingerprint.to_owned(),
+    };
+    let grant = granted(store.claim(&with("k", Some("f1"), "a", T0)).unwrap());
+    // In flight: another input is refused; the same input (or none) waits as usual.
+    assert_eq!(
+        store.claim(&with("k", Some("f2"), "b", T0)).unwrap(),
+        conflict("f1")
+    );
+    assert!(matches!(
+        store.claim(&with("k", Some("f1"), "b", T0)).unwrap(),
+        ClaimOutcome::Held(_)
+    ));
+    assert!(matches!(
+        store.claim(&with("k", None, "b", T0)).unwrap(),
+        ClaimOutcome::Held(_)
+    ));
+    // Committed: the binding moves to the result.
+    store.commit("k", grant.token, "run-1", b"r1").unwrap();
+    assert_eq!(
+        store.claim(&with("k", Some("f2"), "b", T0)).unwrap(),
+        conflict("f1")
+    );
+    assert_eq!(
+        store.claim(&with("k", Some("f1"), "b", T0)).unwrap(),
+        ClaimOutcome::Committed(b"r1".to_vec())
+    );
+    // A key claimed without a fingerprint binds nothing; a later one may bind it.
+    let open = granted(store.claim(&with("j", None, "a", T0)).unwrap());
+    store.release("j", open.token).unwrap();
+    let bound = granted(store.claim(&with("j", Some("g"), "a", T0)).unwrap());
+    store.commit("j", bound.token, "run-1", b"r").unwrap();
+    assert_eq!(
+        store.claim(&with("j", Some("h"), "a", T0)).unwrap(),
+        conflict("g")
+    );
 }

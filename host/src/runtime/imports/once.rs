@@ -16,9 +16,13 @@ const AWAIT_POLL_MIN: Duration = Duration::from_millis(1);
 const AWAIT_POLL_MAX: Duration = Duration::from_millis(50);
 
 impl Host for InstanceState {
-    fn run_once(&mut self, key: String) -> wasmtime::Result<Result<Outcome, StepError>> {
+    fn run_once(
+        &mut self,
+        key: String,
+        fingerprint: Option<String>,
+    ) -> wasmtime::Result<Result<Outcome, StepError>> {
         self.touch();
-        let outcome = self.claim_or_await(key);
+        let outcome = self.claim_or_await(key, fingerprint.as_deref());
         // Awaiting another holder may take long; that was idem's time, not the guest's.
         self.touch();
         outcome
@@ -26,8 +30,15 @@ impl Host for InstanceState {
 }
 
 impl InstanceState {
-    fn claim_or_await(&mut self, key: String) -> wasmtime::Result<Result<Outcome, StepError>> {
+    fn claim_or_await(
+        &mut self,
+        key: String,
+        fingerprint: Option<&str>,
+    ) -> wasmtime::Result<Result<Outcome, StepError>> {
         if let Err(reason) = self.run.limits.check_key(&key) {
+            return Ok(Err(StepError::InvalidKey(reason)));
+        }
+        if let Some(reason) = fingerprint.and_then(|f| self.run.limits.check_fingerprint(f).err()) {
             return Ok(Err(StepError::InvalidKey(reason)));
         }
         let ordinal = self.run.ordinal(&key);
@@ -37,7 +48,7 @@ impl InstanceState {
         let mut pause = AWAIT_POLL_MIN;
         let deadline = Instant::now() + self.run.limits.await_timeout;
         let mut outcome = self
-            .try_claim(&key, None)
+            .try_claim(&key, fingerprint, None)
             .map_err(InstanceState::trap_store)?;
         loop {
             match outcome {
@@ -57,10 +68,17 @@ impl InstanceState {
                     return Ok(Ok(Outcome::Claimed(claim)));
                 }
                 ClaimOutcome::Parked { .. } => return Ok(Err(StepError::InDoubt(key))),
+                ClaimOutcome::Conflict { fingerprint: bound } => {
+                    return Ok(Err(StepError::KeyReused(format!(
+                        "key {key:?} is bound to input {bound}, not {}; derive the key \
+                         from the input, or use another key",
+                        fingerprint.unwrap_or("(none)")
+                    ))));
+                }
                 ClaimOutcome::Held(held) if self.run.live.is_orphan(&held.holder) => {
                     // One of our own dropped instances held it: nobody is executing it.
                     outcome = self
-                        .try_claim(&key, Some(held.token))
+                        .try_claim(&key, fingerprint, Some(held.token))
                         .map_err(InstanceState::trap_store)?;
                 }
                 ClaimOutcome::Held(_) => {
@@ -71,7 +89,7 @@ impl InstanceState {
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(AWAIT_POLL_MAX);
                     outcome = self
-                        .try_claim(&key, None)
+                        .try_claim(&key, fingerprint, None)
                         .map_err(InstanceState::trap_store)?;
                 }
             }
@@ -80,9 +98,15 @@ impl InstanceState {
 }
 
 impl InstanceState {
-    fn try_claim(&self, key: &str, stale: Option<u64>) -> Result<ClaimOutcome, StoreError> {
+    fn try_claim(
+        &self,
+        key: &str,
+        fingerprint: Option<&str>,
+        stale: Option<u64>,
+    ) -> Result<ClaimOutcome, StoreError> {
         let req = ClaimRequest {
             key,
+            fingerprint,
             run_id: &self.run.run_id,
             holder: &self.holder,
             lease: self.run.limits.lease,

@@ -228,6 +228,7 @@ fn concurrent_writers_share_transactions_without_sharing_failures() {
                         key: &key,
                         run_id: "r",
                         holder: "h",
+                        fingerprint: None,
                         lease: std::time::Duration::from_secs(60),
                         now: 0,
                     };

@@ -9,7 +9,9 @@
 //! - `big-result`: commit a result of `n` bytes;
 //! - `big-state`: save a checkpoint state of `n` bytes;
 //! - `long-key`: use a key of `n` bytes;
-//! - `slow-effect`: compute for `n` iterations inside a side effect (holding a claim).
+//! - `slow-effect`: compute for `n` iterations inside a side effect (holding a claim);
+//! - `bound-key`: run the hand-named key `bound` bound to input `n` (reusing it with
+//!   another `n` must be refused).
 //!
 //! Steps that succeed append `{key} attempt={attempt} token={token}` to `log`.
 
@@ -81,6 +83,11 @@ impl Agent for Hostile {
                     Ok::<_, String>(value)
                 })?;
                 Ok(format!("{value:x}"))
+            }
+            "bound-key" => {
+                let key = Key::new("bound").with_input(&input.n)?;
+                let (value, _) = run_once(&key, |_| Ok::<_, String>(input.n))?;
+                Ok(format!("{value}"))
             }
             other => Err(Error::Agent(format!("unknown mode {other:?}"))),
         }

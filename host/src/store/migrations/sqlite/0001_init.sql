@@ -49,7 +49,9 @@ CREATE TABLE claims (
     token         INTEGER NOT NULL CHECK (token > 0),
     attempt       INTEGER NOT NULL CHECK (attempt > 0),
     lease_expires INTEGER NOT NULL,
-    parked        TEXT
+    parked        TEXT,
+    -- What the step was asked to do (a hash of its input), when the agent said.
+    fingerprint   TEXT
 ) STRICT, WITHOUT ROWID;
 
 CREATE INDEX claims_by_run ON claims (run_id);
@@ -62,7 +64,8 @@ CREATE TABLE results (
     result       BLOB NOT NULL,
     token        INTEGER NOT NULL CHECK (token > 0),
     attempt      INTEGER NOT NULL CHECK (attempt > 0),
-    committed_at INTEGER NOT NULL
+    committed_at INTEGER NOT NULL,
+    fingerprint  TEXT
 ) STRICT;
 
 CREATE INDEX results_by_run ON results (run_id);
