@@ -58,7 +58,7 @@ impl Case {
 fn a_guest_stuck_computing_hits_the_compute_limit_and_resumes_later() {
     let case = Case::new();
     // Half a second or more of computation with no host call, against a 100 ms limit.
-    let input = json!({ "mode": "spin", "n": 50_000_000u64 });
+    let input = json!({ "mode": "spin", "n": 300_000_000u64 });
     case.failed_with(
         "spin",
         input.clone(),
@@ -157,7 +157,7 @@ fn oversized_payloads_and_bad_keys_are_errors_returned_to_the_guest() {
 #[test]
 fn a_side_effect_past_its_time_limit_is_not_committed() {
     let case = Case::new();
-    let input = json!({ "mode": "slow-effect", "n": 50_000_000u64, "log": "/data/log.txt" });
+    let input = json!({ "mode": "slow-effect", "n": 300_000_000u64, "log": "/data/log.txt" });
     case.failed_with(
         "slow",
         input.clone(),

@@ -66,6 +66,7 @@ impl TestHost {
             env: vec![],
             faults,
             upgrade: false,
+            namespace: None,
         }
     }
 

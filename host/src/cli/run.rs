@@ -87,6 +87,10 @@ pub struct RunCommand {
     /// Compile the agent every time.
     #[arg(long, conflicts_with = "cache_dir")]
     no_cache: bool,
+    /// The namespace the run's keys live in. Defaults to the agent's name: runs of one
+    /// agent share keys, and no other agent can read or commit them.
+    #[arg(long)]
+    namespace: Option<String>,
     /// Resume a run that was started with another build of the agent (recorded).
     #[arg(long)]
     upgrade: bool,
@@ -121,6 +125,7 @@ impl RunCommand {
                 chaos: self.chaos,
             },
             upgrade: self.upgrade,
+            namespace: self.namespace.clone(),
         };
         opts.check()?;
         let store = SqliteStore::open(&self.db, self.sync)

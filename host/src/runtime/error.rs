@@ -94,6 +94,25 @@ pub enum HostError {
         /// The digest given now.
         given: String,
     },
+    /// The run was started in another namespace.
+    #[error(
+        "run {run_id} keeps its keys in namespace {pinned:?}, not {given:?}; resume it \
+         with --namespace {pinned}"
+    )]
+    NamespaceMismatch {
+        /// The run.
+        run_id: String,
+        /// Its namespace.
+        pinned: String,
+        /// The namespace given now.
+        given: String,
+    },
+    /// A namespace that cannot be used.
+    #[error("invalid namespace {namespace:?}: use 1 to 64 letters, digits, '.', '_' or '-'")]
+    InvalidNamespace {
+        /// The namespace given.
+        namespace: String,
+    },
     /// The run kept being dropped without finishing.
     #[error("run {run_id} used {instances} instances without finishing; giving up")]
     TooManyInstances {

@@ -43,6 +43,10 @@ pub struct RunOptions {
     /// Resume a run started with another component (the upgrade is recorded); without
     /// it, such a resume is refused.
     pub upgrade: bool,
+    /// The namespace the run's keys live in; `None` keeps a resumed run's, and derives
+    /// a new run's from the agent's name, so that runs of one agent share keys and
+    /// other agents cannot reach them.
+    pub namespace: Option<String>,
 }
 
 /// How a run ended, and what it took.
@@ -62,12 +66,43 @@ pub struct RunReport {
     pub already_finished: bool,
 }
 
+/// The default namespace of an agent: its name, with anything but letters, digits,
+/// `.`, `_` and `-` replaced by `-`.
+fn namespace_of(agent: &str) -> String {
+    let namespace: String = agent
+        .chars()
+        .take(MAX_NAMESPACE_BYTES)
+        .map(|c| if namespace_char(c) { c } else { '-' })
+        .collect();
+    if namespace.is_empty() {
+        "agent".to_string()
+    } else {
+        namespace
+    }
+}
+
+fn namespace_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')
+}
+
+/// The longest namespace accepted.
+const MAX_NAMESPACE_BYTES: usize = 64;
+
 impl RunOptions {
     /// Checks the options without touching any store: the run id, and that every
     /// granted directory can be opened. [`Host::run`] does it too; calling it first lets
     /// a caller refuse bad options before it opens (and so writes to) a store.
     pub fn check(&self) -> Result<(), HostError> {
         check_run_id(&self.run_id)?;
+        if let Some(namespace) = &self.namespace
+            && (namespace.is_empty()
+                || namespace.len() > MAX_NAMESPACE_BYTES
+                || !namespace.chars().all(namespace_char))
+        {
+            return Err(HostError::InvalidNamespace {
+                namespace: namespace.clone(),
+            });
+        }
         wasi_ctx(self).map(drop)
     }
 }
@@ -99,9 +134,26 @@ impl Host {
     /// was started before. A run that already ended is reported as it ended.
     pub fn run(&self, agent: &LoadedAgent, opts: &RunOptions) -> Result<RunReport, HostError> {
         opts.check()?;
+        let existing = self.store.run(&opts.run_id)?;
+        // A run keeps the namespace it started in; a new one takes the one asked for, or
+        // the agent's name.
+        let namespace = match (&opts.namespace, &existing) {
+            (Some(namespace), _) => namespace.clone(),
+            (None, Some(existing)) => existing.namespace.clone(),
+            (None, None) => namespace_of(&agent.name),
+        };
         // A run is pinned to the component it started with: another one could read its
         // checkpoint and results differently.
-        if let Some(existing) = self.store.run(&opts.run_id)?
+        if let Some(existing) = &existing
+            && existing.namespace != namespace
+        {
+            return Err(HostError::NamespaceMismatch {
+                run_id: opts.run_id.clone(),
+                pinned: existing.namespace.clone(),
+                given: namespace,
+            });
+        }
+        if let Some(existing) = existing
             && existing.digest != agent.digest
         {
             if !opts.upgrade {
@@ -119,6 +171,7 @@ impl Host {
             run_id: &opts.run_id,
             agent: &agent.name,
             digest: &agent.digest,
+            namespace: &namespace,
             input: &opts.input,
             now: now_millis(),
         })?;
@@ -148,6 +201,7 @@ impl Host {
 
         let mut run = RunCtx {
             run_id: opts.run_id.clone(),
+            namespace,
             store: Arc::clone(&self.store),
             limits: self.limits.clone(),
             live: Arc::clone(&self.live),

@@ -83,6 +83,8 @@ pub(crate) struct StoppedInDoubt {
 /// The run an instance serves; carried from instance to instance.
 pub(crate) struct RunCtx {
     pub(crate) run_id: String,
+    /// The namespace the run's keys live in.
+    pub(crate) namespace: String,
     pub(crate) store: Arc<dyn Store>,
     pub(crate) limits: Limits,
     pub(crate) live: Arc<LiveHolders>,
@@ -98,6 +100,12 @@ pub(crate) struct RunCtx {
 }
 
 impl RunCtx {
+    /// The store's name for the agent's `key`: its namespace, a colon, the key.
+    /// Namespaces hold no colon, so the first one splits the two unambiguously.
+    pub(crate) fn qualify(&self, key: &str) -> String {
+        format!("{}:{key}", self.namespace)
+    }
+
     pub(crate) fn ordinal(&mut self, key: &str) -> u32 {
         let next = self.ordinals.len() as u32 + 1;
         *self.ordinals.entry(key.to_string()).or_insert(next)

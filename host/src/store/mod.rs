@@ -127,6 +127,8 @@ pub struct RunSpec<'a> {
     pub agent: &'a str,
     /// Hex SHA-256 of the component's bytes.
     pub digest: &'a str,
+    /// The namespace the run's keys live in.
+    pub namespace: &'a str,
     /// The run's input bytes.
     pub input: &'a [u8],
     /// The time the run is opened.
@@ -166,6 +168,8 @@ pub struct RunRecord {
     pub agent: String,
     /// Digest of the component the run was started with.
     pub digest: String,
+    /// The namespace the run's keys live in.
+    pub namespace: String,
     /// Where the run stands.
     pub status: RunStatus,
     /// The output (when completed) or the error text (when failed).

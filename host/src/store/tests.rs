@@ -154,6 +154,7 @@ fn spec<'a>(run_id: &'a str, input: &'a [u8], now: Millis) -> RunSpec<'a> {
         run_id,
         agent: "billing",
         digest: "ab12",
+        namespace: "billing",
         input,
         now,
     }

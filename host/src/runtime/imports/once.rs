@@ -42,13 +42,14 @@ impl InstanceState {
             return Ok(Err(StepError::InvalidKey(reason)));
         }
         let ordinal = self.run.ordinal(&key);
+        let stored = self.run.qualify(&key);
         self.fault(Phase::BeforeClaim, ordinal)?;
 
         let mut waited = false;
         let mut pause = AWAIT_POLL_MIN;
         let deadline = Instant::now() + self.run.limits.await_timeout;
         let mut outcome = self
-            .try_claim(&key, fingerprint, None)
+            .try_claim(&stored, fingerprint, None)
             .map_err(InstanceState::trap_store)?;
         loop {
             match outcome {
@@ -63,7 +64,7 @@ impl InstanceState {
                     return Ok(Ok(Outcome::Committed(Committed { value, obtained })));
                 }
                 ClaimOutcome::Granted(grant) => {
-                    let claim = self.grant(key, ordinal, grant)?;
+                    let claim = self.grant(stored, key, ordinal, grant)?;
                     self.fault(Phase::AfterClaim, ordinal)?;
                     return Ok(Ok(Outcome::Claimed(claim)));
                 }
@@ -78,7 +79,7 @@ impl InstanceState {
                 ClaimOutcome::Held(held) if self.run.live.is_orphan(&held.holder) => {
                     // One of our own dropped instances held it: nobody is executing it.
                     outcome = self
-                        .try_claim(&key, fingerprint, Some(held.token))
+                        .try_claim(&stored, fingerprint, Some(held.token))
                         .map_err(InstanceState::trap_store)?;
                 }
                 ClaimOutcome::Held(_) => {
@@ -89,7 +90,7 @@ impl InstanceState {
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(AWAIT_POLL_MAX);
                     outcome = self
-                        .try_claim(&key, fingerprint, None)
+                        .try_claim(&stored, fingerprint, None)
                         .map_err(InstanceState::trap_store)?;
                 }
             }
@@ -121,6 +122,7 @@ impl InstanceState {
     fn grant(
         &mut self,
         key: String,
+        guest_key: String,
         ordinal: u32,
         grant: Grant,
     ) -> wasmtime::Result<Resource<ClaimHandle>> {
@@ -135,6 +137,7 @@ impl InstanceState {
         }
         Ok(self.table.push(ClaimHandle {
             key,
+            guest_key,
             token: grant.token,
             attempt: grant.attempt,
             in_doubt: grant.in_doubt,
@@ -168,7 +171,7 @@ impl InstanceState {
 
 impl HostClaim for InstanceState {
     fn key(&mut self, claim: Resource<ClaimHandle>) -> wasmtime::Result<String> {
-        Ok(self.table.get(&claim)?.key.clone())
+        Ok(self.table.get(&claim)?.guest_key.clone())
     }
 
     fn attempt(&mut self, claim: Resource<ClaimHandle>) -> wasmtime::Result<u32> {
@@ -199,7 +202,7 @@ impl HostClaim for InstanceState {
         let too_large = if result.len() > limits.max_result_bytes {
             Some(format!(
                 "result of key {:?} is {} bytes, over the limit of {} bytes",
-                claim.key,
+                claim.guest_key,
                 result.len(),
                 limits.max_result_bytes
             ))
@@ -239,7 +242,9 @@ impl HostClaim for InstanceState {
         };
         match written {
             Ok(()) => {}
-            Err(StoreError::ClaimLost { key, .. }) => return Ok(Err(StepError::ClaimLost(key))),
+            Err(StoreError::ClaimLost { .. }) => {
+                return Ok(Err(StepError::ClaimLost(claim.guest_key)));
+            }
             Err(e) => return Err(InstanceState::trap_store(e)),
         }
         self.run.last_committed = claim.ordinal;

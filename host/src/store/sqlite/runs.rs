@@ -12,7 +12,7 @@ macro_rules! select_records {
         concat!(
             "SELECT r.run_id, r.agent, r.digest, r.status, r.outcome,
                     r.executed, r.skipped, r.awaited, r.reclaimed, r.instances,
-                    r.created, r.updated, p.step
+                    r.created, r.updated, p.step, r.namespace
              FROM runs r LEFT JOIN progress p ON p.run_id = r.run_id ",
             $tail
         )
@@ -49,8 +49,9 @@ pub(super) fn open_run(conn: &Connection, spec: &RunSpec<'_>) -> Result<RunRecor
         }
         None => {
             conn.prepare_cached(
-                "INSERT INTO runs (run_id, agent, digest, input, status, created, updated)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)",
+                "INSERT INTO runs
+                 (run_id, agent, digest, input, status, created, updated, namespace)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7)",
             )?
             .execute(params![
                 spec.run_id,
@@ -58,7 +59,8 @@ pub(super) fn open_run(conn: &Connection, spec: &RunSpec<'_>) -> Result<RunRecor
                 spec.digest,
                 spec.input,
                 status_name(RunStatus::Running),
-                spec.now
+                spec.now,
+                spec.namespace
             ])?;
         }
     }
@@ -223,6 +225,7 @@ fn record(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
         },
         created: row.get(10)?,
         updated: row.get(11)?,
+        namespace: row.get(13)?,
         step,
     })
 }

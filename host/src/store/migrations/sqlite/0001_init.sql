@@ -8,6 +8,8 @@ CREATE TABLE runs (
     run_id    TEXT PRIMARY KEY NOT NULL,
     agent     TEXT NOT NULL,
     digest    TEXT NOT NULL,
+    -- The namespace the run's keys live in (keys are stored as "namespace:key").
+    namespace TEXT NOT NULL,
     input     BLOB NOT NULL,
     status    TEXT NOT NULL CHECK (status IN ('running', 'completed', 'failed', 'in-doubt')),
     -- The output when completed, the error text (UTF-8) when failed or in doubt.
