@@ -13,6 +13,7 @@ use super::Host;
 use super::engine::LoadedAgent;
 use super::error::HostError;
 use super::faults::{FaultPlan, Faults, Recycle};
+use super::http::{HttpPolicy, HttpState};
 use super::state::{HostCallFailure, InstanceState, RunCtx};
 use crate::store::{Counts, RunEnd, RunSpec, RunStatus, now_millis};
 
@@ -38,6 +39,8 @@ pub struct RunOptions {
     pub env: Vec<(String, String)>,
     /// Planned instance drops.
     pub faults: FaultPlan,
+    /// Outbound HTTP the agent is granted (none by default).
+    pub http: HttpPolicy,
 }
 
 /// How a run ended, and what it took.
@@ -198,6 +201,7 @@ impl Host {
             generation,
             holder: holder.clone(),
             grants: 0,
+            http: HttpState::new(&opts.run_id, &opts.http),
         };
         let mut store = WasmStore::new(self.runtime.engine(), state);
         store

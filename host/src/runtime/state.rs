@@ -9,6 +9,7 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::faults::{Faults, Phase};
+use super::http::HttpState;
 use super::limits::Limits;
 use crate::store::{Counts, Store, StoreError};
 
@@ -102,6 +103,8 @@ pub(crate) struct InstanceState {
     pub(crate) holder: String,
     /// Claims granted to this instance.
     pub(crate) grants: u32,
+    /// Outbound HTTP: the run's policy and the claims requests are stamped with.
+    pub(crate) http: HttpState,
 }
 
 impl InstanceState {

@@ -94,6 +94,7 @@ impl InstanceState {
         if grant.in_doubt {
             self.run.counts.reclaimed += 1;
         }
+        self.http.claim_granted(&key, grant.token);
         Ok(self.table.push(ClaimHandle {
             key,
             token: grant.token,
@@ -104,6 +105,7 @@ impl InstanceState {
     }
 
     fn release_claim(&mut self, claim: &ClaimHandle) -> wasmtime::Result<()> {
+        self.http.claim_settled(claim.token);
         self.run
             .store
             .release(&claim.key, claim.token)
@@ -135,6 +137,7 @@ impl HostClaim for InstanceState {
         result: Vec<u8>,
     ) -> wasmtime::Result<Result<(), StepError>> {
         let claim = self.table.delete(claim)?;
+        self.http.claim_settled(claim.token);
         self.fault(Phase::InEffect, claim.ordinal)?;
         let limit = self.run.limits.max_result_bytes;
         if result.len() > limit {
