@@ -14,7 +14,7 @@
 //! - `build.rs`: runs a nested `cargo build --release --target wasm32-wasip2` over
 //!   `examples/` and `tests/guests/`, with one target dir under `OUT_DIR`.
 //! - `src/lib.rs`: one constant per guest, and [`ALL`].
-//! - `guests/`: the test-only guests' own workspace (`steps`, `command`).
+//! - `guests/`: the test-only guests' own workspace (`steps`, `command`, `fetcher`).
 
 /// `examples/ledger`: appends one log line per item, resuming from its checkpoint.
 ///
@@ -54,17 +54,30 @@ pub const STEPS: &str = env!("IDEM_GUEST_STEPS");
 /// ```
 pub const COMMAND: &str = env!("IDEM_GUEST_COMMAND");
 
+/// `tests/guests/fetcher`: N checkpointed steps, each a `run_once` that POSTs
+/// `{url}/step/{i}` through `wasi:http`.
+///
+/// Input `{"steps": n, "url": "http://127.0.0.1:PORT", "outside": false, "key_header":
+/// null, "token_header": null}`; output `{"steps": n, "replies": [{"status": s, "body":
+/// "..."}, ..]}`.
+///
+/// ```
+/// assert!(idem_test_artifacts::FETCHER.ends_with("fetcher.wasm"));
+/// ```
+pub const FETCHER: &str = env!("IDEM_GUEST_FETCHER");
+
 /// Every guest as `(name, path)`, for tests that go over them all.
 ///
 /// ```
 /// let names: Vec<&str> = idem_test_artifacts::ALL.iter().map(|(name, _)| *name).collect();
-/// assert_eq!(names, ["ledger", "dedupe", "steps", "command"]);
+/// assert_eq!(names, ["ledger", "dedupe", "steps", "command", "fetcher"]);
 /// ```
 pub const ALL: &[(&str, &str)] = &[
     ("ledger", LEDGER),
     ("dedupe", DEDUPE),
     ("steps", STEPS),
     ("command", COMMAND),
+    ("fetcher", FETCHER),
 ];
 
 #[cfg(test)]
