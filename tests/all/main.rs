@@ -8,6 +8,7 @@ mod bad_input;
 mod cli;
 mod crash_sweep;
 mod dedupe;
+mod http;
 mod lease;
 mod recycle;
 mod util;
