@@ -52,6 +52,11 @@ const GUESTS: &[Guest] = &[
         package: "hostile",
         constant: "HOSTILE",
     },
+    Guest {
+        workspace: "tests/guests",
+        package: "fetcher",
+        constant: "FETCHER",
+    },
 ];
 
 fn main() -> ExitCode {

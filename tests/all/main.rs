@@ -9,6 +9,7 @@ mod cli;
 mod crash_sweep;
 mod dedupe;
 mod heartbeat;
+mod http;
 mod in_doubt;
 mod lease;
 mod limits;

@@ -65,8 +65,7 @@ impl TestHost {
             }],
             env: vec![],
             faults,
-            upgrade: false,
-            namespace: None,
+            ..RunOptions::default()
         }
     }
 

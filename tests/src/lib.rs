@@ -14,7 +14,8 @@
 //! - `build.rs`: runs a nested `cargo build --release --target wasm32-wasip2` over
 //!   `examples/` and `tests/guests/`, with one target dir under `OUT_DIR`.
 //! - `src/lib.rs`: one constant per guest, and [`ALL`].
-//! - `guests/`: the test-only guests' own workspace (`steps`, `command`, `hostile`).
+//! - `guests/`: the test-only guests' own workspace (`steps`, `command`, `hostile`,
+//!   `fetcher`).
 
 /// `examples/ledger`: appends one log line per item, resuming from its checkpoint.
 ///
@@ -62,12 +63,23 @@ pub const COMMAND: &str = env!("IDEM_GUEST_COMMAND");
 /// assert!(idem_test_artifacts::HOSTILE.ends_with("hostile.wasm"));
 /// ```
 pub const HOSTILE: &str = env!("IDEM_GUEST_HOSTILE");
+/// `tests/guests/fetcher`: N checkpointed steps, each a `run_once` that POSTs
+/// `{url}/step/{i}` through `wasi:http`.
+///
+/// Input `{"steps": n, "url": "http://127.0.0.1:PORT", "outside": false, "key_header":
+/// null, "token_header": null}`; output `{"steps": n, "replies": [{"status": s, "body":
+/// "..."}, ..]}`.
+///
+/// ```
+/// assert!(idem_test_artifacts::FETCHER.ends_with("fetcher.wasm"));
+/// ```
+pub const FETCHER: &str = env!("IDEM_GUEST_FETCHER");
 
 /// Every guest as `(name, path)`, for tests that go over them all.
 ///
 /// ```
 /// let names: Vec<&str> = idem_test_artifacts::ALL.iter().map(|(name, _)| *name).collect();
-/// assert_eq!(names, ["ledger", "dedupe", "steps", "command", "hostile"]);
+/// assert_eq!(names, ["ledger", "dedupe", "steps", "command", "hostile", "fetcher"]);
 /// ```
 pub const ALL: &[(&str, &str)] = &[
     ("ledger", LEDGER),
@@ -75,6 +87,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("steps", STEPS),
     ("command", COMMAND),
     ("hostile", HOSTILE),
+    ("fetcher", FETCHER),
 ];
 
 #[cfg(test)]

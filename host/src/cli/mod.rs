@@ -22,6 +22,7 @@ pub struct Args {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run (or resume) an agent to completion.
+    // Boxed: its many options would make every `Command` as large as a run's.
     Run(Box<run::RunCommand>),
     /// Show runs, their progress, counts and open claims.
     Status(status::StatusCommand),

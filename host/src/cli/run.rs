@@ -8,8 +8,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use idem::runtime::{
-    CrashPoint, DirGrant, FaultPlan, Host, Limits, RunOptions, RunReport, Runtime,
-    default_cache_dir,
+    CrashPoint, DirGrant, FaultPlan, Host, HttpDestination, HttpPolicy, Limits, RunOptions,
+    RunReport, Runtime, default_cache_dir,
 };
 use idem::store::{RunStatus, SqliteStore, SyncMode};
 use sha2::{Digest, Sha256};
@@ -40,6 +40,14 @@ pub struct RunCommand {
     /// Grant an environment variable to the agent: `K=V`. Repeatable.
     #[arg(long = "env", value_parser = args::env_var)]
     env: Vec<(String, String)>,
+    /// Let the agent send HTTP requests to HOST (any port) or HOST:PORT; IPv6 in
+    /// brackets. Repeatable. Without it the agent reaches no network.
+    #[arg(long = "allow-http", value_name = "HOST[:PORT]")]
+    allow_http: Vec<HttpDestination>,
+    /// Let granted HTTP requests through even when the agent holds no claim (by
+    /// default such requests are refused: side effects belong inside run-once).
+    #[arg(long)]
+    allow_http_outside_claims: bool,
     /// Drop the instance and start a fresh one each time it has been granted N claims.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     recycle_every: Option<u32>,
@@ -126,6 +134,10 @@ impl RunCommand {
             },
             upgrade: self.upgrade,
             namespace: self.namespace.clone(),
+            http: HttpPolicy {
+                allow: self.allow_http.clone(),
+                outside_claims: self.allow_http_outside_claims,
+            },
         };
         opts.check()?;
         let store = SqliteStore::open(&self.db, self.sync)

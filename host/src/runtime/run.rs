@@ -14,6 +14,7 @@ use super::Host;
 use super::engine::LoadedAgent;
 use super::error::HostError;
 use super::faults::{FaultPlan, Faults, Recycle};
+use super::http::{HttpPolicy, HttpState};
 use super::limits::LimitExceeded;
 use super::state::{HostCallFailure, InstanceState, RunCtx, StoppedInDoubt};
 use crate::store::{Counts, RunEnd, RunSpec, RunStatus, now_millis};
@@ -47,6 +48,8 @@ pub struct RunOptions {
     /// a new run's from the agent's name, so that runs of one agent share keys and
     /// other agents cannot reach them.
     pub namespace: Option<String>,
+    /// Outbound HTTP the agent is granted (none by default).
+    pub http: HttpPolicy,
 }
 
 /// How a run ended, and what it took.
@@ -322,6 +325,7 @@ impl Host {
             grants: 0,
             last_call: Instant::now(),
             effect: None,
+            http: HttpState::new(&opts.run_id, &opts.http),
         };
         let mut store = WasmStore::new(self.runtime.engine(), state);
         store.limiter(|state| state as &mut dyn wasmtime::ResourceLimiter);

@@ -12,6 +12,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::faults::{Faults, Phase};
 use super::heartbeat::Heartbeat;
+use super::http::HttpState;
 use super::limits::{LimitExceeded, Limits};
 use crate::store::{Counts, Store, StoreError};
 
@@ -129,6 +130,8 @@ pub(crate) struct InstanceState {
     /// The side effect in flight (its key and when its claim was granted): the
     /// side-effect time limit runs from there.
     pub(crate) effect: Option<(String, Instant)>,
+    /// Outbound HTTP: the run's policy and the claims requests are stamped with.
+    pub(crate) http: HttpState,
 }
 
 impl InstanceState {

@@ -135,6 +135,7 @@ impl InstanceState {
         if self.effect.is_none() {
             self.effect = Some((key.clone(), std::time::Instant::now()));
         }
+        self.http.claim_granted(&guest_key, grant.token);
         Ok(self.table.push(ClaimHandle {
             key,
             guest_key,
@@ -159,6 +160,7 @@ impl InstanceState {
     /// The claim is settled (or about to be): stop renewing its lease and timing it.
     fn end_effect(&mut self, claim: &ClaimHandle) {
         self.run.heartbeat.settle(&claim.key, claim.token);
+        self.http.claim_settled(claim.token);
         if self
             .effect
             .as_ref()
