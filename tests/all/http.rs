@@ -21,23 +21,23 @@ use crate::util::{TestHost, agent, raw_db, run_cli, stderr, stdout};
 
 /// One request as the server read it. Header names are lower-case.
 #[derive(Debug, Clone)]
-struct Seen {
-    method: String,
-    path: String,
-    headers: BTreeMap<String, Vec<String>>,
-    body: Vec<u8>,
+pub(crate) struct Seen {
+    pub(crate) method: String,
+    pub(crate) path: String,
+    pub(crate) headers: BTreeMap<String, Vec<String>>,
+    pub(crate) body: Vec<u8>,
 }
 
 impl Seen {
     /// The one value of header `name`; panics if it is missing or repeated.
-    fn header(&self, name: &str) -> &str {
+    pub(crate) fn header(&self, name: &str) -> &str {
         match self.headers.get(name).map(Vec::as_slice) {
             Some([value]) => value,
             other => panic!("{} {}: header {name}: {other:?}", self.method, self.path),
         }
     }
 
-    fn token(&self, name: &str) -> u64 {
+    pub(crate) fn token(&self, name: &str) -> u64 {
         self.header(name).parse().unwrap()
     }
 }
@@ -45,7 +45,7 @@ impl Seen {
 /// A small HTTP/1.1 server on 127.0.0.1 in a thread: it records every request and
 /// answers `200` with `{METHOD} {PATH} ok`, one request per connection. Dropping it
 /// stops the thread and waits for it.
-struct TestServer {
+pub(crate) struct TestServer {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
     stop: Arc<AtomicBool>,
@@ -53,7 +53,7 @@ struct TestServer {
 }
 
 impl TestServer {
-    fn start() -> TestServer {
+    pub(crate) fn start() -> TestServer {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap();
@@ -71,11 +71,11 @@ impl TestServer {
         }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
-    fn port(&self) -> u16 {
+    pub(crate) fn port(&self) -> u16 {
         self.addr.port()
     }
 
@@ -87,12 +87,12 @@ impl TestServer {
         }
     }
 
-    fn seen(&self) -> Vec<Seen> {
+    pub(crate) fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
     }
 
     /// The requests for `/step/{i}`, in arrival order, by step.
-    fn steps(&self) -> BTreeMap<u64, Vec<Seen>> {
+    pub(crate) fn steps(&self) -> BTreeMap<u64, Vec<Seen>> {
         let mut steps: BTreeMap<u64, Vec<Seen>> = BTreeMap::new();
         for s in self.seen() {
             if let Some(i) = s.path.strip_prefix("/step/") {
@@ -209,7 +209,7 @@ fn read_body(
 }
 
 /// The key the SDK derives for step `i` of run `run_id` (`Key::for_run("post", &i)`).
-fn post_key(run_id: &str, i: u64) -> String {
+pub(crate) fn post_key(run_id: &str, i: u64) -> String {
     let digest = Sha256::digest(serde_json::to_vec(&i).unwrap());
     let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
     format!("{run_id}/post/{hex}")
@@ -218,7 +218,7 @@ fn post_key(run_id: &str, i: u64) -> String {
 /// The committed `(key, token)` of each of the run's results.
 /// The run's committed keys (as the agent names them, without the store's namespace
 /// prefix) and their fencing tokens.
-fn committed(db: &std::path::Path, run_id: &str) -> BTreeMap<String, u64> {
+pub(crate) fn committed(db: &std::path::Path, run_id: &str) -> BTreeMap<String, u64> {
     let conn = raw_db(db);
     let mut stmt = conn
         .prepare("SELECT key, token FROM results WHERE run_id = ?1")

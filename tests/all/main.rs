@@ -11,6 +11,7 @@ mod dedupe;
 mod heartbeat;
 mod http;
 mod in_doubt;
+mod kill;
 mod lease;
 mod limits;
 mod multi_process;

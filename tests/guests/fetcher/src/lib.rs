@@ -15,7 +15,11 @@
 //! - `outside`: first `GET {url}/outside`, outside any claim; if the host refuses it,
 //!   the run fails with the refusal's text;
 //! - `key_header`, `token_header`: rename the stamped headers (a missing one keeps its
-//!   default).
+//!   default);
+//! - `pause_ms`, `pause_at`: sleep this long inside the side effect, before the request,
+//!   of step `pause_at` (of every step when `pause_at` is null), so that tests can kill
+//!   or pause the host while it holds the claim; with `pause_after`, the sleep comes
+//!   after the response instead (the request was made, the commit not yet).
 //!
 //! Output: `{"steps": N, "replies": [{"status": 200, "body": "..."}, ...]}`, one reply per
 //! step, the committed ones included after a resume.
@@ -34,6 +38,12 @@ struct Input {
     key_header: Option<String>,
     #[serde(default)]
     token_header: Option<String>,
+    #[serde(default)]
+    pause_ms: u64,
+    #[serde(default)]
+    pause_at: Option<u64>,
+    #[serde(default)]
+    pause_after: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -73,10 +83,21 @@ impl Agent for Fetcher {
         };
         for i in start..input.steps {
             let (reply, _outcome) = run_once(&Key::for_run("post", &i)?, |_step| {
+                let pause = || {
+                    if input.pause_at.is_none_or(|at| at == i) {
+                        std::thread::sleep(std::time::Duration::from_millis(input.pause_ms));
+                    }
+                };
+                if !input.pause_after {
+                    pause();
+                }
                 let response = Request::post(&format!("{}/step/{i}", input.url))
                     .header("content-type", "text/plain")
                     .body(i.to_string())
                     .send()?;
+                if input.pause_after {
+                    pause();
+                }
                 Ok::<_, Error>(Reply {
                     status: response.status,
                     body: String::from_utf8_lossy(&response.body).into_owned(),
