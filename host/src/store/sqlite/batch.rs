@@ -4,8 +4,9 @@
 //! The first writer to find no transaction open becomes the batch's leader: it runs
 //! `BEGIN IMMEDIATE` and its own work, then, while other writers are queued on the
 //! connection, lets them run theirs in the same transaction before it commits for all.
-//! Each writer's work runs inside its own savepoint, so one writer's refusal (a lost
-//! claim) rolls back only that writer's statements. A writer returns only after the
+//! Each joining writer's work runs inside its own savepoint, so one writer's refusal (a
+//! lost claim) rolls back only that writer's statements; the leader's runs first, alone,
+//! and a failure there rolls back the whole (single-member) transaction. A writer returns only after the
 //! commit that made its work durable, with that commit's error if it failed. With a
 //! single writer nothing waits: the leader commits at once.
 
@@ -125,7 +126,26 @@ impl Batcher {
             return Err(WriteError::Commit("no transaction open".into()));
         };
         inner.members += 1;
-        let result = savepoint(&inner.conn, f);
+        let result = if leader {
+            // The leader runs first, alone in the transaction: no savepoint needed; if
+            // its work fails, the whole transaction goes and nobody else is in it.
+            match f(&inner.conn) {
+                Ok(value) => Ok(value),
+                Err(e) => {
+                    let rollback = exec(&inner.conn, "ROLLBACK");
+                    inner.open = None;
+                    inner.settled = batch;
+                    drop(inner);
+                    self.committed.notify_all();
+                    return Err(match rollback {
+                        Ok(()) => WriteError::Work(e),
+                        Err(sql) => WriteError::Sql(sql),
+                    });
+                }
+            }
+        } else {
+            savepoint(&inner.conn, f)
+        };
 
         if !leader {
             while inner.settled < batch {
