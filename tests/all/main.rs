@@ -13,4 +13,5 @@ mod in_doubt;
 mod lease;
 mod multi_process;
 mod recycle;
+mod store_faults;
 mod util;
