@@ -438,6 +438,90 @@ fn full_disk_stops_the_run_midway_and_it_resumes_with_room() {
     integrity_ok(&db);
 }
 
+/// A small tmpfs mounted for one test, unmounted when dropped (even when the test
+/// fails).
+struct Tmpfs {
+    dir: PathBuf,
+}
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` (`mount(8)` syntax) at `dir`, or says why it cannot.
+    fn mount(dir: &Path, size: &str) -> Result<Tmpfs, String> {
+        std::fs::create_dir_all(dir).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+        }
+        Ok(Tmpfs {
+            dir: dir.to_owned(),
+        })
+    }
+
+    /// Grows the file system: the disk is no longer full.
+    fn resize(&self, size: &str) {
+        let out = Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+    }
+}
+
+/// A real full disk under the real binary: the store on a tmpfs too small for the run.
+/// Needs the right to mount (root, as the suite runs in CI); skipped with a note
+/// otherwise.
+#[cfg(target_os = "linux")]
+#[test]
+fn real_full_disk_stops_the_binary_and_the_run_resumes_with_room() {
+    let w = Work::new();
+    let mnt = w.dir.path().join("mnt");
+    let fs = match Tmpfs::mount(&mnt, "512k") {
+        Ok(fs) => fs,
+        Err(why) => {
+            eprintln!("skipped: cannot mount a tmpfs here ({why})");
+            return;
+        }
+    };
+    let db = mnt.join("idem.db");
+    let steps = 3000;
+    let input = serde_json::json!({
+        "steps": steps, "log": "/data/log.txt", "policy": "probe", "fold": true
+    });
+    let mut args = w.args("disk", &input, &["--lease", "1s"]);
+    let at = args.iter().position(|a| a == "--db").unwrap() + 1;
+    args[at] = db.to_str().unwrap().to_string();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+
+    let out = run_cli(&args);
+    let err = store_failure(&out, &db, "the disk is full");
+    assert!(err.contains("(SQLite: database or disk is full)"), "{err}");
+    let before = rows(&db);
+    assert!(
+        !before.is_empty() && before.len() < steps,
+        "{} of {steps} steps committed: the disk did not fill mid-run",
+        before.len()
+    );
+    integrity_ok(&db);
+
+    fs.resize("64m");
+    let out = run_cli(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_each_effect_once(&w.log(), steps);
+    assert_kept(&before, &db);
+    integrity_ok(&db);
+}
+
 /// The page numbers of the root pages of `tables`.
 fn root_pages(db: &Path, tables: &[&str]) -> Vec<u64> {
     let conn = raw_db(db);
