@@ -17,4 +17,5 @@ mod limits;
 mod multi_process;
 mod pinning;
 mod recycle;
+mod store_faults;
 mod util;

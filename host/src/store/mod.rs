@@ -9,11 +9,13 @@
 //!   greater token; the old holder's commit is then refused;
 //! - fencing tokens are unique and increase for the whole store.
 
+#[cfg(test)]
+mod model_tests;
 mod sqlite;
 #[cfg(test)]
 mod tests;
 
-pub use sqlite::{ParseSyncModeError, SqliteStore, SyncMode};
+pub use sqlite::{OpenOptions, ParseSyncModeError, SqliteStore, SyncMode};
 
 use std::time::Duration;
 
@@ -263,6 +265,20 @@ pub enum StoreError {
         /// The newest version this build knows.
         supported: i64,
     },
+    /// The database refused an operation for a cause outside idem, named by `fault`.
+    /// The refused operation left nothing behind: results committed before it are
+    /// unchanged, and the run can resume once the cause is gone.
+    #[error("store {location} cannot {op}: {fault} (SQLite: {detail})")]
+    Database {
+        /// The database path or URL.
+        location: String,
+        /// What the store was doing.
+        op: &'static str,
+        /// The cause.
+        fault: DatabaseFault,
+        /// The backend's own words for it.
+        detail: String,
+    },
     /// A backend operation failed.
     #[error("store failed to {op}: {source}")]
     Backend {
@@ -272,6 +288,65 @@ pub enum StoreError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+}
+
+/// Why a database refused an operation, when the cause lies outside idem: each is fixed
+/// by whoever runs idem, after which the same run resumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DatabaseFault {
+    /// Another connection (another process, most likely) kept the write lock for
+    /// longer than this handle's busy timeout.
+    Locked {
+        /// How long the write waited.
+        busy_timeout: Duration,
+    },
+    /// The database, its directory or its file system cannot be written.
+    ReadOnly,
+    /// The disk is full, or the database reached the size it was capped at.
+    Full,
+    /// The database file is damaged.
+    Corrupt,
+    /// The operating system failed to read or write the file.
+    Io,
+}
+
+impl std::fmt::Display for DatabaseFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DatabaseFault::Locked { busy_timeout } => write!(
+                f,
+                "the database is locked: another connection kept its write lock for longer \
+                 than the busy timeout ({}); try again once it lets go",
+                human_duration(*busy_timeout)
+            ),
+            DatabaseFault::ReadOnly => f.write_str(
+                "the database is read-only: idem needs write access to the file and to its \
+                 directory, where SQLite keeps its -wal and -shm files",
+            ),
+            DatabaseFault::Full => f.write_str(
+                "the disk is full or the database reached its size limit; free space (or raise \
+                 the limit) and try again",
+            ),
+            DatabaseFault::Corrupt => f.write_str(
+                "the database file is corrupt; restore it from a backup or salvage it with \
+                 `sqlite3 FILE .recover` (idem does not repair it)",
+            ),
+            DatabaseFault::Io => f.write_str(
+                "the operating system failed to read or write the database (a disk or file \
+                 system error)",
+            ),
+        }
+    }
+}
+
+/// `5s`, `200ms`: how a user would write the duration.
+fn human_duration(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
 }
 
 /// A durable store of claims, results, progress and runs.

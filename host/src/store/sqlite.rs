@@ -8,6 +8,8 @@
 
 mod batch;
 mod claims;
+#[cfg(test)]
+mod fault_tests;
 mod runs;
 mod schema;
 #[cfg(test)]
@@ -18,13 +20,13 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-use rusqlite::{Connection, Row};
+use rusqlite::{Connection, ErrorCode, Row};
 
-use batch::{Batcher, WriteError};
+use batch::{Batcher, Failure, WorkFailure, WriteError};
 
 use super::{
-    Checkpoint, ClaimOutcome, ClaimRequest, Counts, Millis, OpenClaim, Resolution, RunEnd,
-    RunRecord, RunSpec, Store, StoreError, now_millis,
+    Checkpoint, ClaimOutcome, ClaimRequest, Counts, DatabaseFault, Millis, OpenClaim, Resolution,
+    RunEnd, RunRecord, RunSpec, Store, StoreError, now_millis,
 };
 
 /// How hard SQLite works to make a commit survive a crash (`--sync normal|full`).
@@ -97,6 +99,48 @@ pub struct ParseSyncModeError {
     pub given: String,
 }
 
+/// How [`SqliteStore::open_with`] opens a store. [`SqliteStore::open`] takes the
+/// defaults but for the sync mode.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem::store::{OpenOptions, SqliteStore, SyncMode};
+///
+/// let dir = tempfile::tempdir()?;
+/// let options = OpenOptions {
+///     sync: SyncMode::Full,
+///     busy_timeout: Duration::from_secs(1),
+///     max_size: Some(64 << 20),
+/// };
+/// let store = SqliteStore::open_with(&dir.path().join("idem.db"), &options)?;
+/// # drop(store);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenOptions {
+    /// Durability of each commit.
+    pub sync: SyncMode,
+    /// How long a write waits for another connection's write lock before it fails
+    /// with [`DatabaseFault::Locked`]. Transactions are short, so only a stuck writer
+    /// should ever make one wait this long.
+    pub busy_timeout: Duration,
+    /// A cap on the database's size in bytes, rounded down to whole pages (and never
+    /// below the size it has): a write that would grow it further fails with
+    /// [`DatabaseFault::Full`], exactly as on a full disk. `None`: only the disk
+    /// limits it.
+    pub max_size: Option<u64>,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            sync: SyncMode::Normal,
+            busy_timeout: Duration::from_secs(5),
+            max_size: None,
+        }
+    }
+}
+
 /// A [`Store`] in one SQLite database file.
 ///
 /// One connection serves all threads of the handle; open another handle (or run
@@ -128,6 +172,8 @@ pub struct ParseSyncModeError {
 pub struct SqliteStore {
     path: PathBuf,
     conn: Batcher,
+    /// Named in the error when a write gives up waiting for the lock.
+    busy_timeout: Duration,
 }
 
 impl SqliteStore {
@@ -137,22 +183,38 @@ impl SqliteStore {
     /// Fails with [`StoreError::Open`] naming the path if its directory is missing,
     /// the database cannot be written, or the file is something other than an idem
     /// database (which is left untouched); with [`StoreError::SchemaTooNew`] if a newer
-    /// idem wrote it.
+    /// idem wrote it; with [`StoreError::Database`] if the file is locked, corrupt or
+    /// on a full disk.
     pub fn open(path: &Path, sync: SyncMode) -> Result<SqliteStore, StoreError> {
-        let conn = schema::open(path, sync)?;
+        Self::open_with(
+            path,
+            &OpenOptions {
+                sync,
+                ..OpenOptions::default()
+            },
+        )
+    }
+
+    /// [`SqliteStore::open`] with every option spelled out.
+    pub fn open_with(path: &Path, options: &OpenOptions) -> Result<SqliteStore, StoreError> {
+        let conn = schema::open(path, options)?;
         Ok(SqliteStore {
             path: path.to_owned(),
             conn: Batcher::new(conn),
+            busy_timeout: options.busy_timeout,
         })
     }
 
     /// Opens the existing idem database at `path` for reading only. Writes through the
-    /// handle fail; the file is never changed, not even its header.
+    /// handle fail with [`DatabaseFault::ReadOnly`]; the file is never changed, not
+    /// even its header.
     pub fn open_read_only(path: &Path) -> Result<SqliteStore, StoreError> {
-        let conn = schema::open_read_only(path)?;
+        let busy_timeout = OpenOptions::default().busy_timeout;
+        let conn = schema::open_read_only(path, busy_timeout)?;
         Ok(SqliteStore {
             path: path.to_owned(),
             conn: Batcher::new(conn),
+            busy_timeout,
         })
     }
 
@@ -168,7 +230,10 @@ impl SqliteStore {
         op: &'static str,
         f: impl FnOnce(&Connection) -> Result<T, TxError>,
     ) -> Result<T, StoreError> {
-        self.conn.read(f).map_err(|e| e.during(op))
+        self.conn.read(f).map_err(|e| match e {
+            TxError::Sql(e) => self.failed(op, Failure::from(&e), Box::new(e)),
+            TxError::Store(e) => e,
+        })
     }
 
     /// Runs `f` in a `BEGIN IMMEDIATE` transaction (shared with concurrent writers of
@@ -180,13 +245,52 @@ impl SqliteStore {
         f: impl FnOnce(&Connection) -> Result<T, TxError>,
     ) -> Result<T, StoreError> {
         self.conn.write(f).map_err(|e| match e {
-            WriteError::Work(e) => e.during(op),
-            WriteError::Sql(e) => backend(op, e),
-            WriteError::Commit(message) => StoreError::Backend {
-                op,
-                source: message.into(),
-            },
+            WriteError::Work(TxError::Sql(e)) | WriteError::Sql(e) => {
+                self.failed(op, Failure::from(&e), Box::new(e))
+            }
+            WriteError::Work(TxError::Store(e)) => e,
+            WriteError::Commit(failure) => {
+                let source = failure.message.clone().into();
+                self.failed(op, failure, source)
+            }
         })
+    }
+
+    /// The error for a SQLite failure during `op`: a [`StoreError::Database`] naming
+    /// this store's file when the cause is one the user can fix, otherwise a
+    /// [`StoreError::Backend`].
+    fn failed(
+        &self,
+        op: &'static str,
+        failure: Failure,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    ) -> StoreError {
+        match database_fault(failure.code, self.busy_timeout) {
+            Some(fault) => StoreError::Database {
+                location: self.path.display().to_string(),
+                op,
+                fault,
+                detail: failure.message,
+            },
+            None => StoreError::Backend { op, source },
+        }
+    }
+}
+
+/// The fault a SQLite error code stands for, if the user can do something about it.
+pub(super) fn database_fault(
+    code: Option<ErrorCode>,
+    busy_timeout: Duration,
+) -> Option<DatabaseFault> {
+    match code? {
+        ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => {
+            Some(DatabaseFault::Locked { busy_timeout })
+        }
+        ErrorCode::ReadOnly => Some(DatabaseFault::ReadOnly),
+        ErrorCode::DiskFull => Some(DatabaseFault::Full),
+        ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase => Some(DatabaseFault::Corrupt),
+        ErrorCode::SystemIoFailure => Some(DatabaseFault::Io),
+        _ => None,
     }
 }
 
@@ -338,18 +442,18 @@ impl Store for SqliteStore {
 }
 
 /// A failure inside an operation: SQLite's, to be named with the operation by
-/// [`TxError::during`], or already one of the store's own.
+/// `SqliteStore::failed`, or already one of the store's own.
 #[derive(Debug)]
 enum TxError {
     Sql(rusqlite::Error),
     Store(StoreError),
 }
 
-impl TxError {
-    fn during(self, op: &'static str) -> StoreError {
+impl WorkFailure for TxError {
+    fn sqlite_failure(&self) -> Option<Failure> {
         match self {
-            TxError::Sql(e) => backend(op, e),
-            TxError::Store(e) => e,
+            TxError::Sql(e) => Some(Failure::from(e)),
+            TxError::Store(_) => None,
         }
     }
 }
@@ -363,13 +467,6 @@ impl From<rusqlite::Error> for TxError {
 impl From<StoreError> for TxError {
     fn from(e: StoreError) -> Self {
         TxError::Store(e)
-    }
-}
-
-fn backend(op: &'static str, e: rusqlite::Error) -> StoreError {
-    StoreError::Backend {
-        op,
-        source: Box::new(e),
     }
 }
 
