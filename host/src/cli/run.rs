@@ -140,8 +140,7 @@ impl RunCommand {
             },
         };
         opts.check()?;
-        let store = SqliteStore::open(&self.db, self.sync)
-            .with_context(|| format!("opening store {}", self.db.display()))?;
+        let store = SqliteStore::open(&self.db, self.sync)?;
         let limits = Limits {
             lease: self.lease,
             await_timeout: self.await_timeout,
