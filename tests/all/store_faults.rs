@@ -158,7 +158,7 @@ fn newer_schema_is_refused_with_exit_3_and_the_run_resumes_after_an_upgrade() {
     let err = store_failure(&out, &db, "upgrade idem");
     assert!(
         err.contains(&format!(
-            "store schema version {} is newer than this idem supports ({ours})",
+            "has schema version {}, newer than this idem supports ({ours})",
             ours + 1
         )),
         "{err}"

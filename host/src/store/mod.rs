@@ -257,9 +257,12 @@ pub enum StoreError {
     },
     /// The store was written by a newer idem.
     #[error(
-        "store schema version {found} is newer than this idem supports ({supported}); upgrade idem"
+        "store {location} has schema version {found}, newer than this idem supports \
+         ({supported}); upgrade idem"
     )]
     SchemaTooNew {
+        /// The database path or URL.
+        location: String,
         /// The version found in the store.
         found: i64,
         /// The newest version this build knows.

@@ -193,6 +193,7 @@ fn check_contents(path: &Path, contents: Contents) -> Result<usize, StoreError> 
         Contents::Idem { version } => match usize::try_from(version) {
             Ok(applied) if applied <= MIGRATIONS.len() => Ok(applied),
             Ok(_) => Err(StoreError::SchemaTooNew {
+                location: path.display().to_string(),
                 found: version,
                 supported: SCHEMA_VERSION,
             }),

@@ -176,7 +176,9 @@ fn newer_schema_is_refused() {
             .unwrap();
     }
     match SqliteStore::open(&path, SyncMode::Normal) {
-        Err(StoreError::SchemaTooNew { found, supported }) => {
+        Err(StoreError::SchemaTooNew {
+            found, supported, ..
+        }) => {
             assert_eq!(found, SCHEMA_VERSION + 1);
             assert_eq!(supported, SCHEMA_VERSION);
         }
