@@ -10,7 +10,7 @@ use crate::store::StoreError;
 #[non_exhaustive]
 pub enum HostError {
     /// The agent file could not be read.
-    #[error("cannot read agent {path}: {source}")]
+    #[error("cannot read agent {path}")]
     ReadAgent {
         /// The file.
         path: PathBuf,

@@ -283,7 +283,7 @@ pub enum StoreError {
         detail: String,
     },
     /// A backend operation failed.
-    #[error("store failed to {op}: {source}")]
+    #[error("store failed to {op}")]
     Backend {
         /// What the store was doing.
         op: &'static str,
