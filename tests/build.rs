@@ -26,7 +26,7 @@ struct Guest {
 
 const WORKSPACES: [&str; 2] = ["examples", "tests/guests"];
 
-const GUESTS: [Guest; 4] = [
+const GUESTS: [Guest; 5] = [
     Guest {
         workspace: "examples",
         package: "ledger",
@@ -46,6 +46,11 @@ const GUESTS: [Guest; 4] = [
         workspace: "tests/guests",
         package: "command",
         constant: "COMMAND",
+    },
+    Guest {
+        workspace: "tests/guests",
+        package: "bench",
+        constant: "BENCH",
     },
 ];
 

@@ -14,7 +14,7 @@
 //! - `build.rs`: runs a nested `cargo build --release --target wasm32-wasip2` over
 //!   `examples/` and `tests/guests/`, with one target dir under `OUT_DIR`.
 //! - `src/lib.rs`: one constant per guest, and [`ALL`].
-//! - `guests/`: the test-only guests' own workspace (`steps`, `command`).
+//! - `guests/`: the test-only guests' own workspace (`steps`, `command`, `bench`).
 
 /// `examples/ledger`: appends one log line per item, resuming from its checkpoint.
 ///
@@ -54,17 +54,29 @@ pub const STEPS: &str = env!("IDEM_GUEST_STEPS");
 /// ```
 pub const COMMAND: &str = env!("IDEM_GUEST_COMMAND");
 
+/// `tests/guests/bench`: N durable no-op steps or N bare host calls, timed in the guest;
+/// what `host/benches/idem.rs` measures.
+///
+/// Input `{"mode": "steps" | "calls", "n": N, "timed": false}`; output `{"n": N}` plus
+/// `step_ns` and `first_step_done_unix_ns` (timed steps) or `calls_ns` (calls).
+///
+/// ```
+/// assert!(idem_test_artifacts::BENCH.ends_with("bench.wasm"));
+/// ```
+pub const BENCH: &str = env!("IDEM_GUEST_BENCH");
+
 /// Every guest as `(name, path)`, for tests that go over them all.
 ///
 /// ```
 /// let names: Vec<&str> = idem_test_artifacts::ALL.iter().map(|(name, _)| *name).collect();
-/// assert_eq!(names, ["ledger", "dedupe", "steps", "command"]);
+/// assert_eq!(names, ["ledger", "dedupe", "steps", "command", "bench"]);
 /// ```
 pub const ALL: &[(&str, &str)] = &[
     ("ledger", LEDGER),
     ("dedupe", DEDUPE),
     ("steps", STEPS),
     ("command", COMMAND),
+    ("bench", BENCH),
 ];
 
 #[cfg(test)]
