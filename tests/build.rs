@@ -57,6 +57,11 @@ const GUESTS: &[Guest] = &[
         package: "fetcher",
         constant: "FETCHER",
     },
+    Guest {
+        workspace: "tests/guests",
+        package: "bench",
+        constant: "BENCH",
+    },
 ];
 
 fn main() -> ExitCode {

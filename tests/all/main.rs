@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod bad_input;
+mod bench_guest;
 mod cli;
 mod crash_sweep;
 mod dedupe;

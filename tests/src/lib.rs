@@ -15,7 +15,7 @@
 //!   `examples/` and `tests/guests/`, with one target dir under `OUT_DIR`.
 //! - `src/lib.rs`: one constant per guest, and [`ALL`].
 //! - `guests/`: the test-only guests' own workspace (`steps`, `command`, `hostile`,
-//!   `fetcher`).
+//!   `fetcher`, `bench`).
 
 /// `examples/ledger`: appends one log line per item, resuming from its checkpoint.
 ///
@@ -75,11 +75,22 @@ pub const HOSTILE: &str = env!("IDEM_GUEST_HOSTILE");
 /// ```
 pub const FETCHER: &str = env!("IDEM_GUEST_FETCHER");
 
+/// `tests/guests/bench`: N durable no-op steps or N bare host calls, timed in the guest;
+/// what `host/benches/idem.rs` measures.
+///
+/// Input `{"mode": "steps" | "calls", "n": N, "timed": false}`; output `{"n": N}` plus
+/// `step_ns` and `first_step_done_unix_ns` (timed steps) or `calls_ns` (calls).
+///
+/// ```
+/// assert!(idem_test_artifacts::BENCH.ends_with("bench.wasm"));
+/// ```
+pub const BENCH: &str = env!("IDEM_GUEST_BENCH");
+
 /// Every guest as `(name, path)`, for tests that go over them all.
 ///
 /// ```
 /// let names: Vec<&str> = idem_test_artifacts::ALL.iter().map(|(name, _)| *name).collect();
-/// assert_eq!(names, ["ledger", "dedupe", "steps", "command", "hostile", "fetcher"]);
+/// assert_eq!(names, ["ledger", "dedupe", "steps", "command", "hostile", "fetcher", "bench"]);
 /// ```
 pub const ALL: &[(&str, &str)] = &[
     ("ledger", LEDGER),
@@ -88,6 +99,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("command", COMMAND),
     ("hostile", HOSTILE),
     ("fetcher", FETCHER),
+    ("bench", BENCH),
 ];
 
 #[cfg(test)]
