@@ -50,18 +50,18 @@ struct Plan {
 
 const FULL_PLAN: Plan = Plan {
     floor_txs: 20_000,
-    floor_syncs: 2_000,
-    steps_normal: (10, 500),
-    steps_full: (5, 200),
-    calls: (30, 200_000),
-    resume: (60, 50),
-    cold_cached: 40,
-    cold_uncached: 8,
-    compiles: 8,
-    throughput_normal: (5, 300),
-    throughput_full: (3, 40),
+    floor_syncs: 5_000,
+    steps_normal: (40, 500),
+    steps_full: (20, 250),
+    calls: (100, 200_000),
+    resume: (300, 50),
+    cold_cached: 200,
+    cold_uncached: 30,
+    compiles: 30,
+    throughput_normal: (20, 300),
+    throughput_full: (10, 100),
     fills: &[10_000, 100_000, 1_000_000],
-    scale: (5, 300),
+    scale: (20, 300),
 };
 
 const QUICK_PLAN: Plan = Plan {
@@ -185,16 +185,21 @@ impl Bed {
         self.steps(host, n.min(50))?;
         let mut samples = Vec::new();
         for _ in 0..runs {
-            let input = json!({ "mode": "steps", "n": n, "timed": true });
-            let (report, output) = self.run(host, input, FaultPlan::default())?;
-            ensure!(
-                report.counts.executed == n && output.step_ns.len() as u64 == n,
-                "a timed run must execute every one of its {n} steps: {:?}",
-                report.counts
-            );
-            samples.extend(output.step_ns.iter().map(|&ns| ns as f64 / 1e3));
+            samples.extend(self.timed_run(host, n)?);
         }
         Ok(samples)
+    }
+
+    /// One run of `n` timed steps: each step's duration in µs.
+    fn timed_run(&self, host: &Host, n: u64) -> anyhow::Result<Vec<f64>> {
+        let input = json!({ "mode": "steps", "n": n, "timed": true });
+        let (report, output) = self.run(host, input, FaultPlan::default())?;
+        ensure!(
+            report.counts.executed == n && output.step_ns.len() as u64 == n,
+            "a timed run must execute every one of its {n} steps: {:?}",
+            report.counts
+        );
+        Ok(output.step_ns.iter().map(|&ns| ns as f64 / 1e3).collect())
     }
 
     /// Runs `n` untimed steps on a fresh run.
@@ -548,14 +553,16 @@ fn concurrent_runs(bed: &Bed, host: &Host, runs: usize, n: u64) -> anyhow::Resul
     Ok((runs as u64 * n) as f64 / elapsed.as_secs_f64())
 }
 
-/// The durable step (sync normal) with more and more results already committed.
+/// The durable step (sync normal) on stores already holding more and more committed
+/// results. One store per size, measured in turns (a run on each, then again), so that
+/// drift in the machine (other tenants, the disk) falls on every size alike.
 fn scaling(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<()> {
-    let db = bed.dir.join("scale.db");
-    // Creates the schema; the rows are then written under it directly.
-    drop(SqliteStore::open(&db, SyncMode::Normal)?);
     let (runs, n) = plan.scale;
-    let mut first = None;
+    let mut stores = Vec::with_capacity(plan.fills.len());
     for &rows in plan.fills {
+        let db = bed.dir.join(format!("scale-{rows}.db"));
+        // Creates the schema; the rows are then written under it directly.
+        drop(SqliteStore::open(&db, SyncMode::Normal)?);
         let filling = Instant::now();
         prefill(&db, rows)?;
         progress(&format!(
@@ -563,7 +570,16 @@ fn scaling(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<()> {
             filling.elapsed().as_secs_f64()
         ));
         let host = bed.host(&db, SyncMode::Normal)?;
-        let samples = bed.timed_steps(&host, runs, n)?;
+        bed.steps(&host, n.min(50))?;
+        stores.push((rows, host, Vec::new()));
+    }
+    for _ in 0..runs {
+        for (_, host, samples) in &mut stores {
+            samples.extend(bed.timed_run(host, n)?);
+        }
+    }
+    let mut first = None;
+    for (rows, _, samples) in stores {
         let med = median(&sorted(samples.clone()));
         let what = format!("durable step, sync normal, {} results rows", count(rows));
         match first {
