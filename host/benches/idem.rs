@@ -181,18 +181,29 @@ impl Bed {
 
     /// Runs `runs` runs of `n` timed steps and returns every step's duration in µs.
     fn timed_steps(&self, host: &Host, runs: usize, n: u64) -> anyhow::Result<Vec<f64>> {
+        self.timed_steps_with(host, runs, n, true)
+    }
+
+    /// Timed steps; `fold` saves each checkpoint in its commit's transaction.
+    fn timed_steps_with(
+        &self,
+        host: &Host,
+        runs: usize,
+        n: u64,
+        fold: bool,
+    ) -> anyhow::Result<Vec<f64>> {
         // One untimed run first: statement cache, page cache and WAL are warm for all.
         self.steps(host, n.min(50))?;
         let mut samples = Vec::new();
         for _ in 0..runs {
-            samples.extend(self.timed_run(host, n)?);
+            samples.extend(self.timed_run(host, n, fold)?);
         }
         Ok(samples)
     }
 
     /// One run of `n` timed steps: each step's duration in µs.
-    fn timed_run(&self, host: &Host, n: u64) -> anyhow::Result<Vec<f64>> {
-        let input = json!({ "mode": "steps", "n": n, "timed": true });
+    fn timed_run(&self, host: &Host, n: u64, fold: bool) -> anyhow::Result<Vec<f64>> {
+        let input = json!({ "mode": "steps", "n": n, "timed": true, "fold": fold });
         let (report, output) = self.run(host, input, FaultPlan::default())?;
         ensure!(
             report.counts.executed == n && output.step_ns.len() as u64 == n,
@@ -337,14 +348,19 @@ fn durable_steps(bed: &Bed, plan: &Plan, floors: &Floors, table: &mut Table) -> 
         (SyncMode::Full, plan.steps_full, floors.full),
     ] {
         let host = bed.host(&bed.dir.join(format!("steps-{sync}.db")), sync)?;
-        let samples = bed.timed_steps(&host, runs, n)?;
-        let ratio = median(&sorted(samples.clone())) / floor;
-        table.row_with_ratio(
-            format!("durable step (claim + commit + save, no-op effect), sync {sync}"),
-            "µs",
-            samples,
-            format!("{ratio:.1}× one-row tx"),
-        );
+        for (fold, how) in [
+            (true, "save folded into commit: 2 tx"),
+            (false, "separate save: 3 tx"),
+        ] {
+            let samples = bed.timed_steps_with(&host, runs, n, fold)?;
+            let ratio = median(&sorted(samples.clone())) / floor;
+            table.row_with_ratio(
+                format!("durable step (claim + commit + save, no-op effect; {how}), sync {sync}"),
+                "µs",
+                samples,
+                format!("{ratio:.1}× one-row tx"),
+            );
+        }
     }
     Ok(())
 }
@@ -575,7 +591,7 @@ fn scaling(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<()> {
     }
     for _ in 0..runs {
         for (_, host, samples) in &mut stores {
-            samples.extend(bed.timed_run(host, n)?);
+            samples.extend(bed.timed_run(host, n, true)?);
         }
     }
     let mut first = None;
