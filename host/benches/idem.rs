@@ -180,10 +180,6 @@ impl Bed {
     }
 
     /// Runs `runs` runs of `n` timed steps and returns every step's duration in µs.
-    fn timed_steps(&self, host: &Host, runs: usize, n: u64) -> anyhow::Result<Vec<f64>> {
-        self.timed_steps_with(host, runs, n, true)
-    }
-
     /// Timed steps; `fold` saves each checkpoint in its commit's transaction.
     fn timed_steps_with(
         &self,
