@@ -104,20 +104,40 @@ fn main() -> anyhow::Result<()> {
     };
     let mut table = Table::default();
 
+    // Sections to run, by name (`cargo bench --bench idem -- steps resume`): all when
+    // none is named. The durable-step ratio needs the floor, so it always runs.
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
+
     progress("floor: SQLite transactions and fdatasync");
     let floor_normal = floor(&bed, plan, &mut table)?;
-    progress("durable steps");
-    durable_steps(&bed, plan, &floor_normal, &mut table)?;
-    progress("host-call round trip");
-    host_calls(&bed, plan, &mut table)?;
-    progress("resume after recycle");
-    resume(&bed, plan, &mut table)?;
-    progress("cold start (the idem binary) and compile");
-    cold_start(&bed, plan, &mut table)?;
-    progress("throughput");
-    throughput(&bed, plan, &mut table)?;
-    progress("scaling with committed rows");
-    scaling(&bed, plan, &mut table)?;
+    if wanted("steps") {
+        progress("durable steps");
+        durable_steps(&bed, plan, &floor_normal, &mut table)?;
+    }
+    if wanted("calls") {
+        progress("host-call round trip");
+        host_calls(&bed, plan, &mut table)?;
+    }
+    if wanted("resume") {
+        progress("resume after recycle");
+        resume(&bed, plan, &mut table)?;
+    }
+    if wanted("cold") {
+        progress("cold start (the idem binary) and compile");
+        cold_start(&bed, plan, &mut table)?;
+    }
+    if wanted("throughput") {
+        progress("throughput");
+        throughput(&bed, plan, &mut table)?;
+    }
+    if wanted("scaling") {
+        progress("scaling with committed rows");
+        scaling(&bed, plan, &mut table)?;
+    }
 
     table.print();
     println!();
@@ -621,14 +641,15 @@ fn prefill(db: &Path, target: u64) -> anyhow::Result<()> {
     // 256 MiB of page cache, so that a million random inserts do not thrash.
     conn.pragma_update(None, "cache_size", -262_144)?;
     let target = i64::try_from(target)?;
-    let have: i64 = conn.query_row("SELECT count(*) FROM results", [], |r| r.get(0))?;
+    let have: i64 = conn.query_row("SELECT count(*) FROM steps", [], |r| r.get(0))?;
     if have < target {
         let tx = conn.transaction()?;
         tx.execute(
             "WITH RECURSIVE n(i) AS (SELECT ?1 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?2)
-             INSERT INTO results (key, run_id, result, token, attempt, committed_at)
+             INSERT INTO steps
+                 (key, run_id, token, attempt, lease_expires, result, committed_at)
              SELECT 'fill-' || (i % 1000) || '/s/' || lower(hex(randomblob(16))),
-                    'fill-' || (i % 1000), CAST('null' AS BLOB), i + 1, 1, 0
+                    'fill-' || (i % 1000), 1, 1, 0, CAST('null' AS BLOB), 0
              FROM n",
             params![have, target],
         )?;

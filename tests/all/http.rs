@@ -221,7 +221,7 @@ pub(crate) fn post_key(run_id: &str, i: u64) -> String {
 pub(crate) fn committed(db: &std::path::Path, run_id: &str) -> BTreeMap<String, u64> {
     let conn = raw_db(db);
     let mut stmt = conn
-        .prepare("SELECT key, token FROM results WHERE run_id = ?1")
+        .prepare("SELECT key, token FROM steps WHERE run_id = ?1 AND result IS NOT NULL")
         .unwrap();
     stmt.query_map([run_id], |r| Ok((r.get(0)?, r.get::<_, i64>(1)?)))
         .unwrap()

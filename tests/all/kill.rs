@@ -37,7 +37,7 @@ fn spawn(db: &str, run_id: &str, input: &str, server: &TestServer, lease: &str) 
 fn attempts(db: &std::path::Path, run_id: &str) -> std::collections::BTreeMap<String, i64> {
     let conn = raw_db(db);
     let mut stmt = conn
-        .prepare("SELECT key, attempt FROM results WHERE run_id = ?1")
+        .prepare("SELECT key, attempt FROM steps WHERE run_id = ?1 AND result IS NOT NULL")
         .unwrap();
     stmt.query_map([run_id], |r| Ok((r.get::<_, String>(0)?, r.get(1)?)))
         .unwrap()

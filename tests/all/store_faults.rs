@@ -24,7 +24,7 @@ type Row = (String, String, Vec<u8>, i64, i64, i64);
 fn committed_rows(conn: &rusqlite::Connection) -> Vec<Row> {
     let mut stmt = conn
         .prepare(
-            "SELECT key, run_id, result, token, attempt, committed_at FROM results ORDER BY key",
+            "SELECT key, run_id, result, token, attempt, committed_at FROM steps WHERE result IS NOT NULL ORDER BY key",
         )
         .unwrap();
     stmt.query_map([], |r| {
@@ -574,7 +574,7 @@ fn corrupt_store_is_named_not_made_worse_and_a_restored_backup_resumes() {
         .unwrap() as u64;
     {
         let mut file = std::fs::OpenOptions::new().write(true).open(&db).unwrap();
-        for root in root_pages(&db, &["runs", "results"]) {
+        for root in root_pages(&db, &["runs", "steps"]) {
             file.seek(SeekFrom::Start((root - 1) * page)).unwrap();
             let garbage: Vec<u8> = (0..page).map(|i| (i * 13 + 0x42) as u8).collect();
             file.write_all(&garbage).unwrap();

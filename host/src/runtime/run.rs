@@ -214,6 +214,7 @@ impl Host {
             ordinals: HashMap::new(),
             last_committed: 0,
             fuel_left: self.limits.max_fuel,
+            counts_flushed: std::time::Instant::now(),
         };
         let first_instance = run.counts.instances;
         loop {

@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use wasmtime::ResourceLimiter;
 use wasmtime::component::ResourceTable;
@@ -98,13 +98,31 @@ pub(crate) struct RunCtx {
     pub(crate) last_committed: u32,
     /// Fuel this invocation may still burn, over all instances (`--max-fuel`).
     pub(crate) fuel_left: Option<u64>,
+    /// When the counts were last written to the store.
+    pub(crate) counts_flushed: Instant,
 }
+
+/// How stale a run's stored counts may get while it runs: a checkpoint carries them
+/// along at most this often. Writing them with every checkpoint would add a page to
+/// every step's transaction for statistics; instance ends and the run's end write them
+/// anyway, and `reclaimed` is counted exactly by the claim itself.
+const COUNTS_EVERY: Duration = Duration::from_millis(250);
 
 impl RunCtx {
     /// The store's name for the agent's `key`: its namespace, a colon, the key.
     /// Namespaces hold no colon, so the first one splits the two unambiguously.
     pub(crate) fn qualify(&self, key: &str) -> String {
         format!("{}:{key}", self.namespace)
+    }
+
+    /// The counts, if they are due to ride along with the next write to the store.
+    pub(crate) fn counts_due(&mut self) -> Option<Counts> {
+        let now = Instant::now();
+        if now.duration_since(self.counts_flushed) < COUNTS_EVERY {
+            return None;
+        }
+        self.counts_flushed = now;
+        Some(self.counts)
     }
 
     pub(crate) fn ordinal(&mut self, key: &str) -> u32 {

@@ -4,10 +4,11 @@
 //! The rules every backend keeps, whatever its storage:
 //! - a key is committed at most once, and its result never changes afterwards;
 //! - a commit succeeds only for the current holder of the key's claim (its token);
-//!   the result row and the removal of the claim are one transaction;
+//!   the result and the end of the claim are one transaction;
 //! - a claim whose lease expired may be taken by another holder, who gets a strictly
 //!   greater token; the old holder's commit is then refused;
-//! - fencing tokens are unique and increase for the whole store.
+//! - fencing tokens increase per key: each grant of a key gets a greater token than
+//!   every earlier grant of that key.
 
 #[cfg(test)]
 mod model_tests;
@@ -51,7 +52,7 @@ pub struct ClaimRequest<'a> {
 /// A claim handed to a holder.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Grant {
-    /// Fencing token: greater than any token the store handed out before.
+    /// Fencing token: greater than any token handed out before for the same key.
     pub token: u64,
     /// 1 on the key's first claim; +1 on each later claim of the same key.
     pub attempt: u32,
@@ -361,8 +362,9 @@ pub trait Store: Send + Sync {
     /// If the key is bound to a fingerprint (by its claim or its result) and
     /// `req.fingerprint` is another, reports [`ClaimOutcome::Conflict`] instead.
     /// A claim that was released, or whose lease expired, is granted to the caller with
-    /// the next attempt and a fresh token. A grant adds one to the run's `executed`
-    /// count (and `reclaimed`, when in doubt) in the same transaction.
+    /// the next attempt and a fresh token. A grant in doubt adds one to the run's
+    /// `reclaimed` count in the same transaction, so that count is exact even if the
+    /// caller dies before flushing its counts; `executed` is the caller's to count.
     fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError>;
 
     /// Takes the claim on `req.key` from the holder whose token is `stale_token`, even
@@ -375,14 +377,14 @@ pub trait Store: Send + Sync {
         stale_token: u64,
     ) -> Result<ClaimOutcome, StoreError>;
 
-    /// Writes `result` as the key's committed result and removes the claim, in one
+    /// Writes `result` as the key's committed result and ends the claim, in one
     /// transaction, if `token` still holds the claim; otherwise [`StoreError::ClaimLost`].
     fn commit(&self, key: &str, token: u64, run_id: &str, result: &[u8]) -> Result<(), StoreError>;
 
     /// [`Store::commit`] and [`Store::save_progress`] of run `run_id` in ONE
     /// transaction: the step that committed also advanced the checkpoint, so a durable
-    /// step costs one write transaction after its claim instead of two. Nothing is
-    /// written if the claim was lost.
+    /// step costs one write transaction after its claim instead of two. Stores
+    /// `counts` too if given. Nothing is written if the claim was lost.
     #[allow(clippy::too_many_arguments)]
     fn commit_and_save(
         &self,
@@ -391,7 +393,7 @@ pub trait Store: Send + Sync {
         run_id: &str,
         result: &[u8],
         checkpoint: &Checkpoint,
-        counts: &Counts,
+        counts: Option<&Counts>,
         now: Millis,
     ) -> Result<(), StoreError>;
 
@@ -423,13 +425,13 @@ pub trait Store: Send + Sync {
     /// The run's last checkpoint.
     fn load_progress(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError>;
 
-    /// Replaces the run's checkpoint and stores its counts, in one transaction.
-    /// Fails with [`StoreError::UnknownRun`] if the run was never opened.
+    /// Replaces the run's checkpoint and, if given, stores its counts, in one
+    /// transaction. Fails with [`StoreError::UnknownRun`] if the run was never opened.
     fn save_progress(
         &self,
         run_id: &str,
         checkpoint: &Checkpoint,
-        counts: &Counts,
+        counts: Option<&Counts>,
         now: Millis,
     ) -> Result<(), StoreError>;
 

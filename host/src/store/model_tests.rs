@@ -159,7 +159,8 @@ struct RunModel {
 /// The store as the rules in `store/mod.rs` describe it, plus what each holder knows.
 struct Model {
     now: Millis,
-    last_token: u64,
+    /// The last token handed out per key.
+    last_token: Vec<u64>,
     committed: Vec<Option<Vec<u8>>>,
     claims: Vec<Option<ClaimModel>>,
     runs: Vec<RunModel>,
@@ -173,7 +174,7 @@ impl Model {
     fn new() -> Model {
         Model {
             now: T0,
-            last_token: 0,
+            last_token: vec![0; KEYS],
             committed: vec![None; KEYS],
             claims: vec![None; KEYS],
             runs: vec![
@@ -236,8 +237,8 @@ impl Model {
                 }
             },
         };
-        self.last_token += 1;
-        let token = self.last_token;
+        self.last_token[key] += 1;
+        let token = self.last_token[key];
         self.claims[key] = Some(ClaimModel {
             run: run_name(holder),
             holder: Some(self.holder_name(holder)),
@@ -247,9 +248,8 @@ impl Model {
             parked: None,
         });
         self.held[holder][key] = Some(token);
-        let counts = &mut self.runs[holder].counts;
-        counts.executed += 1;
-        counts.reclaimed += u64::from(in_doubt);
+        // The store counts only grants in doubt; `executed` is the host's to count.
+        self.runs[holder].counts.reclaimed += u64::from(in_doubt);
         ClaimOutcome::Granted(Grant {
             token,
             attempt,
@@ -308,7 +308,7 @@ impl Model {
         match value {
             Some(value) => {
                 // A resolution is a commit of its own, under a fresh token.
-                self.last_token += 1;
+                self.last_token[key] += 1;
                 self.claims[key] = None;
                 self.committed[key] = Some(value);
             }
@@ -353,21 +353,22 @@ struct Observed {
     committed: BTreeMap<usize, Vec<u8>>,
     /// Successful commits (and resolutions with a result) per key.
     commits: BTreeMap<usize, u32>,
-    /// The greatest token granted so far.
-    max_token: u64,
+    /// The greatest token granted so far, per key.
+    max_token: BTreeMap<usize, u64>,
     /// The last attempt granted per key.
     attempts: BTreeMap<usize, u32>,
 }
 
 impl Observed {
     fn grant(&mut self, key: usize, grant: &Grant) -> Result<(), TestCaseError> {
+        let before = self.max_token.insert(key, grant.token).unwrap_or(0);
         prop_assert!(
-            grant.token > self.max_token,
-            "token {} granted after {}",
+            grant.token > before,
+            "key {}: token {} granted after {}",
+            key,
             grant.token,
-            self.max_token
+            before
         );
-        self.max_token = grant.token;
         let last = self.attempts.insert(key, grant.attempt).unwrap_or(0);
         prop_assert_eq!(grant.attempt, last + 1, "attempt of key {}", key);
         Ok(())
@@ -483,11 +484,13 @@ fn apply(
                 step: u64::from(value),
                 state: vec![value; 3],
             };
-            // Counts as a host would pass them: what its run has, plus something new.
+            // Counts as a host would pass them: what its run has, plus something new;
+            // and, as a host does between flushes, sometimes none.
             let counts = Counts {
                 skipped: u64::from(value),
                 ..model.runs[holder].counts
             };
+            let flush = value % 2 == 0;
             let store = stores.of(holder);
             let got = if save {
                 store.commit_and_save(
@@ -496,7 +499,7 @@ fn apply(
                     &run_id,
                     &result,
                     &checkpoint,
-                    &counts,
+                    flush.then_some(&counts),
                     model.now,
                 )
             } else {
@@ -509,7 +512,9 @@ fn apply(
                     seen.commit(key)?;
                     if save {
                         let run = &mut model.runs[holder];
-                        run.counts = counts;
+                        if flush {
+                            run.counts = counts;
+                        }
                         run.checkpoint = Some(checkpoint);
                     }
                 }

@@ -323,7 +323,7 @@ impl Store for SqliteStore {
         run_id: &str,
         result: &[u8],
         checkpoint: &Checkpoint,
-        counts: &Counts,
+        counts: Option<&Counts>,
         now: Millis,
     ) -> Result<(), StoreError> {
         self.write("commit a result and save progress", |conn| {
@@ -369,7 +369,7 @@ impl Store for SqliteStore {
         &self,
         run_id: &str,
         checkpoint: &Checkpoint,
-        counts: &Counts,
+        counts: Option<&Counts>,
         now: Millis,
     ) -> Result<(), StoreError> {
         self.write("save progress", |conn| {

@@ -225,6 +225,10 @@ impl HostClaim for InstanceState {
             return Ok(Err(StepError::TooLarge(detail)));
         }
         self.end_effect(&claim);
+        let counts = match then_save {
+            Some(_) => self.run.counts_due(),
+            None => None,
+        };
         let store = &self.run.store;
         let run_id = &self.run.run_id;
         let written = match &then_save {
@@ -238,7 +242,7 @@ impl HostClaim for InstanceState {
                     step: c.step,
                     state: c.state.clone(),
                 },
-                &self.run.counts,
+                counts.as_ref(),
                 now_millis(),
             ),
         };

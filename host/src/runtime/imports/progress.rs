@@ -30,14 +30,10 @@ impl Host for InstanceState {
             ))));
         }
         let checkpoint = Checkpoint { step, state };
+        let counts = self.run.counts_due();
         self.run
             .store
-            .save_progress(
-                &self.run.run_id,
-                &checkpoint,
-                &self.run.counts,
-                now_millis(),
-            )
+            .save_progress(&self.run.run_id, &checkpoint, counts.as_ref(), now_millis())
             .map_err(InstanceState::trap_store)?;
         let last = self.run.last_committed;
         if last > 0 {

@@ -4,8 +4,9 @@
 //! The first writer to find no transaction open becomes the batch's leader: it runs
 //! `BEGIN IMMEDIATE` and its own work, then, while other writers are queued on the
 //! connection, lets them run theirs in the same transaction before it commits for all.
-//! Each writer's work runs inside its own savepoint, so one writer's refusal (a lost
-//! claim) rolls back only that writer's statements. A writer returns only after the
+//! Each follower's work runs inside its own savepoint, so one writer's refusal (a lost
+//! claim) rolls back only that writer's statements; the leader's work, which runs
+//! before anyone joins, simply rolls back the whole transaction when it fails. A writer returns only after the
 //! commit that made its work durable, with that commit's error if it failed. With a
 //! single writer nothing waits: the leader commits at once.
 //!
@@ -163,6 +164,31 @@ impl Batcher {
             }));
         };
         inner.members += 1;
+        if leader {
+            // The leader's work runs first, before anyone can join: a failure rolls
+            // back the whole transaction, so it needs no savepoint of its own (two
+            // statements fewer on every write).
+            let value = match f(&inner.conn) {
+                Ok(value) => value,
+                Err(e) => {
+                    if !inner.conn.is_autocommit() {
+                        let _ = exec(&inner.conn, "ROLLBACK");
+                    }
+                    inner.open = None;
+                    inner.settled = batch;
+                    drop(inner);
+                    self.committed.notify_all();
+                    return Err(WriteError::Work(e));
+                }
+            };
+            if inner.conn.is_autocommit() {
+                inner.aborted = Some(Failure {
+                    code: None,
+                    message: "SQLite rolled the transaction back".into(),
+                });
+            }
+            return self.commit_batch(inner, batch, value);
+        }
         let result = savepoint(&inner.conn, f);
         if inner.aborted.is_none() && inner.conn.is_autocommit() {
             // SQLite rolled the batch's transaction back: everything the batch did so
@@ -179,22 +205,29 @@ impl Batcher {
             }));
         }
 
-        if !leader {
-            while inner.settled < batch {
-                inner = self
-                    .committed
-                    .wait(inner)
-                    .unwrap_or_else(PoisonError::into_inner);
-            }
-            let failed = inner.failures.iter().find(|(b, _)| *b == batch);
-            return match (result, failed) {
-                // The work's own failure says most about what happened to it.
-                (Err(e), _) => Err(e),
-                (Ok(_), Some((_, failure))) => Err(WriteError::Commit(failure.clone())),
-                (Ok(value), None) => Ok(value),
-            };
+        while inner.settled < batch {
+            inner = self
+                .committed
+                .wait(inner)
+                .unwrap_or_else(PoisonError::into_inner);
         }
+        let failed = inner.failures.iter().find(|(b, _)| *b == batch);
+        match (result, failed) {
+            // The work's own failure says most about what happened to it.
+            (Err(e), _) => Err(e),
+            (Ok(_), Some((_, failure))) => Err(WriteError::Commit(failure.clone())),
+            (Ok(value), None) => Ok(value),
+        }
+    }
 
+    /// The leader's part: lets the writers already queued join, then commits for all
+    /// and wakes them.
+    fn commit_batch<'a, T, E>(
+        &'a self,
+        mut inner: MutexGuard<'a, Inner>,
+        batch: u64,
+        value: T,
+    ) -> Result<T, WriteError<E>> {
         // Let the writers already queued join before committing.
         let deadline = Instant::now() + MAX_GATHER;
         while self.queued.load(Ordering::SeqCst) > 0
@@ -224,11 +257,7 @@ impl Batcher {
         inner.settled = batch;
         drop(inner);
         self.committed.notify_all();
-        match (result, commit) {
-            (Err(e), _) => Err(e),
-            (Ok(_), Err(failure)) => Err(WriteError::Commit(failure)),
-            (Ok(value), Ok(())) => Ok(value),
-        }
+        commit.map(|()| value).map_err(WriteError::Commit)
     }
 }
 

@@ -1,5 +1,9 @@
 //! Claims and committed results on SQLite: the claim → commit protocol, each function
 //! run inside the transaction its caller opened.
+//!
+//! A key has one row in `steps` for its whole life: a grant inserts or updates it, and
+//! the commit fills its result in place. Each transaction of a step so writes one b-tree
+//! page of `steps`, which is what keeps a durable step near the floor.
 
 use std::time::Duration;
 
@@ -21,14 +25,16 @@ struct Current {
     lease_expires: Millis,
     parked: Option<String>,
     fingerprint: Option<String>,
+    /// The committed result, once there is one.
+    result: Option<Vec<u8>>,
 }
 
-/// The key's claim row, if any.
+/// The key's row, if any.
 fn current(conn: &Connection, key: &str) -> Result<Option<Current>, TxError> {
     let current = conn
         .prepare_cached(
-            "SELECT run_id, holder, token, attempt, lease_expires, parked, fingerprint
-             FROM claims WHERE key = ?1",
+            "SELECT run_id, holder, token, attempt, lease_expires, parked, fingerprint, result
+             FROM steps WHERE key = ?1",
         )?
         .query_row([key], |row| {
             Ok(Current {
@@ -39,6 +45,7 @@ fn current(conn: &Connection, key: &str) -> Result<Option<Current>, TxError> {
                 lease_expires: row.get(4)?,
                 parked: row.get(5)?,
                 fingerprint: row.get(6)?,
+                result: row.get(7)?,
             })
         })
         .optional()?;
@@ -59,36 +66,21 @@ pub(super) fn claim(
     req: &ClaimRequest<'_>,
     stale_token: Option<u64>,
 ) -> Result<ClaimOutcome, TxError> {
-    let result: Option<(Vec<u8>, Option<String>)> = conn
-        .prepare_cached("SELECT result, fingerprint FROM results WHERE key = ?1")?
-        .query_row([req.key], |row| Ok((row.get(0)?, row.get(1)?)))
-        .optional()?;
-    if let Some((result, bound)) = result {
-        return Ok(match conflict(bound, req.fingerprint) {
-            Some(conflict) => conflict,
-            None => ClaimOutcome::Committed(result),
-        });
-    }
-    let current = current(conn, req.key)?;
     let lease_expires = lease_expiry(req.now, req.lease);
-
-    let Some(current) = current else {
-        let token = next_token(conn)?;
+    let Some(current) = current(conn, req.key)? else {
         conn.prepare_cached(
-            "INSERT INTO claims (key, run_id, holder, token, attempt, lease_expires, fingerprint)
-             VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6)",
+            "INSERT INTO steps (key, run_id, holder, token, attempt, lease_expires, fingerprint)
+             VALUES (?1, ?2, ?3, 1, 1, ?4, ?5)",
         )?
         .execute(params![
             req.key,
             req.run_id,
             req.holder,
-            to_sql_int(token)?,
             lease_expires,
             req.fingerprint
         ])?;
-        count_grant(conn, req.run_id, false)?;
         return Ok(ClaimOutcome::Granted(Grant {
-            token,
+            token: 1,
             attempt: 1,
             in_doubt: false,
         }));
@@ -96,6 +88,9 @@ pub(super) fn claim(
 
     if let Some(conflict) = conflict(current.fingerprint.clone(), req.fingerprint) {
         return Ok(conflict);
+    }
+    if let Some(result) = current.result {
+        return Ok(ClaimOutcome::Committed(result));
     }
     if let Some(reason) = current.parked {
         return Ok(ClaimOutcome::Parked {
@@ -119,10 +114,10 @@ pub(super) fn claim(
             }));
         }
     };
-    let token = next_token(conn)?;
+    let token = next_token(current.token)?;
     let attempt = current.attempt.saturating_add(1);
     conn.prepare_cached(
-        "UPDATE claims
+        "UPDATE steps
          SET run_id = ?2, holder = ?3, token = ?4, attempt = ?5, lease_expires = ?6,
              fingerprint = coalesce(fingerprint, ?7)
          WHERE key = ?1",
@@ -136,7 +131,9 @@ pub(super) fn claim(
         lease_expires,
         req.fingerprint
     ])?;
-    count_grant(conn, req.run_id, in_doubt)?;
+    if in_doubt {
+        count_reclaim(conn, req.run_id)?;
+    }
     Ok(ClaimOutcome::Granted(Grant {
         token,
         attempt,
@@ -155,27 +152,37 @@ fn conflict(bound: Option<String>, asked: Option<&str>) -> Option<ClaimOutcome> 
     }
 }
 
-/// Counts a grant in its run's record, in the claim's own transaction: `executed` and
-/// `reclaimed` stay exact even when the process dies before it flushes its other
-/// counts. A claim made outside any known run counts nowhere.
-fn count_grant(conn: &Connection, run_id: &str, in_doubt: bool) -> Result<(), TxError> {
-    conn.prepare_cached(
-        "UPDATE runs SET executed = executed + 1, reclaimed = reclaimed + ?2 WHERE run_id = ?1",
-    )?
-    .execute(params![run_id, i64::from(in_doubt)])?;
+/// Counts a claim retaken in doubt in its run's record, in the claim's own
+/// transaction, so that `reclaimed` stays exact even when the process dies before it
+/// flushes its other counts. Retakes are rare, so this extra page is too; a plain grant
+/// is only counted in memory (`executed` lags until the next flush). A claim made
+/// outside any known run counts nowhere.
+fn count_reclaim(conn: &Connection, run_id: &str) -> Result<(), TxError> {
+    conn.prepare_cached("UPDATE runs SET reclaimed = reclaimed + 1 WHERE run_id = ?1")?
+        .execute([run_id])?;
     Ok(())
 }
 
-/// The next fencing token: one greater than any handed out before, in this store.
-fn next_token(conn: &Connection) -> Result<u64, TxError> {
-    let token = conn
-        .prepare_cached("UPDATE fencing SET last_token = last_token + 1 RETURNING last_token")?
-        .query_row([], |row| u64_column(row, 0))?;
-    Ok(token)
+/// The token of the key's next grant: one more than its last. Tokens only fence the
+/// holders of one key against each other, so per-key order is all they need.
+fn next_token(last: u64) -> Result<u64, TxError> {
+    let next = last
+        .checked_add(1)
+        .ok_or_else(|| rusqlite::Error::ToSqlConversionFailure("fencing token overflow".into()))?;
+    Ok(next)
 }
 
-/// Writes the result and removes the claim, if `token` still holds it. Runs inside a
-/// write transaction, so a refused commit leaves nothing behind.
+/// The error for a commit or park by a token that no longer holds the key.
+fn lost(key: &str, token: u64) -> TxError {
+    TxError::Store(StoreError::ClaimLost {
+        key: key.to_owned(),
+        token,
+    })
+}
+
+/// Writes the result into the key's row, if `token` still holds its claim: the result
+/// and the end of the claim are one row, written at once. Runs inside a write
+/// transaction.
 pub(super) fn commit(
     conn: &Connection,
     key: &str,
@@ -184,41 +191,19 @@ pub(super) fn commit(
     result: &[u8],
     now: Millis,
 ) -> Result<(), TxError> {
-    let lost = || {
-        TxError::Store(StoreError::ClaimLost {
-            key: key.to_owned(),
-            token,
-        })
-    };
     // A token beyond SQLite's range was never handed out, so it holds nothing.
     let Ok(token_sql) = to_sql_int(token) else {
-        return Err(lost());
+        return Err(lost(key, token));
     };
-    let claimed: Option<(i64, Option<String>)> = conn
+    let changed = conn
         .prepare_cached(
-            "DELETE FROM claims WHERE key = ?1 AND token = ?2 AND holder IS NOT NULL
-             RETURNING attempt, fingerprint",
+            "UPDATE steps SET run_id = ?3, holder = NULL, result = ?4, committed_at = ?5
+             WHERE key = ?1 AND token = ?2 AND holder IS NOT NULL",
         )?
-        .query_row(params![key, token_sql], |row| {
-            Ok((row.get(0)?, row.get(1)?))
-        })
-        .optional()?;
-    let Some((attempt, fingerprint)) = claimed else {
-        return Err(lost());
-    };
-    conn.prepare_cached(
-        "INSERT INTO results (key, run_id, result, token, attempt, committed_at, fingerprint)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-    )?
-    .execute(params![
-        key,
-        run_id,
-        result,
-        token_sql,
-        attempt,
-        now,
-        fingerprint
-    ])?;
+        .execute(params![key, token_sql, run_id, result, now])?;
+    if changed != 1 {
+        return Err(lost(key, token));
+    }
     Ok(())
 }
 
@@ -229,7 +214,7 @@ pub(super) fn release(conn: &Connection, key: &str, token: u64) -> Result<bool, 
     };
     let changed = conn
         .prepare_cached(
-            "UPDATE claims SET holder = NULL
+            "UPDATE steps SET holder = NULL
              WHERE key = ?1 AND token = ?2 AND holder IS NOT NULL",
         )?
         .execute(params![key, token])?;
@@ -249,7 +234,7 @@ pub(super) fn renew(
     };
     let changed = conn
         .prepare_cached(
-            "UPDATE claims SET lease_expires = ?3
+            "UPDATE steps SET lease_expires = ?3
              WHERE key = ?1 AND token = ?2 AND holder IS NOT NULL",
         )?
         .execute(params![key, token, expires])?;
@@ -259,7 +244,7 @@ pub(super) fn renew(
 /// The committed result of `key`, if any.
 pub(super) fn committed(conn: &Connection, key: &str) -> Result<Option<Vec<u8>>, TxError> {
     let result = conn
-        .prepare_cached("SELECT result FROM results WHERE key = ?1")?
+        .prepare_cached("SELECT result FROM steps WHERE key = ?1 AND result IS NOT NULL")?
         .query_row([key], |row| row.get(0))
         .optional()?;
     Ok(result)
@@ -270,20 +255,20 @@ pub(super) fn open_claims(
     conn: &Connection,
     run_id: Option<&str>,
 ) -> Result<Vec<OpenClaim>, TxError> {
-    // Two statements rather than `?1 IS NULL OR run_id = ?1`, which would keep the
-    // planner off the by-run index.
+    // A scan of every key: indexing the open ones would cost each step two more pages
+    // (in at the claim, out at the commit), and only `idem status` asks.
     let claims = match run_id {
         Some(run_id) => conn
             .prepare_cached(
-                "SELECT key, run_id, holder, token, attempt, lease_expires, parked FROM claims
-                 WHERE run_id = ?1 ORDER BY key",
+                "SELECT key, run_id, holder, token, attempt, lease_expires, parked FROM steps
+                 WHERE result IS NULL AND run_id = ?1 ORDER BY key",
             )?
             .query_map([run_id], open_claim)?
             .collect::<rusqlite::Result<_>>()?,
         None => conn
             .prepare_cached(
-                "SELECT key, run_id, holder, token, attempt, lease_expires, parked FROM claims
-                 ORDER BY key",
+                "SELECT key, run_id, holder, token, attempt, lease_expires, parked FROM steps
+                 WHERE result IS NULL ORDER BY key",
             )?
             .query_map([], open_claim)?
             .collect::<rusqlite::Result<_>>()?,
@@ -313,23 +298,17 @@ pub(super) fn park(
     reason: &str,
     now: Millis,
 ) -> Result<(), TxError> {
-    let lost = || {
-        TxError::Store(StoreError::ClaimLost {
-            key: key.to_owned(),
-            token,
-        })
-    };
     let Ok(token_sql) = to_sql_int(token) else {
-        return Err(lost());
+        return Err(lost(key, token));
     };
     let changed = conn
         .prepare_cached(
-            "UPDATE claims SET holder = NULL, parked = ?3
+            "UPDATE steps SET holder = NULL, parked = ?3
              WHERE key = ?1 AND token = ?2 AND holder IS NOT NULL",
         )?
         .execute(params![key, token_sql, reason])?;
     if changed != 1 {
-        return Err(lost());
+        return Err(lost(key, token));
     }
     let outcome = format!("in doubt at key {key}: {reason}");
     let changed = conn
@@ -372,26 +351,16 @@ pub(super) fn resolve(
         Resolution::Commit(result) => {
             // A fresh token: the resolution is a commit of its own, after every
             // holder that ever had the key.
-            let token = to_sql_int(next_token(conn)?)?;
-            conn.prepare_cached("DELETE FROM claims WHERE key = ?1")?
-                .execute([key])?;
+            let token = to_sql_int(next_token(current.token)?)?;
             conn.prepare_cached(
-                "INSERT INTO results
-                 (key, run_id, result, token, attempt, committed_at, fingerprint)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                "UPDATE steps
+                 SET holder = NULL, parked = NULL, token = ?2, result = ?3, committed_at = ?4
+                 WHERE key = ?1",
             )?
-            .execute(params![
-                key,
-                run_id,
-                result,
-                token,
-                current.attempt,
-                now,
-                current.fingerprint
-            ])?;
+            .execute(params![key, token, result, now])?;
         }
         Resolution::Retry => {
-            conn.prepare_cached("UPDATE claims SET parked = NULL, holder = NULL WHERE key = ?1")?
+            conn.prepare_cached("UPDATE steps SET parked = NULL, holder = NULL WHERE key = ?1")?
                 .execute([key])?;
         }
     }
@@ -399,7 +368,7 @@ pub(super) fn resolve(
     conn.prepare_cached(
         "UPDATE runs SET status = ?2, outcome = NULL, updated = ?3
          WHERE run_id = ?1 AND status = ?4
-           AND NOT EXISTS (SELECT 1 FROM claims WHERE run_id = ?1 AND parked IS NOT NULL)",
+           AND NOT EXISTS (SELECT 1 FROM steps WHERE run_id = ?1 AND parked IS NOT NULL)",
     )?
     .execute(params![
         run_id,

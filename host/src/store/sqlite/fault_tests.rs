@@ -61,7 +61,7 @@ fn store_with_commits(dir: &Path, n: usize) -> (PathBuf, SqliteStore) {
 fn results(path: &Path) -> Vec<(String, Vec<u8>, i64, i64)> {
     let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
     let mut stmt = conn
-        .prepare("SELECT key, result, token, committed_at FROM results ORDER BY key")
+        .prepare("SELECT key, result, token, committed_at FROM steps WHERE result IS NOT NULL ORDER BY key")
         .unwrap();
     stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
         .unwrap()
@@ -416,7 +416,7 @@ fn corrupt_database_is_reported_by_name_and_not_made_worse() {
     let (path, store) = store_with_commits(dir.path(), 20);
     drop(store);
     checkpoint(&path);
-    clobber_pages(&path, &root_pages(&path, &["runs", "results"]));
+    clobber_pages(&path, &root_pages(&path, &["runs", "steps"]));
     let damage = integrity(&path);
     assert_ne!(damage, ["ok"]);
     let bytes = std::fs::read(&path).unwrap();

@@ -125,18 +125,18 @@ pub(super) fn load_progress(
     Ok(checkpoint)
 }
 
-/// Stores the counts, then replaces the checkpoint. Runs inside a write transaction,
-/// so the two never disagree.
+/// Replaces the checkpoint, and stores the counts if given. Runs inside a write
+/// transaction, so the two never disagree.
 pub(super) fn save_progress(
     conn: &Connection,
     run_id: &str,
     checkpoint: &Checkpoint,
-    counts: &Counts,
+    counts: Option<&Counts>,
     now: Millis,
 ) -> Result<(), TxError> {
-    // Counts first: it finds out whether the run exists before the checkpoint's
-    // foreign key would refuse it with a less helpful error.
-    save_counts(conn, run_id, counts, now)?;
+    if let Some(counts) = counts {
+        save_counts(conn, run_id, counts, now)?;
+    }
     conn.prepare_cached(
         "INSERT INTO progress (run_id, step, state, updated) VALUES (?1, ?2, ?3, ?4)
          ON CONFLICT (run_id) DO UPDATE
@@ -147,7 +147,14 @@ pub(super) fn save_progress(
         to_sql_int(checkpoint.step)?,
         checkpoint.state,
         now
-    ])?;
+    ])
+    .map_err(|e| match e.sqlite_error() {
+        // The checkpoint's foreign key: the run was never opened.
+        Some(e) if e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY => {
+            unknown_run(run_id)
+        }
+        _ => TxError::Sql(e),
+    })?;
     Ok(())
 }
 

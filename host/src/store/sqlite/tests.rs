@@ -202,13 +202,20 @@ fn concurrent_first_opens_initialise_once() {
             .collect();
         openers.into_iter().map(|o| o.join().unwrap()).collect()
     });
-    // One fencing row, so all handles share one token sequence.
+    // Every handle sees the schema applied once, at the current version.
     for store in &stores {
-        let rows: i64 = store
+        let (tables, version): (i64, i64) = store
             .conn
-            .read(|conn| conn.query_row("SELECT count(*) FROM fencing", [], |r| r.get(0)))
+            .read(|conn| {
+                conn.query_row(
+                    "SELECT (SELECT count(*) FROM sqlite_schema WHERE name = 'steps'),
+                            (SELECT user_version FROM pragma_user_version())",
+                    [],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+            })
             .unwrap();
-        assert_eq!(rows, 1);
+        assert_eq!((tables, version), (1, SCHEMA_VERSION));
     }
 }
 
@@ -269,4 +276,72 @@ fn concurrent_writers_share_transactions_without_sharing_failures() {
         store.open_claims(None).unwrap().len(),
         threads * per_thread / 5
     );
+}
+
+/// A store written by version 1 of the schema (claims and results in two tables, a
+/// store-wide token counter) opens as version 2 with every claim and result intact, and
+/// its keys' tokens go on above the ones handed out before.
+#[test]
+fn version_1_store_migrates_with_claims_and_results_intact() {
+    use std::time::Duration;
+
+    use crate::store::{ClaimOutcome, ClaimRequest, OpenClaim, Store};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.db");
+    {
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(include_str!("../migrations/sqlite/0001_init.sql"))
+            .unwrap();
+        conn.execute_batch(
+            "PRAGMA application_id = 1768187245; PRAGMA user_version = 1;
+             INSERT INTO runs (run_id, agent, digest, namespace, input, status, created, updated)
+                 VALUES ('r', 'a', 'd', 'ns', x'', 'running', 0, 0);
+             INSERT INTO claims (key, run_id, holder, token, attempt, lease_expires)
+                 VALUES ('ns:open', 'r', 'old-instance', 41, 2, 9223372036854775807);
+             INSERT INTO results (key, run_id, result, token, attempt, committed_at)
+                 VALUES ('ns:done', 'r', x'6f6b', 40, 1, 5);
+             UPDATE fencing SET last_token = 41;",
+        )
+        .unwrap();
+    }
+    let store = SqliteStore::open(&path, SyncMode::Normal).unwrap();
+    assert_eq!(store.committed("ns:done").unwrap(), Some(b"ok".to_vec()));
+    assert_eq!(
+        store.open_claims(None).unwrap(),
+        vec![OpenClaim {
+            key: "ns:open".into(),
+            run_id: "r".into(),
+            holder: Some("old-instance".into()),
+            token: 41,
+            attempt: 2,
+            lease_expires: i64::MAX,
+            parked: None,
+        }]
+    );
+    let req = |key| ClaimRequest {
+        key,
+        run_id: "r",
+        holder: "new-instance",
+        fingerprint: None,
+        lease: Duration::from_secs(60),
+        now: 10,
+    };
+    assert_eq!(
+        store.claim(&req("ns:done")).unwrap(),
+        ClaimOutcome::Committed(b"ok".to_vec())
+    );
+    let ClaimOutcome::Granted(grant) = store.take_over(&req("ns:open"), 41).unwrap() else {
+        panic!("the old holder's claim is taken over");
+    };
+    assert_eq!((grant.token, grant.attempt, grant.in_doubt), (42, 3, true));
+    let tables: Vec<String> = store
+        .conn
+        .read(|conn| {
+            conn.prepare("SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name")?
+                .query_map([], |r| r.get(0))?
+                .collect::<rusqlite::Result<Vec<String>>>()
+        })
+        .unwrap();
+    assert_eq!(tables, ["progress", "run_upgrades", "runs", "steps"]);
 }
