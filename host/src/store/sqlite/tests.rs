@@ -50,6 +50,7 @@ fn new_database_is_wal_with_our_pragmas() {
                 |name: &str| -> i64 { conn.pragma_query_value(None, name, |r| r.get(0)).unwrap() };
             assert_eq!(pragma("synchronous"), synchronous);
             assert_eq!(pragma("foreign_keys"), 1);
+            assert_eq!(pragma("wal_autocheckpoint"), 10_000);
             assert_eq!(pragma("user_version"), SCHEMA_VERSION);
             assert_eq!(pragma("application_id"), 0x6964_656d);
             let journal: String = conn
