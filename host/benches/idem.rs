@@ -613,7 +613,7 @@ fn scaling(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<()> {
     let mut first = None;
     for (rows, _, samples) in stores {
         let med = median(&sorted(samples.clone()));
-        let what = format!("durable step, sync normal, {} results rows", count(rows));
+        let what = format!("durable step, sync normal, {} committed rows", count(rows));
         match first {
             None => {
                 first = Some((med, rows));
