@@ -536,9 +536,10 @@ fn idem_run(db: &Path, cache: Option<&Path>) -> anyhow::Result<(f64, f64)> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let doc: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-    let done = doc["output"]["first_step_done_unix_ns"]
-        .as_u64()
+    let mut doc: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let output: GuestOutput = serde_json::from_value(doc["output"].take())?;
+    let done = output
+        .first_step_done_unix_ns
         .context("the timed bench agent reports first_step_done_unix_ns")?;
     let to_step = (done as f64 - spawned_at.as_nanos() as f64) / 1e6;
     Ok((to_step, to_exit))
