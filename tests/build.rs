@@ -26,7 +26,7 @@ struct Guest {
 
 const WORKSPACES: [&str; 2] = ["examples", "tests/guests"];
 
-const GUESTS: [Guest; 5] = [
+const GUESTS: &[Guest] = &[
     Guest {
         workspace: "examples",
         package: "ledger",
@@ -46,6 +46,16 @@ const GUESTS: [Guest; 5] = [
         workspace: "tests/guests",
         package: "command",
         constant: "COMMAND",
+    },
+    Guest {
+        workspace: "tests/guests",
+        package: "hostile",
+        constant: "HOSTILE",
+    },
+    Guest {
+        workspace: "tests/guests",
+        package: "fetcher",
+        constant: "FETCHER",
     },
     Guest {
         workspace: "tests/guests",
@@ -102,7 +112,7 @@ fn build() -> Result<(), String> {
     }
 
     let release = target_dir.join(TARGET).join("release");
-    for guest in &GUESTS {
+    for guest in GUESTS {
         let path = release.join(format!("{}.wasm", guest.package));
         check_component(&path, guest)?;
         let path = path
@@ -129,7 +139,7 @@ fn watch(root: &Path) {
         paths.push(root.join(workspace).join("Cargo.toml"));
         paths.push(root.join(workspace).join("Cargo.lock"));
     }
-    for guest in &GUESTS {
+    for guest in GUESTS {
         paths.push(root.join(guest.workspace).join(guest.package));
     }
     for path in paths {

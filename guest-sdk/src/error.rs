@@ -35,6 +35,10 @@ pub enum Error {
     /// A value could not be encoded to, or decoded from, JSON.
     #[error("JSON: {0}")]
     Codec(String),
+    /// An outbound HTTP request ([`http`](crate::http)) could not be made or was
+    /// denied by the host; a response with an error status is not this.
+    #[error("{0}")]
+    Http(String),
     /// The agent's own failure.
     #[error("{0}")]
     Agent(String),
@@ -75,6 +79,7 @@ fn step_error_text(err: &StepError) -> String {
         StepError::ClaimLost(key) => format!("claim lost: {key}"),
         StepError::AwaitTimeout(key) => format!("await timeout: {key}"),
         StepError::InDoubt(key) => format!("in doubt, waiting for idem resolve: {key}"),
+        StepError::KeyReused(detail) => format!("key reused with other input: {detail}"),
     }
 }
 

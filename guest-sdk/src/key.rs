@@ -25,7 +25,11 @@ use crate::Error;
 /// # Ok::<(), idem_sdk::Error>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Key(String);
+pub struct Key {
+    key: String,
+    /// What the step is asked to do, for keys chosen by hand ([`Key::with_input`]).
+    fingerprint: Option<String>,
+}
 
 impl Key {
     /// A key taken as written. The host checks it when it is used: empty keys, keys
@@ -37,7 +41,34 @@ impl Key {
     /// assert_eq!(key.as_str(), "invoice-2024-0042/send");
     /// ```
     pub fn new(key: impl Into<String>) -> Key {
-        Key(key.into())
+        Key {
+            key: key.into(),
+            fingerprint: None,
+        }
+    }
+
+    /// Binds the key to `input`: the host remembers a hash of it with the committed
+    /// result, and a later `run_once` of the same key with *other* input is refused
+    /// with [`StepError::KeyReused`](crate::StepError::KeyReused) instead of returning a
+    /// result computed for something else (as a payment API answers a reused
+    /// idempotency key with different parameters). Keys made by [`Key::for_run`] and
+    /// [`Key::shared`] already contain their content's hash and need no binding.
+    ///
+    /// Fails with [`Error::Codec`] if `input` cannot be encoded to JSON.
+    ///
+    /// ```
+    /// let key = idem_sdk::Key::new("order-17/charge").with_input(&("alice", 300))?;
+    /// assert_eq!(key.as_str(), "order-17/charge");
+    /// # Ok::<(), idem_sdk::Error>(())
+    /// ```
+    pub fn with_input(mut self, input: &impl Serialize) -> Result<Key, Error> {
+        self.fingerprint = Some(format!("sha256:{}", content_hash(input)?));
+        Ok(self)
+    }
+
+    /// The input fingerprint the key is bound to, if any.
+    pub fn fingerprint(&self) -> Option<&str> {
+        self.fingerprint.as_deref()
     }
 
     /// A key private to this run: `"{run_id}/{step}/{hash}"`. Another run doing the same
@@ -53,7 +84,7 @@ impl Key {
     /// ```
     pub fn for_run(step: &str, content: &impl Serialize) -> Result<Key, Error> {
         let hash = content_hash(content)?;
-        Ok(Key(format!("{}/{step}/{hash}", crate::run_id())))
+        Ok(Key::new(format!("{}/{step}/{hash}", crate::run_id())))
     }
 
     /// A key shared by every run: `"{step}/{hash}"`. Two runs doing the same step on
@@ -69,7 +100,7 @@ impl Key {
     /// ```
     pub fn shared(step: &str, content: &impl Serialize) -> Result<Key, Error> {
         let hash = content_hash(content)?;
-        Ok(Key(format!("{step}/{hash}")))
+        Ok(Key::new(format!("{step}/{hash}")))
     }
 
     /// The key's text, as the host sees it.
@@ -78,13 +109,13 @@ impl Key {
     /// assert_eq!(idem_sdk::Key::new("k").as_str(), "k");
     /// ```
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.key
     }
 }
 
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.key)
     }
 }
 

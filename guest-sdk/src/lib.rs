@@ -11,6 +11,9 @@
 //! - **a checkpoint**: [`save`] and [`load`] keep where the agent got to and a small
 //!   state, so a resumed instance need not replay from the start.
 //!
+//! Agents reach the network only through [`http`], and only where the operator granted
+//! it; requests made inside a side effect carry its idempotency key and fencing token.
+//!
 //! # Example
 //!
 //! An agent that sends one greeting per name, at most once each, and resumes where it
@@ -65,6 +68,8 @@
 //! - `key.rs`: [`Key`], how a side effect is named.
 //! - `progress.rs`: [`load`], [`save`] and [`Checkpoint`].
 //! - `run_info.rs`: [`run_id`] and [`generation`].
+//! - `http.rs`: [`http::Request`], a blocking client on `wasi:http` whose requests
+//!   inside [`run_once`] carry the step's key and token.
 //! - `error.rs`: [`Error`].
 //! - `bindings.rs`: the raw `wit-bindgen` output for `../wit`; agents never need it.
 //!
@@ -79,6 +84,7 @@ mod agent;
 #[doc(hidden)]
 pub mod bindings;
 mod error;
+pub mod http;
 mod key;
 mod once;
 mod progress;
@@ -88,7 +94,7 @@ pub use agent::Agent;
 pub use bindings::idem::agent::types::StepError;
 pub use error::Error;
 pub use key::Key;
-pub use once::{InDoubt, Outcome, Step, run_once, run_once_with};
+pub use once::{InDoubt, Once, Outcome, Step, run_once, run_once_with};
 pub use progress::{Checkpoint, load, save};
 pub use run_info::{generation, run_id};
 

@@ -6,7 +6,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::bindings::idem::agent::once::{self, Claim, Obtained};
-use crate::{Error, Key, StepError};
+use crate::bindings::idem::agent::progress;
+use crate::{Checkpoint, Error, Key, StepError};
 
 /// How [`run_once`] reached its result.
 ///
@@ -197,23 +198,134 @@ where
     E: Display,
     F: FnOnce(&Step) -> Result<T, E>,
 {
-    match once::run_once(key.as_str())? {
-        once::Outcome::Committed(committed) => decode(key, committed),
-        once::Outcome::Claimed(claim) => match execute(key, claim, policy, f) {
-            // The claim was taken over while `f` ran (this instance was paused past
-            // its lease): the taker's commit is the key's result, so hand that back.
-            Err(Error::Step(StepError::ClaimLost(lost))) => match once::run_once(key.as_str())? {
-                once::Outcome::Committed(committed) => {
-                    decode(key, committed).map(|(value, _)| (value, Outcome::Awaited))
+    Once::new(key).in_doubt(policy).run(f)
+}
+
+/// A durable step, configured before it runs: the key, the in-doubt policy, and
+/// optionally the checkpoint to save with its commit.
+///
+/// [`Once::run_and_save`] is the fast path of the classic loop: the result and the next
+/// checkpoint are written in ONE host transaction, where [`run_once`] followed by
+/// [`save`](crate::save) takes two.
+///
+/// ```no_run
+/// use idem_sdk::{Checkpoint, InDoubt, Key, Once};
+///
+/// let items = ["a", "b"];
+/// let mut total = 0_u64;
+/// for (i, item) in items.iter().enumerate() {
+///     let (len, _) = Once::new(&Key::for_run("measure", item)?)
+///         .in_doubt(InDoubt::Retry)
+///         .run_and_save(
+///             |_step| Ok::<_, String>(item.len() as u64),
+///             |len| Checkpoint { step: i as u64 + 1, state: total + len },
+///         )?;
+///     total += len;
+/// }
+/// # Ok::<(), idem_sdk::Error>(())
+/// ```
+pub struct Once<'a, T> {
+    key: &'a Key,
+    policy: InDoubt<'a, T>,
+}
+
+/// A checkpoint to save with a step's commit, computed from the step's value.
+type ThenSave<'a, T> = Box<dyn FnOnce(&T) -> Result<(u64, Vec<u8>), Error> + 'a>;
+
+impl<'a, T: Serialize + DeserializeOwned> Once<'a, T> {
+    /// A step on `key` with the default policy, [`InDoubt::Retry`].
+    pub fn new(key: &'a Key) -> Self {
+        Once {
+            key,
+            policy: InDoubt::Retry,
+        }
+    }
+
+    /// Sets what happens when the claim is in doubt.
+    pub fn in_doubt(mut self, policy: InDoubt<'a, T>) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Runs the step, as [`run_once`] does.
+    pub fn run<E, F>(self, f: F) -> Result<(T, Outcome), Error>
+    where
+        E: Display,
+        F: FnOnce(&Step) -> Result<T, E>,
+    {
+        self.go(f, None)
+    }
+
+    /// Runs the step and saves the checkpoint `progress` makes from its value: in the
+    /// commit's own transaction when the effect runs here, or right after when the key
+    /// was already committed.
+    pub fn run_and_save<E, F, S, P>(self, f: F, progress: P) -> Result<(T, Outcome), Error>
+    where
+        E: Display,
+        F: FnOnce(&Step) -> Result<T, E>,
+        S: Serialize,
+        P: FnOnce(&T) -> Checkpoint<S> + 'a,
+    {
+        let then: ThenSave<'a, T> = Box::new(move |value: &T| {
+            let checkpoint = progress(value);
+            let state = serde_json::to_vec(&checkpoint.state)
+                .map_err(|err| Error::codec("checkpoint state", err))?;
+            Ok((checkpoint.step, state))
+        });
+        self.go(f, Some(then))
+    }
+
+    fn go<E, F>(self, f: F, then: Option<ThenSave<'a, T>>) -> Result<(T, Outcome), Error>
+    where
+        E: Display,
+        F: FnOnce(&Step) -> Result<T, E>,
+    {
+        let key = self.key;
+        let (value, outcome, then) = match once::run_once(key.as_str(), key.fingerprint())? {
+            once::Outcome::Committed(committed) => {
+                let (value, outcome) = decode(key, committed)?;
+                (value, outcome, then)
+            }
+            once::Outcome::Claimed(claim) => match execute(key, claim, self.policy, f, then) {
+                Ok((value, outcome)) => (value, outcome, None),
+                // The claim was taken over while `f` ran (this instance was paused past
+                // its lease): the taker's commit is the key's result, so hand that back.
+                Err(Failed::Lost(lost, then)) => {
+                    match once::run_once(key.as_str(), key.fingerprint())? {
+                        once::Outcome::Committed(committed) => {
+                            let (value, _) = decode(key, committed)?;
+                            (value, Outcome::Awaited, then)
+                        }
+                        // The taker released it instead; `f` is spent, so the caller decides.
+                        once::Outcome::Claimed(claim) => {
+                            Claim::release(claim);
+                            return Err(Error::Step(StepError::ClaimLost(lost)));
+                        }
+                    }
                 }
-                // The taker released it instead; `f` is spent, so the caller decides.
-                once::Outcome::Claimed(claim) => {
-                    Claim::release(claim);
-                    Err(Error::Step(StepError::ClaimLost(lost)))
-                }
+                Err(Failed::Other(err)) => return Err(err),
             },
-            other => other,
-        },
+        };
+        // Not folded into a commit (the key was committed elsewhere): save on its own.
+        if let Some(then) = then {
+            let (step, state) = then(&value)?;
+            progress::save(step, &state)?;
+        }
+        Ok((value, outcome))
+    }
+}
+
+/// Why [`execute`] did not commit.
+enum Failed<'a, T> {
+    /// The claim was lost before the commit; the checkpoint was not saved.
+    Lost(String, Option<ThenSave<'a, T>>),
+    /// Anything else, already settled.
+    Other(Error),
+}
+
+impl<T> From<Error> for Failed<'_, T> {
+    fn from(err: Error) -> Self {
+        Failed::Other(err)
     }
 }
 
@@ -230,16 +342,18 @@ fn decode<T: DeserializeOwned>(
     Ok((value, outcome))
 }
 
-/// Runs `f` under `claim` and settles the claim: commit on success, release otherwise.
+/// Runs `f` under `claim` and settles the claim: commit on success (with the
+/// checkpoint `then` makes, in the same transaction), release otherwise.
 /// The claim is moved into exactly one of `commit`/`release`/`stop` on every path. A
 /// panic in `f` traps the instance: the claim is left to the host, which retakes it in
 /// doubt.
-fn execute<T, E, F>(
+fn execute<'a, T, E, F>(
     key: &Key,
     claim: Claim,
     policy: InDoubt<'_, T>,
     f: F,
-) -> Result<(T, Outcome), Error>
+    then: Option<ThenSave<'a, T>>,
+) -> Result<(T, Outcome), Failed<'a, T>>
 where
     T: Serialize,
     E: Display,
@@ -264,13 +378,14 @@ where
                 // host that does not implement it.
                 return Err(Error::Agent(format!(
                     "the host did not stop the run in doubt at {key}"
-                )));
+                ))
+                .into());
             }
             InDoubt::Probe(probe) => match probe(&step) {
                 Ok(found) => probed = found,
                 Err(err) => {
                     Claim::release(claim);
-                    return Err(Error::Effect(format!("probe: {err}")));
+                    return Err(Error::Effect(format!("probe: {err}")).into());
                 }
             },
         }
@@ -281,7 +396,7 @@ where
             Ok(value) => (value, false),
             Err(err) => {
                 Claim::release(claim);
-                return Err(Error::Effect(err.to_string()));
+                return Err(Error::Effect(err.to_string()).into());
             }
         },
     };
@@ -289,10 +404,24 @@ where
         Ok(bytes) => bytes,
         Err(err) => {
             Claim::release(claim);
-            return Err(Error::codec(&format!("result of {key}"), err));
+            return Err(Error::codec(&format!("result of {key}"), err).into());
         }
     };
-    Claim::commit(claim, &bytes)?;
+    let (checkpoint, then) = match then {
+        None => (None, None),
+        Some(then) => match then(&value) {
+            Ok((step, state)) => (Some(once::Checkpoint { step, state }), None),
+            Err(err) => {
+                Claim::release(claim);
+                return Err(err.into());
+            }
+        },
+    };
+    match Claim::commit(claim, &bytes, checkpoint.as_ref()) {
+        Ok(()) => {}
+        Err(StepError::ClaimLost(lost)) => return Err(Failed::Lost(lost, then)),
+        Err(err) => return Err(Error::Step(err).into()),
+    }
     let outcome = if applied {
         Outcome::Probed
     } else if step.in_doubt {

@@ -48,7 +48,8 @@ struct Plan {
     /// Empty transactions per sync mode (a few µs each: no budget needed).
     empty_txs: usize,
     /// Per turn: `n` one-row transactions (and, sync full, `n` fdatasyncs) on the floor
-    /// database, then a run of `n` timed steps: floor and step sampled side by side.
+    /// database, then a run of `n` timed steps with the checkpoint folded into the
+    /// commit and one with a separate save: floor and steps sampled side by side.
     steps_normal: Turns,
     steps_full: Turns,
     /// Per turn: a run of `n` host calls.
@@ -209,9 +210,10 @@ impl Bed {
         Ok((report, output))
     }
 
-    /// One run of `n` timed steps: each step's duration in µs.
-    fn timed_run(&self, host: &Host, n: u64) -> anyhow::Result<Vec<f64>> {
-        let input = json!({ "mode": "steps", "n": n, "timed": true });
+    /// One run of `n` timed steps: each step's duration in µs. `fold` saves each
+    /// checkpoint in its commit's transaction; otherwise a separate `save` follows.
+    fn timed_run(&self, host: &Host, n: u64, fold: bool) -> anyhow::Result<Vec<f64>> {
+        let input = json!({ "mode": "steps", "n": n, "timed": true, "fold": fold });
         let (report, output) = self.run(host, input, FaultPlan::default())?;
         ensure!(
             report.counts.executed == n && output.step_ns.len() as u64 == n,
@@ -221,7 +223,7 @@ impl Bed {
         Ok(output.step_ns.iter().map(|&ns| ns as f64 / 1e3).collect())
     }
 
-    /// Runs `n` untimed steps on a fresh run.
+    /// Runs `n` untimed steps (checkpoint folded into the commit) on a fresh run.
     fn steps(&self, host: &Host, n: u64) -> anyhow::Result<RunReport> {
         let input = json!({ "mode": "steps", "n": n });
         Ok(self.run(host, input, FaultPlan::default())?.0)
@@ -265,17 +267,18 @@ fn floor_and_steps(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<
         // Warm-ups: statement caches, page cache, WAL.
         floor.batch(true, 100)?;
         bed.steps(&host, turns.n.min(50))?;
-        let (mut one_row, mut step) = (Vec::new(), Vec::new());
+        let (mut one_row, mut folded, mut separate) = (Vec::new(), Vec::new(), Vec::new());
         repeat(turns, || {
             one_row.extend(floor.batch(true, turns.n as usize)?);
             if let Some(file) = &mut sync_file {
                 fdatasync.extend(file.batch(turns.n as usize)?);
             }
-            step.extend(bed.timed_run(&host, turns.n)?);
+            folded.extend(bed.timed_run(&host, turns.n, true)?);
+            separate.extend(bed.timed_run(&host, turns.n, false)?);
             Ok(())
         })?;
         floors.push((sync, empty, one_row));
-        steps.push((sync, step));
+        steps.push((sync, folded, separate));
     }
     let mut floor_medians = Vec::new();
     for (sync, empty, one_row) in floors {
@@ -296,14 +299,19 @@ fn floor_and_steps(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<
         "µs",
         fdatasync,
     );
-    for ((sync, samples), floor) in steps.into_iter().zip(floor_medians) {
-        let ratio = median(&sorted(samples.clone())) / floor;
-        table.row_with_ratio(
-            format!("durable step (claim + commit + save, no-op effect), sync {sync}"),
-            "µs",
-            samples,
-            format!("{ratio:.1}× one-row tx"),
-        );
+    for ((sync, folded, separate), floor) in steps.into_iter().zip(floor_medians) {
+        for (samples, how) in [
+            (folded, "save folded into commit: 2 tx"),
+            (separate, "separate save: 3 tx"),
+        ] {
+            let ratio = median(&sorted(samples.clone())) / floor;
+            table.row_with_ratio(
+                format!("durable step (claim + commit + save, no-op effect; {how}), sync {sync}"),
+                "µs",
+                samples,
+                format!("{ratio:.1}× one-row tx"),
+            );
+        }
     }
     Ok(())
 }
@@ -627,7 +635,7 @@ fn scaling(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<()> {
     }
     repeat(plan.scale, || {
         for (_, host, samples) in &mut stores {
-            samples.extend(bed.timed_run(host, n)?);
+            samples.extend(bed.timed_run(host, n, true)?);
         }
         Ok(())
     })?;

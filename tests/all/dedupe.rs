@@ -88,3 +88,33 @@ fn overlapping_runs_await_each_other() {
         assert_eq!(output["charged"], items.len());
     }
 }
+
+#[test]
+fn namespaces_keep_agents_apart() {
+    use idem_test_artifacts::STEPS;
+
+    let t = TestHost::new();
+    let steps = agent(STEPS);
+    let input = json!({ "steps": 3, "log": "/data/log.txt", "shared": true });
+    let run = |run_id: &str, namespace: Option<&str>| {
+        let mut opts = t.options(run_id, input.clone(), FaultPlan::default());
+        opts.namespace = namespace.map(str::to_string);
+        t.host.run(&steps, &opts)
+    };
+    // Same shared keys, two namespaces: neither sees the other's commits.
+    let a = run("a", Some("tenant-a")).unwrap();
+    let b = run("b", Some("tenant-b")).unwrap();
+    assert_eq!((a.counts.executed, b.counts.executed), (3, 3));
+    // The same namespace again: everything is already committed there.
+    let a2 = run("a2", Some("tenant-a")).unwrap();
+    assert_eq!((a2.counts.executed, a2.counts.skipped), (0, 3));
+    assert_eq!(t.log("log.txt").len(), 6);
+    // A run cannot move to another namespace: it would lose sight of its own commits.
+    let err = run("a", Some("tenant-b")).unwrap_err().to_string();
+    assert!(
+        err.contains("namespace \"tenant-a\"") && err.contains("--namespace tenant-a"),
+        "{err}"
+    );
+    let err = run("c", Some("no:colons")).unwrap_err().to_string();
+    assert!(err.contains("invalid namespace"), "{err}");
+}

@@ -127,8 +127,9 @@ fn stopped_in_doubt(cli: &CliRun) -> String {
     let claims = status["open_claims"].as_array().unwrap();
     assert_eq!(claims.len(), 1);
     assert!(claims[0]["parked"].is_string());
+    // Status shows the key as the store keeps it: in the agent's namespace.
     let key = claims[0]["key"].as_str().unwrap().to_string();
-    assert_eq!(key, cli.log()[2].key);
+    assert_eq!(key, format!("steps:{}", cli.log()[2].key));
 
     // Running it again does not guess: it names the key and how to settle it.
     let again = cli.run("wire", &[]);
@@ -192,7 +193,10 @@ fn fail_stops_the_run_and_resolve_retry_runs_the_effect_again() {
     assert!(out.status.success(), "{}", stderr(&out));
     let lines = cli.log();
     assert_eq!(lines.len(), 6);
-    let repeats: Vec<_> = lines.iter().filter(|l| l.key == key).collect();
+    let repeats: Vec<_> = lines
+        .iter()
+        .filter(|l| format!("steps:{}", l.key) == key)
+        .collect();
     assert_eq!(repeats.len(), 2);
     // Attempt 2 was the in-doubt claim that stopped; the operator's retry is attempt 3,
     // not in doubt any more.

@@ -25,7 +25,8 @@ fn a_stale_claim_is_taken_over_after_its_lease_and_fenced() {
         ..Limits::default()
     });
     let store = t.host.store();
-    let key = step_key("leased", 2);
+    // The store keeps keys in the agent's namespace (its name, by default).
+    let key = format!("steps:{}", step_key("leased", 2));
     // Another process (a holder name this host never made) claims step 2 with a short
     // lease, then goes silent.
     let lease = Duration::from_millis(800);
@@ -34,6 +35,7 @@ fn a_stale_claim_is_taken_over_after_its_lease_and_fenced() {
             key: &key,
             run_id: "leased",
             holder: "elsewhere/leased/0",
+            fingerprint: None,
             lease,
             now: now_millis(),
         })
@@ -58,7 +60,10 @@ fn a_stale_claim_is_taken_over_after_its_lease_and_fenced() {
     assert_eq!(report.counts.executed, 4);
     let lines = t.log("leased.log");
     assert_eq!(lines.len(), 4);
-    let taken = lines.iter().find(|l| l.key == key).unwrap();
+    let taken = lines
+        .iter()
+        .find(|l| format!("steps:{}", l.key) == key)
+        .unwrap();
     assert_eq!(taken.attempt(), 2);
     assert!(taken.flag("in_doubt"));
     assert!(taken.token() > zombie.token);

@@ -56,19 +56,25 @@ fn seeded_chaos_mid_computation_keeps_output_and_effects() {
     let t = TestHost::new();
     let steps = agent(STEPS);
     // Enough guest computation per step that random fuel budgets run out inside it.
-    let input =
-        |log: &str| json!({ "steps": STEPS_N, "spin": 200_000, "log": format!("/data/{log}") });
-    let clean = t.run(&steps, "clean", input("clean.log"), FaultPlan::default());
+    let input = |log: &str, fold: bool| json!({ "steps": STEPS_N, "spin": 200_000, "log": format!("/data/{log}"), "fold": fold });
+    let clean = t.run(
+        &steps,
+        "clean",
+        input("clean.log", false),
+        FaultPlan::default(),
+    );
 
     let mut total_instances = 0;
     for seed in 1..=12u64 {
+        // Even seeds save checkpoints in the commit transaction, odd ones separately.
+        let fold = seed % 2 == 0;
         let run_id = format!("chaos-{seed}");
         let log = format!("{run_id}.log");
         let faults = FaultPlan {
             chaos: Some(seed),
             ..FaultPlan::default()
         };
-        let report = t.run(&steps, &run_id, input(&log), faults);
+        let report = t.run(&steps, &run_id, input(&log, fold), faults);
         assert_eq!(report.outcome, clean.outcome, "seed {seed}");
         total_instances += report.counts.instances;
 

@@ -65,6 +65,7 @@ impl TestHost {
             }],
             env: vec![],
             faults,
+            ..RunOptions::default()
         }
     }
 

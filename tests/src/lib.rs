@@ -14,7 +14,8 @@
 //! - `build.rs`: runs a nested `cargo build --release --target wasm32-wasip2` over
 //!   `examples/` and `tests/guests/`, with one target dir under `OUT_DIR`.
 //! - `src/lib.rs`: one constant per guest, and [`ALL`].
-//! - `guests/`: the test-only guests' own workspace (`steps`, `command`, `bench`).
+//! - `guests/`: the test-only guests' own workspace (`steps`, `command`, `hostile`,
+//!   `fetcher`, `bench`).
 
 /// `examples/ledger`: appends one log line per item, resuming from its checkpoint.
 ///
@@ -54,6 +55,26 @@ pub const STEPS: &str = env!("IDEM_GUEST_STEPS");
 /// ```
 pub const COMMAND: &str = env!("IDEM_GUEST_COMMAND");
 
+/// `tests/guests/hostile`: misbehaves on request — spins, allocates without end,
+/// recurses, panics, hands the host oversized payloads or malformed keys — so the
+/// host's limits can be tested.
+///
+/// ```
+/// assert!(idem_test_artifacts::HOSTILE.ends_with("hostile.wasm"));
+/// ```
+pub const HOSTILE: &str = env!("IDEM_GUEST_HOSTILE");
+/// `tests/guests/fetcher`: N checkpointed steps, each a `run_once` that POSTs
+/// `{url}/step/{i}` through `wasi:http`.
+///
+/// Input `{"steps": n, "url": "http://127.0.0.1:PORT", "outside": false, "key_header":
+/// null, "token_header": null}`; output `{"steps": n, "replies": [{"status": s, "body":
+/// "..."}, ..]}`.
+///
+/// ```
+/// assert!(idem_test_artifacts::FETCHER.ends_with("fetcher.wasm"));
+/// ```
+pub const FETCHER: &str = env!("IDEM_GUEST_FETCHER");
+
 /// `tests/guests/bench`: N durable no-op steps or N bare host calls, timed in the guest;
 /// what `host/benches/idem.rs` measures.
 ///
@@ -69,13 +90,15 @@ pub const BENCH: &str = env!("IDEM_GUEST_BENCH");
 ///
 /// ```
 /// let names: Vec<&str> = idem_test_artifacts::ALL.iter().map(|(name, _)| *name).collect();
-/// assert_eq!(names, ["ledger", "dedupe", "steps", "command", "bench"]);
+/// assert_eq!(names, ["ledger", "dedupe", "steps", "command", "hostile", "fetcher", "bench"]);
 /// ```
 pub const ALL: &[(&str, &str)] = &[
     ("ledger", LEDGER),
     ("dedupe", DEDUPE),
     ("steps", STEPS),
     ("command", COMMAND),
+    ("hostile", HOSTILE),
+    ("fetcher", FETCHER),
     ("bench", BENCH),
 ];
 

@@ -12,7 +12,7 @@
 use std::fs::OpenOptions;
 use std::io::Write;
 
-use idem_sdk::{Agent, Error, Key, load, run_once, save};
+use idem_sdk::{Agent, Checkpoint, Error, Key, Once, load};
 use serde::{Deserialize, Serialize};
 
 #[derive(Deserialize)]
@@ -37,10 +37,19 @@ struct Entry {
 }
 
 /// The running totals, carried across instances in the checkpoint.
-#[derive(Serialize, Deserialize, Default)]
+#[derive(Serialize, Deserialize, Default, Clone, Copy)]
 struct Totals {
     total: u64,
     checksum: u64,
+}
+
+impl Totals {
+    fn add(self, entry: &Entry) -> Totals {
+        Totals {
+            total: self.total + entry.bytes,
+            checksum: (self.checksum ^ entry.hash).wrapping_mul(FNV_PRIME),
+        }
+    }
 }
 
 struct Ledger;
@@ -62,23 +71,27 @@ impl Agent for Ledger {
             // attempt: a resumed instance computes the same key, and an append
             // committed before the crash is skipped instead of written twice.
             let key = Key::for_run("append", &(i, item))?;
-            let (entry, _outcome) = run_once(&key, |step| {
-                let line = format!(
-                    "{} attempt={} token={} item={item}\n",
-                    step.key(),
-                    step.attempt(),
-                    step.token()
-                );
-                append(&input.log, &line)?;
-                Ok::<_, String>(Entry::of(item))
-            })?;
-
-            // Fold the committed entry, not a recomputed one: that is what keeps
-            // the output identical however often the run was resumed.
-            totals.total += entry.bytes;
-            totals.checksum = (totals.checksum ^ entry.hash).wrapping_mul(FNV_PRIME);
-            // A crash before this save replays item `i`; `run_once` skips it.
-            save(i as u64 + 1, &totals)?;
+            // The append's result and the next checkpoint are committed in ONE store
+            // transaction: the map (checkpoint) never lags the cargo (appends) here.
+            let (entry, _outcome) = Once::new(&key).run_and_save(
+                |step| {
+                    let line = format!(
+                        "{} attempt={} token={} item={item}\n",
+                        step.key(),
+                        step.attempt(),
+                        step.token()
+                    );
+                    append(&input.log, &line)?;
+                    Ok::<_, String>(Entry::of(item))
+                },
+                // Fold the committed entry, not a recomputed one: that is what keeps
+                // the output identical however often the run was resumed.
+                |entry: &Entry| Checkpoint {
+                    step: i as u64 + 1,
+                    state: totals.add(entry),
+                },
+            )?;
+            totals = totals.add(&entry);
         }
 
         Ok(Output {

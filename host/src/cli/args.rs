@@ -45,6 +45,22 @@ pub fn duration(s: &str) -> Result<Duration, String> {
     }
 }
 
+/// Parses a size: a number of bytes, optionally followed by `KiB`, `MiB` or `GiB`.
+pub fn size(s: &str) -> Result<usize, String> {
+    let err = || format!("expected a size such as 4096, 512KiB, 1MiB or 2GiB, got {s:?}");
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: usize = n.parse().map_err(|_| err())?;
+    let shift = match unit {
+        "" | "B" => 0,
+        "KiB" => 10,
+        "MiB" => 20,
+        "GiB" => 30,
+        _ => return Err(err()),
+    };
+    n.checked_mul(1 << shift).ok_or_else(err)
+}
+
 /// Parses `normal` or `full`.
 pub fn sync_mode(s: &str) -> Result<SyncMode, String> {
     s.parse()
@@ -73,5 +89,11 @@ mod tests {
         assert_eq!(duration("2m").unwrap(), Duration::from_secs(120));
         assert!(duration("3").is_err());
         assert!(duration("3h").is_err());
+        assert_eq!(size("4096").unwrap(), 4096);
+        assert_eq!(size("512KiB").unwrap(), 512 << 10);
+        assert_eq!(size("1MiB").unwrap(), 1 << 20);
+        assert_eq!(size("2GiB").unwrap(), 2 << 30);
+        assert!(size("1MB").is_err());
+        assert!(size("MiB").is_err());
     }
 }

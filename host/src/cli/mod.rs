@@ -22,7 +22,8 @@ pub struct Args {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run (or resume) an agent to completion.
-    Run(run::RunCommand),
+    // Boxed: its many options would make every `Command` as large as a run's.
+    Run(Box<run::RunCommand>),
     /// Show runs, their progress, counts and open claims.
     Status(status::StatusCommand),
     /// Settle a key that a run parked in doubt, so that the run can resume.

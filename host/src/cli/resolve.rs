@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::Parser;
 use idem::store::{Resolution, SqliteStore, Store, SyncMode, now_millis};
 
@@ -39,8 +38,7 @@ impl ResolveCommand {
         if !self.db.exists() {
             return Err(BadInput(format!("no store at {}", self.db.display())).into());
         }
-        let store = SqliteStore::open(&self.db, self.sync)
-            .with_context(|| format!("opening store {}", self.db.display()))?;
+        let store = SqliteStore::open(&self.db, self.sync)?;
         let resolution = match &self.result {
             Some(result) => Resolution::Commit(result.as_bytes()),
             None => Resolution::Retry,

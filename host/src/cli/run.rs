@@ -8,8 +8,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use idem::runtime::{
-    CrashPoint, DirGrant, FaultPlan, Host, Limits, RunOptions, RunReport, Runtime,
-    default_cache_dir,
+    CrashPoint, DirGrant, FaultPlan, Host, HttpDestination, HttpPolicy, Limits, RunOptions,
+    RunReport, Runtime, default_cache_dir,
 };
 use idem::store::{RunStatus, SqliteStore, SyncMode};
 use sha2::{Digest, Sha256};
@@ -40,6 +40,14 @@ pub struct RunCommand {
     /// Grant an environment variable to the agent: `K=V`. Repeatable.
     #[arg(long = "env", value_parser = args::env_var)]
     env: Vec<(String, String)>,
+    /// Let the agent send HTTP requests to HOST (any port) or HOST:PORT; IPv6 in
+    /// brackets. Repeatable. Without it the agent reaches no network.
+    #[arg(long = "allow-http", value_name = "HOST[:PORT]")]
+    allow_http: Vec<HttpDestination>,
+    /// Let granted HTTP requests through even when the agent holds no claim (by
+    /// default such requests are refused: side effects belong inside run-once).
+    #[arg(long)]
+    allow_http_outside_claims: bool,
     /// Drop the instance and start a fresh one each time it has been granted N claims.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     recycle_every: Option<u32>,
@@ -56,12 +64,44 @@ pub struct RunCommand {
     /// How long to wait for another holder's commit before giving up.
     #[arg(long, default_value = "60s", value_parser = args::duration)]
     await_timeout: Duration,
+    /// Longest idempotency key, in bytes.
+    #[arg(long, default_value = "512", value_parser = args::size)]
+    max_key_bytes: usize,
+    /// Largest committed result.
+    #[arg(long, default_value = "1MiB", value_parser = args::size)]
+    max_result_bytes: usize,
+    /// Largest checkpoint state.
+    #[arg(long, default_value = "1MiB", value_parser = args::size)]
+    max_state_bytes: usize,
+    /// Largest linear memory of an instance.
+    #[arg(long, default_value = "256MiB", value_parser = args::size)]
+    max_memory: usize,
+    /// Most elements of an instance's table.
+    #[arg(long, default_value = "100000")]
+    max_table_elements: usize,
+    /// Longest an instance may compute between two calls into idem.
+    #[arg(long, default_value = "60s", value_parser = args::duration)]
+    max_compute: Duration,
+    /// Fuel (about one unit per wasm instruction) one invocation may burn; no limit by
+    /// default.
+    #[arg(long, value_name = "UNITS")]
+    max_fuel: Option<u64>,
+    /// Longest a side effect may run, from its claim to its commit.
+    #[arg(long, default_value = "5m", value_parser = args::duration)]
+    effect_timeout: Duration,
     /// Where precompiled agents are kept. Defaults to $XDG_CACHE_HOME/idem.
     #[arg(long)]
     cache_dir: Option<PathBuf>,
     /// Compile the agent every time.
     #[arg(long, conflicts_with = "cache_dir")]
     no_cache: bool,
+    /// The namespace the run's keys live in. Defaults to the agent's name: runs of one
+    /// agent share keys, and no other agent can read or commit them.
+    #[arg(long)]
+    namespace: Option<String>,
+    /// Resume a run that was started with another build of the agent (recorded).
+    #[arg(long)]
+    upgrade: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -92,13 +132,26 @@ impl RunCommand {
                 recycle_every: self.recycle_every,
                 chaos: self.chaos,
             },
+            upgrade: self.upgrade,
+            namespace: self.namespace.clone(),
+            http: HttpPolicy {
+                allow: self.allow_http.clone(),
+                outside_claims: self.allow_http_outside_claims,
+            },
         };
         opts.check()?;
-        let store = SqliteStore::open(&self.db, self.sync)
-            .with_context(|| format!("opening store {}", self.db.display()))?;
+        let store = SqliteStore::open(&self.db, self.sync)?;
         let limits = Limits {
             lease: self.lease,
             await_timeout: self.await_timeout,
+            max_key_bytes: self.max_key_bytes,
+            max_result_bytes: self.max_result_bytes,
+            max_state_bytes: self.max_state_bytes,
+            max_memory_bytes: self.max_memory,
+            max_table_elements: self.max_table_elements,
+            max_compute: self.max_compute,
+            max_fuel: self.max_fuel,
+            effect_timeout: self.effect_timeout,
             ..Limits::default()
         };
         let host = Host::new(Arc::new(runtime), Arc::new(store), limits);

@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::Parser;
 use idem::store::{RunRecord, SqliteStore, Store};
 
@@ -27,8 +26,7 @@ impl StatusCommand {
         if !self.db.exists() {
             return Err(BadInput(format!("no store at {}", self.db.display())).into());
         }
-        let store = SqliteStore::open_read_only(&self.db)
-            .with_context(|| format!("opening store {}", self.db.display()))?;
+        let store = SqliteStore::open_read_only(&self.db)?;
         let runs = match &self.run_id {
             Some(id) => vec![
                 store

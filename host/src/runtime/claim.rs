@@ -5,7 +5,10 @@
 /// as if the process had died.
 #[derive(Debug, Clone)]
 pub struct ClaimHandle {
+    /// The key in the store: the agent's namespace and its key.
     pub(crate) key: String,
+    /// The key as the agent wrote it.
+    pub(crate) guest_key: String,
     pub(crate) token: u64,
     pub(crate) attempt: u32,
     pub(crate) in_doubt: bool,

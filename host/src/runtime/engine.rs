@@ -3,6 +3,9 @@
 //! component digest.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, HasSelf, Linker};
@@ -22,6 +25,45 @@ pub struct Runtime {
     engine: Engine,
     linker: Linker<InstanceState>,
     cache: Option<ComponentCache>,
+    _ticker: EpochTicker,
+}
+
+/// How often the engine's epoch advances: the resolution of wall-clock limits.
+pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// Advances the engine's epoch every [`EPOCH_TICK`] until dropped.
+struct EpochTicker {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl EpochTicker {
+    fn start(engine: &Engine) -> EpochTicker {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (engine, stop) = (engine.clone(), Arc::clone(&stop));
+            std::thread::Builder::new()
+                .name("idem-epoch".into())
+                .spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(EPOCH_TICK);
+                        engine.increment_epoch();
+                    }
+                })
+                .map_err(|e| tracing::error!(error = %e, "cannot start the epoch ticker; wall-clock limits are off"))
+                .ok()
+        };
+        EpochTicker { stop, thread }
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 /// An agent ready to be instantiated any number of times.
@@ -69,10 +111,18 @@ impl Runtime {
         // Fuel lets the host end an instance in the middle of guest computation at a
         // point chosen by a seed, reproducibly (epoch interruption is wall-clock based).
         config.consume_fuel(true);
+        // Epochs end instances by wall-clock time (compute and side-effect limits); a
+        // ticker thread advances them.
+        config.epoch_interruption(true);
         let engine = Engine::new(&config).map_err(|e| HostError::Engine(format!("{e:#}")))?;
+        let ticker = EpochTicker::start(&engine);
 
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| HostError::Engine(format!("{e:#}")))?;
+        // Always linked, so agents built with HTTP load; the gate in `http.rs` refuses
+        // every request the run's policy does not grant.
+        wasmtime_wasi_http::p2::add_only_http_to_linker_sync(&mut linker)
             .map_err(|e| HostError::Engine(format!("{e:#}")))?;
         AgentBindings::add_to_linker::<_, HasSelf<InstanceState>>(&mut linker, |s| s)
             .map_err(|e| HostError::Engine(format!("{e:#}")))?;
@@ -82,6 +132,7 @@ impl Runtime {
             engine,
             linker,
             cache,
+            _ticker: ticker,
         })
     }
 

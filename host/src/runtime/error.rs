@@ -10,7 +10,7 @@ use crate::store::StoreError;
 #[non_exhaustive]
 pub enum HostError {
     /// The agent file could not be read.
-    #[error("cannot read agent {path}: {source}")]
+    #[error("cannot read agent {path}")]
     ReadAgent {
         /// The file.
         path: PathBuf,
@@ -80,6 +80,38 @@ pub enum HostError {
         run_id: String,
         /// Its parked keys.
         keys: Vec<String>,
+    },
+    /// The run was started with another component.
+    #[error(
+        "run {run_id} was started with component {pinned}, not {given}; pass --upgrade to \
+         resume it with this one (the upgrade is recorded)"
+    )]
+    Pinned {
+        /// The run.
+        run_id: String,
+        /// The digest it was started with.
+        pinned: String,
+        /// The digest given now.
+        given: String,
+    },
+    /// The run was started in another namespace.
+    #[error(
+        "run {run_id} keeps its keys in namespace {pinned:?}, not {given:?}; resume it \
+         with --namespace {pinned}"
+    )]
+    NamespaceMismatch {
+        /// The run.
+        run_id: String,
+        /// Its namespace.
+        pinned: String,
+        /// The namespace given now.
+        given: String,
+    },
+    /// A namespace that cannot be used.
+    #[error("invalid namespace {namespace:?}: use 1 to 64 letters, digits, '.', '_' or '-'")]
+    InvalidNamespace {
+        /// The namespace given.
+        namespace: String,
     },
     /// The run kept being dropped without finishing.
     #[error("run {run_id} used {instances} instances without finishing; giving up")]

@@ -62,10 +62,18 @@ impl Heartbeat {
         }
     }
 
-    /// Stops renewing every claim of `holder`: its instance was dropped, and its claims
-    /// must look exactly as a dead process's would.
-    pub(crate) fn forget(&self, holder: &str) {
-        self.held().retain(|_, (_, h)| h != holder);
+    /// Stops renewing every claim of `holder` (its instance was dropped) and returns
+    /// them as `(key, token)`.
+    pub(crate) fn forget(&self, holder: &str) -> Vec<(String, u64)> {
+        let mut forgotten = Vec::new();
+        self.held().retain(|key, (token, h)| {
+            let keep = h != holder;
+            if !keep {
+                forgotten.push((key.clone(), *token));
+            }
+            keep
+        });
+        forgotten
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, Held> {

@@ -5,7 +5,8 @@
 //! - [`Host`] (`run.rs`): drives runs; a fresh wasmtime `Store` per instance, dropped
 //!   (never reused) when the instance ends, traps included.
 //! - `imports/`: the `idem:agent` interfaces, one file each; `state.rs`: what a store
-//!   carries; `faults.rs`: planned drops; `limits.rs`: what a guest may hand the host.
+//!   carries; `faults.rs`: planned drops; `limits.rs`: what a guest may hand the host;
+//!   `http.rs`: the outbound HTTP policy and the idempotency headers (`wasi:http`).
 
 mod bindings;
 mod cache;
@@ -14,6 +15,7 @@ mod engine;
 mod error;
 mod faults;
 mod heartbeat;
+mod http;
 mod imports;
 mod limits;
 mod run;
@@ -25,7 +27,10 @@ pub use cache::default_cache_dir;
 pub use engine::{LoadedAgent, Runtime};
 pub use error::HostError;
 pub use faults::{CrashPoint, CrashPointError, FaultPlan, Phase, Recycle};
-pub use limits::Limits;
+pub use http::{
+    DEFAULT_KEY_HEADER, DEFAULT_TOKEN_HEADER, HttpDestination, HttpDestinationError, HttpPolicy,
+};
+pub use limits::{LimitExceeded, Limits};
 pub use run::{DirGrant, RunOptions, RunReport};
 
 use crate::store::Store;

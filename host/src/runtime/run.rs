@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use wasmtime::Store as WasmStore;
 use wasmtime::component::ResourceTable;
@@ -13,6 +14,8 @@ use super::Host;
 use super::engine::LoadedAgent;
 use super::error::HostError;
 use super::faults::{FaultPlan, Faults, Recycle};
+use super::http::{HttpPolicy, HttpState};
+use super::limits::LimitExceeded;
 use super::state::{HostCallFailure, InstanceState, RunCtx, StoppedInDoubt};
 use crate::store::{Counts, RunEnd, RunSpec, RunStatus, now_millis};
 
@@ -38,6 +41,15 @@ pub struct RunOptions {
     pub env: Vec<(String, String)>,
     /// Planned instance drops.
     pub faults: FaultPlan,
+    /// Resume a run started with another component (the upgrade is recorded); without
+    /// it, such a resume is refused.
+    pub upgrade: bool,
+    /// The namespace the run's keys live in; `None` keeps a resumed run's, and derives
+    /// a new run's from the agent's name, so that runs of one agent share keys and
+    /// other agents cannot reach them.
+    pub namespace: Option<String>,
+    /// Outbound HTTP the agent is granted (none by default).
+    pub http: HttpPolicy,
 }
 
 /// How a run ended, and what it took.
@@ -57,12 +69,43 @@ pub struct RunReport {
     pub already_finished: bool,
 }
 
+/// The default namespace of an agent: its name, with anything but letters, digits,
+/// `.`, `_` and `-` replaced by `-`.
+fn namespace_of(agent: &str) -> String {
+    let namespace: String = agent
+        .chars()
+        .take(MAX_NAMESPACE_BYTES)
+        .map(|c| if namespace_char(c) { c } else { '-' })
+        .collect();
+    if namespace.is_empty() {
+        "agent".to_string()
+    } else {
+        namespace
+    }
+}
+
+fn namespace_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')
+}
+
+/// The longest namespace accepted.
+const MAX_NAMESPACE_BYTES: usize = 64;
+
 impl RunOptions {
     /// Checks the options without touching any store: the run id, and that every
     /// granted directory can be opened. [`Host::run`] does it too; calling it first lets
     /// a caller refuse bad options before it opens (and so writes to) a store.
     pub fn check(&self) -> Result<(), HostError> {
         check_run_id(&self.run_id)?;
+        if let Some(namespace) = &self.namespace
+            && (namespace.is_empty()
+                || namespace.len() > MAX_NAMESPACE_BYTES
+                || !namespace.chars().all(namespace_char))
+        {
+            return Err(HostError::InvalidNamespace {
+                namespace: namespace.clone(),
+            });
+        }
         wasi_ctx(self).map(drop)
     }
 }
@@ -94,10 +137,44 @@ impl Host {
     /// was started before. A run that already ended is reported as it ended.
     pub fn run(&self, agent: &LoadedAgent, opts: &RunOptions) -> Result<RunReport, HostError> {
         opts.check()?;
+        let existing = self.store.run(&opts.run_id)?;
+        // A run keeps the namespace it started in; a new one takes the one asked for, or
+        // the agent's name.
+        let namespace = match (&opts.namespace, &existing) {
+            (Some(namespace), _) => namespace.clone(),
+            (None, Some(existing)) => existing.namespace.clone(),
+            (None, None) => namespace_of(&agent.name),
+        };
+        // A run is pinned to the component it started with: another one could read its
+        // checkpoint and results differently.
+        if let Some(existing) = &existing
+            && existing.namespace != namespace
+        {
+            return Err(HostError::NamespaceMismatch {
+                run_id: opts.run_id.clone(),
+                pinned: existing.namespace.clone(),
+                given: namespace,
+            });
+        }
+        if let Some(existing) = existing
+            && existing.digest != agent.digest
+        {
+            if !opts.upgrade {
+                return Err(HostError::Pinned {
+                    run_id: opts.run_id.clone(),
+                    pinned: existing.digest,
+                    given: agent.digest.clone(),
+                });
+            }
+            self.store
+                .upgrade_run(&opts.run_id, &existing.digest, &agent.digest, now_millis())?;
+            tracing::info!(run_id = %opts.run_id, from = %existing.digest, to = %agent.digest, "run upgraded");
+        }
         let record = self.store.open_run(&RunSpec {
             run_id: &opts.run_id,
             agent: &agent.name,
             digest: &agent.digest,
+            namespace: &namespace,
             input: &opts.input,
             now: now_millis(),
         })?;
@@ -127,6 +204,7 @@ impl Host {
 
         let mut run = RunCtx {
             run_id: opts.run_id.clone(),
+            namespace,
             store: Arc::clone(&self.store),
             limits: self.limits.clone(),
             live: Arc::clone(&self.live),
@@ -135,6 +213,7 @@ impl Host {
             faults: Faults::new(&opts.faults),
             ordinals: HashMap::new(),
             last_committed: 0,
+            fuel_left: self.limits.max_fuel,
         };
         let first_instance = run.counts.instances;
         loop {
@@ -154,9 +233,21 @@ impl Host {
                     tracing::debug!(run_id = %opts.run_id, reason = %drop.reason, "instance dropped");
                     None
                 }
+                Err(trap) if is_fuel_exhausted(&trap) && run.fuel_left == Some(0) => {
+                    let limit = self.limits.max_fuel.unwrap_or(0);
+                    Some((
+                        RunStatus::Failed,
+                        LimitExceeded::Fuel { limit }.to_string().into_bytes(),
+                    ))
+                }
                 Err(trap) if is_fuel_exhausted(&trap) && run.faults.chaos() => {
                     tracing::debug!(run_id = %opts.run_id, reason = "chaos fuel budget ran out", "instance dropped");
                     None
+                }
+                Err(ref trap) if let Some(limit) = trap.downcast_ref::<LimitExceeded>() => {
+                    // The run stops, resumable: committed steps stay, and running it again
+                    // (with a larger limit, if the agent needs one) goes on from there.
+                    Some((RunStatus::Failed, limit.to_string().into_bytes()))
                 }
                 Err(ref trap) if let Some(stopped) = trap.downcast_ref::<StoppedInDoubt>() => {
                     // The store already holds the run's in-doubt status and reason.
@@ -180,10 +271,7 @@ impl Host {
                     Ok(HostCallFailure::Store(e)) => return Err(HostError::Store(e)),
                     // A trap the guest caused (panic, unreachable, stack overflow) is
                     // the agent's error, not the host's.
-                    Err(trap) => Some((
-                        RunStatus::Failed,
-                        format!("agent trapped: {trap:#}").into_bytes(),
-                    )),
+                    Err(trap) => Some((RunStatus::Failed, trap_message(&trap).into_bytes())),
                 },
             };
             let now = now_millis();
@@ -226,7 +314,8 @@ impl Host {
         self.store
             .save_counts(&opts.run_id, &run.counts, now_millis())?;
         let holder = self.live.holder(&opts.run_id, generation);
-        let fuel = run.faults.fuel_budget().unwrap_or(u64::MAX);
+        let chaos_fuel = run.faults.fuel_budget().unwrap_or(u64::MAX);
+        let fuel = chaos_fuel.min(run.fuel_left.unwrap_or(u64::MAX));
         let state = InstanceState {
             wasi: wasi_ctx(opts)?,
             table: ResourceTable::new(),
@@ -234,23 +323,64 @@ impl Host {
             generation,
             holder: holder.clone(),
             grants: 0,
+            last_call: Instant::now(),
+            effect: None,
+            http: HttpState::new(&opts.run_id, &opts.http),
         };
         let mut store = WasmStore::new(self.runtime.engine(), state);
+        store.limiter(|state| state as &mut dyn wasmtime::ResourceLimiter);
         store
             .set_fuel(fuel)
             .map_err(|e| HostError::Engine(format!("{e:#}")))?;
+        // Every epoch tick while wasm runs, check the wall-clock limits.
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(|ctx| match ctx.data().check_time() {
+            Ok(()) => Ok(wasmtime::UpdateDeadline::Continue(1)),
+            Err(limit) => Err(wasmtime::Error::new(limit)),
+        });
         self.live.enter(&holder);
         let result = agent
             .pre
             .instantiate(&mut store)
             .and_then(|instance| instance.call_run(&mut store, &opts.input));
         self.live.leave(&holder);
-        self.heartbeat.forget(&holder);
+        // The host knows these claims' holder is gone: end their leases now, so that
+        // whoever runs next (this process or another) retakes them without waiting.
+        // They stay claims: whether their effects ran is still in doubt.
+        for (key, token) in self.heartbeat.forget(&holder) {
+            if let Err(e) = self.store.renew(&key, token, Duration::ZERO, now_millis()) {
+                tracing::warn!(%key, error = %e, "cannot end the lease of a dropped instance's claim");
+            }
+        }
+        let burnt = fuel.saturating_sub(store.get_fuel().unwrap_or(0));
         // The store (and with it the instance and every claim handle it held) is gone
         // here; only the run's own context goes on.
-        let state = store.into_data();
+        let mut state = store.into_data();
+        if let Some(left) = &mut state.run.fuel_left {
+            *left = left.saturating_sub(burnt);
+        }
         Ok((result, state.run))
     }
+}
+
+/// The run's error text for a trap the guest caused: the trap's cause and what it
+/// usually means, without the wasm backtrace (logged at debug level instead).
+fn trap_message(trap: &wasmtime::Error) -> String {
+    tracing::debug!(trap = format!("{trap:?}"), "agent trapped");
+    let Some(code) = trap.downcast_ref::<wasmtime::Trap>() else {
+        return format!("agent trapped: {}", trap.root_cause());
+    };
+    let hint = match code {
+        wasmtime::Trap::UnreachableCodeReached => {
+            " (a Rust agent panicked: its message is on stderr)"
+        }
+        wasmtime::Trap::MemoryOutOfBounds => {
+            " (in a Rust agent, often a stack overflow: its stack lives in linear memory)"
+        }
+        wasmtime::Trap::StackOverflow => " (stack overflow: the call stack is exhausted)",
+        _ => "",
+    };
+    format!("agent trapped: {code}{hint}")
 }
 
 fn is_fuel_exhausted(trap: &wasmtime::Error) -> bool {

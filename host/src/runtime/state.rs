@@ -4,13 +4,16 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
+use wasmtime::ResourceLimiter;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::faults::{Faults, Phase};
 use super::heartbeat::Heartbeat;
-use super::limits::Limits;
+use super::http::HttpState;
+use super::limits::{LimitExceeded, Limits};
 use crate::store::{Counts, Store, StoreError};
 
 /// The holders of claims made by live instances of this process. A claim whose holder
@@ -81,6 +84,8 @@ pub(crate) struct StoppedInDoubt {
 /// The run an instance serves; carried from instance to instance.
 pub(crate) struct RunCtx {
     pub(crate) run_id: String,
+    /// The namespace the run's keys live in.
+    pub(crate) namespace: String,
     pub(crate) store: Arc<dyn Store>,
     pub(crate) limits: Limits,
     pub(crate) live: Arc<LiveHolders>,
@@ -91,9 +96,17 @@ pub(crate) struct RunCtx {
     pub(crate) ordinals: HashMap<String, u32>,
     /// The ordinal of the step last committed, which the next progress save follows.
     pub(crate) last_committed: u32,
+    /// Fuel this invocation may still burn, over all instances (`--max-fuel`).
+    pub(crate) fuel_left: Option<u64>,
 }
 
 impl RunCtx {
+    /// The store's name for the agent's `key`: its namespace, a colon, the key.
+    /// Namespaces hold no colon, so the first one splits the two unambiguously.
+    pub(crate) fn qualify(&self, key: &str) -> String {
+        format!("{}:{key}", self.namespace)
+    }
+
     pub(crate) fn ordinal(&mut self, key: &str) -> u32 {
         let next = self.ordinals.len() as u32 + 1;
         *self.ordinals.entry(key.to_string()).or_insert(next)
@@ -111,9 +124,41 @@ pub(crate) struct InstanceState {
     pub(crate) holder: String,
     /// Claims granted to this instance.
     pub(crate) grants: u32,
+    /// When the guest last called one of idem's imports: the compute limit runs from
+    /// here.
+    pub(crate) last_call: Instant,
+    /// The side effect in flight (its key and when its claim was granted): the
+    /// side-effect time limit runs from there.
+    pub(crate) effect: Option<(String, Instant)>,
+    /// Outbound HTTP: the run's policy and the claims requests are stamped with.
+    pub(crate) http: HttpState,
 }
 
 impl InstanceState {
+    /// Marks a call into idem: the guest is not stuck.
+    pub(crate) fn touch(&mut self) {
+        self.last_call = Instant::now();
+    }
+
+    /// Checks the wall-clock limits; called on every epoch tick while wasm runs.
+    pub(crate) fn check_time(&self) -> Result<(), LimitExceeded> {
+        let limits = &self.run.limits;
+        if self.last_call.elapsed() > limits.max_compute {
+            return Err(LimitExceeded::Compute {
+                limit: limits.max_compute,
+            });
+        }
+        match &self.effect {
+            Some((key, since)) if since.elapsed() > limits.effect_timeout => {
+                Err(LimitExceeded::Effect {
+                    key: key.clone(),
+                    limit: limits.effect_timeout,
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Drops the instance here if the fault plan says so.
     pub(crate) fn fault(&mut self, phase: Phase, step: u32) -> wasmtime::Result<()> {
         self.run
@@ -124,6 +169,42 @@ impl InstanceState {
 
     pub(crate) fn trap_store(e: StoreError) -> wasmtime::Error {
         wasmtime::Error::new(HostCallFailure::Store(e))
+    }
+}
+
+impl ResourceLimiter for InstanceState {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let limit = self.run.limits.max_memory_bytes;
+        if desired > limit {
+            // A trap naming the limit, rather than a failed `memory.grow` that the
+            // guest's allocator turns into an anonymous abort.
+            return Err(wasmtime::Error::new(LimitExceeded::Memory {
+                desired,
+                limit,
+            }));
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let limit = self.run.limits.max_table_elements;
+        if desired > limit {
+            return Err(wasmtime::Error::new(LimitExceeded::Table {
+                desired,
+                limit,
+            }));
+        }
+        Ok(true)
     }
 }
 

@@ -9,11 +9,13 @@
 //!   greater token; the old holder's commit is then refused;
 //! - fencing tokens are unique and increase for the whole store.
 
+#[cfg(test)]
+mod model_tests;
 mod sqlite;
 #[cfg(test)]
 mod tests;
 
-pub use sqlite::{ParseSyncModeError, SqliteStore, SyncMode};
+pub use sqlite::{OpenOptions, ParseSyncModeError, SqliteStore, SyncMode};
 
 use std::time::Duration;
 
@@ -38,6 +40,8 @@ pub struct ClaimRequest<'a> {
     pub run_id: &'a str,
     /// The holder's identity: unique per live instance.
     pub holder: &'a str,
+    /// What the step was asked to do (a hash of its input), if the caller knows.
+    pub fingerprint: Option<&'a str>,
     /// How long the claim stays the holder's without being renewed or committed.
     pub lease: Duration,
     /// The time of the request.
@@ -65,6 +69,12 @@ pub enum ClaimOutcome {
     Granted(Grant),
     /// Another holder has the claim and its lease has not expired.
     Held(HeldClaim),
+    /// The key was committed, or is claimed, with another fingerprint: it is being
+    /// reused for different input.
+    Conflict {
+        /// The fingerprint the key is bound to.
+        fingerprint: String,
+    },
     /// The claim is parked in doubt ([`Store::park`]): nobody may take it until an
     /// operator resolves it ([`Store::resolve`]).
     Parked {
@@ -119,6 +129,8 @@ pub struct RunSpec<'a> {
     pub agent: &'a str,
     /// Hex SHA-256 of the component's bytes.
     pub digest: &'a str,
+    /// The namespace the run's keys live in.
+    pub namespace: &'a str,
     /// The run's input bytes.
     pub input: &'a [u8],
     /// The time the run is opened.
@@ -158,6 +170,8 @@ pub struct RunRecord {
     pub agent: String,
     /// Digest of the component the run was started with.
     pub digest: String,
+    /// The namespace the run's keys live in.
+    pub namespace: String,
     /// Where the run stands.
     pub status: RunStatus,
     /// The output (when completed) or the error text (when failed).
@@ -243,16 +257,33 @@ pub enum StoreError {
     },
     /// The store was written by a newer idem.
     #[error(
-        "store schema version {found} is newer than this idem supports ({supported}); upgrade idem"
+        "store {location} has schema version {found}, newer than this idem supports \
+         ({supported}); upgrade idem"
     )]
     SchemaTooNew {
+        /// The database path or URL.
+        location: String,
         /// The version found in the store.
         found: i64,
         /// The newest version this build knows.
         supported: i64,
     },
+    /// The database refused an operation for a cause outside idem, named by `fault`.
+    /// The refused operation left nothing behind: results committed before it are
+    /// unchanged, and the run can resume once the cause is gone.
+    #[error("store {location} cannot {op}: {fault} (SQLite: {detail})")]
+    Database {
+        /// The database path or URL.
+        location: String,
+        /// What the store was doing.
+        op: &'static str,
+        /// The cause.
+        fault: DatabaseFault,
+        /// The backend's own words for it.
+        detail: String,
+    },
     /// A backend operation failed.
-    #[error("store failed to {op}: {source}")]
+    #[error("store failed to {op}")]
     Backend {
         /// What the store was doing.
         op: &'static str,
@@ -262,12 +293,73 @@ pub enum StoreError {
     },
 }
 
+/// Why a database refused an operation, when the cause lies outside idem: each is fixed
+/// by whoever runs idem, after which the same run resumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DatabaseFault {
+    /// Another connection (another process, most likely) kept the write lock for
+    /// longer than this handle's busy timeout.
+    Locked {
+        /// How long the write waited.
+        busy_timeout: Duration,
+    },
+    /// The database, its directory or its file system cannot be written.
+    ReadOnly,
+    /// The disk is full, or the database reached the size it was capped at.
+    Full,
+    /// The database file is damaged.
+    Corrupt,
+    /// The operating system failed to read or write the file.
+    Io,
+}
+
+impl std::fmt::Display for DatabaseFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DatabaseFault::Locked { busy_timeout } => write!(
+                f,
+                "the database is locked: another connection kept its write lock for longer \
+                 than the busy timeout ({}); try again once it lets go",
+                human_duration(*busy_timeout)
+            ),
+            DatabaseFault::ReadOnly => f.write_str(
+                "the database is read-only: idem needs write access to the file and to its \
+                 directory, where SQLite keeps its -wal and -shm files",
+            ),
+            DatabaseFault::Full => f.write_str(
+                "the disk is full or the database reached its size limit; free space (or raise \
+                 the limit) and try again",
+            ),
+            DatabaseFault::Corrupt => f.write_str(
+                "the database file is corrupt; restore it from a backup or salvage it with \
+                 `sqlite3 FILE .recover` (idem does not repair it)",
+            ),
+            DatabaseFault::Io => f.write_str(
+                "the operating system failed to read or write the database (a disk or file \
+                 system error)",
+            ),
+        }
+    }
+}
+
+/// `5s`, `200ms`: how a user would write the duration.
+fn human_duration(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
 /// A durable store of claims, results, progress and runs.
 ///
 /// Methods are synchronous and safe to call from many threads at once; a backend
 /// serialises what it must.
 pub trait Store: Send + Sync {
     /// Claims `req.key`, or returns its committed result, or reports its live holder.
+    /// If the key is bound to a fingerprint (by its claim or its result) and
+    /// `req.fingerprint` is another, reports [`ClaimOutcome::Conflict`] instead.
     /// A claim that was released, or whose lease expired, is granted to the caller with
     /// the next attempt and a fresh token. A grant adds one to the run's `executed`
     /// count (and `reclaimed`, when in doubt) in the same transaction.
@@ -286,6 +378,22 @@ pub trait Store: Send + Sync {
     /// Writes `result` as the key's committed result and removes the claim, in one
     /// transaction, if `token` still holds the claim; otherwise [`StoreError::ClaimLost`].
     fn commit(&self, key: &str, token: u64, run_id: &str, result: &[u8]) -> Result<(), StoreError>;
+
+    /// [`Store::commit`] and [`Store::save_progress`] of run `run_id` in ONE
+    /// transaction: the step that committed also advanced the checkpoint, so a durable
+    /// step costs one write transaction after its claim instead of two. Nothing is
+    /// written if the claim was lost.
+    #[allow(clippy::too_many_arguments)]
+    fn commit_and_save(
+        &self,
+        key: &str,
+        token: u64,
+        run_id: &str,
+        result: &[u8],
+        checkpoint: &Checkpoint,
+        counts: &Counts,
+        now: Millis,
+    ) -> Result<(), StoreError>;
 
     /// Gives up the claim held by `token` without a result. Returns whether the caller
     /// still held it.
@@ -344,6 +452,17 @@ pub trait Store: Send + Sync {
 
     /// The committed result of `key`, without claiming it.
     fn committed(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Moves run `run_id` from the component `from` to the component `to` and records
+    /// the upgrade; fails with [`StoreError::UnknownRun`] if the run does not exist with
+    /// digest `from`.
+    fn upgrade_run(
+        &self,
+        run_id: &str,
+        from: &str,
+        to: &str,
+        now: Millis,
+    ) -> Result<(), StoreError>;
 
     /// Parks the claim held by `token` in doubt and sets run `run_id` to
     /// [`RunStatus::InDoubt`], in one transaction. Fails with [`StoreError::ClaimLost`]

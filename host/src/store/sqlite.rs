@@ -6,7 +6,10 @@
 //! read-then-write. All access goes through `SqliteStore::read` and
 //! `SqliteStore::write`, the one place that knows about locking.
 
+mod batch;
 mod claims;
+#[cfg(test)]
+mod fault_tests;
 mod runs;
 mod schema;
 #[cfg(test)]
@@ -15,14 +18,15 @@ mod tests;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use rusqlite::{Connection, Row, TransactionBehavior};
+use rusqlite::{Connection, ErrorCode, Row};
+
+use batch::{Batcher, Failure, WorkFailure, WriteError};
 
 use super::{
-    Checkpoint, ClaimOutcome, ClaimRequest, Counts, Millis, OpenClaim, Resolution, RunEnd,
-    RunRecord, RunSpec, Store, StoreError, now_millis,
+    Checkpoint, ClaimOutcome, ClaimRequest, Counts, DatabaseFault, Millis, OpenClaim, Resolution,
+    RunEnd, RunRecord, RunSpec, Store, StoreError, now_millis,
 };
 
 /// How hard SQLite works to make a commit survive a crash (`--sync normal|full`).
@@ -95,6 +99,48 @@ pub struct ParseSyncModeError {
     pub given: String,
 }
 
+/// How [`SqliteStore::open_with`] opens a store. [`SqliteStore::open`] takes the
+/// defaults but for the sync mode.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem::store::{OpenOptions, SqliteStore, SyncMode};
+///
+/// let dir = tempfile::tempdir()?;
+/// let options = OpenOptions {
+///     sync: SyncMode::Full,
+///     busy_timeout: Duration::from_secs(1),
+///     max_size: Some(64 << 20),
+/// };
+/// let store = SqliteStore::open_with(&dir.path().join("idem.db"), &options)?;
+/// # drop(store);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenOptions {
+    /// Durability of each commit.
+    pub sync: SyncMode,
+    /// How long a write waits for another connection's write lock before it fails
+    /// with [`DatabaseFault::Locked`]. Transactions are short, so only a stuck writer
+    /// should ever make one wait this long.
+    pub busy_timeout: Duration,
+    /// A cap on the database's size in bytes, rounded down to whole pages (and never
+    /// below the size it has): a write that would grow it further fails with
+    /// [`DatabaseFault::Full`], exactly as on a full disk. `None`: only the disk
+    /// limits it.
+    pub max_size: Option<u64>,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            sync: SyncMode::Normal,
+            busy_timeout: Duration::from_secs(5),
+            max_size: None,
+        }
+    }
+}
+
 /// A [`Store`] in one SQLite database file.
 ///
 /// One connection serves all threads of the handle; open another handle (or run
@@ -110,6 +156,7 @@ pub struct ParseSyncModeError {
 ///     key: "send-invoice-42",
 ///     run_id: "run-1",
 ///     holder: "instance-a",
+///     fingerprint: None,
 ///     lease: Duration::from_secs(30),
 ///     now: idem::store::now_millis(),
 /// };
@@ -124,7 +171,9 @@ pub struct ParseSyncModeError {
 #[derive(Debug)]
 pub struct SqliteStore {
     path: PathBuf,
-    conn: Mutex<Connection>,
+    conn: Batcher,
+    /// Named in the error when a write gives up waiting for the lock.
+    busy_timeout: Duration,
 }
 
 impl SqliteStore {
@@ -134,22 +183,38 @@ impl SqliteStore {
     /// Fails with [`StoreError::Open`] naming the path if its directory is missing,
     /// the database cannot be written, or the file is something other than an idem
     /// database (which is left untouched); with [`StoreError::SchemaTooNew`] if a newer
-    /// idem wrote it.
+    /// idem wrote it; with [`StoreError::Database`] if the file is locked, corrupt or
+    /// on a full disk.
     pub fn open(path: &Path, sync: SyncMode) -> Result<SqliteStore, StoreError> {
-        let conn = schema::open(path, sync)?;
+        Self::open_with(
+            path,
+            &OpenOptions {
+                sync,
+                ..OpenOptions::default()
+            },
+        )
+    }
+
+    /// [`SqliteStore::open`] with every option spelled out.
+    pub fn open_with(path: &Path, options: &OpenOptions) -> Result<SqliteStore, StoreError> {
+        let conn = schema::open(path, options)?;
         Ok(SqliteStore {
             path: path.to_owned(),
-            conn: Mutex::new(conn),
+            conn: Batcher::new(conn),
+            busy_timeout: options.busy_timeout,
         })
     }
 
     /// Opens the existing idem database at `path` for reading only. Writes through the
-    /// handle fail; the file is never changed, not even its header.
+    /// handle fail with [`DatabaseFault::ReadOnly`]; the file is never changed, not
+    /// even its header.
     pub fn open_read_only(path: &Path) -> Result<SqliteStore, StoreError> {
-        let conn = schema::open_read_only(path)?;
+        let busy_timeout = OpenOptions::default().busy_timeout;
+        let conn = schema::open_read_only(path, busy_timeout)?;
         Ok(SqliteStore {
             path: path.to_owned(),
-            conn: Mutex::new(conn),
+            conn: Batcher::new(conn),
+            busy_timeout,
         })
     }
 
@@ -158,37 +223,74 @@ impl SqliteStore {
         &self.path
     }
 
-    fn lock(&self) -> MutexGuard<'_, Connection> {
-        // A transaction is rolled back when its guard drops, also when a panic unwinds
-        // through it: a poisoned connection is consistent and safe to keep using.
-        self.conn.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Runs `f` on the connection outside any explicit transaction: each statement
-    /// reads one consistent snapshot.
+    /// reads one consistent snapshot of committed data.
     fn read<T>(
         &self,
         op: &'static str,
         f: impl FnOnce(&Connection) -> Result<T, TxError>,
     ) -> Result<T, StoreError> {
-        let conn = self.lock();
-        f(&conn).map_err(|e| e.during(op))
+        self.conn.read(f).map_err(|e| match e {
+            TxError::Sql(e) => self.failed(op, Failure::from(&e), Box::new(e)),
+            TxError::Store(e) => e,
+        })
     }
 
-    /// Runs `f` in one `BEGIN IMMEDIATE` transaction, committed if `f` succeeds and
-    /// rolled back otherwise.
+    /// Runs `f` in a `BEGIN IMMEDIATE` transaction (shared with concurrent writers of
+    /// this handle: group commit), rolled back if `f` fails, and returns once the
+    /// transaction is committed.
     fn write<T>(
         &self,
         op: &'static str,
         f: impl FnOnce(&Connection) -> Result<T, TxError>,
     ) -> Result<T, StoreError> {
-        let mut conn = self.lock();
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(|e| backend(op, e))?;
-        let value = f(&tx).map_err(|e| e.during(op))?;
-        tx.commit().map_err(|e| backend(op, e))?;
-        Ok(value)
+        self.conn.write(f).map_err(|e| match e {
+            WriteError::Work(TxError::Sql(e)) | WriteError::Sql(e) => {
+                self.failed(op, Failure::from(&e), Box::new(e))
+            }
+            WriteError::Work(TxError::Store(e)) => e,
+            WriteError::Commit(failure) => {
+                let source = failure.message.clone().into();
+                self.failed(op, failure, source)
+            }
+        })
+    }
+
+    /// The error for a SQLite failure during `op`: a [`StoreError::Database`] naming
+    /// this store's file when the cause is one the user can fix, otherwise a
+    /// [`StoreError::Backend`].
+    fn failed(
+        &self,
+        op: &'static str,
+        failure: Failure,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    ) -> StoreError {
+        match database_fault(failure.code, self.busy_timeout) {
+            Some(fault) => StoreError::Database {
+                location: self.path.display().to_string(),
+                op,
+                fault,
+                detail: failure.message,
+            },
+            None => StoreError::Backend { op, source },
+        }
+    }
+}
+
+/// The fault a SQLite error code stands for, if the user can do something about it.
+pub(super) fn database_fault(
+    code: Option<ErrorCode>,
+    busy_timeout: Duration,
+) -> Option<DatabaseFault> {
+    match code? {
+        ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => {
+            Some(DatabaseFault::Locked { busy_timeout })
+        }
+        ErrorCode::ReadOnly => Some(DatabaseFault::ReadOnly),
+        ErrorCode::DiskFull => Some(DatabaseFault::Full),
+        ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase => Some(DatabaseFault::Corrupt),
+        ErrorCode::SystemIoFailure => Some(DatabaseFault::Io),
+        _ => None,
     }
 }
 
@@ -211,6 +313,22 @@ impl Store for SqliteStore {
         let now = now_millis();
         self.write("commit a result", |conn| {
             claims::commit(conn, key, token, run_id, result, now)
+        })
+    }
+
+    fn commit_and_save(
+        &self,
+        key: &str,
+        token: u64,
+        run_id: &str,
+        result: &[u8],
+        checkpoint: &Checkpoint,
+        counts: &Counts,
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        self.write("commit a result and save progress", |conn| {
+            claims::commit(conn, key, token, run_id, result, now)?;
+            runs::save_progress(conn, run_id, checkpoint, counts, now)
         })
     }
 
@@ -285,6 +403,18 @@ impl Store for SqliteStore {
         self.read("read a result", |conn| claims::committed(conn, key))
     }
 
+    fn upgrade_run(
+        &self,
+        run_id: &str,
+        from: &str,
+        to: &str,
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        self.write("upgrade a run", |conn| {
+            runs::upgrade_run(conn, run_id, from, to, now)
+        })
+    }
+
     fn park(
         &self,
         key: &str,
@@ -312,18 +442,18 @@ impl Store for SqliteStore {
 }
 
 /// A failure inside an operation: SQLite's, to be named with the operation by
-/// [`TxError::during`], or already one of the store's own.
+/// `SqliteStore::failed`, or already one of the store's own.
 #[derive(Debug)]
 enum TxError {
     Sql(rusqlite::Error),
     Store(StoreError),
 }
 
-impl TxError {
-    fn during(self, op: &'static str) -> StoreError {
+impl WorkFailure for TxError {
+    fn sqlite_failure(&self) -> Option<Failure> {
         match self {
-            TxError::Sql(e) => backend(op, e),
-            TxError::Store(e) => e,
+            TxError::Sql(e) => Some(Failure::from(e)),
+            TxError::Store(_) => None,
         }
     }
 }
@@ -337,13 +467,6 @@ impl From<rusqlite::Error> for TxError {
 impl From<StoreError> for TxError {
     fn from(e: StoreError) -> Self {
         TxError::Store(e)
-    }
-}
-
-fn backend(op: &'static str, e: rusqlite::Error) -> StoreError {
-    StoreError::Backend {
-        op,
-        source: Box::new(e),
     }
 }
 

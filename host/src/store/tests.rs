@@ -54,6 +54,9 @@ macro_rules! store_tests {
                 park_and_resolve_need_the_right_token_and_run,
                 failed_run_resumes_as_running,
                 grants_are_counted_in_their_run,
+                commit_and_save_is_one_transaction,
+                upgrade_moves_a_run_to_another_component,
+                fingerprints_bind_keys_to_their_input,
             ];
             harness: [
                 reopening_keeps_everything,
@@ -133,6 +136,7 @@ fn req<'a>(key: &'a str, holder: &'a str, now: Millis) -> ClaimRequest<'a> {
         key,
         run_id: "run-1",
         holder,
+        fingerprint: None,
         lease: LEASE,
         now,
     }
@@ -150,6 +154,7 @@ fn spec<'a>(run_id: &'a str, input: &'a [u8], now: Millis) -> RunSpec<'a> {
         run_id,
         agent: "billing",
         digest: "ab12",
+        namespace: "billing",
         input,
         now,
     }
@@ -674,6 +679,7 @@ fn two_handles_race_for_claims(harness: &mut dyn Harness) {
                             key: &key,
                             run_id: "race",
                             holder: &holder,
+                            fingerprint: None,
                             lease: Duration::from_secs(3600),
                             now: T0,
                         };
@@ -872,4 +878,107 @@ fn grants_are_counted_in_their_run(store: &dyn Store) {
     store.commit("k", taken.token, "run-1", b"r").unwrap();
     store.claim(&req("k", "c", T0 + 2)).unwrap();
     assert_eq!(store.run("run-1").unwrap().unwrap().counts.executed, 3);
+}
+
+fn commit_and_save_is_one_transaction(store: &dyn Store) {
+    store.open_run(&spec("run-1", b"in", T0)).unwrap();
+    let stale = granted(store.claim(&req("k", "a", T0)).unwrap());
+    let taker = granted(
+        store
+            .take_over(&req("k", "b", T0 + 1), stale.token)
+            .unwrap(),
+    );
+    let counts = Counts {
+        executed: 7,
+        ..Counts::default()
+    };
+    let checkpoint = Checkpoint {
+        step: 1,
+        state: b"s1".to_vec(),
+    };
+    // The stale holder's commit is refused and its checkpoint is not written either.
+    assert!(matches!(
+        store.commit_and_save(
+            "k",
+            stale.token,
+            "run-1",
+            b"old",
+            &checkpoint,
+            &counts,
+            T0 + 2
+        ),
+        Err(StoreError::ClaimLost { .. })
+    ));
+    assert_eq!(store.load_progress("run-1").unwrap(), None);
+    assert_eq!(store.committed("k").unwrap(), None);
+
+    store
+        .commit_and_save(
+            "k",
+            taker.token,
+            "run-1",
+            b"new",
+            &checkpoint,
+            &counts,
+            T0 + 3,
+        )
+        .unwrap();
+    assert_eq!(store.committed("k").unwrap().as_deref(), Some(&b"new"[..]));
+    assert_eq!(store.load_progress("run-1").unwrap(), Some(checkpoint));
+    assert_eq!(store.run("run-1").unwrap().unwrap().counts.executed, 7);
+}
+
+fn upgrade_moves_a_run_to_another_component(store: &dyn Store) {
+    store.open_run(&spec("run-1", b"in", T0)).unwrap();
+    assert!(matches!(
+        store.upgrade_run("run-1", "not-the-digest", "cd34", T0 + 1),
+        Err(StoreError::UnknownRun { .. })
+    ));
+    assert_eq!(store.run("run-1").unwrap().unwrap().digest, "ab12");
+    store.upgrade_run("run-1", "ab12", "cd34", T0 + 2).unwrap();
+    let run = store.run("run-1").unwrap().unwrap();
+    assert_eq!((run.digest.as_str(), run.updated), ("cd34", T0 + 2));
+}
+
+fn fingerprints_bind_keys_to_their_input(store: &dyn Store) {
+    let with = |key: &'static str, fingerprint: Option<&'static str>, holder, now| ClaimRequest {
+        fingerprint,
+        ..req(key, holder, now)
+    };
+    let conflict = |fingerprint: &str| ClaimOutcome::Conflict {
+        fingerprint: fingerprint.to_owned(),
+    };
+    let grant = granted(store.claim(&with("k", Some("f1"), "a", T0)).unwrap());
+    // In flight: another input is refused; the same input (or none) waits as usual.
+    assert_eq!(
+        store.claim(&with("k", Some("f2"), "b", T0)).unwrap(),
+        conflict("f1")
+    );
+    assert!(matches!(
+        store.claim(&with("k", Some("f1"), "b", T0)).unwrap(),
+        ClaimOutcome::Held(_)
+    ));
+    assert!(matches!(
+        store.claim(&with("k", None, "b", T0)).unwrap(),
+        ClaimOutcome::Held(_)
+    ));
+    // Committed: the binding moves to the result.
+    store.commit("k", grant.token, "run-1", b"r1").unwrap();
+    assert_eq!(
+        store.claim(&with("k", Some("f2"), "b", T0)).unwrap(),
+        conflict("f1")
+    );
+    assert_eq!(
+        store.claim(&with("k", Some("f1"), "b", T0)).unwrap(),
+        ClaimOutcome::Committed(b"r1".to_vec())
+    );
+    // A key claimed without a fingerprint binds nothing; a later one may bind it.
+    let open = granted(store.claim(&with("j", None, "a", T0)).unwrap());
+    store.release("j", open.token).unwrap();
+    let bound = granted(store.claim(&with("j", Some("g"), "a", T0)).unwrap());
+    store.commit("j", bound.token, "run-1", b"r").unwrap();
+    assert_eq!(
+        store.claim(&with("j", Some("h"), "a", T0)).unwrap(),
+        conflict("g")
+    );
 }

@@ -1,6 +1,7 @@
 //! The host's implementations of the `idem:agent` imports, one file per interface.
 
 mod once;
+mod outbound;
 mod progress;
 mod run_info;
 

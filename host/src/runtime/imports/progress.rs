@@ -8,6 +8,7 @@ use crate::store::{Checkpoint, now_millis};
 
 impl Host for InstanceState {
     fn load(&mut self) -> wasmtime::Result<Option<WitCheckpoint>> {
+        self.touch();
         let checkpoint = self
             .run
             .store
@@ -20,6 +21,7 @@ impl Host for InstanceState {
     }
 
     fn save(&mut self, step: u64, state: Vec<u8>) -> wasmtime::Result<Result<(), StepError>> {
+        self.touch();
         let limit = self.run.limits.max_state_bytes;
         if state.len() > limit {
             return Ok(Err(StepError::TooLarge(format!(

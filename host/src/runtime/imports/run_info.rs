@@ -5,10 +5,12 @@ use crate::runtime::state::InstanceState;
 
 impl Host for InstanceState {
     fn run_id(&mut self) -> wasmtime::Result<String> {
+        self.touch();
         Ok(self.run.run_id.clone())
     }
 
     fn generation(&mut self) -> wasmtime::Result<u32> {
+        self.touch();
         Ok(u32::try_from(self.generation).unwrap_or(u32::MAX))
     }
 }

@@ -20,13 +20,14 @@ struct Current {
     attempt: u32,
     lease_expires: Millis,
     parked: Option<String>,
+    fingerprint: Option<String>,
 }
 
 /// The key's claim row, if any.
 fn current(conn: &Connection, key: &str) -> Result<Option<Current>, TxError> {
     let current = conn
         .prepare_cached(
-            "SELECT run_id, holder, token, attempt, lease_expires, parked
+            "SELECT run_id, holder, token, attempt, lease_expires, parked, fingerprint
              FROM claims WHERE key = ?1",
         )?
         .query_row([key], |row| {
@@ -37,6 +38,7 @@ fn current(conn: &Connection, key: &str) -> Result<Option<Current>, TxError> {
                 attempt: u32_column(row, 3)?,
                 lease_expires: row.get(4)?,
                 parked: row.get(5)?,
+                fingerprint: row.get(6)?,
             })
         })
         .optional()?;
@@ -57,8 +59,15 @@ pub(super) fn claim(
     req: &ClaimRequest<'_>,
     stale_token: Option<u64>,
 ) -> Result<ClaimOutcome, TxError> {
-    if let Some(result) = committed(conn, req.key)? {
-        return Ok(ClaimOutcome::Committed(result));
+    let result: Option<(Vec<u8>, Option<String>)> = conn
+        .prepare_cached("SELECT result, fingerprint FROM results WHERE key = ?1")?
+        .query_row([req.key], |row| Ok((row.get(0)?, row.get(1)?)))
+        .optional()?;
+    if let Some((result, bound)) = result {
+        return Ok(match conflict(bound, req.fingerprint) {
+            Some(conflict) => conflict,
+            None => ClaimOutcome::Committed(result),
+        });
     }
     let current = current(conn, req.key)?;
     let lease_expires = lease_expiry(req.now, req.lease);
@@ -66,15 +75,16 @@ pub(super) fn claim(
     let Some(current) = current else {
         let token = next_token(conn)?;
         conn.prepare_cached(
-            "INSERT INTO claims (key, run_id, holder, token, attempt, lease_expires)
-             VALUES (?1, ?2, ?3, ?4, 1, ?5)",
+            "INSERT INTO claims (key, run_id, holder, token, attempt, lease_expires, fingerprint)
+             VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6)",
         )?
         .execute(params![
             req.key,
             req.run_id,
             req.holder,
             to_sql_int(token)?,
-            lease_expires
+            lease_expires,
+            req.fingerprint
         ])?;
         count_grant(conn, req.run_id, false)?;
         return Ok(ClaimOutcome::Granted(Grant {
@@ -84,6 +94,9 @@ pub(super) fn claim(
         }));
     };
 
+    if let Some(conflict) = conflict(current.fingerprint.clone(), req.fingerprint) {
+        return Ok(conflict);
+    }
     if let Some(reason) = current.parked {
         return Ok(ClaimOutcome::Parked {
             run_id: current.run_id,
@@ -110,7 +123,8 @@ pub(super) fn claim(
     let attempt = current.attempt.saturating_add(1);
     conn.prepare_cached(
         "UPDATE claims
-         SET run_id = ?2, holder = ?3, token = ?4, attempt = ?5, lease_expires = ?6
+         SET run_id = ?2, holder = ?3, token = ?4, attempt = ?5, lease_expires = ?6,
+             fingerprint = coalesce(fingerprint, ?7)
          WHERE key = ?1",
     )?
     .execute(params![
@@ -119,7 +133,8 @@ pub(super) fn claim(
         req.holder,
         to_sql_int(token)?,
         attempt,
-        lease_expires
+        lease_expires,
+        req.fingerprint
     ])?;
     count_grant(conn, req.run_id, in_doubt)?;
     Ok(ClaimOutcome::Granted(Grant {
@@ -127,6 +142,17 @@ pub(super) fn claim(
         attempt,
         in_doubt,
     }))
+}
+
+/// A conflict if the key is bound to a fingerprint and the request names another. A
+/// side without a fingerprint binds nothing: the agent did not say what the step does.
+fn conflict(bound: Option<String>, asked: Option<&str>) -> Option<ClaimOutcome> {
+    match (bound, asked) {
+        (Some(bound), Some(asked)) if bound != asked => {
+            Some(ClaimOutcome::Conflict { fingerprint: bound })
+        }
+        _ => None,
+    }
 }
 
 /// Counts a grant in its run's record, in the claim's own transaction: `executed` and
@@ -168,21 +194,31 @@ pub(super) fn commit(
     let Ok(token_sql) = to_sql_int(token) else {
         return Err(lost());
     };
-    let attempt: Option<i64> = conn
+    let claimed: Option<(i64, Option<String>)> = conn
         .prepare_cached(
             "DELETE FROM claims WHERE key = ?1 AND token = ?2 AND holder IS NOT NULL
-             RETURNING attempt",
+             RETURNING attempt, fingerprint",
         )?
-        .query_row(params![key, token_sql], |row| row.get(0))
+        .query_row(params![key, token_sql], |row| {
+            Ok((row.get(0)?, row.get(1)?))
+        })
         .optional()?;
-    let Some(attempt) = attempt else {
+    let Some((attempt, fingerprint)) = claimed else {
         return Err(lost());
     };
     conn.prepare_cached(
-        "INSERT INTO results (key, run_id, result, token, attempt, committed_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO results (key, run_id, result, token, attempt, committed_at, fingerprint)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     )?
-    .execute(params![key, run_id, result, token_sql, attempt, now])?;
+    .execute(params![
+        key,
+        run_id,
+        result,
+        token_sql,
+        attempt,
+        now,
+        fingerprint
+    ])?;
     Ok(())
 }
 
@@ -340,10 +376,19 @@ pub(super) fn resolve(
             conn.prepare_cached("DELETE FROM claims WHERE key = ?1")?
                 .execute([key])?;
             conn.prepare_cached(
-                "INSERT INTO results (key, run_id, result, token, attempt, committed_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                "INSERT INTO results
+                 (key, run_id, result, token, attempt, committed_at, fingerprint)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
             )?
-            .execute(params![key, run_id, result, token, current.attempt, now])?;
+            .execute(params![
+                key,
+                run_id,
+                result,
+                token,
+                current.attempt,
+                now,
+                current.fingerprint
+            ])?;
         }
         Resolution::Retry => {
             conn.prepare_cached("UPDATE claims SET parked = NULL, holder = NULL WHERE key = ?1")?

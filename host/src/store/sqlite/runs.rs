@@ -12,7 +12,7 @@ macro_rules! select_records {
         concat!(
             "SELECT r.run_id, r.agent, r.digest, r.status, r.outcome,
                     r.executed, r.skipped, r.awaited, r.reclaimed, r.instances,
-                    r.created, r.updated, p.step
+                    r.created, r.updated, p.step, r.namespace
              FROM runs r LEFT JOIN progress p ON p.run_id = r.run_id ",
             $tail
         )
@@ -49,8 +49,9 @@ pub(super) fn open_run(conn: &Connection, spec: &RunSpec<'_>) -> Result<RunRecor
         }
         None => {
             conn.prepare_cached(
-                "INSERT INTO runs (run_id, agent, digest, input, status, created, updated)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)",
+                "INSERT INTO runs
+                 (run_id, agent, digest, input, status, created, updated, namespace)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7)",
             )?
             .execute(params![
                 spec.run_id,
@@ -58,11 +59,35 @@ pub(super) fn open_run(conn: &Connection, spec: &RunSpec<'_>) -> Result<RunRecor
                 spec.digest,
                 spec.input,
                 status_name(RunStatus::Running),
-                spec.now
+                spec.now,
+                spec.namespace
             ])?;
         }
     }
     run(conn, spec.run_id)?.ok_or_else(|| unknown_run(spec.run_id))
+}
+
+/// Moves the run to another component and records it.
+pub(super) fn upgrade_run(
+    conn: &Connection,
+    run_id: &str,
+    from: &str,
+    to: &str,
+    now: Millis,
+) -> Result<(), TxError> {
+    let changed = conn
+        .prepare_cached(
+            "UPDATE runs SET digest = ?3, updated = ?4 WHERE run_id = ?1 AND digest = ?2",
+        )?
+        .execute(params![run_id, from, to, now])?;
+    if changed != 1 {
+        return Err(unknown_run(run_id));
+    }
+    conn.prepare_cached(
+        "INSERT INTO run_upgrades (run_id, from_digest, to_digest, at) VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute(params![run_id, from, to, now])?;
+    Ok(())
 }
 
 /// The run's record, if it exists.
@@ -200,6 +225,7 @@ fn record(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
         },
         created: row.get(10)?,
         updated: row.get(11)?,
+        namespace: row.get(13)?,
         step,
     })
 }

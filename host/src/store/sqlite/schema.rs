@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, ErrorCode, MAIN_DB, OpenFlags, TransactionBehavior};
 
-use super::SyncMode;
-use crate::store::StoreError;
+use super::{OpenOptions, SyncMode, database_fault};
+use crate::store::{DatabaseFault, StoreError};
 
 /// "idem" in ASCII, written to the database header (`PRAGMA application_id`) so that a
 /// file can be recognised as an idem store before anything is written to it.
@@ -20,10 +20,6 @@ const MIGRATIONS: &[&str] = &[include_str!("../migrations/sqlite/0001_init.sql")
 
 /// The schema version this build writes and understands.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
-
-/// How long a statement waits for another connection's write lock before failing.
-/// Transactions are short, so only a stuck writer should ever reach it.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Enough for every statement the store prepares, so hot paths never re-prepare.
 const STATEMENT_CACHE: usize = 32;
@@ -39,10 +35,10 @@ enum Contents {
 }
 
 /// Opens `path` and makes it a ready idem store, or explains why it cannot be one.
-pub(super) fn open(path: &Path, sync: SyncMode) -> Result<Connection, StoreError> {
+pub(super) fn open(path: &Path, options: &OpenOptions) -> Result<Connection, StoreError> {
     let dir = directory_of(path);
     let fail = |reason: String| refuse(path, reason);
-    let sql_fail = |e: rusqlite::Error| fail(describe(&e, dir));
+    let sql_fail = |e: rusqlite::Error| open_failure(path, dir, options.busy_timeout, &e);
 
     check_location(path, dir).map_err(fail)?;
     // No SQLITE_OPEN_URI: a path is a path, even one that starts with "file:".
@@ -50,7 +46,7 @@ pub(super) fn open(path: &Path, sync: SyncMode) -> Result<Connection, StoreError
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let mut conn = Connection::open_with_flags(path, flags).map_err(sql_fail)?;
-    conn.busy_timeout(BUSY_TIMEOUT).map_err(sql_fail)?;
+    conn.busy_timeout(options.busy_timeout).map_err(sql_fail)?;
     // SQLite silently falls back to read-only when the file is write-protected.
     if conn.is_readonly(MAIN_DB).map_err(sql_fail)? {
         return Err(fail(
@@ -62,13 +58,13 @@ pub(super) fn open(path: &Path, sync: SyncMode) -> Result<Connection, StoreError
     // header, and a file that is not ours must stay byte-identical.
     check_contents(path, inspect(&conn).map_err(sql_fail)?)?;
 
-    let mode = enable_wal(&conn).map_err(sql_fail)?;
+    let mode = enable_wal(&conn, options.busy_timeout).map_err(sql_fail)?;
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(fail(format!(
             "SQLite cannot use WAL mode here (journal mode is {mode:?})"
         )));
     }
-    let synchronous = match sync {
+    let synchronous = match options.sync {
         SyncMode::Normal => "NORMAL",
         SyncMode::Full => "FULL",
     };
@@ -76,6 +72,9 @@ pub(super) fn open(path: &Path, sync: SyncMode) -> Result<Connection, StoreError
         .map_err(sql_fail)?;
     conn.pragma_update(None, "foreign_keys", true)
         .map_err(sql_fail)?;
+    if let Some(max_size) = options.max_size {
+        cap_size(&conn, max_size).map_err(sql_fail)?;
+    }
 
     migrate(&mut conn, path).map_err(|e| match e {
         Failure::Sql(e) => sql_fail(e),
@@ -87,17 +86,20 @@ pub(super) fn open(path: &Path, sync: SyncMode) -> Result<Connection, StoreError
 
 /// Opens an existing idem store for reading only: nothing is written, not even the
 /// header, so looking at a store (`idem status`) never changes it.
-pub(super) fn open_read_only(path: &Path) -> Result<Connection, StoreError> {
+pub(super) fn open_read_only(
+    path: &Path,
+    busy_timeout: Duration,
+) -> Result<Connection, StoreError> {
     let dir = directory_of(path);
     let fail = |reason: String| refuse(path, reason);
-    let sql_fail = |e: rusqlite::Error| fail(describe(&e, dir));
+    let sql_fail = |e: rusqlite::Error| open_failure(path, dir, busy_timeout, &e);
     if !path.is_file() {
         return Err(fail("no such store file".to_owned()));
     }
     check_header(path).map_err(fail)?;
     let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = Connection::open_with_flags(path, flags).map_err(sql_fail)?;
-    conn.busy_timeout(BUSY_TIMEOUT).map_err(sql_fail)?;
+    conn.busy_timeout(busy_timeout).map_err(sql_fail)?;
     match check_contents(path, inspect(&conn).map_err(sql_fail)?)? {
         applied if applied == MIGRATIONS.len() => {}
         applied => {
@@ -117,7 +119,7 @@ pub(super) fn open_read_only(path: &Path) -> Result<Connection, StoreError> {
 /// it, so a first open racing another one would fail at once: retry within the busy
 /// timeout instead. WAL mode is a property of the file, so once it is set, later opens
 /// only read it and take no lock.
-fn enable_wal(conn: &Connection) -> rusqlite::Result<String> {
+fn enable_wal(conn: &Connection, busy_timeout: Duration) -> rusqlite::Result<String> {
     let mode = |conn: &Connection| -> rusqlite::Result<String> {
         conn.pragma_query_value(None, "journal_mode", |row| row.get(0))
     };
@@ -125,7 +127,7 @@ fn enable_wal(conn: &Connection) -> rusqlite::Result<String> {
     if current.eq_ignore_ascii_case("wal") {
         return Ok(current);
     }
-    let deadline = Instant::now() + BUSY_TIMEOUT;
+    let deadline = Instant::now() + busy_timeout;
     let mut pause = Duration::from_millis(1);
     loop {
         match conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0)) {
@@ -139,6 +141,19 @@ fn enable_wal(conn: &Connection) -> rusqlite::Result<String> {
             result => return result,
         }
     }
+}
+
+/// Caps the database at `max_size` bytes, in whole pages: SQLite then fails a write
+/// that would grow it further with `SQLITE_FULL`, as a full disk would. The cap holds
+/// for this connection only; SQLite never sets it below the current size.
+fn cap_size(conn: &Connection, max_size: u64) -> rusqlite::Result<()> {
+    let page_size: i64 = conn.pragma_query_value(None, "page_size", |row| row.get(0))?;
+    let page_size = u64::try_from(page_size).unwrap_or(1).max(1);
+    let pages = i64::try_from(max_size / page_size)
+        .unwrap_or(i64::MAX)
+        .max(1);
+    conn.pragma_update_and_check(None, "max_page_count", pages, |row| row.get::<_, i64>(0))?;
+    Ok(())
 }
 
 /// Why migrating stopped.
@@ -178,6 +193,7 @@ fn check_contents(path: &Path, contents: Contents) -> Result<usize, StoreError> 
         Contents::Idem { version } => match usize::try_from(version) {
             Ok(applied) if applied <= MIGRATIONS.len() => Ok(applied),
             Ok(_) => Err(StoreError::SchemaTooNew {
+                location: path.display().to_string(),
                 found: version,
                 supported: SCHEMA_VERSION,
             }),
@@ -272,6 +288,33 @@ fn directory_of(path: &Path) -> &Path {
     match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
+    }
+}
+
+/// The error for a SQLite failure while opening: the faults a store can meet at any
+/// time (locked, full, corrupt, I/O) as [`StoreError::Database`], as they would be
+/// reported during a run; anything else explained for a user who chose this path.
+fn open_failure(
+    path: &Path,
+    dir: &Path,
+    busy_timeout: Duration,
+    e: &rusqlite::Error,
+) -> StoreError {
+    let code = e.sqlite_error_code();
+    match database_fault(code, busy_timeout) {
+        // Read-only files and non-databases get the explanations of `describe`, which
+        // say what about this path is wrong.
+        Some(fault)
+            if fault != DatabaseFault::ReadOnly && code != Some(ErrorCode::NotADatabase) =>
+        {
+            StoreError::Database {
+                location: path.display().to_string(),
+                op: "open the store",
+                fault,
+                detail: e.to_string(),
+            }
+        }
+        _ => refuse(path, describe(e, dir)),
     }
 }
 

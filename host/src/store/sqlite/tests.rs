@@ -45,17 +45,18 @@ fn new_database_is_wal_with_our_pragmas() {
     for (mode, synchronous) in [(SyncMode::Normal, 1), (SyncMode::Full, 2)] {
         let store = SqliteStore::open(&path, mode).unwrap();
         assert_eq!(store.path(), path);
-        let conn = store.lock();
-        let pragma =
-            |name: &str| -> i64 { conn.pragma_query_value(None, name, |r| r.get(0)).unwrap() };
-        assert_eq!(pragma("synchronous"), synchronous);
-        assert_eq!(pragma("foreign_keys"), 1);
-        assert_eq!(pragma("user_version"), SCHEMA_VERSION);
-        assert_eq!(pragma("application_id"), 0x6964_656d);
-        let journal: String = conn
-            .pragma_query_value(None, "journal_mode", |r| r.get(0))
-            .unwrap();
-        assert_eq!(journal, "wal");
+        store.conn.read(|conn| {
+            let pragma =
+                |name: &str| -> i64 { conn.pragma_query_value(None, name, |r| r.get(0)).unwrap() };
+            assert_eq!(pragma("synchronous"), synchronous);
+            assert_eq!(pragma("foreign_keys"), 1);
+            assert_eq!(pragma("user_version"), SCHEMA_VERSION);
+            assert_eq!(pragma("application_id"), 0x6964_656d);
+            let journal: String = conn
+                .pragma_query_value(None, "journal_mode", |r| r.get(0))
+                .unwrap();
+            assert_eq!(journal, "wal");
+        });
     }
 }
 
@@ -175,7 +176,9 @@ fn newer_schema_is_refused() {
             .unwrap();
     }
     match SqliteStore::open(&path, SyncMode::Normal) {
-        Err(StoreError::SchemaTooNew { found, supported }) => {
+        Err(StoreError::SchemaTooNew {
+            found, supported, ..
+        }) => {
             assert_eq!(found, SCHEMA_VERSION + 1);
             assert_eq!(supported, SCHEMA_VERSION);
         }
@@ -202,9 +205,68 @@ fn concurrent_first_opens_initialise_once() {
     // One fencing row, so all handles share one token sequence.
     for store in &stores {
         let rows: i64 = store
-            .lock()
-            .query_row("SELECT count(*) FROM fencing", [], |r| r.get(0))
+            .conn
+            .read(|conn| conn.query_row("SELECT count(*) FROM fencing", [], |r| r.get(0)))
             .unwrap();
         assert_eq!(rows, 1);
     }
+}
+
+#[test]
+fn concurrent_writers_share_transactions_without_sharing_failures() {
+    use crate::store::{ClaimOutcome, ClaimRequest, Store};
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&dir.path().join("idem.db"), SyncMode::Full).unwrap();
+    let threads = 16;
+    let per_thread = 40;
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let store = &store;
+            s.spawn(move || {
+                for i in 0..per_thread {
+                    let key = format!("k-{t}-{i}");
+                    let req = ClaimRequest {
+                        key: &key,
+                        run_id: "r",
+                        holder: "h",
+                        fingerprint: None,
+                        lease: std::time::Duration::from_secs(60),
+                        now: 0,
+                    };
+                    let ClaimOutcome::Granted(grant) = store.claim(&req).unwrap() else {
+                        panic!("fresh key {key} not granted");
+                    };
+                    if i % 5 == 0 {
+                        // A refused commit in a shared transaction rolls back only
+                        // itself.
+                        assert!(
+                            store
+                                .commit(&key, grant.token + 1_000_000, "r", b"bad")
+                                .is_err()
+                        );
+                    } else {
+                        store
+                            .commit(&key, grant.token, "r", key.as_bytes())
+                            .unwrap();
+                    }
+                }
+            });
+        }
+    });
+    for t in 0..threads {
+        for i in 0..per_thread {
+            let key = format!("k-{t}-{i}");
+            let committed = store.committed(&key).unwrap();
+            if i % 5 == 0 {
+                assert_eq!(committed, None, "{key}");
+            } else {
+                assert_eq!(committed.as_deref(), Some(key.as_bytes()), "{key}");
+            }
+        }
+    }
+    assert_eq!(
+        store.open_claims(None).unwrap().len(),
+        threads * per_thread / 5
+    );
 }

@@ -4,11 +4,12 @@
 //! Input (`timed` optional):
 //!
 //! ```json
-//! {"mode": "steps", "n": 1000, "timed": false}
+//! {"mode": "steps", "n": 1000, "timed": false, "fold": true}
 //! ```
 //!
 //! - `"steps"`: steps `checkpoint..n`, each `run_once(Key::for_run("s", &i))` with a no-op
-//!   side effect, then `save(i + 1, &())`. With `"timed": true` the output carries the
+//!   side effect and the checkpoint `i + 1` saved in the commit's transaction
+//!   (`Once::run_and_save`); with `"fold": false`, saved by a separate `save(i + 1, &())`. With `"timed": true` the output carries the
 //!   duration of each step this instance ran (`step_ns`: monotonic clock, from before the
 //!   key is built to after the save returned) and the wall-clock time at which its first
 //!   step was done (`first_step_done_unix_ns`), so that a caller in another process can
@@ -22,7 +23,7 @@
 use std::hint::black_box;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use idem_sdk::{Agent, Error, Key, generation, load, run_once, save};
+use idem_sdk::{Agent, Checkpoint, Error, Key, Once, generation, load, run_once, save};
 use serde::{Deserialize, Serialize};
 
 #[derive(Deserialize, Clone, Copy)]
@@ -38,6 +39,12 @@ struct Input {
     n: u64,
     #[serde(default)]
     timed: bool,
+    #[serde(default = "yes")]
+    fold: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Serialize, Default)]
@@ -59,7 +66,7 @@ impl Agent for Bench {
 
     fn run(input: Input) -> Result<Output, Error> {
         match input.mode {
-            Mode::Steps => steps(input.n, input.timed),
+            Mode::Steps => steps(input.n, input.timed, input.fold),
             Mode::Calls => Ok(calls(input.n)),
         }
     }
@@ -67,7 +74,7 @@ impl Agent for Bench {
 
 idem_sdk::export_agent!(Bench);
 
-fn steps(n: u64, timed: bool) -> Result<Output, Error> {
+fn steps(n: u64, timed: bool, fold: bool) -> Result<Output, Error> {
     let start = load::<()>()?.map_or(0, |c| c.step);
     let mut out = Output {
         n,
@@ -81,8 +88,18 @@ fn steps(n: u64, timed: bool) -> Result<Output, Error> {
     for i in start..n {
         let began = Instant::now();
         let key = Key::for_run("s", &i)?;
-        run_once(&key, |_| Ok::<_, String>(()))?;
-        save(i + 1, &())?;
+        if fold {
+            Once::new(&key).run_and_save(
+                |_| Ok::<_, String>(()),
+                |_| Checkpoint {
+                    step: i + 1,
+                    state: (),
+                },
+            )?;
+        } else {
+            run_once(&key, |_| Ok::<_, String>(()))?;
+            save(i + 1, &())?;
+        }
         if timed {
             out.step_ns.push(nanos(began.elapsed().as_nanos()));
             if out.first_step_done_unix_ns.is_none() {

@@ -13,6 +13,8 @@
 //!   fails with `side effect failed: ...`); run it again and attempt 2 succeeds;
 //! - `pause_ms`: a sleep inside each side effect, so that runs overlap;
 //! - `shared`: keys without the run id (`step/{hash}`), shared by every run;
+//! - `fold`: save each checkpoint in its step's commit transaction
+//!   (`Once::run_and_save`) instead of with a separate `save`;
 //! - `policy`: what to do with a claim in doubt: `"retry"` (default), `"fail"` (stop
 //!   the run in doubt), or `"probe"` (look for the key in the log: found means the
 //!   effect was applied, so its value is committed without appending again).
@@ -28,7 +30,7 @@ use std::io::Write;
 use std::thread;
 use std::time::Duration;
 
-use idem_sdk::{Agent, Error, InDoubt, Key, generation, load, run_once_with, save};
+use idem_sdk::{Agent, Checkpoint, Error, InDoubt, Key, Once, generation, load, save};
 use serde::{Deserialize, Serialize};
 
 #[derive(Deserialize)]
@@ -45,6 +47,8 @@ struct Input {
     shared: bool,
     #[serde(default)]
     policy: Policy,
+    #[serde(default)]
+    fold: bool,
 }
 
 #[derive(Deserialize, Default, Clone, Copy)]
@@ -97,7 +101,7 @@ impl Agent for Steps {
                 Policy::Fail => InDoubt::Fail,
                 Policy::Probe => InDoubt::Probe(&probe),
             };
-            let (value, _outcome) = run_once_with(&key, policy, |step| {
+            let effect = |step: &idem_sdk::Step| {
                 if input.fail_at == Some(i) && step.attempt() == 1 {
                     return Err(format!("step {i} fails on its first attempt"));
                 }
@@ -112,10 +116,19 @@ impl Agent for Steps {
                 );
                 append(&input.log, &line)?;
                 Ok(mix(i, 0x5eed))
-            })?;
-
+            };
+            let once = Once::new(&key).in_doubt(policy);
+            let (value, _outcome) = if input.fold {
+                once.run_and_save(effect, |value: &u64| Checkpoint {
+                    step: i + 1,
+                    state: mix(checksum, *value),
+                })?
+            } else {
+                let done = once.run(effect)?;
+                save(i + 1, &mix(checksum, done.0))?;
+                done
+            };
             checksum = mix(checksum, value);
-            save(i + 1, &checksum)?;
         }
 
         Ok(Output {

@@ -8,6 +8,8 @@ CREATE TABLE runs (
     run_id    TEXT PRIMARY KEY NOT NULL,
     agent     TEXT NOT NULL,
     digest    TEXT NOT NULL,
+    -- The namespace the run's keys live in (keys are stored as "namespace:key").
+    namespace TEXT NOT NULL,
     input     BLOB NOT NULL,
     status    TEXT NOT NULL CHECK (status IN ('running', 'completed', 'failed', 'in-doubt')),
     -- The output when completed, the error text (UTF-8) when failed or in doubt.
@@ -19,6 +21,14 @@ CREATE TABLE runs (
     instances INTEGER NOT NULL DEFAULT 0 CHECK (instances >= 0),
     created   INTEGER NOT NULL,
     updated   INTEGER NOT NULL
+) STRICT;
+
+-- Each time a run was resumed with another component (`idem run --upgrade`).
+CREATE TABLE run_upgrades (
+    run_id      TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    from_digest TEXT NOT NULL,
+    to_digest   TEXT NOT NULL,
+    at          INTEGER NOT NULL
 ) STRICT;
 
 -- One checkpoint per run, replaced as the run advances.
@@ -41,7 +51,9 @@ CREATE TABLE claims (
     token         INTEGER NOT NULL CHECK (token > 0),
     attempt       INTEGER NOT NULL CHECK (attempt > 0),
     lease_expires INTEGER NOT NULL,
-    parked        TEXT
+    parked        TEXT,
+    -- What the step was asked to do (a hash of its input), when the agent said.
+    fingerprint   TEXT
 ) STRICT, WITHOUT ROWID;
 
 CREATE INDEX claims_by_run ON claims (run_id);
@@ -54,7 +66,8 @@ CREATE TABLE results (
     result       BLOB NOT NULL,
     token        INTEGER NOT NULL CHECK (token > 0),
     attempt      INTEGER NOT NULL CHECK (attempt > 0),
-    committed_at INTEGER NOT NULL
+    committed_at INTEGER NOT NULL,
+    fingerprint  TEXT
 ) STRICT;
 
 CREATE INDEX results_by_run ON results (run_id);

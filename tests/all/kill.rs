@@ -1,0 +1,245 @@
+//! Real faults on real processes: the `idem` binary SIGKILLed at random moments while
+//! its agent makes HTTP calls, and a holder paused (SIGSTOP) past its lease.
+
+use std::collections::BTreeSet;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use idem_test_artifacts::FETCHER;
+use serde_json::{Value, json};
+
+use crate::http::{TestServer, committed, post_key};
+use crate::util::{integrity_ok, raw_db, run_cli, stdout};
+
+const KEY: &str = "idempotency-key";
+const TOKEN: &str = "idempotency-token";
+
+fn spawn(db: &str, run_id: &str, input: &str, server: &TestServer, lease: &str) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args([
+            "run", FETCHER, "--db", db, "--run-id", run_id, "--input", input, "--json",
+        ])
+        .args([
+            "--allow-http",
+            &format!("127.0.0.1:{}", server.port()),
+            "--lease",
+            lease,
+        ])
+        .env("IDEM_LOG", "error")
+        .env("XDG_CACHE_HOME", env!("CARGO_TARGET_TMPDIR"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Per run: (results rows, the attempt each key was committed at).
+fn attempts(db: &std::path::Path, run_id: &str) -> std::collections::BTreeMap<String, i64> {
+    let conn = raw_db(db);
+    let mut stmt = conn
+        .prepare("SELECT key, attempt FROM results WHERE run_id = ?1")
+        .unwrap();
+    stmt.query_map([run_id], |r| Ok((r.get::<_, String>(0)?, r.get(1)?)))
+        .unwrap()
+        .map(|row| {
+            let (key, attempt) = row.unwrap();
+            (key.strip_prefix("fetcher:").unwrap().to_string(), attempt)
+        })
+        .collect()
+}
+
+#[test]
+fn sigkill_soak_500_steps() {
+    const STEPS: u64 = 500;
+    const MIN_KILLS: u32 = 50;
+    let server = TestServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let db_path = dir.path().join("idem.db");
+    let db = db_path.to_str().unwrap();
+    // A little time inside each side effect, after its request: kills land between a
+    // request and its commit, the window where a side effect is in doubt.
+    let input = json!({ "steps": STEPS, "url": server.url(), "pause_ms": 2, "pause_after": true })
+        .to_string();
+    let mut rng = fastrand::Rng::with_seed(0x5eed_0001);
+    let deadline = Instant::now() + Duration::from_secs(600);
+
+    let mut kills = 0;
+    let output = loop {
+        assert!(
+            Instant::now() < deadline,
+            "the soak did not finish in time ({kills} kills)"
+        );
+        let mut child = spawn(db, "soak", &input, &server, "300ms");
+        if kills < MIN_KILLS {
+            std::thread::sleep(Duration::from_millis(rng.u64(10..120)));
+            if child.try_wait().unwrap().is_none() {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                kills += 1;
+                continue;
+            }
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+        break doc;
+    };
+
+    // The uncrashed reference, on its own store and server.
+    let clean_server = TestServer::start();
+    let clean_dir = tempfile::tempdir().unwrap();
+    let clean_db = clean_dir.path().join("idem.db");
+    let clean_input =
+        json!({ "steps": STEPS, "url": clean_server.url(), "pause_ms": 0 }).to_string();
+    let clean = spawn(
+        clean_db.to_str().unwrap(),
+        "soak",
+        &clean_input,
+        &clean_server,
+        "30s",
+    )
+    .wait_with_output()
+    .unwrap();
+    let clean: Value = serde_json::from_slice(&clean.stdout).unwrap();
+    assert_eq!(
+        output["output"], clean["output"],
+        "same output as an uncrashed run"
+    );
+
+    let by_step = server.steps();
+    assert_eq!(by_step.len() as u64, STEPS, "every step reached the server");
+    let committed_tokens = committed(&db_path, "soak");
+    assert_eq!(
+        committed_tokens.len() as u64,
+        STEPS,
+        "every result is committed"
+    );
+    let attempts = attempts(&db_path, "soak");
+    let mut duplicates = 0;
+    let mut keys_seen = BTreeSet::new();
+    for (i, seen) in &by_step {
+        let key = post_key("soak", *i);
+        for s in seen {
+            // Every request of a step, first or repeated, carries that step's key.
+            assert_eq!(s.header(KEY), key, "step {i}");
+            keys_seen.insert(s.header(KEY).to_string());
+        }
+        if seen.len() > 1 {
+            duplicates += seen.len() - 1;
+            // A repeat is a claim retaken in doubt: the step committed at a later attempt.
+            assert!(
+                attempts[&key] > 1,
+                "step {i} repeated but committed at attempt 1"
+            );
+            let tokens: Vec<u64> = seen.iter().map(|s| s.token(TOKEN)).collect();
+            assert!(
+                tokens.windows(2).all(|w| w[0] < w[1]),
+                "step {i}: tokens {tokens:?}"
+            );
+        }
+        assert_eq!(
+            seen.last().unwrap().token(TOKEN),
+            committed_tokens[&key],
+            "step {i}"
+        );
+    }
+    // A server that honours the key applied each step exactly once.
+    assert_eq!(keys_seen.len() as u64, STEPS);
+    integrity_ok(&db_path);
+    let reclaimed = output["counts"]["reclaimed"].as_u64().unwrap();
+    // Every grant after a key's first was a takeover in doubt (this agent never
+    // releases), and grants are counted in the claim's own transaction: exact, kills
+    // or not.
+    let retakes: i64 = attempts.values().map(|a| a - 1).sum();
+    assert_eq!(reclaimed, retakes as u64);
+    println!(
+        "sigkill soak: {kills} kills, {reclaimed} reclaimed, {duplicates} duplicate requests \
+         (all with their step's key), {} instances",
+        output["counts"]["instances"]
+    );
+}
+
+fn signal(child: &Child, signal: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{signal}"), &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[test]
+fn a_zombie_holder_is_fenced_off() {
+    let server = TestServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let db_path = dir.path().join("idem.db");
+    let db = db_path.to_str().unwrap();
+    // Step 0's side effect sleeps before its request: the holder is paused in there.
+    let input =
+        json!({ "steps": 2, "url": server.url(), "pause_ms": 1500, "pause_at": 0 }).to_string();
+
+    let zombie = spawn(db, "z", &input, &server, "500ms");
+    // Wait until it holds step 0's claim, then freeze it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(Instant::now() < deadline, "the first holder never claimed");
+        if db_path.exists() {
+            let status = run_cli(&["status", "--db", db, "z", "--json"]);
+            let doc: Value = serde_json::from_str(&stdout(&status)).unwrap_or(Value::Null);
+            if doc["open_claims"].as_array().is_some_and(|c| !c.is_empty()) {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    signal(&zombie, "STOP");
+    // Past its lease (no heartbeat from a stopped process), another host takes over.
+    std::thread::sleep(Duration::from_millis(800));
+    let taker = spawn(db, "z", &input, &server, "500ms")
+        .wait_with_output()
+        .unwrap();
+    assert!(
+        taker.status.success(),
+        "{}",
+        String::from_utf8_lossy(&taker.stderr)
+    );
+    let taker: Value = serde_json::from_slice(&taker.stdout).unwrap();
+    assert_eq!(taker["counts"]["reclaimed"], 1);
+
+    // The zombie wakes up, finishes its side effect late and tries to commit.
+    signal(&zombie, "CONT");
+    let zombie = zombie.wait_with_output().unwrap();
+    let zombie_doc: Value = serde_json::from_slice(&zombie.stdout).unwrap_or(Value::Null);
+    assert!(
+        zombie.status.success(),
+        "{zombie_doc} {}",
+        String::from_utf8_lossy(&zombie.stderr)
+    );
+
+    let steps = server.steps();
+    let step0 = &steps[&0];
+    assert_eq!(
+        step0.len(),
+        2,
+        "the taker's request, then the zombie's late one: {step0:#?}"
+    );
+    let (taker_req, zombie_req) = (&step0[0], &step0[1]);
+    assert_eq!(
+        taker_req.header(KEY),
+        zombie_req.header(KEY),
+        "same key: the server can dedupe"
+    );
+    assert!(
+        zombie_req.token(TOKEN) < taker_req.token(TOKEN),
+        "the late request carries the stale token"
+    );
+    // The zombie's commit was refused: the result is the taker's.
+    let key = post_key("z", 0);
+    assert_eq!(committed(&db_path, "z")[&key], taker_req.token(TOKEN));
+    assert_eq!(steps[&1].len(), 1, "step 1 ran once");
+    assert_eq!(zombie_doc["output"], taker["output"]);
+    integrity_ok(&db_path);
+}

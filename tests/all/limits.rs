@@ -1,0 +1,202 @@
+//! A hostile agent meets every limit of the host: the run ends with an error that names
+//! the limit (and its flag), the host survives, the store stays intact, and the run
+//! resumes once the limit allows it.
+
+use idem_test_artifacts::HOSTILE;
+use serde_json::{Value, json};
+
+use crate::util::{integrity_ok, read_log, run_cli, stderr, stdout};
+
+struct Case {
+    dir: tempfile::TempDir,
+}
+
+impl Case {
+    fn new() -> Case {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("data")).unwrap();
+        Case { dir }
+    }
+
+    fn db(&self) -> String {
+        self.dir
+            .path()
+            .join("idem.db")
+            .to_str()
+            .unwrap()
+            .to_string()
+    }
+
+    /// Runs the hostile agent; returns the exit code and the `--json` document.
+    fn run(&self, run_id: &str, input: Value, flags: &[&str]) -> (Option<i32>, Value, String) {
+        let grant = format!("{}::/data", self.dir.path().join("data").display());
+        let (db, input) = (self.db(), input.to_string());
+        let mut args = vec![
+            "run", HOSTILE, "--db", &db, "--dir", &grant, "--run-id", run_id,
+        ];
+        args.extend_from_slice(&["--input", &input, "--json"]);
+        args.extend_from_slice(flags);
+        let out = run_cli(&args);
+        let doc = serde_json::from_str(&stdout(&out)).unwrap_or(Value::Null);
+        (out.status.code(), doc, stderr(&out))
+    }
+
+    fn failed_with(&self, run_id: &str, input: Value, flags: &[&str], expected: &[&str]) -> Value {
+        let (code, doc, err) = self.run(run_id, input, flags);
+        assert_eq!(code, Some(1), "{doc} {err}");
+        assert_eq!(doc["status"], "failed", "{doc}");
+        let message = doc["error"].as_str().unwrap_or_default().to_string();
+        for part in expected {
+            assert!(message.contains(part), "expected {part:?} in {message:?}");
+        }
+        integrity_ok(self.dir.path().join("idem.db").as_path());
+        doc
+    }
+}
+
+#[test]
+fn a_guest_stuck_computing_hits_the_compute_limit_and_resumes_later() {
+    let case = Case::new();
+    // Half a second or more of computation with no host call, against a 100 ms limit.
+    let input = json!({ "mode": "spin", "n": 300_000_000u64 });
+    case.failed_with(
+        "spin",
+        input.clone(),
+        &["--max-compute", "100ms"],
+        &["compute limit exceeded", "--max-compute"],
+    );
+    let (code, doc, err) = case.run("spin", input, &["--max-compute", "60s"]);
+    assert_eq!(
+        code,
+        Some(0),
+        "the same run resumes and completes with room to compute: {err}"
+    );
+    assert_eq!(doc["status"], "completed");
+}
+
+#[test]
+fn fuel_caps_a_run() {
+    let case = Case::new();
+    let input = json!({ "mode": "spin", "n": 100_000_000u64 });
+    case.failed_with(
+        "fuel",
+        input,
+        &["--max-fuel", "1000000"],
+        &["fuel limit exceeded", "1000000", "--max-fuel"],
+    );
+}
+
+#[test]
+fn memory_and_stack_and_panics_are_agent_errors() {
+    let case = Case::new();
+    case.failed_with(
+        "alloc",
+        json!({ "mode": "alloc" }),
+        &["--max-memory", "32MiB"],
+        &["memory limit exceeded", "33554432", "--max-memory"],
+    );
+    case.failed_with(
+        "recurse",
+        json!({ "mode": "recurse" }),
+        &[],
+        &["agent trapped", "stack overflow"],
+    );
+    case.failed_with(
+        "panic",
+        json!({ "mode": "panic" }),
+        &[],
+        &["agent trapped", "unreachable"],
+    );
+    // The host survived all of it: a well-behaved run on the same store completes.
+    let (code, doc, err) = case.run("fine", json!({ "mode": "spin", "n": 10 }), &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(doc["status"], "completed");
+}
+
+#[test]
+fn oversized_payloads_and_bad_keys_are_errors_returned_to_the_guest() {
+    let case = Case::new();
+    case.failed_with(
+        "big-result",
+        json!({ "mode": "big-result", "n": 2_000_000 }),
+        &[],
+        &["too large", "over the limit of 1048576 bytes"],
+    );
+    // Released, not committed: with a larger limit the same run commits it.
+    let (code, doc, err) = case.run(
+        "big-result",
+        json!({ "mode": "big-result", "n": 2_000_000 }),
+        &["--max-result-bytes", "4MiB"],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(doc["output"], "2000000 bytes");
+
+    case.failed_with(
+        "big-state",
+        json!({ "mode": "big-state", "n": 4096 }),
+        &["--max-state-bytes", "1KiB"],
+        &[
+            "too large",
+            "progress state is 4098 bytes, over the limit of 1024 bytes",
+        ],
+    );
+    case.failed_with(
+        "long-key",
+        json!({ "mode": "long-key", "n": 600 }),
+        &[],
+        &["invalid key", "600 bytes, over the limit of 512 bytes"],
+    );
+    let (code, _, err) = case.run(
+        "long-key-ok",
+        json!({ "mode": "long-key", "n": 600 }),
+        &["--max-key-bytes", "1KiB"],
+    );
+    assert_eq!(code, Some(0), "{err}");
+}
+
+#[test]
+fn a_side_effect_past_its_time_limit_is_not_committed() {
+    let case = Case::new();
+    let input = json!({ "mode": "slow-effect", "n": 300_000_000u64, "log": "/data/log.txt" });
+    case.failed_with(
+        "slow",
+        input.clone(),
+        &["--effect-timeout", "100ms"],
+        &["side-effect time limit exceeded", "--effect-timeout"],
+    );
+    assert!(
+        read_log(&case.dir.path().join("data/log.txt")).is_empty(),
+        "the effect never finished"
+    );
+    // Given time, the run resumes: the abandoned claim is retaken, in doubt.
+    let (code, doc, err) = case.run("slow", input, &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(doc["counts"]["reclaimed"], 1);
+    let lines = read_log(&case.dir.path().join("data/log.txt"));
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0].attempt(), 2);
+}
+
+#[test]
+fn a_key_reused_with_other_input_is_refused_by_name() {
+    let case = Case::new();
+    let (code, doc, err) = case.run("first", json!({ "mode": "bound-key", "n": 1 }), &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(doc["output"], "1");
+    // The same key and input in another run: the committed result, not executed again.
+    let (code, doc, err) = case.run("same", json!({ "mode": "bound-key", "n": 1 }), &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        (doc["counts"]["skipped"].as_u64(), doc["output"].as_str()),
+        (Some(1), Some("1"))
+    );
+    // The same key with other input: refused, naming the key; the result is untouched.
+    case.failed_with(
+        "other",
+        json!({ "mode": "bound-key", "n": 2 }),
+        &[],
+        &["key reused with other input", "\"bound\""],
+    );
+    let (_, doc, _) = case.run("again", json!({ "mode": "bound-key", "n": 1 }), &[]);
+    assert_eq!(doc["output"], "1");
+}
