@@ -6,7 +6,7 @@ use idem::runtime::{CrashPoint, FaultPlan, Phase};
 use idem_test_artifacts::STEPS;
 use serde_json::{Value, json};
 
-use crate::util::{TestHost, agent, key_counts, read_log, run_cli, stderr, stdout};
+use crate::util::{CliDir, TestHost, agent, key_counts, read_log, run_cli, stderr, stdout};
 
 /// The value the steps guest commits for step `i` (its `mix(i, 0x5eed)`).
 fn step_value(i: u64) -> u64 {
@@ -60,34 +60,21 @@ fn retry_repeats_the_effect_under_the_same_key() {
 }
 
 struct CliRun {
-    dir: tempfile::TempDir,
+    cli: CliDir,
 }
 
 impl CliRun {
     fn new() -> CliRun {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir(dir.path().join("data")).unwrap();
-        CliRun { dir }
+        CliRun { cli: CliDir::new() }
     }
 
     fn db(&self) -> String {
-        self.dir
-            .path()
-            .join("idem.db")
-            .to_str()
-            .unwrap()
-            .to_string()
+        self.cli.db()
     }
 
     fn run(&self, run_id: &str, extra: &[&str]) -> std::process::Output {
-        let grant = format!("{}::/data", self.dir.path().join("data").display());
         let input = json!({ "steps": 5, "log": "/data/log.txt", "policy": "fail" }).to_string();
-        let db = self.db();
-        let mut args = vec![
-            "run", STEPS, "--db", &db, "--dir", &grant, "--input", &input, "--run-id", run_id,
-        ];
-        args.extend_from_slice(extra);
-        run_cli(&args)
+        self.cli.run(STEPS, run_id, &input, extra)
     }
 
     fn status(&self, run_id: &str) -> Value {
@@ -97,7 +84,7 @@ impl CliRun {
     }
 
     fn log(&self) -> Vec<crate::util::LogLine> {
-        read_log(&self.dir.path().join("data/log.txt"))
+        read_log(&self.cli.data().join("log.txt"))
     }
 }
 

@@ -5,38 +5,26 @@
 use idem_test_artifacts::HOSTILE;
 use serde_json::{Value, json};
 
-use crate::util::{integrity_ok, read_log, run_cli, stderr, stdout};
+use crate::util::{CliDir, integrity_ok, read_log, stderr, stdout};
 
 struct Case {
-    dir: tempfile::TempDir,
+    cli: CliDir,
 }
 
 impl Case {
     fn new() -> Case {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir(dir.path().join("data")).unwrap();
-        Case { dir }
+        Case { cli: CliDir::new() }
     }
 
     fn db(&self) -> String {
-        self.dir
-            .path()
-            .join("idem.db")
-            .to_str()
-            .unwrap()
-            .to_string()
+        self.cli.db()
     }
 
     /// Runs the hostile agent; returns the exit code and the `--json` document.
     fn run(&self, run_id: &str, input: Value, flags: &[&str]) -> (Option<i32>, Value, String) {
-        let grant = format!("{}::/data", self.dir.path().join("data").display());
-        let (db, input) = (self.db(), input.to_string());
-        let mut args = vec![
-            "run", HOSTILE, "--db", &db, "--dir", &grant, "--run-id", run_id,
-        ];
-        args.extend_from_slice(&["--input", &input, "--json"]);
-        args.extend_from_slice(flags);
-        let out = run_cli(&args);
+        let mut extra = vec!["--json"];
+        extra.extend_from_slice(flags);
+        let out = self.cli.run(HOSTILE, run_id, &input.to_string(), &extra);
         let doc = serde_json::from_str(&stdout(&out)).unwrap_or(Value::Null);
         (out.status.code(), doc, stderr(&out))
     }
@@ -49,7 +37,7 @@ impl Case {
         for part in expected {
             assert!(message.contains(part), "expected {part:?} in {message:?}");
         }
-        integrity_ok(self.dir.path().join("idem.db").as_path());
+        integrity_ok(std::path::Path::new(&self.db()));
         doc
     }
 }
@@ -165,14 +153,14 @@ fn a_side_effect_past_its_time_limit_is_not_committed() {
         &["side-effect time limit exceeded", "--effect-timeout"],
     );
     assert!(
-        read_log(&case.dir.path().join("data/log.txt")).is_empty(),
+        read_log(&case.cli.data().join("log.txt")).is_empty(),
         "the effect never finished"
     );
     // Given time, the run resumes: the abandoned claim is retaken, in doubt.
     let (code, doc, err) = case.run("slow", input, &[]);
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(doc["counts"]["reclaimed"], 1);
-    let lines = read_log(&case.dir.path().join("data/log.txt"));
+    let lines = read_log(&case.cli.data().join("log.txt"));
     assert_eq!(lines.len(), 1);
     assert_eq!(lines[0].attempt(), 2);
 }

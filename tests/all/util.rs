@@ -167,3 +167,42 @@ pub fn integrity_ok(path: &Path) {
         .unwrap();
     assert_eq!(result, "ok");
 }
+
+/// A temp dir for runs through the binary: a store (`idem.db`) and a `data` dir granted
+/// to the agent as `/data`.
+pub struct CliDir {
+    pub dir: tempfile::TempDir,
+}
+
+impl CliDir {
+    pub fn new() -> CliDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("data")).unwrap();
+        CliDir { dir }
+    }
+
+    pub fn db(&self) -> String {
+        self.dir
+            .path()
+            .join("idem.db")
+            .to_str()
+            .unwrap()
+            .to_string()
+    }
+
+    pub fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// `idem run AGENT --db .. --dir DATA::/data --run-id RUN_ID --input INPUT EXTRA..`.
+    pub fn run(&self, agent: &str, run_id: &str, input: &str, extra: &[&str]) -> Output {
+        let grant = format!("{}::/data", self.data().display());
+        let db = self.db();
+        let mut args = vec![
+            "run", agent, "--db", &db, "--dir", &grant, "--run-id", run_id,
+        ];
+        args.extend_from_slice(&["--input", input]);
+        args.extend_from_slice(extra);
+        run_cli(&args)
+    }
+}
