@@ -1,6 +1,7 @@
 //! The idem benchmark: one run measures what a durable step costs, the floor under it,
 //! and how it scales, and prints one markdown table (`cargo bench -p idem-host --bench
-//! idem`, `-- --quick` for a short check that it works).
+//! idem`, `-- --quick` for a short check that it works; name sections to run only
+//! those: `-- steps calls resume cold throughput scaling`).
 //!
 //! Everything goes through idem's public API and the real `idem` binary, on a temp dir
 //! under cargo's target dir: a real disk, so that an fsync costs what it costs there.
@@ -21,63 +22,89 @@ use idem_test_artifacts::BENCH;
 use rusqlite::{Connection, params};
 use serde_json::json;
 
-/// How many times each thing is measured. `--quick` shrinks everything to check that the
-/// bench works; the full plan aims at stable medians and a p99 backed by 100+ samples
-/// wherever a sample is cheap, in a few minutes on two cores.
+// The report lives in a folder of its own: a file next to this one would be taken by
+// cargo for another bench target.
+#[path = "idem/report.rs"]
+mod report;
+
+use report::{Table, count, median, micros, millis, print_machine, progress, sorted};
+
+/// How long each thing is measured: turns of work, each adding samples, until `max`
+/// turns or until `budget` is spent (after at least [`MIN_TURNS`]). The budgets keep the
+/// bench within minutes when a neighbour makes fsync a hundred times slower; the table's
+/// `n` shows what each row got.
+#[derive(Clone, Copy)]
+struct Turns {
+    max: usize,
+    /// Steps or calls per run, where a turn runs the agent.
+    n: u64,
+    budget: Duration,
+}
+
+const MIN_TURNS: usize = 3;
+
+/// Everything a bench run measures, and how long. `--quick` shrinks it all to check that
+/// the bench works.
 struct Plan {
-    /// Empty and one-row transactions per floor row under `synchronous = NORMAL`.
-    floor_txs: usize,
-    /// fsync'd operations per floor row (`synchronous = FULL`, `sync_data`).
-    floor_syncs: usize,
-    /// Runs × steps per run for the durable step, sync normal and full.
-    steps_normal: (usize, u64),
-    steps_full: (usize, u64),
-    /// Runs × calls per run for the host-call round trip.
-    calls: (usize, u64),
-    /// Pairs of runs (with and without recycling) × steps per run.
-    resume: (usize, u64),
-    /// `idem run` invocations with and without the cache; `Runtime::load` compiles.
-    cold_cached: usize,
-    cold_uncached: usize,
-    compiles: usize,
-    /// Repetitions × steps per run for throughput, sync normal and full.
-    throughput_normal: (usize, u64),
-    throughput_full: (usize, u64),
-    /// Committed rows in the store before each scaling row, and runs × steps per row.
+    /// Empty transactions per sync mode (a few µs each: no budget needed).
+    empty_txs: usize,
+    /// Per turn: `n` one-row transactions (and, sync full, `n` fdatasyncs) on the floor
+    /// database, then a run of `n` timed steps with the checkpoint folded into the
+    /// commit and one with a separate save: floor and steps sampled side by side.
+    steps_normal: Turns,
+    steps_full: Turns,
+    /// Per turn: a run of `n` host calls.
+    calls: Turns,
+    /// Per turn: a run of `n` steps, then the same recycled at every claim.
+    resume: Turns,
+    /// Per turn: one `idem run` process (with and without the cache), one compile.
+    cold_cached: Turns,
+    cold_uncached: Turns,
+    compiles: Turns,
+    /// Per turn: 1, 8 and 64 concurrent runs of `n` steps each.
+    throughput_normal: Turns,
+    throughput_full: Turns,
+    /// Committed rows in the scaling stores; per turn, a run of `n` timed steps on each.
     fills: &'static [u64],
-    scale: (usize, u64),
+    scale: Turns,
+}
+
+const fn turns(max: usize, n: u64, budget_secs: u64) -> Turns {
+    Turns {
+        max,
+        n,
+        budget: Duration::from_secs(budget_secs),
+    }
 }
 
 const FULL_PLAN: Plan = Plan {
-    floor_txs: 20_000,
-    floor_syncs: 5_000,
-    steps_normal: (40, 500),
-    steps_full: (20, 250),
-    calls: (100, 200_000),
-    resume: (300, 50),
-    cold_cached: 200,
-    cold_uncached: 30,
-    compiles: 30,
-    throughput_normal: (20, 300),
-    throughput_full: (10, 100),
+    empty_txs: 20_000,
+    steps_normal: turns(40, 500, 20),
+    steps_full: turns(40, 200, 30),
+    calls: turns(100, 200_000, 10),
+    resume: turns(300, 50, 20),
+    cold_cached: turns(200, 1, 15),
+    cold_uncached: turns(30, 1, 15),
+    compiles: turns(30, 0, 10),
+    throughput_normal: turns(20, 300, 45),
+    throughput_full: turns(10, 100, 45),
     fills: &[10_000, 100_000, 1_000_000],
-    scale: (20, 300),
+    scale: turns(20, 300, 30),
 };
 
 const QUICK_PLAN: Plan = Plan {
-    floor_txs: 1_000,
-    floor_syncs: 100,
-    steps_normal: (2, 100),
-    steps_full: (2, 30),
-    calls: (3, 20_000),
-    resume: (5, 20),
-    cold_cached: 4,
-    cold_uncached: 2,
-    compiles: 2,
-    throughput_normal: (1, 50),
-    throughput_full: (1, 10),
+    empty_txs: 1_000,
+    steps_normal: turns(3, 100, 1),
+    steps_full: turns(3, 30, 2),
+    calls: turns(3, 20_000, 1),
+    resume: turns(5, 20, 1),
+    cold_cached: turns(4, 1, 1),
+    cold_uncached: turns(2, 1, 1),
+    compiles: turns(2, 0, 1),
+    throughput_normal: turns(1, 50, 1),
+    throughput_full: turns(1, 10, 1),
     fills: &[1_000, 10_000],
-    scale: (2, 100),
+    scale: turns(2, 100, 1),
 };
 
 /// Concurrent runs in one host for the throughput rows.
@@ -105,18 +132,16 @@ fn main() -> anyhow::Result<()> {
     let mut table = Table::default();
 
     // Sections to run, by name (`cargo bench --bench idem -- steps resume`): all when
-    // none is named. The durable-step ratio needs the floor, so it always runs.
+    // none is named.
     let only: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
     let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
 
-    progress("floor: SQLite transactions and fdatasync");
-    let floor_normal = floor(&bed, plan, &mut table)?;
     if wanted("steps") {
-        progress("durable steps");
-        durable_steps(&bed, plan, &floor_normal, &mut table)?;
+        progress("floor and durable steps");
+        floor_and_steps(&bed, plan, &mut table)?;
     }
     if wanted("calls") {
         progress("host-call round trip");
@@ -149,17 +174,24 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs `turn` until `plan.max` turns or, after at least [`MIN_TURNS`], until
+/// `plan.budget` is spent.
+fn repeat(plan: Turns, mut turn: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<()> {
+    let began = Instant::now();
+    for i in 0..plan.max {
+        if i >= MIN_TURNS && began.elapsed() >= plan.budget {
+            break;
+        }
+        turn()?;
+    }
+    Ok(())
+}
+
 /// What every measurement shares: the temp dir, the engine, the compiled bench agent.
 struct Bed {
     dir: PathBuf,
     runtime: Arc<Runtime>,
     agent: LoadedAgent,
-}
-
-/// The floors under `synchronous` NORMAL and FULL, for the durable-step ratio.
-struct Floors {
-    normal: f64,
-    full: f64,
 }
 
 impl Bed {
@@ -199,25 +231,8 @@ impl Bed {
         Ok((report, output))
     }
 
-    /// Runs `runs` runs of `n` timed steps and returns every step's duration in µs.
-    /// Timed steps; `fold` saves each checkpoint in its commit's transaction.
-    fn timed_steps_with(
-        &self,
-        host: &Host,
-        runs: usize,
-        n: u64,
-        fold: bool,
-    ) -> anyhow::Result<Vec<f64>> {
-        // One untimed run first: statement cache, page cache and WAL are warm for all.
-        self.steps(host, n.min(50))?;
-        let mut samples = Vec::new();
-        for _ in 0..runs {
-            samples.extend(self.timed_run(host, n, fold)?);
-        }
-        Ok(samples)
-    }
-
-    /// One run of `n` timed steps: each step's duration in µs.
+    /// One run of `n` timed steps: each step's duration in µs. `fold` saves each
+    /// checkpoint in its commit's transaction; otherwise a separate `save` follows.
     fn timed_run(&self, host: &Host, n: u64, fold: bool) -> anyhow::Result<Vec<f64>> {
         let input = json!({ "mode": "steps", "n": n, "timed": true, "fold": fold });
         let (report, output) = self.run(host, input, FaultPlan::default())?;
@@ -229,7 +244,7 @@ impl Bed {
         Ok(output.step_ns.iter().map(|&ns| ns as f64 / 1e3).collect())
     }
 
-    /// Runs `n` untimed steps on a fresh run.
+    /// Runs `n` untimed steps (checkpoint folded into the commit) on a fresh run.
     fn steps(&self, host: &Host, n: u64) -> anyhow::Result<RunReport> {
         let input = json!({ "mode": "steps", "n": n });
         Ok(self.run(host, input, FaultPlan::default())?.0)
@@ -251,124 +266,65 @@ fn fresh_run_id() -> String {
 }
 
 // ---------------------------------------------------------------------------------------
-// The floor
+// The floor and the durable step
 
-fn floor(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<Floors> {
-    let db = bed.dir.join("floor.db");
-    let mut one_row = [0.0; 2];
-    for (i, sync) in [SyncMode::Normal, SyncMode::Full].into_iter().enumerate() {
-        let iters = match sync {
-            SyncMode::Normal => plan.floor_txs,
-            SyncMode::Full => plan.floor_syncs,
-        };
-        let empty = sqlite_floor(&db, sync, false, plan.floor_txs)?;
+/// The floor rows and the durable step, per sync mode. The one-row transactions (and
+/// the fdatasyncs) are sampled in the same turns as the steps, so that the ratio of the
+/// two compares like with like even when the disk's speed drifts.
+fn floor_and_steps(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<()> {
+    let mut floors = Vec::new();
+    let mut steps = Vec::new();
+    let mut fdatasync = Vec::new();
+    for (sync, turns) in [
+        (SyncMode::Normal, plan.steps_normal),
+        (SyncMode::Full, plan.steps_full),
+    ] {
+        let floor = SqliteFloor::open(&bed.dir.join(format!("floor-{sync}.db")), sync)?;
+        let mut sync_file = (sync == SyncMode::Full)
+            .then(|| SyncFloor::create(&bed.dir.join("fdatasync.bin")))
+            .transpose()?;
+        let host = bed.host(&bed.dir.join(format!("steps-{sync}.db")), sync)?;
+        let empty = floor.batch(false, plan.empty_txs)?;
+        // Warm-ups: statement caches, page cache, WAL.
+        floor.batch(true, 100)?;
+        bed.steps(&host, turns.n.min(50))?;
+        let (mut one_row, mut folded, mut separate) = (Vec::new(), Vec::new(), Vec::new());
+        repeat(turns, || {
+            one_row.extend(floor.batch(true, turns.n as usize)?);
+            if let Some(file) = &mut sync_file {
+                fdatasync.extend(file.batch(turns.n as usize)?);
+            }
+            folded.extend(bed.timed_run(&host, turns.n, true)?);
+            separate.extend(bed.timed_run(&host, turns.n, false)?);
+            Ok(())
+        })?;
+        floors.push((sync, empty, one_row));
+        steps.push((sync, folded, separate));
+    }
+    let mut floor_medians = Vec::new();
+    for (sync, empty, one_row) in floors {
         table.row(
             format!("floor: empty `BEGIN IMMEDIATE; COMMIT`, WAL, sync {sync}"),
             "µs",
             empty,
         );
-        let written = sqlite_floor(&db, sync, true, iters)?;
-        one_row[i] = median(&sorted(written.clone()));
+        floor_medians.push(median(&sorted(one_row.clone())));
         table.row(
             format!("floor: one-row UPDATE transaction, WAL, sync {sync}"),
             "µs",
-            written,
+            one_row,
         );
     }
     table.row(
         "floor: 4 KiB pwrite + fdatasync (`File::sync_data`)",
         "µs",
-        fdatasync_floor(&bed.dir.join("fdatasync.bin"), plan.floor_syncs)?,
+        fdatasync,
     );
-    Ok(Floors {
-        normal: one_row[0],
-        full: one_row[1],
-    })
-}
-
-/// Times `iters` transactions on plain rusqlite with prepared statements: the least a
-/// `BEGIN IMMEDIATE` transaction costs. With `write`, each updates one row; without, it
-/// is empty, and SQLite then writes no WAL frame, so it has nothing to sync either.
-fn sqlite_floor(db: &Path, sync: SyncMode, write: bool, iters: usize) -> anyhow::Result<Vec<f64>> {
-    let conn = Connection::open(db)?;
-    let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
-    ensure!(mode.eq_ignore_ascii_case("wal"), "journal mode is {mode}");
-    conn.pragma_update(None, "synchronous", sync_pragma(sync))?;
-    conn.execute_batch(
-        "CREATE TABLE IF NOT EXISTS floor (id INTEGER PRIMARY KEY, v INTEGER NOT NULL);
-         INSERT OR IGNORE INTO floor (id, v) VALUES (0, 0);",
-    )?;
-    let mut begin = conn.prepare("BEGIN IMMEDIATE")?;
-    let mut update = conn.prepare("UPDATE floor SET v = v + 1 WHERE id = 0")?;
-    let mut commit = conn.prepare("COMMIT")?;
-    let mut once = || -> rusqlite::Result<Duration> {
-        let t = Instant::now();
-        begin.execute([])?;
-        if write {
-            update.execute([])?;
-        }
-        commit.execute([])?;
-        Ok(t.elapsed())
-    };
-    for _ in 0..iters.min(100) {
-        once()?;
-    }
-    (0..iters)
-        .map(|_| Ok(micros(once()?)))
-        .collect::<anyhow::Result<_>>()
-}
-
-/// Times `iters` overwrites of one 4 KiB block (about one WAL frame) of a preallocated
-/// file, each followed by `fdatasync`: the cost of making one small write durable.
-/// Overwriting keeps the file's size, so no metadata needs syncing, as in a WAL that is
-/// being reused after a checkpoint.
-fn fdatasync_floor(path: &Path, iters: usize) -> anyhow::Result<Vec<f64>> {
-    const BLOCK: usize = 4096;
-    const BLOCKS: u64 = 256;
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .read(true)
-        .write(true)
-        .open(path)?;
-    file.write_all_at(&vec![0; BLOCK * BLOCKS as usize], 0)?;
-    file.sync_all()?;
-    let block = [0x5a_u8; BLOCK];
-    let once = |i: usize| -> std::io::Result<Duration> {
-        let t = Instant::now();
-        file.write_all_at(&block, (i as u64 % BLOCKS) * BLOCK as u64)?;
-        file.sync_data()?;
-        Ok(t.elapsed())
-    };
-    for i in 0..iters.min(20) {
-        once(i)?;
-    }
-    (0..iters)
-        .map(|i| Ok(micros(once(i)?)))
-        .collect::<anyhow::Result<_>>()
-}
-
-fn sync_pragma(sync: SyncMode) -> &'static str {
-    match sync {
-        SyncMode::Normal => "NORMAL",
-        SyncMode::Full => "FULL",
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// Steps and host calls through the real guest
-
-fn durable_steps(bed: &Bed, plan: &Plan, floors: &Floors, table: &mut Table) -> anyhow::Result<()> {
-    for (sync, (runs, n), floor) in [
-        (SyncMode::Normal, plan.steps_normal, floors.normal),
-        (SyncMode::Full, plan.steps_full, floors.full),
-    ] {
-        let host = bed.host(&bed.dir.join(format!("steps-{sync}.db")), sync)?;
-        for (fold, how) in [
-            (true, "save folded into commit: 2 tx"),
-            (false, "separate save: 3 tx"),
+    for ((sync, folded, separate), floor) in steps.into_iter().zip(floor_medians) {
+        for (samples, how) in [
+            (folded, "save folded into commit: 2 tx"),
+            (separate, "separate save: 3 tx"),
         ] {
-            let samples = bed.timed_steps_with(&host, runs, n, fold)?;
             let ratio = median(&sorted(samples.clone())) / floor;
             table.row_with_ratio(
                 format!("durable step (claim + commit + save, no-op effect; {how}), sync {sync}"),
@@ -381,21 +337,111 @@ fn durable_steps(bed: &Bed, plan: &Plan, floors: &Floors, table: &mut Table) -> 
     Ok(())
 }
 
+/// Plain rusqlite on its own WAL database with prepared statements: the least a
+/// `BEGIN IMMEDIATE` transaction costs.
+struct SqliteFloor {
+    conn: Connection,
+}
+
+impl SqliteFloor {
+    fn open(db: &Path, sync: SyncMode) -> anyhow::Result<SqliteFloor> {
+        let conn = Connection::open(db)?;
+        let mode: String =
+            conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
+        ensure!(mode.eq_ignore_ascii_case("wal"), "journal mode is {mode}");
+        let synchronous = match sync {
+            SyncMode::Normal => "NORMAL",
+            SyncMode::Full => "FULL",
+        };
+        conn.pragma_update(None, "synchronous", synchronous)?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS floor (id INTEGER PRIMARY KEY, v INTEGER NOT NULL);
+             INSERT OR IGNORE INTO floor (id, v) VALUES (0, 0);",
+        )?;
+        Ok(SqliteFloor { conn })
+    }
+
+    /// Times `n` transactions, in µs. With `write`, each updates one row; without, it
+    /// is empty, and SQLite then writes no WAL frame, so it has nothing to sync either.
+    fn batch(&self, write: bool, n: usize) -> anyhow::Result<Vec<f64>> {
+        let mut begin = self.conn.prepare_cached("BEGIN IMMEDIATE")?;
+        let mut update = self
+            .conn
+            .prepare_cached("UPDATE floor SET v = v + 1 WHERE id = 0")?;
+        let mut commit = self.conn.prepare_cached("COMMIT")?;
+        let mut samples = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t = Instant::now();
+            begin.execute([])?;
+            if write {
+                update.execute([])?;
+            }
+            commit.execute([])?;
+            samples.push(micros(t.elapsed()));
+        }
+        Ok(samples)
+    }
+}
+
+/// Overwrites of one 4 KiB block (about one WAL frame) of a preallocated file, each
+/// followed by `fdatasync`: the cost of making one small write durable. Overwriting
+/// keeps the file's size, so no metadata needs syncing, as in a WAL being reused after a
+/// checkpoint.
+struct SyncFloor {
+    file: std::fs::File,
+    next: u64,
+}
+
+impl SyncFloor {
+    const BLOCK: usize = 4096;
+    const BLOCKS: u64 = 256;
+
+    fn create(path: &Path) -> anyhow::Result<SyncFloor> {
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(path)?;
+        file.write_all_at(&vec![0; Self::BLOCK * Self::BLOCKS as usize], 0)?;
+        file.sync_all()?;
+        Ok(SyncFloor { file, next: 0 })
+    }
+
+    /// Times `n` write + fdatasync pairs, in µs.
+    fn batch(&mut self, n: usize) -> anyhow::Result<Vec<f64>> {
+        let block = [0x5a_u8; Self::BLOCK];
+        let mut samples = Vec::with_capacity(n);
+        for _ in 0..n {
+            let offset = (self.next % Self::BLOCKS) * Self::BLOCK as u64;
+            self.next += 1;
+            let t = Instant::now();
+            self.file.write_all_at(&block, offset)?;
+            self.file.sync_data()?;
+            samples.push(micros(t.elapsed()));
+        }
+        Ok(samples)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Host calls and resuming
+
 fn host_calls(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<()> {
     let host = bed.host(&bed.dir.join("calls.db"), SyncMode::Normal)?;
-    let (runs, n) = plan.calls;
-    let mut samples = Vec::with_capacity(runs);
-    for _ in 0..=runs {
-        let (_, output) = bed.run(
-            &host,
-            json!({ "mode": "calls", "n": n }),
-            FaultPlan::default(),
-        )?;
+    let n = plan.calls.n;
+    let calls = || -> anyhow::Result<f64> {
+        let input = json!({ "mode": "calls", "n": n });
+        let (_, output) = bed.run(&host, input, FaultPlan::default())?;
         let ns = output.calls_ns.context("calls mode reports calls_ns")?;
-        samples.push(ns as f64 / n as f64);
-    }
-    // The first run warmed caches up; it is not a sample.
-    samples.remove(0);
+        Ok(ns as f64 / n as f64)
+    };
+    calls()?;
+    let mut samples = Vec::new();
+    repeat(plan.calls, || {
+        samples.push(calls()?);
+        Ok(())
+    })?;
     table.row(
         format!("host-call round trip (`generation()`, per call, {n} per sample)"),
         "ns",
@@ -412,7 +458,7 @@ fn host_calls(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<()> {
 /// entry that the drop interrupted.
 fn resume(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<()> {
     let host = bed.host(&bed.dir.join("resume.db"), SyncMode::Normal)?;
-    let (pairs, n) = plan.resume;
+    let n = plan.resume.n;
     let recycle = FaultPlan {
         recycle_every: Some(1),
         ..FaultPlan::default()
@@ -424,8 +470,8 @@ fn resume(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<()> {
         Ok((t.elapsed(), report.instances_now))
     };
     timed(recycle.clone())?;
-    let mut samples = Vec::with_capacity(pairs);
-    for _ in 0..pairs {
+    let mut samples = Vec::new();
+    repeat(plan.resume, || {
         let (plain, one) = timed(FaultPlan::default())?;
         let (recycled, many) = timed(recycle.clone())?;
         ensure!(
@@ -434,7 +480,8 @@ fn resume(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<()> {
         );
         let extra = recycled.as_secs_f64() - plain.as_secs_f64();
         samples.push(extra * 1e6 / (many - one) as f64);
-    }
+        Ok(())
+    })?;
     table.row(
         "resume after recycle (drop → next step running, per drop, sync normal)",
         "µs",
@@ -453,14 +500,14 @@ fn cold_start(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<()> {
     let cache = bed.dir.join("cache");
     // Fills the cache; not a sample.
     idem_run(&db, Some(&cache))?;
-    for (cached, count) in [(true, plan.cold_cached), (false, plan.cold_uncached)] {
-        let mut first_step = Vec::with_capacity(count);
-        let mut exit = Vec::with_capacity(count);
-        for _ in 0..count {
+    for (cached, turns) in [(true, plan.cold_cached), (false, plan.cold_uncached)] {
+        let (mut first_step, mut exit) = (Vec::new(), Vec::new());
+        repeat(turns, || {
             let (to_step, to_exit) = idem_run(&db, cached.then_some(cache.as_path()))?;
             first_step.push(to_step);
             exit.push(to_exit);
-        }
+            Ok(())
+        })?;
         let how = if cached {
             "--cache-dir, cached"
         } else {
@@ -478,14 +525,15 @@ fn cold_start(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<()> {
         );
     }
 
-    let mut compiles = Vec::with_capacity(plan.compiles);
-    for _ in 0..plan.compiles {
+    let mut compiles = Vec::new();
+    repeat(plan.compiles, || {
         let runtime = Runtime::new(None)?;
         let t = Instant::now();
         let agent = runtime.load(Path::new(BENCH))?;
         compiles.push(millis(t.elapsed()));
         ensure!(!agent.from_cache(), "a runtime without cache compiles");
-    }
+        Ok(())
+    })?;
     table.row("compile: `Runtime::load` without cache", "ms", compiles);
     Ok(())
 }
@@ -517,9 +565,10 @@ fn idem_run(db: &Path, cache: Option<&Path>) -> anyhow::Result<(f64, f64)> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let doc: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-    let done = doc["output"]["first_step_done_unix_ns"]
-        .as_u64()
+    let mut doc: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let output: GuestOutput = serde_json::from_value(doc["output"].take())?;
+    let done = output
+        .first_step_done_unix_ns
         .context("the timed bench agent reports first_step_done_unix_ns")?;
     let to_step = (done as f64 - spawned_at.as_nanos() as f64) / 1e6;
     Ok((to_step, to_exit))
@@ -528,34 +577,34 @@ fn idem_run(db: &Path, cache: Option<&Path>) -> anyhow::Result<(f64, f64)> {
 // ---------------------------------------------------------------------------------------
 // Throughput and scaling
 
-/// Steps per second of `runs` runs going at once in one host, one thread each.
+/// Steps per second of 1, 8 and 64 runs going at once in one host, one thread each. The
+/// three are measured in turns, so that drift in the disk's speed falls on all alike.
 fn throughput(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<()> {
-    for (sync, (reps, n)) in [
+    for (sync, turns) in [
         (SyncMode::Normal, plan.throughput_normal),
         (SyncMode::Full, plan.throughput_full),
     ] {
+        let n = turns.n;
         let host = bed.host(&bed.dir.join(format!("throughput-{sync}.db")), sync)?;
         bed.steps(&host, n)?;
-        let mut one_run = None;
-        for runs in CONCURRENCY {
-            let mut samples = Vec::with_capacity(reps);
-            for _ in 0..reps {
-                samples.push(concurrent_runs(bed, &host, runs, n)?);
+        let mut samples = vec![Vec::new(); CONCURRENCY.len()];
+        repeat(turns, || {
+            for (runs, rates) in CONCURRENCY.iter().zip(&mut samples) {
+                rates.push(concurrent_runs(bed, &host, *runs, n)?);
             }
-            let med = median(&sorted(samples.clone()));
-            let what = match runs {
-                1 => format!("throughput: 1 run × {n} steps, sync {sync}"),
-                _ => format!("throughput: {runs} concurrent runs × {n} steps, sync {sync}"),
+            Ok(())
+        })?;
+        let one_run = median(&sorted(samples[0].clone()));
+        for (runs, rates) in CONCURRENCY.into_iter().zip(samples) {
+            let ratio = median(&sorted(rates.clone())) / one_run;
+            let (what, ratio) = match runs {
+                1 => (format!("throughput: 1 run × {n} steps, sync {sync}"), None),
+                _ => (
+                    format!("throughput: {runs} concurrent runs × {n} steps, sync {sync}"),
+                    Some(format!("{ratio:.1}× 1 run")),
+                ),
             };
-            match one_run {
-                None => {
-                    one_run = Some(med);
-                    table.rate_row(what, samples, None);
-                }
-                Some(base) => {
-                    table.rate_row(what, samples, Some(format!("{:.1}× 1 run", med / base)));
-                }
-            }
+            table.rate_row(what, rates, ratio);
         }
     }
     Ok(())
@@ -587,9 +636,9 @@ fn concurrent_runs(bed: &Bed, host: &Host, runs: usize, n: u64) -> anyhow::Resul
 
 /// The durable step (sync normal) on stores already holding more and more committed
 /// results. One store per size, measured in turns (a run on each, then again), so that
-/// drift in the machine (other tenants, the disk) falls on every size alike.
+/// drift in the machine falls on every size alike.
 fn scaling(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<()> {
-    let (runs, n) = plan.scale;
+    let n = plan.scale.n;
     let mut stores = Vec::with_capacity(plan.fills.len());
     for &rows in plan.fills {
         let db = bed.dir.join(format!("scale-{rows}.db"));
@@ -605,11 +654,12 @@ fn scaling(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<()> {
         bed.steps(&host, n.min(50))?;
         stores.push((rows, host, Vec::new()));
     }
-    for _ in 0..runs {
+    repeat(plan.scale, || {
         for (_, host, samples) in &mut stores {
             samples.extend(bed.timed_run(host, n, true)?);
         }
-    }
+        Ok(())
+    })?;
     let mut first = None;
     for (rows, _, samples) in stores {
         let med = median(&sorted(samples.clone()));
@@ -630,9 +680,9 @@ fn scaling(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Tops the `results` table up to `target` rows in one transaction, with keys shaped like
-/// the SDK's (`{run}/{step}/{32 hex}`) spread over a thousand runs, inserted in random
-/// key order as real runs would. This writes idem's schema directly (see
+/// Tops the `steps` table up to `target` committed keys in one transaction, with keys
+/// shaped like the SDK's (`{run}/{step}/{32 hex}`) spread over a thousand runs, inserted
+/// in random key order as real runs would. This writes idem's schema directly (see
 /// `host/src/store/migrations/sqlite/`): committing a million keys through the `Store`
 /// API would take minutes, and the point is only the size of the table.
 fn prefill(db: &Path, target: u64) -> anyhow::Result<()> {
@@ -657,198 +707,4 @@ fn prefill(db: &Path, target: u64) -> anyhow::Result<()> {
     }
     conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
     Ok(())
-}
-
-// ---------------------------------------------------------------------------------------
-// Statistics and the table
-
-#[derive(Default)]
-struct Table {
-    rows: Vec<Row>,
-}
-
-struct Row {
-    what: String,
-    unit: &'static str,
-    sorted: Vec<f64>,
-    /// For rates, the tail worth showing is the slow one: the 1st percentile.
-    higher_is_better: bool,
-    ratio: Option<String>,
-}
-
-impl Table {
-    fn row(&mut self, what: impl Into<String>, unit: &'static str, samples: Vec<f64>) {
-        self.push(what.into(), unit, samples, false, None);
-    }
-
-    fn row_with_ratio(&mut self, what: String, unit: &'static str, samples: Vec<f64>, r: String) {
-        self.push(what, unit, samples, false, Some(r));
-    }
-
-    fn rate_row(&mut self, what: String, samples: Vec<f64>, ratio: Option<String>) {
-        self.push(what, "steps/s", samples, true, ratio);
-    }
-
-    fn push(
-        &mut self,
-        what: String,
-        unit: &'static str,
-        samples: Vec<f64>,
-        higher_is_better: bool,
-        ratio: Option<String>,
-    ) {
-        let row = Row {
-            what,
-            unit,
-            sorted: sorted(samples),
-            higher_is_better,
-            ratio,
-        };
-        progress(&format!(
-            "  {}: median {} {}",
-            row.what,
-            fmt(median(&row.sorted)),
-            row.unit
-        ));
-        self.rows.push(row);
-    }
-
-    fn print(&self) {
-        println!("| what | unit | median | p99 | n | ratio |");
-        println!("|---|---|--:|--:|--:|---|");
-        for row in &self.rows {
-            let tail = if row.higher_is_better { 0.01 } else { 0.99 };
-            println!(
-                "| {} | {} | {} | {} | {} | {} |",
-                row.what,
-                row.unit,
-                fmt(median(&row.sorted)),
-                fmt(percentile(&row.sorted, tail)),
-                row.sorted.len(),
-                row.ratio.as_deref().unwrap_or("")
-            );
-        }
-        println!();
-        println!(
-            "p99 is the nearest-rank 99th percentile (for steps/s, the 1st: the slow tail); \
-             with fewer than 100 samples it is the worst one."
-        );
-    }
-}
-
-fn sorted(mut samples: Vec<f64>) -> Vec<f64> {
-    samples.sort_by(f64::total_cmp);
-    samples
-}
-
-fn median(sorted: &[f64]) -> f64 {
-    match sorted.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => sorted[n / 2],
-        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
-    }
-}
-
-/// Nearest-rank percentile: the smallest sample with at least `p` of them at or below.
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = (p * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-fn fmt(v: f64) -> String {
-    match v.abs() {
-        a if a >= 1000.0 => format!("{v:.0}"),
-        a if a >= 100.0 => format!("{v:.1}"),
-        _ => format!("{v:.2}"),
-    }
-}
-
-fn count(rows: u64) -> String {
-    match rows {
-        r if r >= 1_000_000 && r % 1_000_000 == 0 => format!("{} M", r / 1_000_000),
-        r if r >= 1_000 && r % 1_000 == 0 => format!("{} k", r / 1_000),
-        r => r.to_string(),
-    }
-}
-
-fn micros(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
-}
-
-fn millis(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-/// Progress goes to stderr, so that stdout is the report alone.
-fn progress(message: &str) {
-    eprintln!("{message}");
-}
-
-// ---------------------------------------------------------------------------------------
-// The machine
-
-fn print_machine(dir: &Path, quick: bool) -> anyhow::Result<()> {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let cpu = cpuinfo
-        .lines()
-        .find_map(|l| l.strip_prefix("model name"))
-        .and_then(|l| l.split_once(':'))
-        .map_or("unknown", |(_, model)| model.trim());
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let (fs, device) = filesystem(dir)?;
-    println!("# idem bench{}", if quick { " (--quick)" } else { "" });
-    println!();
-    println!("- commit: {}", git_commit());
-    println!("- CPU: {cpu}, {cores} cores available");
-    println!("- store files: {} ({fs} on {device})", dir.display());
-    if matches!(fs.as_str(), "tmpfs" | "ramfs") {
-        println!("- WARNING: {fs} does not sync to a disk; the fsync rows mean nothing here");
-    }
-    println!();
-    Ok(())
-}
-
-/// The type and device of the mount holding `dir`: the longest mount point that is a
-/// prefix of its canonical path.
-fn filesystem(dir: &Path) -> anyhow::Result<(String, String)> {
-    let dir = dir.canonicalize()?;
-    let mounts = std::fs::read_to_string("/proc/mounts")?;
-    let best = mounts
-        .lines()
-        .filter_map(|line| {
-            let mut fields = line.split_whitespace();
-            let (device, point, fs) = (fields.next()?, fields.next()?, fields.next()?);
-            dir.starts_with(point).then_some((point.len(), fs, device))
-        })
-        .max_by_key(|(len, _, _)| *len);
-    Ok(
-        best.map_or(("unknown".into(), "unknown".into()), |(_, fs, dev)| {
-            (fs.to_string(), dev.to_string())
-        }),
-    )
-}
-
-/// `git rev-parse HEAD` of the checkout the bench was built from, with `+dirty` when
-/// tracked files differ from it.
-fn git_commit() -> String {
-    let git = |args: &[&str]| {
-        Command::new("git")
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .args(args)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
-    match git(&["rev-parse", "HEAD"]) {
-        Some(commit) => {
-            let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
-                .is_some_and(|s| !s.is_empty());
-            format!("{commit}{}", if dirty { "+dirty" } else { "" })
-        }
-        None => "unknown (no git)".to_string(),
-    }
 }
