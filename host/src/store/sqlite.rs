@@ -239,10 +239,13 @@ impl SqliteStore {
     /// Runs `f` in a `BEGIN IMMEDIATE` transaction (shared with concurrent writers of
     /// this handle: group commit), rolled back if `f` fails, and returns once the
     /// transaction is committed.
-    fn write<T>(
+    ///
+    /// `f` may run on another writer's thread (the batch's leader), so it owns what it
+    /// needs.
+    fn write<T: Send + 'static>(
         &self,
         op: &'static str,
-        f: impl FnOnce(&Connection) -> Result<T, TxError>,
+        f: impl FnOnce(&Connection) -> Result<T, TxError> + Send + 'static,
     ) -> Result<T, StoreError> {
         self.conn.write(f).map_err(|e| match e {
             WriteError::Work(TxError::Sql(e)) | WriteError::Sql(e) => {
@@ -296,7 +299,10 @@ pub(super) fn database_fault(
 
 impl Store for SqliteStore {
     fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        self.write("claim a key", |conn| claims::claim(conn, req, None))
+        let req = OwnedClaim::new(req);
+        self.write("claim a key", move |conn| {
+            claims::claim(conn, &req.borrow(), None)
+        })
     }
 
     fn take_over(
@@ -304,15 +310,17 @@ impl Store for SqliteStore {
         req: &ClaimRequest<'_>,
         stale_token: u64,
     ) -> Result<ClaimOutcome, StoreError> {
-        self.write("take over a claim", |conn| {
-            claims::claim(conn, req, Some(stale_token))
+        let req = OwnedClaim::new(req);
+        self.write("take over a claim", move |conn| {
+            claims::claim(conn, &req.borrow(), Some(stale_token))
         })
     }
 
     fn commit(&self, key: &str, token: u64, run_id: &str, result: &[u8]) -> Result<(), StoreError> {
         let now = now_millis();
-        self.write("commit a result", |conn| {
-            claims::commit(conn, key, token, run_id, result, now)
+        let (key, run_id, result) = (key.to_owned(), run_id.to_owned(), result.to_vec());
+        self.write("commit a result", move |conn| {
+            claims::commit(conn, &key, token, &run_id, &result, now)
         })
     }
 
@@ -326,14 +334,19 @@ impl Store for SqliteStore {
         counts: Option<&Counts>,
         now: Millis,
     ) -> Result<(), StoreError> {
-        self.write("commit a result and save progress", |conn| {
-            claims::commit(conn, key, token, run_id, result, now)?;
-            runs::save_progress(conn, run_id, checkpoint, counts, now)
+        let (key, run_id, result) = (key.to_owned(), run_id.to_owned(), result.to_vec());
+        let (checkpoint, counts) = (checkpoint.clone(), counts.copied());
+        self.write("commit a result and save progress", move |conn| {
+            claims::commit(conn, &key, token, &run_id, &result, now)?;
+            runs::save_progress(conn, &run_id, &checkpoint, counts.as_ref(), now)
         })
     }
 
     fn release(&self, key: &str, token: u64) -> Result<bool, StoreError> {
-        self.write("release a claim", |conn| claims::release(conn, key, token))
+        let key = key.to_owned();
+        self.write("release a claim", move |conn| {
+            claims::release(conn, &key, token)
+        })
     }
 
     fn renew(
@@ -344,13 +357,30 @@ impl Store for SqliteStore {
         now: Millis,
     ) -> Result<bool, StoreError> {
         let expires = claims::lease_expiry(now, lease);
-        self.write("renew a claim", |conn| {
-            claims::renew(conn, key, token, expires)
+        let key = key.to_owned();
+        self.write("renew a claim", move |conn| {
+            claims::renew(conn, &key, token, expires)
         })
     }
 
     fn open_run(&self, spec: &RunSpec<'_>) -> Result<RunRecord, StoreError> {
-        self.write("open a run", |conn| runs::open_run(conn, spec))
+        let (run_id, agent, digest) = (
+            spec.run_id.to_owned(),
+            spec.agent.to_owned(),
+            spec.digest.to_owned(),
+        );
+        let (namespace, input, now) = (spec.namespace.to_owned(), spec.input.to_vec(), spec.now);
+        self.write("open a run", move |conn| {
+            let spec = RunSpec {
+                run_id: &run_id,
+                agent: &agent,
+                digest: &digest,
+                namespace: &namespace,
+                input: &input,
+                now,
+            };
+            runs::open_run(conn, &spec)
+        })
     }
 
     fn run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
@@ -372,14 +402,16 @@ impl Store for SqliteStore {
         counts: Option<&Counts>,
         now: Millis,
     ) -> Result<(), StoreError> {
-        self.write("save progress", |conn| {
-            runs::save_progress(conn, run_id, checkpoint, counts, now)
+        let (run_id, checkpoint, counts) = (run_id.to_owned(), checkpoint.clone(), counts.copied());
+        self.write("save progress", move |conn| {
+            runs::save_progress(conn, &run_id, &checkpoint, counts.as_ref(), now)
         })
     }
 
     fn save_counts(&self, run_id: &str, counts: &Counts, now: Millis) -> Result<(), StoreError> {
-        self.write("save counts", |conn| {
-            runs::save_counts(conn, run_id, counts, now)
+        let (run_id, counts) = (run_id.to_owned(), *counts);
+        self.write("save counts", move |conn| {
+            runs::save_counts(conn, &run_id, &counts, now)
         })
     }
 
@@ -390,8 +422,17 @@ impl Store for SqliteStore {
         counts: &Counts,
         now: Millis,
     ) -> Result<(), StoreError> {
-        self.write("finish a run", |conn| {
-            runs::finish_run(conn, run_id, end, counts, now)
+        let (run_id, counts) = (run_id.to_owned(), *counts);
+        let end = match end {
+            RunEnd::Completed(output) => Ok(output.to_vec()),
+            RunEnd::Failed(error) => Err(error.to_owned()),
+        };
+        self.write("finish a run", move |conn| {
+            let end = match &end {
+                Ok(output) => RunEnd::Completed(output),
+                Err(error) => RunEnd::Failed(error),
+            };
+            runs::finish_run(conn, &run_id, end, &counts, now)
         })
     }
 
@@ -410,8 +451,9 @@ impl Store for SqliteStore {
         to: &str,
         now: Millis,
     ) -> Result<(), StoreError> {
-        self.write("upgrade a run", |conn| {
-            runs::upgrade_run(conn, run_id, from, to, now)
+        let (run_id, from, to) = (run_id.to_owned(), from.to_owned(), to.to_owned());
+        self.write("upgrade a run", move |conn| {
+            runs::upgrade_run(conn, &run_id, &from, &to, now)
         })
     }
 
@@ -423,8 +465,9 @@ impl Store for SqliteStore {
         reason: &str,
         now: Millis,
     ) -> Result<(), StoreError> {
-        self.write("park a claim in doubt", |conn| {
-            claims::park(conn, key, token, run_id, reason, now)
+        let (key, run_id, reason) = (key.to_owned(), run_id.to_owned(), reason.to_owned());
+        self.write("park a claim in doubt", move |conn| {
+            claims::park(conn, &key, token, &run_id, &reason, now)
         })
     }
 
@@ -435,9 +478,53 @@ impl Store for SqliteStore {
         resolution: Resolution<'_>,
         now: Millis,
     ) -> Result<(), StoreError> {
-        self.write("resolve an in-doubt key", |conn| {
-            claims::resolve(conn, run_id, key, resolution, now)
+        let (run_id, key) = (run_id.to_owned(), key.to_owned());
+        let result = match resolution {
+            Resolution::Commit(result) => Some(result.to_vec()),
+            Resolution::Retry => None,
+        };
+        self.write("resolve an in-doubt key", move |conn| {
+            let resolution = match &result {
+                Some(result) => Resolution::Commit(result),
+                None => Resolution::Retry,
+            };
+            claims::resolve(conn, &run_id, &key, resolution, now)
         })
+    }
+}
+
+/// A [`ClaimRequest`] that owns its strings, for a write that may run on another
+/// thread.
+struct OwnedClaim {
+    key: String,
+    run_id: String,
+    holder: String,
+    fingerprint: Option<String>,
+    lease: Duration,
+    now: Millis,
+}
+
+impl OwnedClaim {
+    fn new(req: &ClaimRequest<'_>) -> OwnedClaim {
+        OwnedClaim {
+            key: req.key.to_owned(),
+            run_id: req.run_id.to_owned(),
+            holder: req.holder.to_owned(),
+            fingerprint: req.fingerprint.map(str::to_owned),
+            lease: req.lease,
+            now: req.now,
+        }
+    }
+
+    fn borrow(&self) -> ClaimRequest<'_> {
+        ClaimRequest {
+            key: &self.key,
+            run_id: &self.run_id,
+            holder: &self.holder,
+            fingerprint: self.fingerprint.as_deref(),
+            lease: self.lease,
+            now: self.now,
+        }
     }
 }
 

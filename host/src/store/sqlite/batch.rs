@@ -1,54 +1,47 @@
 //! Group commit: concurrent writers of one handle share a transaction, so that one
 //! commit (and, with `--sync full`, one fsync) makes many of them durable.
 //!
-//! The first writer to find no transaction open becomes the batch's leader: it runs
-//! `BEGIN IMMEDIATE` and its own work, then, while other writers are queued on the
-//! connection, lets them run theirs in the same transaction before it commits for all.
-//! Each follower's work runs inside its own savepoint, so one writer's refusal (a lost
-//! claim) rolls back only that writer's statements; the leader's work, which runs
-//! before anyone joins, simply rolls back the whole transaction when it fails. A writer returns only after the
-//! commit that made its work durable, with that commit's error if it failed. With a
-//! single writer nothing waits: the leader commits at once.
+//! Writers hand their work to whichever thread leads (flat combining). A writer that
+//! finds nobody leading becomes the leader: it opens a transaction, runs its own work,
+//! then the work every other writer queued meanwhile, commits once for all, and wakes
+//! each writer with its own result. A queued writer sleeps once, until its work is
+//! settled; only the leader touches the connection, so the writers of a batch cost one
+//! wake-up each rather than two hand-offs of a contended lock. Work that queues while a
+//! batch commits (an fsync, with `--sync full`) makes the next batch. After a few
+//! batches the leader hands the queue to the writer at its head, so that no run serves
+//! the others for long.
+//!
+//! Each queued work runs inside its own savepoint, so one writer's refusal (a lost claim)
+//! rolls back only that writer's statements. The first work of a transaction runs
+//! before anything else is in it, so it needs no savepoint: when it fails, the whole
+//! transaction is rolled back. A writer returns only after the commit that made its
+//! work durable, with that commit's error if it failed.
 //!
 //! SQLite may roll a whole transaction back by itself when a statement fails on a full
-//! disk or an I/O error. The batch is then aborted: no later writer joins it (outside a
-//! transaction its work would commit on its own, outside the batch), and every member
-//! learns the cause that aborted it rather than a misleading "no transaction is active".
+//! disk or an I/O error. Every work already run in it then fails, with that cause; work
+//! not run yet goes to the next transaction.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use rusqlite::{Connection, ErrorCode};
 
-/// Writers one transaction takes at most: bounds how long the first of them waits.
+/// Works one transaction takes at most: bounds how long the first of them waits.
 const MAX_BATCH: usize = 256;
-/// How long a leader keeps its transaction open for writers still queued.
-const MAX_GATHER: Duration = Duration::from_millis(2);
-/// Failed commits remembered for followers that wake up late.
-const REMEMBERED_FAILURES: usize = 64;
+/// Batches a leader runs before it hands the queue on.
+const MAX_LEAD: usize = 4;
 
-/// The connection and the state of the batch open on it.
+/// The connection and the writers waiting for it.
 pub(super) struct Batcher {
-    inner: Mutex<Inner>,
-    committed: Condvar,
-    /// Writers waiting for the connection: the leader gathers while this is non-zero.
-    queued: AtomicUsize,
+    /// Held by the leader for as long as it leads, and by readers.
+    conn: Mutex<Connection>,
+    state: Mutex<State>,
 }
 
-struct Inner {
-    conn: Connection,
-    /// The batch whose transaction is open, if any.
-    open: Option<u64>,
-    members: usize,
-    next_batch: u64,
-    /// Every batch up to this one has committed or failed.
-    settled: u64,
-    /// Why the open batch's transaction is gone, if SQLite rolled it back.
-    aborted: Option<Failure>,
-    /// Recent batches whose commit failed, with why.
-    failures: VecDeque<(u64, Failure)>,
+struct State {
+    /// Somebody leads: new work queues instead of leading.
+    leading: bool,
+    queue: VecDeque<Box<dyn Job>>,
 }
 
 /// Why a batch did not commit, kept for every member to report.
@@ -69,6 +62,15 @@ impl From<&rusqlite::Error> for Failure {
     }
 }
 
+impl Failure {
+    fn because(message: &str) -> Failure {
+        Failure {
+            code: None,
+            message: message.to_owned(),
+        }
+    }
+}
+
 /// What a writer's failed work says about SQLite's part in the failure.
 pub(super) trait WorkFailure {
     /// The SQLite failure behind it, if any (a refusal of the store's own, such as a
@@ -81,10 +83,10 @@ pub(super) enum WriteError<E> {
     /// The work itself failed; its savepoint (or SQLite, the whole batch) was rolled
     /// back.
     Work(E),
-    /// Opening the shared transaction or a savepoint failed.
+    /// Opening a savepoint around the work failed.
     Sql(rusqlite::Error),
-    /// The batch did not commit: its commit failed, or SQLite rolled it back while
-    /// another member's work ran.
+    /// The batch did not commit: opening or committing its transaction failed, or
+    /// SQLite rolled it back while another member's work ran.
     Commit(Failure),
 }
 
@@ -94,170 +96,363 @@ impl std::fmt::Debug for Batcher {
     }
 }
 
+/// A writer's work, as the leader runs it.
+trait Job: Send {
+    /// Runs the work: inside its own savepoint unless it is the first of its
+    /// transaction. Keeps the result for [`Job::settle`].
+    fn run(&mut self, conn: &Connection, first: bool) -> Ran;
+    /// Tells the writer how its work ended, given how its transaction ended, and wakes
+    /// it.
+    fn settle(&mut self, commit: Result<(), &Failure>);
+    /// Wakes the writer to lead, with its work not run yet.
+    fn hand_lead(self: Box<Self>);
+}
+
+/// How a work went.
+enum Ran {
+    Ok,
+    /// It failed (and was rolled back), for SQLite's reason if it had one.
+    Failed(Option<Failure>),
+}
+
 impl Batcher {
     pub(super) fn new(conn: Connection) -> Batcher {
         Batcher {
-            inner: Mutex::new(Inner {
-                conn,
-                open: None,
-                members: 0,
-                next_batch: 1,
-                settled: 0,
-                aborted: None,
-                failures: VecDeque::new(),
+            conn: Mutex::new(conn),
+            state: Mutex::new(State {
+                leading: false,
+                queue: VecDeque::new(),
             }),
-            committed: Condvar::new(),
-            queued: AtomicUsize::new(0),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        // A poisoned lock means a panic while it was held; SQLite's state is still
-        // consistent (an open transaction is committed or rolled back by its leader).
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    // A poisoned lock means a panic while it was held. The connection is still
+    // consistent (SQLite rolls back what a dropped statement left), and the queue only
+    // holds work that has not run: both can go on being used.
+
+    fn lock_conn(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Runs `f` outside any transaction, once no batch is open: reads never see
-    /// writes that are not committed yet.
+    fn lock_state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `f` outside any transaction, between batches: reads never see writes that
+    /// are not committed yet.
     pub(super) fn read<T>(&self, f: impl FnOnce(&Connection) -> T) -> T {
-        let mut inner = self.lock();
-        while inner.open.is_some() {
-            inner = self
-                .committed
-                .wait(inner)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
-        f(&inner.conn)
+        f(&self.lock_conn())
     }
 
     /// Runs `f` in a write transaction shared with concurrent writers, and returns once
     /// that transaction committed.
-    pub(super) fn write<T, E: WorkFailure>(
-        &self,
-        f: impl FnOnce(&Connection) -> Result<T, E>,
-    ) -> Result<T, WriteError<E>> {
-        self.queued.fetch_add(1, Ordering::SeqCst);
-        let mut inner = self.lock();
-        self.queued.fetch_sub(1, Ordering::SeqCst);
-        // A full or aborted batch is settled by its leader; wait for the next one.
-        while inner.open.is_some() && (inner.members >= MAX_BATCH || inner.aborted.is_some()) {
-            inner = self
-                .committed
-                .wait(inner)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
-        let leader = inner.open.is_none();
-        if leader {
-            if let Err(e) = exec(&inner.conn, "BEGIN IMMEDIATE") {
-                return Err(WriteError::Sql(e));
-            }
-            let batch = inner.next_batch;
-            inner.next_batch += 1;
-            inner.open = Some(batch);
-            inner.members = 0;
-        }
-        let Some(batch) = inner.open else {
-            unreachable_batch();
-            return Err(WriteError::Commit(Failure {
-                code: None,
-                message: "no transaction open".into(),
-            }));
+    pub(super) fn write<T, E, F>(&self, f: F) -> Result<T, WriteError<E>>
+    where
+        F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: WorkFailure + Send + 'static,
+    {
+        let slot = Arc::new(Slot::new());
+        let mut work = Work {
+            f: Some(f),
+            result: None,
+            slot: Arc::clone(&slot),
         };
-        inner.members += 1;
-        if leader {
-            // The leader's work runs first, before anyone can join: a failure rolls
-            // back the whole transaction, so it needs no savepoint of its own (two
-            // statements fewer on every write).
-            let value = match f(&inner.conn) {
-                Ok(value) => value,
-                Err(e) => {
-                    if !inner.conn.is_autocommit() {
-                        let _ = exec(&inner.conn, "ROLLBACK");
-                    }
-                    inner.open = None;
-                    inner.settled = batch;
-                    drop(inner);
-                    self.committed.notify_all();
-                    return Err(WriteError::Work(e));
-                }
-            };
-            if inner.conn.is_autocommit() {
-                inner.aborted = Some(Failure {
-                    code: None,
-                    message: "SQLite rolled the transaction back".into(),
-                });
+        let mut state = self.lock_state();
+        if state.leading {
+            state.queue.push_back(Box::new(work));
+            drop(state);
+            if let Some(mut work) = slot.wait() {
+                self.lead(&mut *work);
             }
-            return self.commit_batch(inner, batch, value);
+        } else {
+            state.leading = true;
+            drop(state);
+            self.lead(&mut work);
         }
-        let result = savepoint(&inner.conn, f);
-        if inner.aborted.is_none() && inner.conn.is_autocommit() {
-            // SQLite rolled the batch's transaction back: everything the batch did so
-            // far is gone, so it can only fail, for the cause this work met.
-            let cause = match &result {
-                Err(WriteError::Work(e)) => e.sqlite_failure(),
-                Err(WriteError::Sql(e)) => Some(Failure::from(e)),
-                Err(WriteError::Commit(f)) => Some(f.clone()),
-                Ok(_) => None,
-            };
-            inner.aborted = Some(cause.unwrap_or_else(|| Failure {
-                code: None,
-                message: "SQLite rolled the transaction back".into(),
-            }));
-        }
+        slot.take()
+    }
 
-        while inner.settled < batch {
-            inner = self
-                .committed
-                .wait(inner)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
-        let failed = inner.failures.iter().find(|(b, _)| *b == batch);
-        match (result, failed) {
-            // The work's own failure says most about what happened to it.
-            (Err(e), _) => Err(e),
-            (Ok(_), Some((_, failure))) => Err(WriteError::Commit(failure.clone())),
-            (Ok(value), None) => Ok(value),
+    /// Runs batches, `own` work first, until the queue is empty or [`MAX_LEAD`]
+    /// batches are done; then hands the queue on or steps down.
+    fn lead(&self, own: &mut dyn Job) {
+        let conn = self.lock_conn();
+        let mut succession = Succession {
+            batcher: self,
+            settled: false,
+        };
+        self.batch(&conn, Some(own));
+        let mut batches = 1;
+        loop {
+            let mut state = self.lock_state();
+            if state.queue.is_empty() {
+                state.leading = false;
+                succession.settled = true;
+                return;
+            }
+            if batches >= MAX_LEAD
+                && let Some(heir) = state.queue.pop_front()
+            {
+                drop(state);
+                drop(conn);
+                succession.settled = true;
+                heir.hand_lead();
+                return;
+            }
+            drop(state);
+            self.batch(&conn, None);
+            batches += 1;
         }
     }
 
-    /// The leader's part: lets the writers already queued join, then commits for all
-    /// and wakes them.
-    fn commit_batch<'a, T, E>(
-        &'a self,
-        mut inner: MutexGuard<'a, Inner>,
-        batch: u64,
-        value: T,
-    ) -> Result<T, WriteError<E>> {
-        // Let the writers already queued join before committing.
-        let deadline = Instant::now() + MAX_GATHER;
-        while self.queued.load(Ordering::SeqCst) > 0
-            && inner.members < MAX_BATCH
-            && inner.aborted.is_none()
-            && Instant::now() < deadline
-        {
-            drop(inner);
-            std::thread::yield_now();
-            inner = self.lock();
+    /// One transaction: `own` work (if any) first, then queued work until the queue is
+    /// empty or the batch is full; one commit; every member settled.
+    fn batch(&self, conn: &Connection, mut own: Option<&mut dyn Job>) {
+        // A leader that unwound may have left its transaction open.
+        rollback(conn);
+        if let Err(e) = exec(conn, "BEGIN IMMEDIATE") {
+            // The store is locked past its busy timeout, read-only, or worse: every
+            // writer waiting now would meet the same, each after its own timeout.
+            let failure = Failure::from(&e);
+            if let Some(job) = own {
+                job.settle(Err(&failure));
+            }
+            let waiting: Vec<_> = self.lock_state().queue.drain(..).collect();
+            for mut job in waiting {
+                job.settle(Err(&failure));
+            }
+            return;
         }
-        let commit = match inner.aborted.take() {
+        let mut members: Vec<Box<dyn Job>> = Vec::new();
+        let mut own_ran = false;
+        let mut aborted = None;
+        if let Some(job) = own.as_deref_mut() {
+            if let Ran::Failed(_) = job.run(conn, true) {
+                rollback(conn);
+                job.settle(Ok(()));
+                return;
+            }
+            own_ran = true;
+            if conn.is_autocommit() {
+                aborted = Some(Failure::because("SQLite rolled the transaction back"));
+            }
+        }
+        'gather: while aborted.is_none() {
+            let room = MAX_BATCH - members.len() - usize::from(own_ran);
+            let taken: Vec<_> = {
+                let mut state = self.lock_state();
+                let n = state.queue.len().min(room);
+                state.queue.drain(..n).collect()
+            };
+            if taken.is_empty() {
+                break;
+            }
+            let mut taken = taken.into_iter();
+            while let Some(mut job) = taken.next() {
+                let first = !own_ran && members.is_empty();
+                let ran = job.run(conn, first);
+                if first && let Ran::Failed(_) = ran {
+                    // Nothing else was in the transaction: it goes, and the rest of
+                    // the work waits for the next one.
+                    rollback(conn);
+                    job.settle(Ok(()));
+                    self.requeue(taken);
+                    return;
+                }
+                members.push(job);
+                if conn.is_autocommit() {
+                    // SQLite rolled the transaction back: everything in it is gone.
+                    let cause = match ran {
+                        Ran::Failed(Some(cause)) => cause,
+                        _ => Failure::because("SQLite rolled the transaction back"),
+                    };
+                    aborted = Some(cause);
+                    self.requeue(taken);
+                    break 'gather;
+                }
+            }
+        }
+        let commit = match aborted {
             Some(cause) => Err(cause),
-            None => exec(&inner.conn, "COMMIT").map_err(|e| Failure::from(&e)),
+            None => exec(conn, "COMMIT").map_err(|e| Failure::from(&e)),
         };
-        if let Err(failure) = &commit {
-            // Leave no transaction half-open on the connection.
-            if !inner.conn.is_autocommit() {
-                let _ = exec(&inner.conn, "ROLLBACK");
+        if commit.is_err() {
+            rollback(conn);
+        }
+        let outcome = commit.as_ref().map(|_| ());
+        if let Some(job) = own {
+            job.settle(outcome);
+        }
+        for mut job in members {
+            job.settle(outcome);
+        }
+    }
+
+    /// Puts work taken for a batch but not run back at the head of the queue, in order.
+    fn requeue(&self, rest: impl DoubleEndedIterator<Item = Box<dyn Job>>) {
+        let mut state = self.lock_state();
+        for job in rest.rev() {
+            state.queue.push_front(job);
+        }
+    }
+}
+
+/// Leaves no writer waiting for a leader that is gone: if the leader unwinds (a panic
+/// in the store's code), the next writer in the queue leads, or nobody does.
+struct Succession<'a> {
+    batcher: &'a Batcher,
+    settled: bool,
+}
+
+impl Drop for Succession<'_> {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        let mut state = self.batcher.lock_state();
+        match state.queue.pop_front() {
+            Some(heir) => {
+                drop(state);
+                heir.hand_lead();
             }
-            inner.failures.push_back((batch, failure.clone()));
-            if inner.failures.len() > REMEMBERED_FAILURES {
-                inner.failures.pop_front();
+            None => state.leading = false,
+        }
+    }
+}
+
+/// One writer's work and where its result goes.
+struct Work<F, T, E> {
+    f: Option<F>,
+    result: Option<Result<T, WriteError<E>>>,
+    slot: Arc<Slot<T, E>>,
+}
+
+impl<F, T, E> Job for Work<F, T, E>
+where
+    F: FnOnce(&Connection) -> Result<T, E> + Send + 'static,
+    T: Send + 'static,
+    E: WorkFailure + Send + 'static,
+{
+    fn run(&mut self, conn: &Connection, first: bool) -> Ran {
+        let Some(f) = self.f.take() else {
+            return Ran::Failed(None);
+        };
+        let result = if first {
+            f(conn).map_err(WriteError::Work)
+        } else {
+            savepoint(conn, f)
+        };
+        let ran = match &result {
+            Ok(_) => Ran::Ok,
+            Err(WriteError::Work(e)) => Ran::Failed(e.sqlite_failure()),
+            Err(WriteError::Sql(e)) => Ran::Failed(Some(Failure::from(e))),
+            Err(WriteError::Commit(failure)) => Ran::Failed(Some(failure.clone())),
+        };
+        self.result = Some(result);
+        ran
+    }
+
+    fn settle(&mut self, commit: Result<(), &Failure>) {
+        let outcome = match (self.result.take(), commit) {
+            // The work's own failure says most about what happened to it.
+            (Some(Err(e)), _) => Err(e),
+            (Some(Ok(value)), Ok(())) => Ok(value),
+            (_, Err(failure)) => Err(WriteError::Commit(failure.clone())),
+            (None, Ok(())) => Err(WriteError::Commit(Failure::because(
+                "the write was not run",
+            ))),
+        };
+        self.slot.fill(outcome);
+    }
+
+    fn hand_lead(self: Box<Self>) {
+        let slot = Arc::clone(&self.slot);
+        slot.hand(self);
+    }
+}
+
+impl<F, T, E> Drop for Work<F, T, E> {
+    fn drop(&mut self) {
+        // Dropped unsettled: its leader unwound. The writer must not wait forever.
+        self.slot.fill_if_waiting(|| {
+            Err(WriteError::Commit(Failure::because(
+                "the write was abandoned by a failing group-commit leader",
+            )))
+        });
+    }
+}
+
+/// Where a queued writer waits for its result, or for its turn to lead.
+struct Slot<T, E> {
+    turn: Mutex<Turn<T, E>>,
+    changed: Condvar,
+}
+
+enum Turn<T, E> {
+    Waiting,
+    Lead(Box<dyn Job>),
+    Done(Result<T, WriteError<E>>),
+    Taken,
+}
+
+impl<T, E> Slot<T, E> {
+    fn new() -> Slot<T, E> {
+        Slot {
+            turn: Mutex::new(Turn::Waiting),
+            changed: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Turn<T, E>> {
+        self.turn.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn fill(&self, outcome: Result<T, WriteError<E>>) {
+        *self.lock() = Turn::Done(outcome);
+        self.changed.notify_one();
+    }
+
+    fn fill_if_waiting(&self, outcome: impl FnOnce() -> Result<T, WriteError<E>>) {
+        let mut turn = self.lock();
+        if matches!(*turn, Turn::Waiting) {
+            *turn = Turn::Done(outcome());
+            drop(turn);
+            self.changed.notify_one();
+        }
+    }
+
+    fn hand(&self, job: Box<dyn Job>) {
+        *self.lock() = Turn::Lead(job);
+        self.changed.notify_one();
+    }
+
+    /// Waits until the work is settled (`None`) or the writer is to lead it (`Some`).
+    fn wait(&self) -> Option<Box<dyn Job>> {
+        let mut turn = self.lock();
+        loop {
+            match std::mem::replace(&mut *turn, Turn::Waiting) {
+                Turn::Waiting => {
+                    turn = self
+                        .changed
+                        .wait(turn)
+                        .unwrap_or_else(PoisonError::into_inner);
+                }
+                Turn::Lead(job) => return Some(job),
+                settled => {
+                    *turn = settled;
+                    return None;
+                }
             }
         }
-        inner.open = None;
-        inner.settled = batch;
-        drop(inner);
-        self.committed.notify_all();
-        commit.map(|()| value).map_err(WriteError::Commit)
+    }
+
+    fn take(&self) -> Result<T, WriteError<E>> {
+        match std::mem::replace(&mut *self.lock(), Turn::Taken) {
+            Turn::Done(outcome) => outcome,
+            _ => Err(WriteError::Commit(Failure::because(
+                "the write ended without a result",
+            ))),
+        }
     }
 }
 
@@ -282,19 +477,22 @@ fn savepoint<T, E>(
     }
 }
 
+/// Leaves no transaction half-open on the connection.
+fn rollback(conn: &Connection) {
+    if !conn.is_autocommit() {
+        let _ = exec(conn, "ROLLBACK");
+    }
+}
+
 fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([])?;
     Ok(())
 }
 
-#[cold]
-fn unreachable_batch() {
-    tracing::error!("group commit: a writer found no open transaction after opening one");
-}
-
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicBool;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
 
     use super::*;
 
@@ -304,6 +502,29 @@ mod tests {
         }
     }
 
+    fn batcher() -> (tempfile::TempDir, Batcher) {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = Connection::open(dir.path().join("b.db")).unwrap();
+        conn.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE t (id INTEGER);")
+            .unwrap();
+        (dir, Batcher::new(conn))
+    }
+
+    fn rows(batcher: &Batcher) -> Vec<i64> {
+        batcher.read(|conn| {
+            conn.prepare("SELECT id FROM t ORDER BY id")
+                .unwrap()
+                .query_map([], |r| r.get(0))
+                .unwrap()
+                .collect::<rusqlite::Result<_>>()
+                .unwrap()
+        })
+    }
+
+    fn insert(conn: &Connection, id: i64) -> rusqlite::Result<()> {
+        conn.execute("INSERT INTO t VALUES (?1)", [id]).map(drop)
+    }
+
     /// The first follower's work loses the transaction, as SQLite's own rollback on a
     /// full disk would; followers still queued must not run their work outside it (it
     /// would commit on its own while they are told it failed). Whatever each writer is
@@ -311,15 +532,8 @@ mod tests {
     #[test]
     fn writers_after_a_rolled_back_batch_are_told_the_truth() {
         for round in 0..10 {
-            let dir = tempfile::tempdir().unwrap();
-            let conn = Connection::open(dir.path().join("b.db")).unwrap();
-            conn.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE t (id INTEGER);")
-                .unwrap();
-            let batcher = Batcher::new(conn);
-            let aborted = AtomicBool::new(false);
-            let insert = |conn: &Connection, id: i64| {
-                conn.execute("INSERT INTO t VALUES (?1)", [id]).map(drop)
-            };
+            let (_dir, batcher) = batcher();
+            let aborted = Arc::new(AtomicBool::new(false));
             let results: Vec<(i64, bool)> = std::thread::scope(|s| {
                 let leader = s.spawn(|| {
                     let ok = batcher
@@ -334,10 +548,10 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(5));
                 let followers: Vec<_> = (1..=6)
                     .map(|id| {
-                        let (batcher, aborted) = (&batcher, &aborted);
+                        let (batcher, aborted) = (&batcher, Arc::clone(&aborted));
                         s.spawn(move || {
                             let ok = batcher
-                                .write(|conn| {
+                                .write(move |conn| {
                                     insert(conn, id)?;
                                     if !aborted.swap(true, Ordering::SeqCst) {
                                         conn.execute_batch("ROLLBACK")?;
@@ -358,14 +572,7 @@ mod tests {
                     .map(|h| h.join().unwrap())
                     .collect()
             });
-            let on_disk: Vec<i64> = batcher.read(|conn| {
-                conn.prepare("SELECT id FROM t ORDER BY id")
-                    .unwrap()
-                    .query_map([], |r| r.get(0))
-                    .unwrap()
-                    .collect::<rusqlite::Result<_>>()
-                    .unwrap()
-            });
+            let on_disk = rows(&batcher);
             for (id, ok) in results {
                 assert_eq!(
                     ok,
@@ -374,5 +581,64 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Writers that queue behind a slow one share transactions (fewer commits than
+    /// writers), each gets its own result, a refused work takes nothing else with it,
+    /// and the queue is drained even though leaders hand it on.
+    #[test]
+    fn queued_writers_share_commits_and_keep_their_own_results() {
+        let (dir, batcher) = batcher();
+        // Every commit appends at least one frame (the table's page) to the WAL, which
+        // is never checkpointed here: fewer new frames than writers means shared commits.
+        batcher.read(|conn| conn.execute_batch("PRAGMA wal_autocheckpoint = 0").unwrap());
+        let wal = dir.path().join("b.db-wal");
+        let wal_frames = || -> i64 {
+            let size = std::fs::metadata(&wal).map_or(0, |m| m.len());
+            // A 32-byte header, then frames of a 24-byte header and a 4 KiB page.
+            (size.saturating_sub(32) / (24 + 4096)) as i64
+        };
+        let frames_before = wal_frames();
+        let writers = 48_i64;
+        let results: Vec<(i64, Result<i64, String>)> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..writers)
+                .map(|id| {
+                    let batcher = &batcher;
+                    s.spawn(move || {
+                        let result = batcher.write(move |conn| {
+                            std::thread::sleep(Duration::from_micros(200));
+                            if id % 7 == 3 {
+                                insert(conn, -id)?;
+                                return Err(rusqlite::Error::QueryReturnedNoRows);
+                            }
+                            insert(conn, id)?;
+                            Ok(id * 10)
+                        });
+                        let told = result.map_err(|e| match e {
+                            WriteError::Work(e) => e.to_string(),
+                            WriteError::Sql(e) => format!("sql: {e}"),
+                            WriteError::Commit(f) => format!("commit: {}", f.message),
+                        });
+                        (id, told)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let on_disk = rows(&batcher);
+        for (id, told) in &results {
+            if id % 7 == 3 {
+                assert!(told.is_err(), "writer {id}: {told:?}");
+                assert!(!on_disk.contains(&-id), "writer {id}'s refused row stayed");
+            } else {
+                assert_eq!(told, &Ok(id * 10), "writer {id}");
+                assert!(on_disk.contains(id), "writer {id}'s row is missing");
+            }
+        }
+        let frames = wal_frames() - frames_before;
+        assert!(
+            frames < writers,
+            "{frames} WAL frames for {writers} writers: nobody shared a transaction"
+        );
     }
 }
