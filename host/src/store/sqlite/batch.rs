@@ -7,9 +7,10 @@
 //! each writer with its own result. A queued writer sleeps once, until its work is
 //! settled; only the leader touches the connection, so the writers of a batch cost one
 //! wake-up each rather than two hand-offs of a contended lock. Work that queues while a
-//! batch commits (an fsync, with `--sync full`) makes the next batch. After a few
-//! batches the leader hands the queue to the writer at its head, so that no run serves
-//! the others for long.
+//! batch commits (an fsync, with `--sync full`) makes the next batch, which the leader
+//! hands to the writer at the head of the queue before it wakes its own batch's
+//! members: the next transaction runs while the wake-ups happen, and no run serves the
+//! others for long.
 //!
 //! Each queued work runs inside its own savepoint, so one writer's refusal (a lost claim)
 //! rolls back only that writer's statements. The first work of a transaction runs
@@ -22,14 +23,13 @@
 //! not run yet goes to the next transaction.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use rusqlite::{Connection, ErrorCode};
 
 /// Works one transaction takes at most: bounds how long the first of them waits.
 const MAX_BATCH: usize = 256;
-/// Batches a leader runs before it hands the queue on.
-const MAX_LEAD: usize = 4;
 
 /// The connection and the writers waiting for it.
 pub(super) struct Batcher {
@@ -173,41 +173,41 @@ impl Batcher {
         slot.take()
     }
 
-    /// Runs batches, `own` work first, until the queue is empty or [`MAX_LEAD`]
-    /// batches are done; then hands the queue on or steps down.
+    /// Runs batches, `own` work first, while work is queued. After each commit, if
+    /// work is waiting, it hands the connection to the writer at the head of the queue
+    /// before it wakes the members of its batch: the next batch runs on one core while
+    /// the wake-ups happen on the other, and no run serves the others for long.
     fn lead(&self, own: &mut dyn Job) {
-        let conn = self.lock_conn();
         let mut succession = Succession {
             batcher: self,
             settled: false,
         };
-        self.batch(&conn, Some(own));
-        let mut batches = 1;
+        let mut own = Some(own);
         loop {
+            let conn = self.lock_conn();
+            let done = self.batch(&conn, own.take());
+            drop(conn);
+            let heir = self.lock_state().queue.pop_front();
+            if let Some(heir) = heir {
+                succession.settled = true;
+                heir.hand_lead();
+                done.settle();
+                return;
+            }
+            done.settle();
             let mut state = self.lock_state();
             if state.queue.is_empty() {
                 state.leading = false;
                 succession.settled = true;
                 return;
             }
-            if batches >= MAX_LEAD
-                && let Some(heir) = state.queue.pop_front()
-            {
-                drop(state);
-                drop(conn);
-                succession.settled = true;
-                heir.hand_lead();
-                return;
-            }
-            drop(state);
-            self.batch(&conn, None);
-            batches += 1;
         }
     }
 
     /// One transaction: `own` work (if any) first, then queued work until the queue is
-    /// empty or the batch is full; one commit; every member settled.
-    fn batch(&self, conn: &Connection, mut own: Option<&mut dyn Job>) {
+    /// empty or the batch is full; one commit. `own` is settled here; the queued members
+    /// are returned, to be settled once the connection is free for the next batch.
+    fn batch(&self, conn: &Connection, mut own: Option<&mut dyn Job>) -> Done {
         // A leader that unwound may have left its transaction open.
         rollback(conn);
         if let Err(e) = exec(conn, "BEGIN IMMEDIATE") {
@@ -218,10 +218,10 @@ impl Batcher {
                 job.settle(Err(&failure));
             }
             let waiting: Vec<_> = self.lock_state().queue.drain(..).collect();
-            for mut job in waiting {
-                job.settle(Err(&failure));
-            }
-            return;
+            return Done {
+                members: waiting,
+                outcome: Err(failure),
+            };
         }
         let mut members: Vec<Box<dyn Job>> = Vec::new();
         let mut own_ran = false;
@@ -230,7 +230,7 @@ impl Batcher {
             if let Ran::Failed(_) = job.run(conn, true) {
                 rollback(conn);
                 job.settle(Ok(()));
-                return;
+                return Done::nothing();
             }
             own_ran = true;
             if conn.is_autocommit() {
@@ -257,7 +257,7 @@ impl Batcher {
                     rollback(conn);
                     job.settle(Ok(()));
                     self.requeue(taken);
-                    return;
+                    return Done::nothing();
                 }
                 members.push(job);
                 if conn.is_autocommit() {
@@ -279,12 +279,12 @@ impl Batcher {
         if commit.is_err() {
             rollback(conn);
         }
-        let outcome = commit.as_ref().map(|_| ());
         if let Some(job) = own {
-            job.settle(outcome);
+            job.settle(commit.as_ref().map(|_| ()));
         }
-        for mut job in members {
-            job.settle(outcome);
+        Done {
+            members,
+            outcome: commit,
         }
     }
 
@@ -293,6 +293,28 @@ impl Batcher {
         let mut state = self.lock_state();
         for job in rest.rev() {
             state.queue.push_front(job);
+        }
+    }
+}
+
+/// The members of a batch that ended, and how it ended.
+struct Done {
+    members: Vec<Box<dyn Job>>,
+    outcome: Result<(), Failure>,
+}
+
+impl Done {
+    fn nothing() -> Done {
+        Done {
+            members: Vec::new(),
+            outcome: Ok(()),
+        }
+    }
+
+    fn settle(self) {
+        let outcome = self.outcome.as_ref().map(|_| ());
+        for mut job in self.members {
+            job.settle(outcome);
         }
     }
 }
@@ -386,6 +408,9 @@ impl<F, T, E> Drop for Work<F, T, E> {
 struct Slot<T, E> {
     turn: Mutex<Turn<T, E>>,
     changed: Condvar,
+    /// The writer sleeps on `changed`. A leader filling its own slot has nobody to
+    /// wake, and a notify costs a system call.
+    asleep: AtomicBool,
 }
 
 enum Turn<T, E> {
@@ -400,6 +425,7 @@ impl<T, E> Slot<T, E> {
         Slot {
             turn: Mutex::new(Turn::Waiting),
             changed: Condvar::new(),
+            asleep: AtomicBool::new(false),
         }
     }
 
@@ -409,7 +435,13 @@ impl<T, E> Slot<T, E> {
 
     fn fill(&self, outcome: Result<T, WriteError<E>>) {
         *self.lock() = Turn::Done(outcome);
-        self.changed.notify_one();
+        self.wake();
+    }
+
+    fn wake(&self) {
+        if self.asleep.load(Ordering::Acquire) {
+            self.changed.notify_one();
+        }
     }
 
     fn fill_if_waiting(&self, outcome: impl FnOnce() -> Result<T, WriteError<E>>) {
@@ -417,13 +449,13 @@ impl<T, E> Slot<T, E> {
         if matches!(*turn, Turn::Waiting) {
             *turn = Turn::Done(outcome());
             drop(turn);
-            self.changed.notify_one();
+            self.wake();
         }
     }
 
     fn hand(&self, job: Box<dyn Job>) {
         *self.lock() = Turn::Lead(job);
-        self.changed.notify_one();
+        self.wake();
     }
 
     /// Waits until the work is settled (`None`) or the writer is to lead it (`Some`).
@@ -432,6 +464,9 @@ impl<T, E> Slot<T, E> {
         loop {
             match std::mem::replace(&mut *turn, Turn::Waiting) {
                 Turn::Waiting => {
+                    // Set under the lock that `fill` and `hand` take before they look
+                    // at it: a wake-up cannot slip between this and the wait.
+                    self.asleep.store(true, Ordering::Release);
                     turn = self
                         .changed
                         .wait(turn)
@@ -491,7 +526,6 @@ fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
 
     use super::*;
@@ -640,5 +674,61 @@ mod tests {
             frames < writers,
             "{frames} WAL frames for {writers} writers: nobody shared a transaction"
         );
+    }
+
+    /// Many writers, each writing again as soon as it returns, with readers among them:
+    /// leadership passes from batch to batch, and every write still ends with the truth
+    /// about its row. A lost wake-up or a leader that never hands on would hang here.
+    #[test]
+    fn writers_that_keep_writing_pass_the_lead_and_lose_nothing() {
+        let (_dir, batcher) = batcher();
+        let (threads, writes) = (16_i64, 60_i64);
+        let told: Vec<(i64, bool)> = std::thread::scope(|s| {
+            // Rows only ever come (committed whole batches at a time): a reader between
+            // batches never sees the count go down.
+            let reader = s.spawn(|| {
+                let mut last = 0;
+                for _ in 0..200 {
+                    let n: i64 = batcher
+                        .read(|conn| conn.query_row("SELECT count(*) FROM t", [], |r| r.get(0)))
+                        .unwrap();
+                    assert!(n >= last, "{n} rows after {last}");
+                    last = n;
+                }
+            });
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    let batcher = &batcher;
+                    s.spawn(move || {
+                        (0..writes)
+                            .map(|i| {
+                                let id = t * writes + i;
+                                let ok = batcher
+                                    .write(move |conn| {
+                                        insert(conn, id)?;
+                                        if id % 5 == 0 {
+                                            return Err(rusqlite::Error::QueryReturnedNoRows);
+                                        }
+                                        Ok(())
+                                    })
+                                    .is_ok();
+                                (id, ok)
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            reader.join().unwrap();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap())
+                .collect()
+        });
+        let on_disk = rows(&batcher);
+        for &(id, ok) in &told {
+            assert_eq!(ok, id % 5 != 0, "writer of {id}");
+            assert_eq!(ok, on_disk.contains(&id), "row {id}");
+        }
+        assert_eq!(on_disk.len(), told.iter().filter(|(_, ok)| *ok).count());
     }
 }
