@@ -67,10 +67,13 @@ pub(super) fn claim(
     stale_token: Option<u64>,
 ) -> Result<ClaimOutcome, TxError> {
     let lease_expires = lease_expiry(req.now, req.lease);
-    let Some(current) = current(conn, req.key)? else {
-        conn.prepare_cached(
+    // Most claims are of keys never seen: try the insert first, and look at the row
+    // only when there is one.
+    let inserted = conn
+        .prepare_cached(
             "INSERT INTO steps (key, run_id, holder, token, attempt, lease_expires, fingerprint)
-             VALUES (?1, ?2, ?3, 1, 1, ?4, ?5)",
+             VALUES (?1, ?2, ?3, 1, 1, ?4, ?5)
+             ON CONFLICT (key) DO NOTHING",
         )?
         .execute(params![
             req.key,
@@ -79,11 +82,16 @@ pub(super) fn claim(
             lease_expires,
             req.fingerprint
         ])?;
+    if inserted == 1 {
         return Ok(ClaimOutcome::Granted(Grant {
             token: 1,
             attempt: 1,
             in_doubt: false,
         }));
+    }
+    let Some(current) = current(conn, req.key)? else {
+        // The insert met a row that is not there: only a corrupt index would do that.
+        return Err(TxError::Sql(rusqlite::Error::QueryReturnedNoRows));
     };
 
     if let Some(conflict) = conflict(current.fingerprint.clone(), req.fingerprint) {

@@ -137,17 +137,19 @@ pub(super) fn save_progress(
     if let Some(counts) = counts {
         save_counts(conn, run_id, counts, now)?;
     }
+    let step = to_sql_int(checkpoint.step)?;
+    // The row exists after a run's first save: an UPDATE that leaves `run_id` alone
+    // neither tries an insert first nor checks the foreign key again.
+    let updated = conn
+        .prepare_cached("UPDATE progress SET step = ?2, state = ?3, updated = ?4 WHERE run_id = ?1")?
+        .execute(params![run_id, step, checkpoint.state, now])?;
+    if updated == 1 {
+        return Ok(());
+    }
     conn.prepare_cached(
-        "INSERT INTO progress (run_id, step, state, updated) VALUES (?1, ?2, ?3, ?4)
-         ON CONFLICT (run_id) DO UPDATE
-         SET step = excluded.step, state = excluded.state, updated = excluded.updated",
+        "INSERT INTO progress (run_id, step, state, updated) VALUES (?1, ?2, ?3, ?4)",
     )?
-    .execute(params![
-        run_id,
-        to_sql_int(checkpoint.step)?,
-        checkpoint.state,
-        now
-    ])
+    .execute(params![run_id, step, checkpoint.state, now])
     .map_err(|e| match e.sqlite_error() {
         // The checkpoint's foreign key: the run was never opened.
         Some(e) if e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY => {
