@@ -141,7 +141,9 @@ pub(super) fn save_progress(
     // The row exists after a run's first save: an UPDATE that leaves `run_id` alone
     // neither tries an insert first nor checks the foreign key again.
     let updated = conn
-        .prepare_cached("UPDATE progress SET step = ?2, state = ?3, updated = ?4 WHERE run_id = ?1")?
+        .prepare_cached(
+            "UPDATE progress SET step = ?2, state = ?3, updated = ?4 WHERE run_id = ?1",
+        )?
         .execute(params![run_id, step, checkpoint.state, now])?;
     if updated == 1 {
         return Ok(());
