@@ -107,6 +107,27 @@ const QUICK_PLAN: Plan = Plan {
     scale: turns(2, 100, 1),
 };
 
+/// A part of the bench: its name on the command line, its heading, and what it runs.
+type Section = (
+    &'static str,
+    &'static str,
+    fn(&Bed, &Plan, &mut Table) -> anyhow::Result<()>,
+);
+
+/// Every section, in the order of the table.
+const SECTIONS: [Section; 6] = [
+    ("steps", "floor and durable steps", floor_and_steps),
+    ("calls", "host-call round trip", host_calls),
+    ("resume", "resume after recycle", resume),
+    (
+        "cold",
+        "cold start (the idem binary) and compile",
+        cold_start,
+    ),
+    ("throughput", "throughput", throughput),
+    ("scaling", "scaling with committed rows", scaling),
+];
+
 /// Concurrent runs in one host for the throughput rows.
 const CONCURRENCY: [usize; 3] = [1, 8, 64];
 
@@ -137,31 +158,18 @@ fn main() -> anyhow::Result<()> {
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
-    let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
-
-    if wanted("steps") {
-        progress("floor and durable steps");
-        floor_and_steps(&bed, plan, &mut table)?;
+    if let Some(unknown) = only.iter().find(|o| !SECTIONS.iter().any(|s| s.0 == *o)) {
+        let names: Vec<_> = SECTIONS.iter().map(|s| s.0).collect();
+        bail!(
+            "no bench section {unknown:?}; sections: {}",
+            names.join(", ")
+        );
     }
-    if wanted("calls") {
-        progress("host-call round trip");
-        host_calls(&bed, plan, &mut table)?;
-    }
-    if wanted("resume") {
-        progress("resume after recycle");
-        resume(&bed, plan, &mut table)?;
-    }
-    if wanted("cold") {
-        progress("cold start (the idem binary) and compile");
-        cold_start(&bed, plan, &mut table)?;
-    }
-    if wanted("throughput") {
-        progress("throughput");
-        throughput(&bed, plan, &mut table)?;
-    }
-    if wanted("scaling") {
-        progress("scaling with committed rows");
-        scaling(&bed, plan, &mut table)?;
+    for (name, what, section) in SECTIONS {
+        if only.is_empty() || only.iter().any(|o| o == name) {
+            progress(what);
+            section(&bed, plan, &mut table)?;
+        }
     }
 
     table.print();

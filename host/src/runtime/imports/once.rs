@@ -225,23 +225,22 @@ impl HostClaim for InstanceState {
             return Ok(Err(StepError::TooLarge(detail)));
         }
         self.end_effect(&claim);
-        let counts = match then_save {
-            Some(_) => self.run.counts_due(),
-            None => None,
-        };
+        let checkpoint = then_save.map(|c| Checkpoint {
+            step: c.step,
+            state: c.state,
+        });
+        let saves = checkpoint.is_some();
+        let counts = if saves { self.run.counts_due() } else { None };
         let store = &self.run.store;
         let run_id = &self.run.run_id;
-        let written = match &then_save {
+        let written = match &checkpoint {
             None => store.commit(&claim.key, claim.token, run_id, &result),
-            Some(c) => store.commit_and_save(
+            Some(checkpoint) => store.commit_and_save(
                 &claim.key,
                 claim.token,
                 run_id,
                 &result,
-                &Checkpoint {
-                    step: c.step,
-                    state: c.state.clone(),
-                },
+                checkpoint,
                 counts.as_ref(),
                 now_millis(),
             ),
@@ -255,7 +254,7 @@ impl HostClaim for InstanceState {
         }
         self.run.last_committed = claim.ordinal;
         self.fault(Phase::AfterCommit, claim.ordinal)?;
-        if then_save.is_some() {
+        if saves {
             // The checkpoint that follows the commit is durable at this same boundary.
             self.fault(Phase::AfterSave, claim.ordinal)?;
         }
