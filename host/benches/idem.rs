@@ -86,7 +86,7 @@ const FULL_PLAN: Plan = Plan {
     cold_cached: turns(200, 1, 15),
     cold_uncached: turns(30, 1, 15),
     compiles: turns(30, 0, 10),
-    throughput_normal: turns(20, 300, 45),
+    throughput_normal: turns(10, 300, 30),
     throughput_full: turns(10, 100, 45),
     fills: &[10_000, 100_000, 1_000_000],
     scale: turns(20, 300, 30),
