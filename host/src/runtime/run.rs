@@ -220,6 +220,12 @@ impl Host {
         loop {
             let instances_now = run.counts.instances - first_instance;
             if instances_now >= self.limits.max_instances {
+                // A dropped instance's counts are otherwise written as the next one
+                // starts; there is no next one.
+                if instances_now > 0 {
+                    self.store
+                        .save_counts(&opts.run_id, &run.counts, now_millis())?;
+                }
                 return Err(HostError::TooManyInstances {
                     run_id: opts.run_id.clone(),
                     instances: instances_now,
@@ -275,12 +281,12 @@ impl Host {
                     Err(trap) => Some((RunStatus::Failed, trap_message(&trap).into_bytes())),
                 },
             };
-            let now = now_millis();
             match ended {
-                None => {
-                    self.store.save_counts(&opts.run_id, &run.counts, now)?;
-                }
+                // The next instance writes the counts as it starts, in the one
+                // transaction a recycle needs for them.
+                None => {}
                 Some((status, outcome)) => {
+                    let now = now_millis();
                     let end = match status {
                         RunStatus::Completed => RunEnd::Completed(&outcome),
                         _ => RunEnd::Failed(std::str::from_utf8(&outcome).unwrap_or("")),
@@ -311,7 +317,8 @@ impl Host {
         let generation = run.counts.instances;
         run.counts.instances += 1;
         // Durable before the instance runs: its claims' counts are written with them,
-        // and a process killed now still shows the instance it had started.
+        // a process killed now still shows the instance it had started, and the
+        // counts of the instance dropped before it (if any) are written too.
         self.store
             .save_counts(&opts.run_id, &run.counts, now_millis())?;
         let holder = self.live.holder(&opts.run_id, generation);
