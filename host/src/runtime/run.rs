@@ -281,26 +281,23 @@ impl Host {
                     Err(trap) => Some((RunStatus::Failed, trap_message(&trap).into_bytes())),
                 },
             };
-            match ended {
-                // The next instance writes the counts as it starts, in the one
-                // transaction a recycle needs for them.
-                None => {}
-                Some((status, outcome)) => {
-                    let now = now_millis();
-                    let end = match status {
-                        RunStatus::Completed => RunEnd::Completed(&outcome),
-                        _ => RunEnd::Failed(std::str::from_utf8(&outcome).unwrap_or("")),
-                    };
-                    self.store.finish_run(&opts.run_id, end, &run.counts, now)?;
-                    return Ok(RunReport {
-                        run_id: opts.run_id.clone(),
-                        status,
-                        outcome,
-                        counts: run.counts,
-                        instances_now: run.counts.instances - first_instance,
-                        already_finished: false,
-                    });
-                }
+            // A dropped instance (`None`) needs no write here: the next instance writes
+            // the counts as it starts, in the one transaction a recycle needs for them.
+            if let Some((status, outcome)) = ended {
+                let end = match status {
+                    RunStatus::Completed => RunEnd::Completed(&outcome),
+                    _ => RunEnd::Failed(std::str::from_utf8(&outcome).unwrap_or("")),
+                };
+                self.store
+                    .finish_run(&opts.run_id, end, &run.counts, now_millis())?;
+                return Ok(RunReport {
+                    run_id: opts.run_id.clone(),
+                    status,
+                    outcome,
+                    counts: run.counts,
+                    instances_now: run.counts.instances - first_instance,
+                    already_finished: false,
+                });
             }
         }
     }
