@@ -62,6 +62,16 @@ const GUESTS: &[Guest] = &[
         package: "bench",
         constant: "BENCH",
     },
+    Guest {
+        workspace: "tests/guests",
+        package: "rogue",
+        constant: "ROGUE",
+    },
+    Guest {
+        workspace: "tests/guests",
+        package: "sloppy",
+        constant: "SLOPPY",
+    },
 ];
 
 fn main() -> ExitCode {

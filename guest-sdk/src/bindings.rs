@@ -6,7 +6,9 @@
 #![allow(unsafe_code, missing_docs)]
 
 wit_bindgen::generate!({
-    path: "../wit",
+    // `wit` is a symlink to the top-level `wit/`, which the host reads too: inside the
+    // package it is a path of the SDK's own, so `cargo package` ships the WIT with it.
+    path: "wit",
     world: "agent",
     // The export macro is called from agent crates, through `idem_sdk::export_agent!`.
     pub_export_macro: true,

@@ -42,6 +42,35 @@ pub enum Error {
     /// The agent's own failure.
     #[error("{0}")]
     Agent(String),
+    /// An I/O operation of the agent failed (a file it opened, say). Converted from
+    /// [`std::io::Error`], so that agents can use `?` on file operations.
+    #[error("{0}")]
+    Io(String),
+}
+
+/// What an agent that cannot find a file should know: the error's numbers are WASI's
+/// (`os error 44` is ENOENT), and it only sees what the host granted it.
+const NOT_FOUND_HINT: &str = "an agent sees only the directories the host granted it, under \
+                              the paths it granted them as; any other file does not exist \
+                              for it";
+
+impl From<std::io::Error> for Error {
+    /// Keeps the error's text; for a file not found, adds why that often happens to an
+    /// agent.
+    ///
+    /// ```
+    /// use std::io::{Error as IoError, ErrorKind};
+    ///
+    /// let err = idem_sdk::Error::from(IoError::new(ErrorKind::NotFound, "/etc/app.toml"));
+    /// assert!(err.to_string().starts_with("/etc/app.toml ("));
+    /// assert!(err.to_string().contains("directories the host granted"));
+    /// ```
+    fn from(err: std::io::Error) -> Self {
+        match err.kind() {
+            std::io::ErrorKind::NotFound => Error::Io(format!("{err} ({NOT_FOUND_HINT})")),
+            _ => Error::Io(err.to_string()),
+        }
+    }
 }
 
 impl From<StepError> for Error {
@@ -105,6 +134,14 @@ mod tests {
         for (err, text) in cases {
             assert_eq!(Error::from(err).to_string(), text);
         }
+    }
+
+    #[test]
+    fn io_errors_keep_their_text_and_explain_a_missing_file() {
+        let denied = std::io::Error::new(std::io::ErrorKind::PermissionDenied, "no");
+        assert!(matches!(Error::from(denied), Error::Io(t) if t == "no"));
+        let missing = Error::from(std::io::Error::from(std::io::ErrorKind::NotFound));
+        assert!(missing.to_string().contains(NOT_FOUND_HINT), "{missing}");
     }
 
     #[test]

@@ -33,7 +33,8 @@ pub struct Key {
 
 impl Key {
     /// A key taken as written. The host checks it when it is used: empty keys, keys
-    /// over its length limit and keys holding control characters are refused with
+    /// over its length limit and keys holding control, bidi or invisible characters
+    /// (a zero-width space, say) are refused with
     /// [`StepError::InvalidKey`](crate::StepError::InvalidKey).
     ///
     /// ```

@@ -137,3 +137,54 @@ fn an_unusable_db_path_is_named_in_the_error() {
     assert!(err.contains(file.to_str().unwrap()), "{err}");
     assert_eq!(std::fs::read(&file).unwrap(), b"x");
 }
+
+/// A FIFO given as the store used to hang `idem`; a `file:` name was read by SQLite as
+/// a URI with options. Both are names of files: the FIFO is refused at once, and the
+/// `file:` name is a file of that name in the directory.
+#[test]
+fn odd_store_paths_are_files_or_refused_never_hangs_or_uris() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo.db");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let out = run_cli(&[
+        "run",
+        LEDGER,
+        "--db",
+        fifo.to_str().unwrap(),
+        "--input",
+        "{}",
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("fifo.db") && err.contains("named pipe (FIFO)"),
+        "{err}"
+    );
+
+    // Run from inside the directory, so that a relative `file:` name lands there.
+    std::fs::create_dir(dir.path().join("data")).unwrap();
+    let grant = format!("{}::/data", dir.path().join("data").display());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .current_dir(dir.path())
+        .args([
+            "run",
+            LEDGER,
+            "--db",
+            "file:odd.db?vfs=memdb",
+            "--dir",
+            &grant,
+        ])
+        .args(["--input", r#"{"items":["x"],"log":"/data/l.log"}"#])
+        .env("XDG_CACHE_HOME", env!("CARGO_TARGET_TMPDIR"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        dir.path().join("file:odd.db?vfs=memdb").is_file(),
+        "the store is the file of that name, not an in-memory database"
+    );
+}

@@ -57,6 +57,10 @@ fn calls_leave_the_store_alone() {
     let input = json!({ "mode": "calls", "n": 100 });
     let report = t.run(&agent(BENCH), "calls", input, FaultPlan::default());
     assert_eq!((report.counts.executed, report.counts.skipped), (0, 0));
-    assert!(t.host.store().load_progress("calls").unwrap().is_none());
+    assert!(
+        crate::util::block_on(t.store().load_progress("calls"))
+            .unwrap()
+            .is_none()
+    );
     assert!(output(&report.outcome)["calls_ns"].as_u64().is_some());
 }

@@ -99,7 +99,7 @@ fn namespaces_keep_agents_apart() {
     let run = |run_id: &str, namespace: Option<&str>| {
         let mut opts = t.options(run_id, input.clone(), FaultPlan::default());
         opts.namespace = namespace.map(str::to_string);
-        t.host.run(&steps, &opts)
+        t.run_with(&steps, &opts)
     };
     // Same shared keys, two namespaces: neither sees the other's commits.
     let a = run("a", Some("tenant-a")).unwrap();
@@ -112,7 +112,7 @@ fn namespaces_keep_agents_apart() {
     // A run cannot move to another namespace: it would lose sight of its own commits.
     let err = run("a", Some("tenant-b")).unwrap_err().to_string();
     assert!(
-        err.contains("namespace \"tenant-a\"") && err.contains("--namespace tenant-a"),
+        err.contains("namespace \"tenant-a\"") && err.contains("not \"tenant-b\""),
         "{err}"
     );
     let err = run("c", Some("no:colons")).unwrap_err().to_string();

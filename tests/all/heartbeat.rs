@@ -40,3 +40,42 @@ fn a_side_effect_longer_than_its_lease_keeps_its_claim() {
     assert_eq!(reports.iter().map(|r| r.counts.executed).sum::<u64>(), 2);
     assert!(reports.iter().map(|r| r.counts.awaited).sum::<u64>() >= 1);
 }
+
+/// A run's lease is renewed while it works, however often its steps claim keys: a
+/// host that grants claims faster than its beat must still beat. (Each new claim wakes
+/// the heartbeat; once, that pushed the beat back every time, and a busy run lost its
+/// lease to a worker that took it over mid-step.)
+#[test]
+fn a_busy_run_keeps_its_lease_while_it_claims_faster_than_the_beat() {
+    let t = TestHost::with_limits(Limits {
+        lease: Duration::from_millis(300),
+        ..Limits::default()
+    });
+    let steps = agent(STEPS);
+    // 60 steps of 20 ms: over a second of claims every 20 ms, against a 300 ms lease
+    // renewed every 100 ms.
+    let input = json!({ "steps": 60, "log": "/data/busy.log", "pause_ms": 20 });
+    let store = t.store().clone();
+    let report = thread::scope(|s| {
+        let run = s.spawn(|| t.run(&steps, "busy", input, FaultPlan::default()));
+        let mut checked = 0;
+        while !run.is_finished() {
+            thread::sleep(Duration::from_millis(150));
+            let (record, now) = crate::util::block_on(async {
+                (store.run("busy").await.unwrap(), store.now().await.unwrap())
+            });
+            if let Some(lease) = record.and_then(|r| r.lease)
+                && !run.is_finished()
+            {
+                assert!(
+                    lease.expires > now,
+                    "the lease ran out while the run worked: {lease:?} at {now}"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked >= 3, "the lease was looked at while the run worked");
+        run.join().unwrap()
+    });
+    assert_eq!(report.counts.executed, 60);
+}

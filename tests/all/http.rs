@@ -244,9 +244,8 @@ fn run_fetcher(
     http: HttpPolicy,
 ) -> RunReport {
     let mut opts = t.options(run_id, input, faults);
-    opts.http = http;
-    t.host
-        .run(&agent(FETCHER), &opts)
+    opts.authority.http = http;
+    t.run_with(&agent(FETCHER), &opts)
         .unwrap_or_else(|e| panic!("run {run_id}: {e:#}"))
 }
 

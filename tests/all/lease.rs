@@ -4,12 +4,12 @@
 use std::time::{Duration, Instant};
 
 use idem::runtime::{FaultPlan, Limits};
-use idem::store::{ClaimOutcome, ClaimRequest, StoreError, now_millis};
+use idem::store::{ClaimOutcome, ClaimRef, ClaimRequest, Commit, StoreError};
 use idem_test_artifacts::STEPS;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use crate::util::{TestHost, agent, integrity_ok};
+use crate::util::{TestHost, agent, block_on, integrity_ok, lease_by_hand};
 
 /// The key the SDK derives for step `i` of run `run_id` (`Key::for_run("step", &i)`).
 fn step_key(run_id: &str, i: u64) -> String {
@@ -24,22 +24,21 @@ fn a_stale_claim_is_taken_over_after_its_lease_and_fenced() {
         await_timeout: Duration::from_secs(30),
         ..Limits::default()
     });
-    let store = t.host.store();
+    let store = t.store();
     // The store keeps keys in the agent's namespace (its name, by default).
     let key = format!("steps:{}", step_key("leased", 2));
-    // Another process (a holder name this host never made) claims step 2 with a short
-    // lease, then goes silent.
+    // Another process (a holder name this host never made), driving another run of the
+    // same namespace, claims step 2 with a short lease, then goes silent.
+    let other = lease_by_hand(store.as_ref(), &agent(STEPS), "elsewhere", "steps");
     let lease = Duration::from_millis(800);
-    let zombie = match store
-        .claim(&ClaimRequest {
-            key: &key,
-            run_id: "leased",
-            holder: "elsewhere/leased/0",
-            fingerprint: None,
-            lease,
-            now: now_millis(),
-        })
-        .unwrap()
+    let zombie = match block_on(store.claim(&ClaimRequest {
+        key: &key,
+        fence: &other,
+        holder: "elsewhere/elsewhere/0",
+        fingerprint: None,
+        lease,
+    }))
+    .unwrap()
     {
         ClaimOutcome::Granted(grant) => grant,
         other => panic!("expected a grant, got {other:?}"),
@@ -70,13 +69,23 @@ fn a_stale_claim_is_taken_over_after_its_lease_and_fenced() {
 
     // The zombie wakes up and tries to commit: refused, and the result stays the
     // taker's.
-    let before = store.committed(&key).unwrap().unwrap();
-    match store.commit(&key, zombie.token, "leased", b"\"zombie\"") {
+    let before = block_on(store.committed(&key)).unwrap().unwrap();
+    let late = Commit {
+        claim: ClaimRef {
+            key: &key,
+            token: zombie.token,
+            fence: &other,
+        },
+        result: b"\"zombie\"",
+        checkpoint: None,
+        counts: None,
+    };
+    match block_on(store.commit(&late)) {
         Err(StoreError::ClaimLost { key: k, token }) => {
             assert_eq!((k, token), (key.clone(), zombie.token))
         }
         other => panic!("zombie commit must be refused, got {other:?}"),
     }
-    assert_eq!(store.committed(&key).unwrap().unwrap(), before);
+    assert_eq!(block_on(store.committed(&key)).unwrap().unwrap(), before);
     integrity_ok(&t.db());
 }

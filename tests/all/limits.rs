@@ -1,5 +1,5 @@
 //! A hostile agent meets every limit of the host: the run ends with an error that names
-//! the limit (and its flag), the host survives, the store stays intact, and the run
+//! the limit (and a hint that names its flag), the host survives, the store stays intact, and the run
 //! resumes once the limit allows it.
 
 use idem_test_artifacts::HOSTILE;
@@ -34,8 +34,17 @@ impl Case {
         assert_eq!(code, Some(1), "{doc} {err}");
         assert_eq!(doc["status"], "failed", "{doc}");
         let message = doc["error"].as_str().unwrap_or_default().to_string();
+        let hint = doc["hint"].as_str().unwrap_or_default().to_string();
         for part in expected {
-            assert!(message.contains(part), "expected {part:?} in {message:?}");
+            // The run's error names the limit; the CLI's hint names the flag.
+            if part.starts_with("--") {
+                assert!(
+                    hint.contains(part),
+                    "expected {part:?} in the hint {hint:?}"
+                );
+            } else {
+                assert!(message.contains(part), "expected {part:?} in {message:?}");
+            }
         }
         integrity_ok(std::path::Path::new(&self.db()));
         doc

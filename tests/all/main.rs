@@ -6,9 +6,11 @@
 
 mod bad_input;
 mod bench_guest;
+mod cache;
 mod cli;
 mod crash_sweep;
 mod dedupe;
+mod grants;
 mod heartbeat;
 mod http;
 mod in_doubt;
@@ -16,7 +18,11 @@ mod kill;
 mod lease;
 mod limits;
 mod multi_process;
+mod operator_text;
 mod pinning;
+mod prove;
 mod recycle;
+mod rogue;
 mod store_faults;
 mod util;
+mod workers;

@@ -68,3 +68,91 @@ fn resuming_with_another_component_needs_upgrade() {
         .unwrap();
     assert_eq!(upgrades, 1);
 }
+
+/// The review's attack: a different component saved under the real agent's file name
+/// (`payments.wasm`) must not read the real agent's committed results, nor commit a
+/// forged one for a key the real agent has not run yet. A name belongs to the
+/// components an operator put there; a new one joins only by an explicit act.
+#[test]
+fn another_component_under_an_agents_file_name_cannot_reach_its_keys() {
+    use idem_test_artifacts::{DEDUPE, HOSTILE};
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("data")).unwrap();
+    let db = dir.path().join("idem.db").to_str().unwrap().to_string();
+    let grant = format!("{}::/data", dir.path().join("data").display());
+    let real = dir.path().join("real");
+    let fake = dir.path().join("fake");
+    std::fs::create_dir_all(&real).unwrap();
+    std::fs::create_dir_all(&fake).unwrap();
+    std::fs::copy(DEDUPE, real.join("payments.wasm")).unwrap();
+    std::fs::copy(HOSTILE, fake.join("payments.wasm")).unwrap();
+    let run = |agent: &std::path::Path, run_id: &str, input: &str, extra: &[&str]| {
+        let agent = agent.join("payments.wasm");
+        let mut args = vec![
+            "run",
+            agent.to_str().unwrap(),
+            "--db",
+            &db,
+            "--dir",
+            &grant,
+            "--run-id",
+            run_id,
+            "--input",
+            input,
+        ];
+        args.extend_from_slice(extra);
+        run_cli(&args)
+    };
+    let charges = r#"{"items":["a"],"log":"/data/charges.log"}"#;
+    let out = run(&real, "real-1", charges, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    // The impostor, same file name, other code: refused before it runs, naming the
+    // namespace and how an operator would let it in.
+    let forged = r#"{"mode":"key","text":"forged"}"#;
+    let out = run(&fake, "fake-1", forged, &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("namespace \"payments\" belongs to other components")
+            && err.contains("idem deploy"),
+        "{err}"
+    );
+    // Nothing of it reached the store: no run, no key.
+    let conn = raw_db(std::path::Path::new(&db));
+    let fake_runs: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM runs WHERE run_id = 'fake-1'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(fake_runs, 0);
+    let forged_keys: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM steps WHERE key LIKE 'payments:forged%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(forged_keys, 0);
+    // Its own namespace is its own.
+    let out = run(&fake, "fake-2", forged, &["--namespace", "impostor"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    // An explicit deploy under the name lets a new build in.
+    let out = run_cli(&[
+        "deploy",
+        fake.join("payments.wasm").to_str().unwrap(),
+        "--name",
+        "payments",
+        "--db",
+        &db,
+        "--dir",
+        &grant,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = run(&fake, "fake-3", forged, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}

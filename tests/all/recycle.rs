@@ -104,13 +104,16 @@ fn seeded_chaos_mid_computation_keeps_output_and_effects() {
                 "seed {seed}: {key} attempts {attempts:?}"
             );
         }
+        // In doubt only on a retake. A retake is not in doubt when the drop came right
+        // after the claim, before the guest saw it: the host gave the key back.
         for line in &lines {
-            assert_eq!(
-                line.flag("in_doubt"),
-                line.attempt() > 1,
+            assert!(
+                !line.flag("in_doubt") || line.attempt() > 1,
                 "seed {seed}: {line:?}"
             );
         }
+        let in_doubt = lines.iter().filter(|l| l.flag("in_doubt")).count() as u64;
+        assert_eq!(in_doubt, report.counts.reclaimed, "seed {seed}");
         assert_eq!(
             report.counts.executed,
             STEPS_N + report.counts.reclaimed,

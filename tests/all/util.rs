@@ -7,9 +7,27 @@ use std::process::Output;
 use std::sync::{Arc, OnceLock};
 
 use idem::runtime::{
-    DirGrant, FaultPlan, Host, Limits, LoadedAgent, RunOptions, RunReport, Runtime,
+    Authority, DirGrant, FaultPlan, Host, HostError, Limits, LoadedAgent, RunOptions, RunReport,
+    Runtime,
 };
-use idem::store::{SqliteStore, SyncMode};
+use idem::store::{Acquired, OpenOptions, RunFence, SqliteStore, Store, Submission, SyncMode};
+
+/// One tokio runtime for the whole test binary, as in a real process: hosts renew
+/// their leases on it, and tests wait on it with [`block_on`].
+pub fn tokio() -> &'static tokio::runtime::Runtime {
+    static TOKIO: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    TOKIO.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .expect("tokio starts")
+    })
+}
+
+/// Runs a future to its end on the test runtime.
+pub fn block_on<F: Future>(future: F) -> F::Output {
+    tokio().block_on(future)
+}
 
 /// One engine and component cache for the whole test binary, as in a real process.
 pub fn runtime() -> Arc<Runtime> {
@@ -28,10 +46,27 @@ pub fn agent(path: &str) -> LoadedAgent {
         .clone()
 }
 
+/// A host over `store`, started on the test runtime.
+pub fn host(store: Arc<dyn Store>) -> Host {
+    let _inside = tokio().enter();
+    Host::new(runtime(), store).expect("host starts")
+}
+
+/// Opens a SQLite store with `options`.
+pub fn open_store(path: &Path, options: &OpenOptions) -> Arc<dyn Store> {
+    Arc::new(SqliteStore::open_with(path, options).expect("store opens"))
+}
+
+/// Opens an existing SQLite store for reading, as `idem ls` does.
+pub fn open_store_read_only(path: &Path) -> Arc<dyn Store> {
+    Arc::new(SqliteStore::open_read_only(path).expect("store opens"))
+}
+
 /// A temp dir holding a store (`idem.db`) and a directory granted to guests as `/data`.
 pub struct TestHost {
     pub dir: tempfile::TempDir,
     pub host: Host,
+    pub limits: Limits,
 }
 
 impl TestHost {
@@ -42,9 +77,12 @@ impl TestHost {
     pub fn with_limits(limits: Limits) -> TestHost {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("data")).unwrap();
-        let store = SqliteStore::open(&dir.path().join("idem.db"), SyncMode::Normal).unwrap();
-        let host = Host::new(runtime(), Arc::new(store), limits);
-        TestHost { dir, host }
+        let store = open_store(&dir.path().join("idem.db"), &OpenOptions::default());
+        TestHost {
+            dir,
+            host: host(store),
+            limits,
+        }
     }
 
     pub fn db(&self) -> PathBuf {
@@ -55,18 +93,31 @@ impl TestHost {
         self.dir.path().join("data")
     }
 
+    pub fn store(&self) -> &Arc<dyn Store> {
+        self.host.store()
+    }
+
     pub fn options(&self, run_id: &str, input: serde_json::Value, faults: FaultPlan) -> RunOptions {
         RunOptions {
             run_id: run_id.to_string(),
             input: serde_json::to_vec(&input).unwrap(),
-            dirs: vec![DirGrant {
-                host: self.data(),
-                guest: "/data".to_string(),
-            }],
-            env: vec![],
+            authority: Authority {
+                dirs: vec![DirGrant {
+                    host: self.data(),
+                    guest: "/data".to_string(),
+                }],
+                limits: self.limits.clone(),
+                sync: SyncMode::Normal,
+                ..Authority::default()
+            },
             faults,
             ..RunOptions::default()
         }
+    }
+
+    /// Drives a run with these options on this host.
+    pub fn run_with(&self, agent: &LoadedAgent, opts: &RunOptions) -> Result<RunReport, HostError> {
+        block_on(self.host.run(agent, opts))
     }
 
     pub fn run(
@@ -76,8 +127,7 @@ impl TestHost {
         input: serde_json::Value,
         faults: FaultPlan,
     ) -> RunReport {
-        self.host
-            .run(agent, &self.options(run_id, input, faults))
+        self.run_with(agent, &self.options(run_id, input, faults))
             .unwrap_or_else(|e| panic!("run {run_id}: {e:#}"))
     }
 
@@ -85,6 +135,44 @@ impl TestHost {
     pub fn log(&self, name: &str) -> Vec<LogLine> {
         read_log(&self.data().join(name))
     }
+}
+
+/// Creates run `run_id` of `agent` straight in the store and leases it, as another
+/// process driving it would: its fence, for writes made by hand.
+pub fn lease_by_hand(
+    store: &dyn Store,
+    agent: &LoadedAgent,
+    run_id: &str,
+    namespace: &str,
+) -> RunFence {
+    let digest = agent.digest();
+    block_on(async {
+        store.put_component(digest, agent.bytes()).await.unwrap();
+        store
+            .submit(&Submission {
+                run_id,
+                agent: namespace,
+                digest,
+                namespace,
+                input: b"null",
+                authority: &Authority::default().encode(),
+                replace_authority: false,
+            })
+            .await
+            .unwrap();
+        match store
+            .acquire_run(run_id, "elsewhere", std::time::Duration::from_secs(600))
+            .await
+            .unwrap()
+        {
+            Acquired::Leased(leased) => RunFence {
+                run_id: run_id.to_string(),
+                token: leased.token,
+                sync: SyncMode::Normal,
+            },
+            other => panic!("expected a lease, got {other:?}"),
+        }
+    })
 }
 
 /// One side effect, as a guest logged it: `KEY attempt=N token=T ...`.
@@ -138,13 +226,23 @@ pub fn key_counts(lines: &[LogLine]) -> BTreeMap<String, usize> {
 
 /// Runs the real `idem` binary.
 pub fn run_cli(args: &[&str]) -> Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(args)
+    // Compiled agents are cached for the whole suite, never in the user's cache.
+    run_cli_env(
+        args,
+        &[("XDG_CACHE_HOME", env!("CARGO_TARGET_TMPDIR").as_ref())],
+    )
+}
+
+/// Runs the real `idem` binary with these environment variables (set over the suite's).
+pub fn run_cli_env(args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_idem"));
+    cmd.args(args)
         .env("IDEM_LOG", "warn")
-        // Compiled agents are cached for the whole suite, never in the user's cache.
-        .env("XDG_CACHE_HOME", env!("CARGO_TARGET_TMPDIR"))
-        .output()
-        .expect("idem starts")
+        .env("XDG_CACHE_HOME", env!("CARGO_TARGET_TMPDIR"));
+    for (name, value) in env {
+        cmd.env(name, value);
+    }
+    cmd.output().expect("idem starts")
 }
 
 pub fn stdout(out: &Output) -> String {

@@ -15,7 +15,7 @@
 //!   `examples/` and `tests/guests/`, with one target dir under `OUT_DIR`.
 //! - `src/lib.rs`: one constant per guest, and [`ALL`].
 //! - `guests/`: the test-only guests' own workspace (`steps`, `command`, `hostile`,
-//!   `fetcher`, `bench`).
+//!   `fetcher`, `bench`, `rogue`, `sloppy`).
 
 /// `examples/ledger`: appends one log line per item, resuming from its checkpoint.
 ///
@@ -30,7 +30,7 @@ pub const LEDGER: &str = env!("IDEM_GUEST_LEDGER");
 /// `examples/dedupe`: charges each item once across runs, under shared keys.
 ///
 /// Input `{"items": [..], "log": "/data/charges.log", "pause_ms": 0}`; output
-/// `{"charged": n, "executed": e, "skipped": s, "awaited": a}`.
+/// `{"charged": n, "by_this_run": t, "by_other_runs": o}`, from the committed receipts.
 ///
 /// ```
 /// assert!(idem_test_artifacts::DEDUPE.ends_with("dedupe.wasm"));
@@ -56,8 +56,10 @@ pub const STEPS: &str = env!("IDEM_GUEST_STEPS");
 pub const COMMAND: &str = env!("IDEM_GUEST_COMMAND");
 
 /// `tests/guests/hostile`: misbehaves on request — spins, allocates without end,
-/// recurses, panics, hands the host oversized payloads or malformed keys — so the
-/// host's limits can be tested.
+/// recurses, panics, hands the host oversized payloads or malformed keys, plants
+/// forged files in granted directories, or puts escape sequences and invisible
+/// characters in every text it hands the host — so the host's limits, its defences and
+/// what it shows an operator can be tested.
 ///
 /// ```
 /// assert!(idem_test_artifacts::HOSTILE.ends_with("hostile.wasm"));
@@ -86,11 +88,38 @@ pub const FETCHER: &str = env!("IDEM_GUEST_FETCHER");
 /// ```
 pub const BENCH: &str = env!("IDEM_GUEST_BENCH");
 
+/// `tests/guests/rogue`: tries to get around the host's limits and claims — blocks in
+/// WASI, holds claims past its return, streams a request body after its commit,
+/// hoards header sets.
+///
+/// Input `{"mode": "...", "n": 0, "url": "http://127.0.0.1:PORT"}`.
+///
+/// ```
+/// assert!(idem_test_artifacts::ROGUE.ends_with("rogue.wasm"));
+/// ```
+pub const ROGUE: &str = env!("IDEM_GUEST_ROGUE");
+
+/// `tests/guests/sloppy`: an agent written to be wrong, one mistake per mode, for
+/// `idem prove` to catch — keys from the clock (`clock`) or from an attempt counter
+/// (`attempt`), a request outside `run_once` (`outside`), an output that depends on the
+/// generation (`generation`); `ok` makes none.
+///
+/// Input `{"mode": "ok", "items": n, "log": "/data/sloppy.log", "url": null}`; output
+/// `{"items": n}` (plus `"generation"` in that mode).
+///
+/// ```
+/// assert!(idem_test_artifacts::SLOPPY.ends_with("sloppy.wasm"));
+/// ```
+pub const SLOPPY: &str = env!("IDEM_GUEST_SLOPPY");
+
 /// Every guest as `(name, path)`, for tests that go over them all.
 ///
 /// ```
 /// let names: Vec<&str> = idem_test_artifacts::ALL.iter().map(|(name, _)| *name).collect();
-/// assert_eq!(names, ["ledger", "dedupe", "steps", "command", "hostile", "fetcher", "bench"]);
+/// assert_eq!(
+///     names,
+///     ["ledger", "dedupe", "steps", "command", "hostile", "fetcher", "bench", "rogue", "sloppy"]
+/// );
 /// ```
 pub const ALL: &[(&str, &str)] = &[
     ("ledger", LEDGER),
@@ -100,6 +129,8 @@ pub const ALL: &[(&str, &str)] = &[
     ("hostile", HOSTILE),
     ("fetcher", FETCHER),
     ("bench", BENCH),
+    ("rogue", ROGUE),
+    ("sloppy", SLOPPY),
 ];
 
 #[cfg(test)]

@@ -7,18 +7,19 @@
 //! Input: `{"items": ["order-1", "order-2"], "log": "/data/charges.log", "pause_ms": 0}`,
 //! where `/data` is a folder the host grants (`--dir HOST::/data`) and `pause_ms`
 //! (optional) makes each charge take that long, so that runs overlap. Output:
-//! `{"charged": 2, "executed": 1, "skipped": 1, "awaited": 0}`.
+//! `{"charged": 2, "by_this_run": 1, "by_other_runs": 1}`.
 //!
-//! The counts are of what this instance's call of `run` saw: after a resume, items the
-//! lost instance charged count as skipped. Each charge appends
-//! `{key} run={run_id} attempt={attempt} token={token}` to the log.
+//! The output is read off the committed receipts (which run charged each item), never
+//! off what this instance happened to execute or skip: a run dropped and resumed any
+//! number of times returns what an uninterrupted one returns (`idem prove` checks it).
+//! Each charge appends `{key} run={run_id} attempt={attempt} token={token}` to the log.
 
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::thread;
 use std::time::Duration;
 
-use idem_sdk::{Agent, Error, Key, Outcome, run_id, run_once};
+use idem_sdk::{Agent, Error, Key, run_id, run_once};
 use serde::{Deserialize, Serialize};
 
 #[derive(Deserialize)]
@@ -32,9 +33,8 @@ struct Input {
 #[derive(Serialize, Default)]
 struct Output {
     charged: u64,
-    executed: u64,
-    skipped: u64,
-    awaited: u64,
+    by_this_run: u64,
+    by_other_runs: u64,
 }
 
 /// What a charge commits: every run sharing the key reads back the same receipt.
@@ -57,7 +57,7 @@ impl Agent for Dedupe {
         // No checkpoint: the shared keys alone make a replayed item harmless.
         for item in &input.items {
             let key = Key::shared("charge", item)?;
-            let (_receipt, outcome) = run_once(&key, |step| {
+            let (receipt, _outcome) = run_once(&key, |step| {
                 // Stands in for a slow payment API.
                 thread::sleep(Duration::from_millis(input.pause_ms));
                 let line = format!(
@@ -74,10 +74,10 @@ impl Agent for Dedupe {
             })?;
 
             output.charged += 1;
-            match outcome {
-                Outcome::Executed | Outcome::Reclaimed { .. } => output.executed += 1,
-                Outcome::Skipped | Outcome::Probed => output.skipped += 1,
-                Outcome::Awaited => output.awaited += 1,
+            if receipt.charged_by == run {
+                output.by_this_run += 1;
+            } else {
+                output.by_other_runs += 1;
             }
         }
         Ok(output)

@@ -3,9 +3,16 @@
 wasmtime::component::bindgen!({
     path: "../wit",
     world: "agent",
-    // Every import may end the instance: a store outage, a fault injected by the host,
-    // or a recycle point is a trap, never a value the guest could misread.
-    imports: { default: trappable },
+    // Every import is async (a claim waits on the store, or on another holder, without
+    // holding a thread) and may end the instance: a store outage, a fault injected by
+    // the host or a recycle point is a trap, never a value the guest could misread.
+    imports: { default: async | trappable },
+    exports: { default: async },
+    // `result<_, step-error>` becomes `Result<_, StepFailure>`: an import returns the
+    // agent's error value or a trap through one `?`.
+    trappable_error_type: {
+        "idem:agent/types.step-error" => crate::runtime::imports::StepFailure,
+    },
     with: {
         "idem:agent/once.claim": crate::runtime::claim::ClaimHandle,
     },

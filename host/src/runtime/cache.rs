@@ -1,95 +1,546 @@
 //! The on-disk cache of precompiled components, so that a second start does not
-//! recompile.
+//! recompile — without ever running native code that idem did not seal itself.
 //!
-//! An entry is keyed by the component's digest and by the engine's compatibility hash
-//! (wasmtime version, target and every config knob that changes code, fuel included): a
-//! `.cwasm` loads only into an engine configured as the one that wrote it. Each entry has
-//! a `.sha256` sidecar so a truncated or damaged file is detected and recompiled rather
-//! than handed to `Component::deserialize`.
+//! A cache entry is native code that idem maps executable, so it is trusted only when it
+//! proves where it came from. Each entry is one file: a header naming the component's
+//! SHA-256 and the engine (wasmtime's compatibility hash and idem's version), a keyed
+//! BLAKE3 MAC over the header and the code, then the code. The key is 32 random bytes
+//! in the cache directory, readable by the user alone. An entry that names another
+//! component or engine, or whose MAC fails, is never deserialized: idem warns,
+//! recompiles, and rewrites it. The file is read once and the bytes that were verified
+//! are the bytes deserialized, so nothing can be swapped in between.
+//!
+//! The MAC only helps while nobody else can read the key or replace the directory, so
+//! that is enforced rather than assumed ([`ComponentCache::open`]): the directory is
+//! created 0700, must be a real directory owned by the user and writable by nobody
+//! else, and every directory above it must be owned by root or the user and not
+//! writable by others unless sticky (as ssh's `StrictModes` checks `~/.ssh`). Entry
+//! files are opened without following symbolic links and must be the user's own
+//! regular files.
 
+use std::fs::{File, OpenOptions};
 use std::hash::{Hash, Hasher};
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
-use sha2::{Digest, Sha256};
+use rustix::fs::{Mode, OFlags};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
+use private_dir::{Walk, check_private_dir};
+
+mod private_dir;
+#[cfg(test)]
+mod tests;
+
+/// The first bytes of every entry.
+const MAGIC: [u8; 8] = *b"idem-cw\0";
+/// The layout of the header below; another number is a miss, never a parse attempt.
+const FORMAT: u32 = 1;
+/// magic, format, component digest, engine key, code length.
+const HEADER_LEN: usize = 8 + 4 + 32 + 32 + 8;
+const MAC_LEN: usize = 32;
+/// Larger entries are not read: no component idem compiles comes near, and a file that
+/// large in the cache was not written by idem.
+const MAX_ENTRY_BYTES: u64 = 1 << 30;
+/// The MAC key's file in the cache directory.
+const KEY_FILE: &str = "key";
+
+/// Why the component cache cannot be used. Returned by [`Runtime::new`] when it is given
+/// a cache directory: a cache that others could write to is refused, not ignored.
+///
+/// [`Runtime::new`]: super::Runtime::new
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CacheError {
+    /// Someone other than the user could change what the cache holds.
+    #[error("component cache {dir} is not safe to use: {problem}")]
+    Unsafe {
+        /// The cache directory.
+        dir: PathBuf,
+        /// What is wrong, and where.
+        problem: UnsafeDir,
+    },
+    /// The directory or its key could not be created or read.
+    #[error("component cache {dir}: cannot {action} {}", path.display())]
+    Io {
+        /// The cache directory.
+        dir: PathBuf,
+        /// What idem was doing.
+        action: &'static str,
+        /// The file or directory it was doing it to.
+        path: PathBuf,
+        /// Why it failed.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What makes a cache directory unsafe: each lets another user (or an agent running as
+/// this one) put native code where idem would run it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum UnsafeDir {
+    /// The cache directory is a symbolic link, which whoever can write its parent could
+    /// point elsewhere.
+    #[error("{} is a symbolic link; use the directory it points to", path.display())]
+    SymbolicLink {
+        /// The link.
+        path: PathBuf,
+    },
+    /// A component of the path is not a directory.
+    #[error("{} is not a directory", path.display())]
+    NotADirectory {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The cache directory belongs to someone else.
+    #[error("{} is owned by uid {owner}, not by this user (uid {user})", path.display())]
+    Owner {
+        /// The directory.
+        path: PathBuf,
+        /// Its owner.
+        owner: u32,
+        /// The effective user running idem.
+        user: u32,
+    },
+    /// A directory above the cache belongs to someone other than root or the user, who
+    /// could replace what is below it.
+    #[error(
+        "{} (above the cache) is owned by uid {owner}, neither root nor this user (uid \
+         {user}), who could replace the cache directory",
+        path.display()
+    )]
+    AncestorOwner {
+        /// The directory.
+        path: PathBuf,
+        /// Its owner.
+        owner: u32,
+        /// The effective user running idem.
+        user: u32,
+    },
+    /// The cache directory is writable by its group or by everyone.
+    #[error(
+        "{} is writable by other users (mode {mode:04o}), who could plant code in it",
+        path.display()
+    )]
+    Writable {
+        /// The directory.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// A directory above the cache is writable by others and not sticky.
+    #[error(
+        "{} (above the cache) is writable by other users (mode {mode:04o}) and not \
+         sticky, so they could replace the cache directory",
+        path.display()
+    )]
+    AncestorWritable {
+        /// The directory.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// The path goes through too many symbolic links to be followed.
+    #[error("{} goes through more than {} symbolic links", path.display(), private_dir::MAX_LINKS)]
+    TooManyLinks {
+        /// Where the walk gave up.
+        path: PathBuf,
+    },
+}
+
 /// A directory of precompiled components for one engine configuration.
-#[derive(Debug, Clone)]
 pub(crate) struct ComponentCache {
     dir: PathBuf,
-    engine_key: String,
+    /// Binds entries to the engine that can load them; also names their files.
+    engine_key: [u8; 32],
+    mac_key: [u8; 32],
+    user: u32,
+}
+
+impl std::fmt::Debug for ComponentCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the MAC key: whoever sees it can forge entries.
+        f.debug_struct("ComponentCache")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Feeds `Hash` implementations into BLAKE3, so the engine key does not depend on the
+/// std hasher's algorithm.
+struct Blake3Hasher(blake3::Hasher);
+
+impl Hasher for Blake3Hasher {
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+
+    fn finish(&self) -> u64 {
+        let hash = self.0.finalize();
+        let mut first = [0; 8];
+        first.copy_from_slice(&hash.as_bytes()[..8]);
+        u64::from_le_bytes(first)
+    }
+}
+
+/// Why an entry on disk was not used.
+#[derive(Debug)]
+enum Rejected {
+    NotRegular,
+    OwnedBy(u32),
+    WritableByOthers(u32),
+    TooLarge(u64),
+    NotAnEntry,
+    Format(u32),
+    OtherComponent,
+    OtherEngine,
+    Length,
+    Mac,
+    Io(std::io::Error),
+}
+
+impl std::fmt::Display for Rejected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Rejected::NotRegular => write!(f, "not a regular file (a symbolic link?)"),
+            Rejected::OwnedBy(uid) => write!(f, "owned by uid {uid}, not this user"),
+            Rejected::WritableByOthers(mode) => {
+                write!(f, "writable by other users (mode {mode:04o})")
+            }
+            Rejected::TooLarge(len) => write!(f, "{len} bytes, too large to be an entry"),
+            Rejected::NotAnEntry => write!(f, "not an idem cache entry"),
+            Rejected::Format(v) => write!(f, "entry format {v}, not {FORMAT}"),
+            Rejected::OtherComponent => write!(f, "it holds another component's code"),
+            Rejected::OtherEngine => write!(f, "it was compiled for another engine"),
+            Rejected::Length => write!(f, "its length does not match its header"),
+            Rejected::Mac => write!(f, "its MAC does not verify (forged or damaged)"),
+            Rejected::Io(e) => write!(f, "{e}"),
+        }
+    }
 }
 
 impl ComponentCache {
-    pub(crate) fn new(dir: PathBuf, engine: &Engine) -> Self {
-        // DefaultHasher::new() is keyed with constants, so the value is stable for one
-        // build of idem; a different build may pick other names, which only costs a
-        // recompile.
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    /// Opens (creating it if needed) the cache in `dir` for `engine`, after checking that
+    /// no one but the user can change it, and reads (or creates) its key.
+    pub(crate) fn open(dir: PathBuf, engine: &Engine) -> Result<ComponentCache, CacheError> {
+        let user = rustix::process::geteuid().as_raw();
+        let io = |action, path: &Path| {
+            let dir = dir.clone();
+            let path = path.to_path_buf();
+            move |source| CacheError::Io {
+                dir,
+                action,
+                path,
+                source,
+            }
+        };
+        let absolute = std::path::absolute(&dir).map_err(io("resolve", &dir))?;
+        // Check what exists before creating anything, so that a refused cache is left
+        // as it was; what idem creates is private from the start.
+        match check_private_dir(&absolute, user) {
+            Ok(()) => {}
+            Err(Walk::Missing) => {
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(&absolute)
+                    .map_err(io("create", &absolute))?;
+                check_private_dir(&absolute, user).map_err(|walk| walk.into_error(&dir))?;
+            }
+            Err(walk) => return Err(walk.into_error(&dir)),
+        }
+        let mac_key = load_or_create_key(&absolute.join(KEY_FILE), user).map_err(
+            |(action, path, source)| CacheError::Io {
+                dir: dir.clone(),
+                action,
+                path,
+                source,
+            },
+        )?;
+
+        let mut hasher = Blake3Hasher(blake3::Hasher::new());
         engine.precompile_compatibility_hash().hash(&mut hasher);
         env!("CARGO_PKG_VERSION").hash(&mut hasher);
-        ComponentCache {
-            dir,
-            engine_key: format!("{:016x}", hasher.finish()),
-        }
+        Ok(ComponentCache {
+            dir: absolute,
+            engine_key: *hasher.0.finalize().as_bytes(),
+            mac_key,
+            user,
+        })
     }
 
-    fn entry(&self, digest: &str) -> (PathBuf, PathBuf) {
-        let stem = format!("{digest}-{}", self.engine_key);
-        (
-            self.dir.join(format!("{stem}.cwasm")),
-            self.dir.join(format!("{stem}.sha256")),
-        )
+    fn entry_path(&self, digest: &[u8; 32]) -> PathBuf {
+        self.dir.join(format!(
+            "{}-{}.cwasm",
+            hex(digest),
+            hex(&self.engine_key[..8])
+        ))
     }
 
-    /// The cached component for `digest`, if there is a sound entry.
-    pub(crate) fn load(&self, engine: &Engine, digest: &str) -> Option<Component> {
-        let (artifact, sidecar) = self.entry(digest);
-        let bytes = std::fs::read(&artifact).ok()?;
-        let expected = std::fs::read_to_string(&sidecar).ok()?;
-        if hex(&Sha256::digest(&bytes)) != expected.trim() {
-            tracing::warn!(path = %artifact.display(), "cached component is damaged; recompiling");
-            return None;
-        }
-        // SAFETY: the bytes were written by `store` below from `Component::serialize` of
-        // an engine with the same compatibility hash, and the sidecar digest shows they
-        // are unchanged since. The cache directory must be writable only by the user
-        // running idem (like any cache of native code).
+    /// The cached component for `digest` (the component's SHA-256), if there is an entry
+    /// that idem sealed for it and this engine.
+    pub(crate) fn load(&self, engine: &Engine, digest: &[u8; 32]) -> Option<Component> {
+        let path = self.entry_path(digest);
+        let started = Instant::now();
+        let untrusted = |why: Rejected| {
+            tracing::warn!(path = %path.display(), reason = %why, "cached component not trusted; recompiling");
+        };
+        let bytes = match self.read_entry(&path) {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return None,
+            Err(why) => {
+                untrusted(why);
+                return None;
+            }
+        };
+        let read = started.elapsed();
+        let code = match self.verify(&bytes, digest) {
+            Ok(code) => code,
+            Err(why) => {
+                untrusted(why);
+                return None;
+            }
+        };
+        let verified = started.elapsed();
+        // SAFETY: `code` is exactly the bytes whose MAC was just verified under a key
+        // only this user can read, over a header naming this component and this
+        // engine: `Component::serialize` of this engine wrote them (`store` below).
         #[allow(unsafe_code)]
-        let loaded = unsafe { Component::deserialize(engine, &bytes) };
+        let loaded = unsafe { Component::deserialize(engine, code) };
+        tracing::debug!(
+            path = %path.display(),
+            bytes = bytes.len(),
+            read_us = read.as_micros() as u64,
+            verify_us = (verified - read).as_micros() as u64,
+            deserialize_us = (started.elapsed() - verified).as_micros() as u64,
+            "cached component loaded"
+        );
         match loaded {
             Ok(component) => Some(component),
             Err(e) => {
-                tracing::warn!(path = %artifact.display(), error = %e, "cached component unusable; recompiling");
+                tracing::warn!(path = %path.display(), error = %e, "cached component unusable; recompiling");
                 None
             }
         }
     }
 
-    /// Writes `component` to the cache. Failures are logged, never fatal: the cache is
-    /// an optimisation.
-    pub(crate) fn store(&self, digest: &str, component: &Component) {
+    /// The whole entry file, read once through a descriptor that did not follow a
+    /// symbolic link; `None` when there is no entry.
+    fn read_entry(&self, path: &Path) -> Result<Option<Vec<u8>>, Rejected> {
+        // NONBLOCK: a FIFO planted under the entry's name must not hang the open.
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+        let file = match rustix::fs::open(path, flags, Mode::empty()) {
+            Ok(fd) => File::from(fd),
+            Err(rustix::io::Errno::NOENT) => return Ok(None),
+            Err(rustix::io::Errno::LOOP) => return Err(Rejected::NotRegular),
+            Err(e) => return Err(Rejected::Io(e.into())),
+        };
+        let meta = file.metadata().map_err(Rejected::Io)?;
+        if !meta.file_type().is_file() {
+            return Err(Rejected::NotRegular);
+        }
+        if meta.uid() != self.user {
+            return Err(Rejected::OwnedBy(meta.uid()));
+        }
+        if meta.mode() & 0o022 != 0 {
+            return Err(Rejected::WritableByOthers(meta.mode() & 0o7777));
+        }
+        if meta.len() > MAX_ENTRY_BYTES {
+            return Err(Rejected::TooLarge(meta.len()));
+        }
+        let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+        file.take(MAX_ENTRY_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(Rejected::Io)?;
+        Ok(Some(bytes))
+    }
+
+    /// The code in `entry`, if its header names `digest` and this engine and its MAC
+    /// verifies.
+    fn verify<'a>(&self, entry: &'a [u8], digest: &[u8; 32]) -> Result<&'a [u8], Rejected> {
+        let (header, rest) = entry
+            .split_at_checked(HEADER_LEN)
+            .ok_or(Rejected::NotAnEntry)?;
+        let (mac, code) = rest.split_at_checked(MAC_LEN).ok_or(Rejected::NotAnEntry)?;
+        let (magic, header_rest) = header.split_at(MAGIC.len());
+        if magic != MAGIC {
+            return Err(Rejected::NotAnEntry);
+        }
+        let (format, header_rest) = header_rest.split_at(4);
+        let format = u32::from_le_bytes([format[0], format[1], format[2], format[3]]);
+        if format != FORMAT {
+            return Err(Rejected::Format(format));
+        }
+        // The MAC first: fields of an unauthenticated header say nothing.
+        let mut expected = [0; MAC_LEN];
+        expected.copy_from_slice(mac);
+        if self.mac(header, code) != expected {
+            return Err(Rejected::Mac);
+        }
+        let (named, header_rest) = header_rest.split_at(32);
+        if named != digest {
+            return Err(Rejected::OtherComponent);
+        }
+        let (engine, length) = header_rest.split_at(32);
+        if engine != self.engine_key {
+            return Err(Rejected::OtherEngine);
+        }
+        let mut len = [0; 8];
+        len.copy_from_slice(length);
+        if u64::from_le_bytes(len) != code.len() as u64 {
+            return Err(Rejected::Length);
+        }
+        Ok(code)
+    }
+
+    /// Keyed BLAKE3 of `header` then `code`; compared in constant time by `Hash`'s `==`.
+    fn mac(&self, header: &[u8], code: &[u8]) -> blake3::Hash {
+        let mut mac = blake3::Hasher::new_keyed(&self.mac_key);
+        mac.update(header);
+        mac.update(code);
+        mac.finalize()
+    }
+
+    fn header(&self, digest: &[u8; 32], code_len: usize) -> [u8; HEADER_LEN] {
+        let mut header = [0; HEADER_LEN];
+        let fields: [&[u8]; 5] = [
+            &MAGIC,
+            &FORMAT.to_le_bytes(),
+            digest,
+            &self.engine_key,
+            &(code_len as u64).to_le_bytes(),
+        ];
+        let mut at = 0;
+        for field in fields {
+            header[at..at + field.len()].copy_from_slice(field);
+            at += field.len();
+        }
+        header
+    }
+
+    /// Writes `component` to the cache, sealed. Failures are logged, never fatal: the
+    /// cache is an optimisation.
+    pub(crate) fn store(&self, digest: &[u8; 32], component: &Component) {
         if let Err(e) = self.try_store(digest, component) {
             tracing::warn!(dir = %self.dir.display(), error = %e, "cannot cache the compiled component");
         }
     }
 
-    fn try_store(&self, digest: &str, component: &Component) -> Result<(), String> {
-        let bytes = component.serialize().map_err(|e| e.to_string())?;
-        std::fs::create_dir_all(&self.dir).map_err(|e| e.to_string())?;
-        let (artifact, sidecar) = self.entry(digest);
-        write_atomically(&artifact, &bytes)?;
-        write_atomically(&sidecar, hex(&Sha256::digest(&bytes)).as_bytes())
+    fn try_store(&self, digest: &[u8; 32], component: &Component) -> Result<(), String> {
+        let code = component.serialize().map_err(|e| e.to_string())?;
+        let header = self.header(digest, code.len());
+        let mac = self.mac(&header, &code);
+        let path = self.entry_path(digest);
+        write_new_private(&path, &[&header, mac.as_bytes(), &code], true)
+            .map_err(|e| format!("{}: {e}", path.display()))
     }
 }
 
-/// Writes through a temporary file and a rename, so that a concurrent reader sees the
-/// old entry or the new one, never half of one.
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+/// Writes `parts` to a fresh 0600 file beside `path`, then renames it over `path`
+/// (`replace`) or links it there only if nothing is (`!replace`), so that a reader sees
+/// a whole file or none, and never one that anyone else could have opened first.
+fn write_new_private(path: &Path, parts: &[&[u8]], replace: bool) -> std::io::Result<()> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(
+        ".{name}.{}-{:016x}.tmp",
+        std::process::id(),
+        fastrand::u64(..)
+    ));
+    let written = (|| {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        for part in parts {
+            file.write_all(part)?;
+        }
+        if replace {
+            std::fs::rename(&tmp, path)
+        } else {
+            std::fs::hard_link(&tmp, path)
+        }
+    })();
+    // After a rename this finds nothing; after a link (or a failure) it drops the name
+    // only idem knew.
+    let _ = std::fs::remove_file(&tmp);
+    written
+}
+
+/// The MAC key in `path`, created if missing; a key that others could have read, or
+/// that is not the user's 32 bytes, is replaced by a fresh one.
+fn load_or_create_key(
+    path: &Path,
+    user: u32,
+) -> Result<[u8; 32], (&'static str, PathBuf, std::io::Error)> {
+    let fail = |action| move |e| (action, path.to_path_buf(), e);
+    // Two idem processes starting on an empty cache race here: one links its key in,
+    // the other finds the name taken and reads the winner's on the next pass.
+    for _ in 0..3 {
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+        let problem = match rustix::fs::open(path, flags, Mode::empty()) {
+            Err(rustix::io::Errno::NOENT) => None,
+            Err(rustix::io::Errno::LOOP) => Some("is a symbolic link".to_string()),
+            Err(e) => return Err(fail("read")(e.into())),
+            Ok(fd) => {
+                let mut file = File::from(fd);
+                let meta = file.metadata().map_err(fail("read"))?;
+                let mut key = [0; 32];
+                if !meta.file_type().is_file() {
+                    Some("is not a regular file".to_string())
+                } else if meta.uid() != user {
+                    Some(format!("is owned by uid {}", meta.uid()))
+                } else if meta.mode() & 0o077 != 0 {
+                    Some(format!(
+                        "was readable by other users (mode {:04o})",
+                        meta.mode() & 0o7777
+                    ))
+                } else if meta.len() != 32 {
+                    Some(format!("holds {} bytes, not 32", meta.len()))
+                } else {
+                    file.read_exact(&mut key).map_err(fail("read"))?;
+                    return Ok(key);
+                }
+            }
+        };
+        let key = random_key().map_err(fail("create"))?;
+        match problem {
+            None => match write_new_private(path, &[&key], false) {
+                Ok(()) => return Ok(key),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(fail("create")(e)),
+            },
+            Some(problem) => {
+                // Entries sealed with the old key are recompiled as they are met.
+                tracing::warn!(path = %path.display(), %problem, "cache key not trusted; replacing it");
+                write_new_private(path, &[&key], true).map_err(fail("replace"))?;
+                return Ok(key);
+            }
+        }
+    }
+    Err(fail("create")(std::io::Error::other(
+        "it kept changing while idem read it",
+    )))
+}
+
+fn random_key() -> std::io::Result<[u8; 32]> {
+    let mut key = [0; 32];
+    let mut filled = 0;
+    while filled < key.len() {
+        match rustix::rand::getrandom(&mut key[filled..], rustix::rand::GetRandomFlags::empty()) {
+            Ok(n) => filled += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(key)
 }
 
 /// Lower-case hex of `bytes`.

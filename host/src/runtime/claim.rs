@@ -1,5 +1,7 @@
 //! The host's record of a claim handed to a guest: what the `claim` resource stands for.
 
+use super::http::ClaimLive;
+
 /// A claim the guest holds. Lives in the instance's resource table; when the instance
 /// is dropped the table goes with it and the claim stays in the store, orphaned, exactly
 /// as if the process had died.
@@ -12,7 +14,10 @@ pub struct ClaimHandle {
     pub(crate) token: u64,
     pub(crate) attempt: u32,
     pub(crate) in_doubt: bool,
-    /// The key's place in the run's order of first use: what `--crash-at PHASE:STEP`
+    /// The key's place in the run's order of first use: what a crash point's step
     /// counts.
     pub(crate) ordinal: u32,
+    /// Whether the claim still stands: cleared when it settles or is found taken over,
+    /// which stops requests (and request bodies) made under it.
+    pub(crate) live: ClaimLive,
 }

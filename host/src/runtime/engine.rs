@@ -8,13 +8,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine};
 
 use super::bindings::{Agent as AgentBindings, AgentPre};
 use super::cache::{ComponentCache, hex};
 use super::error::HostError;
 use super::state::InstanceState;
+use super::view::HasIdem;
 
 /// The first eight bytes of a core module: magic, then version 1.
 const CORE_MODULE_HEADER: [u8; 8] = *b"\0asm\x01\0\0\0";
@@ -73,6 +74,8 @@ pub struct LoadedAgent {
     pub(crate) digest: String,
     pub(crate) pre: AgentPre<InstanceState>,
     pub(crate) from_cache: bool,
+    /// The component's bytes, for the store: runs are made from what is deployed.
+    pub(crate) bytes: Arc<[u8]>,
 }
 
 impl std::fmt::Debug for LoadedAgent {
@@ -86,7 +89,7 @@ impl std::fmt::Debug for LoadedAgent {
 }
 
 impl LoadedAgent {
-    /// The agent's name: its file stem.
+    /// The agent's name: its file stem, or the name it was deployed under.
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -100,11 +103,16 @@ impl LoadedAgent {
     pub fn from_cache(&self) -> bool {
         self.from_cache
     }
+
+    /// The component's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
 }
 
 impl Runtime {
     /// Builds the engine and the linker. `cache_dir` enables the precompiled-component
-    /// cache.
+    /// cache; a directory that others could change is refused ([`HostError::Cache`]).
     pub fn new(cache_dir: Option<PathBuf>) -> Result<Runtime, HostError> {
         let mut config = Config::new();
         config.wasm_component_model(true);
@@ -118,16 +126,20 @@ impl Runtime {
         let ticker = EpochTicker::start(&engine);
 
         let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| HostError::Engine(format!("{e:#}")))?;
         // Always linked, so agents built with HTTP load; the gate in `http.rs` refuses
         // every request the run's policy does not grant.
-        wasmtime_wasi_http::p2::add_only_http_to_linker_sync(&mut linker)
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
             .map_err(|e| HostError::Engine(format!("{e:#}")))?;
-        AgentBindings::add_to_linker::<_, HasSelf<InstanceState>>(&mut linker, |s| s)
-            .map_err(|e| HostError::Engine(format!("{e:#}")))?;
+        AgentBindings::add_to_linker::<_, HasIdem>(&mut linker, |s| {
+            crate::runtime::view::IdemView::idem(s)
+        })
+        .map_err(|e| HostError::Engine(format!("{e:#}")))?;
 
-        let cache = cache_dir.map(|dir| ComponentCache::new(dir, &engine));
+        let cache = cache_dir
+            .map(|dir| ComponentCache::open(dir, &engine))
+            .transpose()?;
         Ok(Runtime {
             engine,
             linker,
@@ -171,11 +183,12 @@ impl Runtime {
                 path: path.to_path_buf(),
             });
         }
-        let digest = hex(&Sha256::digest(bytes));
+        let raw_digest: [u8; 32] = Sha256::digest(bytes).into();
+        let digest = hex(&raw_digest);
         let cached = self
             .cache
             .as_ref()
-            .and_then(|c| c.load(&self.engine, &digest));
+            .and_then(|c| c.load(&self.engine, &raw_digest));
         let from_cache = cached.is_some();
         let component = match cached {
             Some(component) => component,
@@ -187,7 +200,7 @@ impl Runtime {
                     }
                 })?;
                 if let Some(cache) = &self.cache {
-                    cache.store(&digest, &component);
+                    cache.store(&raw_digest, &component);
                 }
                 component
             }
@@ -206,6 +219,7 @@ impl Runtime {
             digest,
             pre,
             from_cache,
+            bytes: Arc::from(bytes),
         })
     }
 }

@@ -1,16 +1,21 @@
 //! Errors of the runtime: what kept an agent from being loaded or a run from being
-//! driven. An agent's own error is not one of these: it is the run's outcome.
+//! driven. An agent's own error is not one of these: it is the run's outcome. Messages
+//! name idem's API (the run, the limit, the key); the CLI adds what to type.
 
 use std::path::PathBuf;
 
+use super::authority::AuthorityError;
+use super::cache::CacheError;
+use super::grants::GrantError;
 use crate::store::StoreError;
+use crate::text;
 
 /// Why the host could not load an agent or drive a run.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum HostError {
     /// The agent file could not be read.
-    #[error("cannot read agent {path}")]
+    #[error("cannot read agent {}", path.display())]
     ReadAgent {
         /// The file.
         path: PathBuf,
@@ -19,22 +24,23 @@ pub enum HostError {
         source: std::io::Error,
     },
     /// The file does not start with the WebAssembly magic number.
-    #[error("{path} is not a WebAssembly file (it does not start with \\0asm)")]
+    #[error("{} is not a WebAssembly file (it does not start with \\0asm)", path.display())]
     NotWasm {
         /// The file.
         path: PathBuf,
     },
     /// The file is a core module, which cannot import the idem interfaces.
     #[error(
-        "{path} is a core WebAssembly module, not a component; build the agent with \
-         `cargo build --target wasm32-wasip2`"
+        "{} is a core WebAssembly module, not a component; build the agent as a component \
+         (for Rust, `cargo build --target wasm32-wasip2`)",
+        path.display()
     )]
     CoreModule {
         /// The file.
         path: PathBuf,
     },
     /// The file is not a valid component.
-    #[error("{path} is not a valid WebAssembly component: {reason}")]
+    #[error("{} is not a valid WebAssembly component: {reason}", path.display())]
     InvalidComponent {
         /// The file.
         path: PathBuf,
@@ -42,15 +48,15 @@ pub enum HostError {
         reason: String,
     },
     /// The component is valid but not an agent of the `idem:agent` world.
-    #[error("{path} is not an idem agent (world idem:agent/agent@0.1.0): {reason}")]
+    #[error("{} is not an idem agent (world idem:agent/agent@0.1.0): {reason}", path.display())]
     WrongWorld {
         /// The file.
         path: PathBuf,
         /// What does not match.
         reason: String,
     },
-    /// A `--dir` grant could not be opened.
-    #[error("cannot grant directory {host} to the agent as {guest}: {reason}")]
+    /// A directory grant could not be opened.
+    #[error("cannot grant directory {} to the agent as {guest}: {reason}", host.display())]
     Grant {
         /// The host path.
         host: PathBuf,
@@ -59,11 +65,19 @@ pub enum HostError {
         /// Why.
         reason: String,
     },
+    /// A directory grant would expose idem's own files (see [`check_grants`]).
+    ///
+    /// [`check_grants`]: super::check_grants
+    #[error(transparent)]
+    GrantRefused(#[from] GrantError),
+    /// The component cache cannot be used safely.
+    #[error(transparent)]
+    Cache(#[from] CacheError),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
     /// The run id is unusable.
-    #[error("invalid run id {run_id:?}: {reason}")]
+    #[error("invalid run id {}: {reason}", text::quoted(run_id))]
     InvalidRunId {
         /// The id given.
         run_id: String,
@@ -72,8 +86,10 @@ pub enum HostError {
     },
     /// The run is stopped in doubt: its parked keys must be resolved first.
     #[error(
-        "run {run_id} is stopped in doubt at {}; settle each with `idem resolve {run_id} KEY --result JSON` (the effect happened) or `--retry`",
-        keys.join(", ")
+        "run {} is stopped in doubt at {}; each parked key must be resolved (its effect \
+         happened: commit its result; it did not: retry it) before the run can resume",
+        text::quoted(run_id),
+        keys.iter().map(|k| text::quoted(k)).collect::<Vec<_>>().join(", ")
     )]
     InDoubt {
         /// The run.
@@ -83,8 +99,9 @@ pub enum HostError {
     },
     /// The run was started with another component.
     #[error(
-        "run {run_id} was started with component {pinned}, not {given}; pass --upgrade to \
-         resume it with this one (the upgrade is recorded)"
+        "run {} was started with component {pinned}, not {given}; resuming it with another \
+         component must be asked for as an upgrade (which is recorded)",
+        text::quoted(run_id)
     )]
     Pinned {
         /// The run.
@@ -96,8 +113,10 @@ pub enum HostError {
     },
     /// The run was started in another namespace.
     #[error(
-        "run {run_id} keeps its keys in namespace {pinned:?}, not {given:?}; resume it \
-         with --namespace {pinned}"
+        "run {} keeps its keys in namespace {}, not {}",
+        text::quoted(run_id),
+        text::quoted(pinned),
+        text::quoted(given)
     )]
     NamespaceMismatch {
         /// The run.
@@ -108,19 +127,54 @@ pub enum HostError {
         given: String,
     },
     /// A namespace that cannot be used.
-    #[error("invalid namespace {namespace:?}: use 1 to 64 letters, digits, '.', '_' or '-'")]
+    #[error("invalid namespace {}: {reason}", text::quoted(namespace))]
     InvalidNamespace {
         /// The namespace given.
         namespace: String,
+        /// Why, naming the first character that is not allowed if it is invisible.
+        reason: String,
     },
+    /// No deployment has this name or digest.
+    #[error("no agent is deployed as {}", text::quoted(name))]
+    UnknownDeployment {
+        /// The name or digest asked for.
+        name: String,
+    },
+    /// The run's authority cannot be used.
+    #[error(transparent)]
+    Authority(#[from] AuthorityError),
     /// The run kept being dropped without finishing.
-    #[error("run {run_id} used {instances} instances without finishing; giving up")]
+    #[error(
+        "run {} used {instances} instances without finishing; giving up",
+        text::quoted(run_id)
+    )]
     TooManyInstances {
         /// The run.
         run_id: String,
         /// How many instances it used.
         instances: u64,
     },
+    /// Another holder took the run's lease over while this host drove it (this host
+    /// was paused, or cut off from the store, for longer than the lease). Nothing more
+    /// was written for the run by this host.
+    #[error(
+        "run {} was taken over by another holder: its lease ran out while this host did not \
+         renew it; this host wrote nothing more for it",
+        text::quoted(run_id)
+    )]
+    LeaseLost {
+        /// The run.
+        run_id: String,
+    },
+    /// This host already drives the run (twice at once would break its lease).
+    #[error("run {} is already being driven by this host", text::quoted(run_id))]
+    AlreadyDriving {
+        /// The run.
+        run_id: String,
+    },
+    /// The host needs a tokio runtime and was not started inside one.
+    #[error("idem's host must be created inside a tokio runtime")]
+    NoRuntime,
     /// Wasmtime failed outside of any guest's doing.
     #[error("wasm engine: {0}")]
     Engine(String),

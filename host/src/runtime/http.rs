@@ -5,17 +5,29 @@
 //! The policy is enforced in wasmtime-wasi-http's `send_request` hook, the one place
 //! every outgoing request passes through after the guest has built it: a refused
 //! request never opens a connection, and the guest sees `error-code.HTTP-request-denied`.
+//! A request made under a claim is bound to it: once the claim settles (or the host
+//! learns it was taken over), the rest of the request's body is not sent, so no part of
+//! a side effect goes out after its claim ended. A run given a capture (`capture.rs`)
+//! has its admitted requests answered by the capture instead of the network, and its
+//! refused ones reported to it.
 
 use std::fmt;
 use std::str::FromStr;
 
-use http::{HeaderName, HeaderValue};
-use wasmtime_wasi_http::{
-    DEFAULT_FORBIDDEN_HEADERS, RequestOptions, WasiBody, WasiHttpCtx, WasiHttpCtxView,
-    WasiHttpHooks, WasiHttpView,
-};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
-use super::state::InstanceState;
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use wasmtime_wasi_http::{DEFAULT_FORBIDDEN_HEADERS, RequestOptions, WasiBody, WasiHttpHooks};
+
+use super::capture::{Denial, DeniedRequest, HttpCapture};
+use super::limits::Limits;
 
 /// The header that carries the step's idempotency key unless the agent renames it.
 pub const DEFAULT_KEY_HEADER: &str = "idempotency-key";
@@ -38,12 +50,13 @@ pub const DEFAULT_TOKEN_HEADER: &str = "idempotency-token";
 /// assert!(!HttpPolicy::default().allows("127.0.0.1", 8080));
 /// # Ok::<(), idem::runtime::HttpDestinationError>(())
 /// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct HttpPolicy {
-    /// The destinations requests may go to (`--allow-http`).
+    /// The destinations requests may go to.
     pub allow: Vec<HttpDestination>,
-    /// Whether requests made while the instance holds no claim are let through
-    /// (`--allow-http-outside-claims`). Off by default: side effects belong inside
+    /// Whether requests made while the instance holds no claim are let through. Off by
+    /// default: side effects belong inside
     /// `run-once`, where they carry an idempotency key.
     pub outside_claims: bool,
 }
@@ -79,6 +92,19 @@ pub struct HttpDestination {
     pub host: String,
     /// The port, or `None` for every port.
     pub port: Option<u16>,
+}
+
+impl serde::Serialize for HttpDestination {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for HttpDestination {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 impl HttpDestination {
@@ -245,46 +271,66 @@ impl HeaderNames {
     }
 }
 
+/// Whether a claim still stands, as far as this host knows: shared by its handle, the
+/// heartbeat that renews it, and every request (and request body) sent under it. It
+/// stops standing when it settles, when the heartbeat finds it taken over, and — without
+/// anyone saying so — when its lease runs out on this host's clock before a renewal
+/// came back (a process paused past its lease must not act on it when it wakes).
+#[derive(Debug, Clone)]
+pub(crate) struct ClaimLive(Arc<LiveState>);
+
+#[derive(Debug)]
+struct LiveState {
+    ended: AtomicBool,
+    /// Until when the lease is known to hold.
+    valid_until: std::sync::Mutex<Instant>,
+}
+
+impl ClaimLive {
+    /// A claim asked for at `asked` with a lease of `lease`.
+    pub(crate) fn new(asked: Instant, lease: Duration) -> ClaimLive {
+        ClaimLive(Arc::new(LiveState {
+            ended: AtomicBool::new(false),
+            valid_until: std::sync::Mutex::new(asked.checked_add(lease).unwrap_or(asked)),
+        }))
+    }
+
+    fn until(&self) -> std::sync::MutexGuard<'_, Instant> {
+        self.0
+            .valid_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A renewal sent at `sent` came back: the lease holds until `sent + lease`.
+    pub(crate) fn renewed(&self, sent: Instant, lease: Duration) {
+        if let Some(until) = sent.checked_add(lease) {
+            let mut current = self.until();
+            *current = (*current).max(until);
+        }
+    }
+
+    /// The claim settled or was lost: nothing more goes out under it.
+    pub(crate) fn end(&self) {
+        self.0.ended.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn is_live(&self) -> bool {
+        !self.0.ended.load(Ordering::SeqCst) && Instant::now() < *self.until()
+    }
+}
+
 /// A claim granted to the instance and not yet committed or released.
 #[derive(Debug, Clone)]
 struct HeldClaim {
     key: HeaderValue,
     token: u64,
-}
-
-/// Why the gate refused a request; logged by the host, seen by the guest as
-/// `HTTP-request-denied`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Denial {
-    NotGranted { destination: String },
-    OutsideClaim { destination: String },
-    NoAuthority,
-}
-
-impl fmt::Display for Denial {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Denial::NotGranted { destination } => write!(
-                f,
-                "HTTP request to {destination} denied: the destination is not granted \
-                 (grant it with --allow-http)"
-            ),
-            Denial::OutsideClaim { destination } => write!(
-                f,
-                "HTTP request to {destination} denied: it was made outside any run-once \
-                 claim (side effects belong inside run-once; --allow-http-outside-claims \
-                 lets such requests through)"
-            ),
-            Denial::NoAuthority => f.write_str(
-                "HTTP request denied: its URL has no plain host (a user-info part or no \
-                 authority at all)",
-            ),
-        }
-    }
+    live: ClaimLive,
 }
 
 /// The `send_request` hook of one instance: its policy, the header names its agent
-/// chose, and the claims it holds.
+/// chose, the claims it holds, and the capture that answers in place of the network,
+/// if the run has one.
 #[derive(Debug)]
 pub(crate) struct HttpGate {
     run_id: String,
@@ -293,12 +339,36 @@ pub(crate) struct HttpGate {
     /// Innermost (most recently granted) last: a request is stamped with the claim of
     /// the step it is made for.
     held: Vec<HeldClaim>,
+    capture: Option<Arc<dyn HttpCapture>>,
+}
+
+/// The claim an admitted request was stamped with.
+#[derive(Debug, Clone)]
+struct Admitted {
+    live: ClaimLive,
+    key: String,
+    token: u64,
 }
 
 impl HttpGate {
+    pub(crate) fn new(
+        run_id: &str,
+        policy: &HttpPolicy,
+        capture: Option<Arc<dyn HttpCapture>>,
+    ) -> HttpGate {
+        HttpGate {
+            run_id: run_id.to_string(),
+            policy: policy.clone(),
+            names: HeaderNames::default(),
+            held: Vec::new(),
+            capture,
+        }
+    }
+
     /// Lets a request through or says why not; stamps the key and token headers when
-    /// a claim is held, replacing whatever the guest put under those names.
-    fn admit(&self, request: &mut http::Request<WasiBody>) -> Result<(), Denial> {
+    /// a claim is held, replacing whatever the guest put under those names, and returns
+    /// the claim the request is bound to.
+    fn admit(&self, request: &mut http::Request<WasiBody>) -> Result<Option<Admitted>, Denial> {
         let uri = request.uri();
         let authority = uri.authority().ok_or(Denial::NoAuthority)?;
         // The connector dials the whole authority string: refusing user-info keeps the
@@ -319,14 +389,50 @@ impl HttpGate {
         }
         let Some(claim) = self.held.last() else {
             return if self.policy.outside_claims {
-                Ok(())
+                Ok(None)
             } else {
                 Err(Denial::OutsideClaim { destination })
             };
         };
+        if !claim.live.is_live() {
+            return Err(Denial::ClaimLost { destination });
+        }
         let headers = request.headers_mut();
         headers.insert(self.names.key.clone(), claim.key.clone());
         headers.insert(self.names.token.clone(), HeaderValue::from(claim.token));
+        Ok(Some(Admitted {
+            live: claim.live.clone(),
+            // Keys are stamped only when they are valid header values, which are
+            // visible ASCII: always UTF-8.
+            key: String::from_utf8_lossy(claim.key.as_bytes()).into_owned(),
+            token: claim.token,
+        }))
+    }
+
+    /// A claim was handed to the guest: requests are stamped with it until it settles.
+    /// Keys are checked for control characters before any grant, so every key is a
+    /// valid header value; one that is not is simply not stamped.
+    pub(crate) fn claim_granted(&mut self, key: &str, token: u64, live: ClaimLive) {
+        match HeaderValue::from_str(key) {
+            Ok(key) => self.held.push(HeldClaim { key, token, live }),
+            Err(_) => tracing::warn!(key, "key is not a valid header value; not stamped"),
+        }
+    }
+
+    /// The claim on `key` with `token` was committed, released or dropped. Tokens
+    /// count per key, so two keys held at once may share one: both name the claim.
+    pub(crate) fn claim_settled(&mut self, key: &str, token: u64) {
+        self.held
+            .retain(|c| !(c.token == token && c.key.as_bytes() == key.as_bytes()));
+    }
+
+    /// Renames the key and token headers for this instance's later requests.
+    pub(crate) fn set_header_names(
+        &mut self,
+        key: &str,
+        token: &str,
+    ) -> Result<(), HeaderNamesError> {
+        self.names = HeaderNames::new(key, token)?;
         Ok(())
     }
 }
@@ -346,70 +452,79 @@ impl WasiHttpHooks for HttpGate {
             > + Send,
     > {
         match self.admit(&mut request) {
-            Ok(()) => wasmtime_wasi_http::default_hooks().send_request(request, options, fut),
+            Ok(bound) => {
+                let claim = bound.as_ref().map(|a| (a.key.clone(), a.token));
+                let request = match bound {
+                    Some(Admitted { live, .. }) => {
+                        request.map(|body| ClaimBoundBody { inner: body, live }.boxed_unsync())
+                    }
+                    None => request,
+                };
+                match &self.capture {
+                    Some(capture) => super::capture::send_to(
+                        Arc::clone(capture),
+                        self.run_id.clone(),
+                        request,
+                        claim,
+                    ),
+                    None => wasmtime_wasi_http::default_hooks().send_request(request, options, fut),
+                }
+            }
             Err(denial) => {
-                tracing::warn!(run_id = %self.run_id, "{denial}");
+                tracing::warn!(run_id = %crate::text::escape(&self.run_id, false), "{denial}");
+                if let Some(capture) = &self.capture {
+                    capture.denied(DeniedRequest {
+                        run_id: self.run_id.clone(),
+                        method: request.method().as_str().to_string(),
+                        url: request.uri().to_string(),
+                        kind: denial.kind(),
+                        reason: denial.to_string(),
+                    });
+                }
                 Box::new(async { Err(wasmtime_wasi_http::Error::HttpRequestDenied) })
             }
         }
     }
-}
 
-/// The `wasi:http` part of an instance's store: the context wasmtime-wasi-http needs
-/// and the gate its requests pass.
-#[derive(Debug)]
-pub(crate) struct HttpState {
-    ctx: WasiHttpCtx,
-    pub(crate) gate: HttpGate,
-}
-
-impl HttpState {
-    pub(crate) fn new(run_id: &str, policy: &HttpPolicy) -> HttpState {
-        HttpState {
-            ctx: WasiHttpCtx::new(),
-            gate: HttpGate {
-                run_id: run_id.to_string(),
-                policy: policy.clone(),
-                names: HeaderNames::default(),
-                held: Vec::new(),
-            },
-        }
+    fn p2_outgoing_body_buffer_chunks(&mut self) -> usize {
+        // With the chunk size below, a body holds at most two chunks in the host
+        // (the buffered one and the one being sent): what `Limits::HANDLE_BYTES` charges.
+        1
     }
 
-    /// A claim was handed to the guest: requests are stamped with it until it settles.
-    /// Keys are checked for control characters before any grant, so every key is a
-    /// valid header value; one that is not is simply not stamped.
-    pub(crate) fn claim_granted(&mut self, key: &str, token: u64) {
-        match HeaderValue::from_str(key) {
-            Ok(key) => self.gate.held.push(HeldClaim { key, token }),
-            Err(_) => tracing::warn!(key, "key is not a valid header value; not stamped"),
-        }
-    }
-
-    /// The claim with `token` was committed, released or dropped. Tokens are unique in
-    /// a store, so the token alone names it.
-    pub(crate) fn claim_settled(&mut self, token: u64) {
-        self.gate.held.retain(|c| c.token != token);
-    }
-
-    /// Renames the key and token headers for this instance's later requests.
-    pub(crate) fn set_header_names(
-        &mut self,
-        key: &str,
-        token: &str,
-    ) -> Result<(), HeaderNamesError> {
-        self.gate.names = HeaderNames::new(key, token)?;
-        Ok(())
+    fn p2_outgoing_body_chunk_size(&mut self) -> usize {
+        Limits::BODY_CHUNK_BYTES
     }
 }
 
-impl WasiHttpView for InstanceState {
-    fn http(&mut self) -> WasiHttpCtxView<'_> {
-        WasiHttpCtxView {
-            ctx: &mut self.http.ctx,
-            table: &mut self.table,
-            hooks: &mut self.http.gate,
+/// A request body that stops once the claim it was sent under ends: the rest of a side
+/// effect never leaves after its commit (or after another holder took the key over).
+struct ClaimBoundBody {
+    inner: WasiBody,
+    live: ClaimLive,
+}
+
+impl Body for ClaimBoundBody {
+    type Data = Bytes;
+    type Error = wasmtime_wasi_http::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if !self.live.is_live() {
+            tracing::warn!("request body cut: its claim ended before the body was sent");
+            return Poll::Ready(Some(Err(wasmtime_wasi_http::Error::HttpRequestDenied)));
         }
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -429,12 +544,12 @@ mod tests {
         builder.body(body).unwrap()
     }
 
-    fn state(allow: &[&str], outside_claims: bool) -> HttpState {
+    fn gate(allow: &[&str], outside_claims: bool) -> HttpGate {
         let policy = HttpPolicy {
             allow: allow.iter().map(|d| d.parse().unwrap()).collect(),
             outside_claims,
         };
-        HttpState::new("run", &policy)
+        HttpGate::new("run", &policy, None)
     }
 
     #[test]
@@ -489,7 +604,7 @@ mod tests {
 
     #[test]
     fn refuses_destinations_not_granted() {
-        let gate = state(&["127.0.0.1:8080", "example.com"], true).gate;
+        let gate = gate(&["127.0.0.1:8080", "example.com"], true);
         assert!(
             gate.admit(&mut request("http://127.0.0.1:8080/", &[]))
                 .is_ok()
@@ -503,25 +618,26 @@ mod tests {
                 .is_ok()
         );
         assert_eq!(
-            gate.admit(&mut request("http://127.0.0.1:8081/", &[])),
-            Err(Denial::NotGranted {
+            gate.admit(&mut request("http://127.0.0.1:8081/", &[]))
+                .err(),
+            Some(Denial::NotGranted {
                 destination: "127.0.0.1:8081".into()
             })
         );
         // The default port of the scheme is what is checked when none is written.
         assert_eq!(
-            gate.admit(&mut request("http://127.0.0.1/", &[])),
-            Err(Denial::NotGranted {
+            gate.admit(&mut request("http://127.0.0.1/", &[])).err(),
+            Some(Denial::NotGranted {
                 destination: "127.0.0.1:80".into()
             })
         );
         assert_eq!(
-            gate.admit(&mut request("http://evil@127.0.0.1:8080/", &[])),
-            Err(Denial::NoAuthority)
+            gate.admit(&mut request("http://evil@127.0.0.1:8080/", &[]))
+                .err(),
+            Some(Denial::NoAuthority)
         );
         assert!(
-            HttpState::new("run", &HttpPolicy::default())
-                .gate
+            HttpGate::new("run", &HttpPolicy::default(), None)
                 .admit(&mut request("http://127.0.0.1:8080/", &[]))
                 .is_err()
         );
@@ -529,21 +645,25 @@ mod tests {
 
     #[test]
     fn stamps_the_innermost_held_claim_and_refuses_outside_claims() {
-        let mut http = state(&["127.0.0.1"], false);
-        let denied = http
-            .gate
+        let mut gate = gate(&["127.0.0.1"], false);
+        let denied = gate
             .admit(&mut request("http://127.0.0.1:1/", &[]))
             .unwrap_err();
         assert!(matches!(denied, Denial::OutsideClaim { .. }));
         assert!(denied.to_string().contains("127.0.0.1:1"), "{denied}");
 
-        http.claim_granted("run/a", 7);
-        http.claim_granted("run/b", 9);
+        let lease = Duration::from_secs(30);
+        let (a, b) = (
+            ClaimLive::new(Instant::now(), lease),
+            ClaimLive::new(Instant::now(), lease),
+        );
+        gate.claim_granted("run/a", 7, a.clone());
+        gate.claim_granted("run/b", 9, b.clone());
         let mut req = request(
             "http://127.0.0.1:1/",
             &[("Idempotency-Key", "forged"), ("idempotency-token", "1")],
         );
-        http.gate.admit(&mut req).unwrap();
+        gate.admit(&mut req).unwrap();
         let all = |name: &str| -> Vec<&str> {
             req.headers()
                 .get_all(name)
@@ -554,20 +674,77 @@ mod tests {
         assert_eq!(all("idempotency-key"), ["run/b"]);
         assert_eq!(all("idempotency-token"), ["9"]);
 
-        http.claim_settled(9);
-        http.set_header_names("X-Step", "X-Fence").unwrap();
+        // A claim the host knows was taken over stamps nothing: the request stays home.
+        b.end();
+        assert!(matches!(
+            gate.admit(&mut request("http://127.0.0.1:1/", &[])),
+            Err(Denial::ClaimLost { .. })
+        ));
+
+        gate.claim_settled("run/b", 9);
+        gate.set_header_names("X-Step", "X-Fence").unwrap();
         let mut req = request("http://127.0.0.1:1/", &[]);
-        http.gate.admit(&mut req).unwrap();
+        gate.admit(&mut req).unwrap();
         assert_eq!(req.headers()["x-step"], "run/a");
         assert_eq!(req.headers()["x-fence"], "7");
         assert!(req.headers().get("idempotency-key").is_none());
 
-        http.claim_settled(7);
+        gate.claim_settled("run/a", 7);
         assert!(
-            http.gate
-                .admit(&mut request("http://127.0.0.1:1/", &[]))
+            gate.admit(&mut request("http://127.0.0.1:1/", &[]))
                 .is_err()
         );
+    }
+
+    #[test]
+    fn a_claim_whose_lease_ran_out_here_is_not_live() {
+        let asked = Instant::now() - Duration::from_secs(2);
+        let live = ClaimLive::new(asked, Duration::from_secs(1));
+        assert!(
+            !live.is_live(),
+            "a paused holder must not act on an expired lease"
+        );
+        live.renewed(Instant::now(), Duration::from_secs(30));
+        assert!(live.is_live());
+        live.end();
+        assert!(!live.is_live());
+    }
+
+    #[tokio::test]
+    async fn a_body_stops_when_its_claim_ends() {
+        let live = ClaimLive::new(Instant::now(), Duration::from_secs(30));
+        let chunks =
+            futures_lite_body(vec![Bytes::from_static(b"one"), Bytes::from_static(b"two")]);
+        let mut body = ClaimBoundBody {
+            inner: chunks,
+            live: live.clone(),
+        };
+        let first = body.frame().await.unwrap().unwrap();
+        assert_eq!(first.into_data().unwrap(), "one");
+        live.end();
+        assert!(
+            body.frame().await.unwrap().is_err(),
+            "the second chunk is cut"
+        );
+    }
+
+    /// A body of the given chunks, as the guest's writes would make it.
+    fn futures_lite_body(chunks: Vec<Bytes>) -> WasiBody {
+        Chunks(chunks.into()).boxed_unsync()
+    }
+
+    struct Chunks(std::collections::VecDeque<Bytes>);
+
+    impl Body for Chunks {
+        type Data = Bytes;
+        type Error = wasmtime_wasi_http::Error;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            Poll::Ready(self.0.pop_front().map(|c| Ok(Frame::data(c))))
+        }
     }
 
     #[test]

@@ -1,55 +1,49 @@
-//! Driving a run to its end: open it in the store, then create instances, call `run`,
-//! and replace each instance the host drops, until the agent returns.
+//! Driving a run to its end. The foreground form ([`Host::run`]) deploys the agent,
+//! submits the run and takes its lease itself; a worker leases runs from the queue.
+//! Either way [`Host::drive`] creates instances, calls `run`, replaces each instance the
+//! host drops, and records how the run ended — every write fenced by the run's lease.
 
-use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use wasmtime::Store as WasmStore;
-use wasmtime::component::ResourceTable;
-use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
+use std::time::Duration;
 
 use super::Host;
+use super::authority::Authority;
+use super::capture::HttpCapture;
+use super::end::InstanceEnd;
 use super::engine::LoadedAgent;
 use super::error::HostError;
-use super::faults::{FaultPlan, Faults, Recycle};
-use super::http::{HttpPolicy, HttpState};
-use super::limits::LimitExceeded;
-use super::state::{HostCallFailure, InstanceState, RunCtx, StoppedInDoubt};
-use crate::store::{Counts, RunEnd, RunSpec, RunStatus, now_millis};
+use super::faults::{FaultPlan, Faults};
+use super::limits::{LimitExceeded, Limits, cut};
+use super::output::LogSink;
+use super::run_ctx::{RunCtx, RunSignals, Stop};
+use crate::store::{
+    Acquired, Admission, Counts, Deployment, LeasedRun, RunEnd, RunFence, RunRecord, RunStatus,
+    Submission,
+};
+use crate::text;
 
-/// A host directory the agent may use, and the path it sees it under.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DirGrant {
-    /// The directory on the host.
-    pub host: PathBuf,
-    /// The path the guest opens it by.
-    pub guest: String,
-}
-
-/// How to drive one run.
+/// How to drive one run in the foreground.
 #[derive(Debug, Clone, Default)]
 pub struct RunOptions {
     /// The run's id: the same id resumes the same run.
     pub run_id: String,
     /// The input handed to `run` on every instance.
     pub input: Vec<u8>,
-    /// Directories granted to the agent (nothing else of the host's file system is).
-    pub dirs: Vec<DirGrant>,
-    /// Environment variables granted to the agent (none by default).
-    pub env: Vec<(String, String)>,
+    /// What the run may reach.
+    pub authority: Authority,
     /// Planned instance drops.
     pub faults: FaultPlan,
-    /// Resume a run started with another component (the upgrade is recorded); without
-    /// it, such a resume is refused.
+    /// Resume a run started with another component, or run a component under a name
+    /// other components use: an explicit act, recorded.
     pub upgrade: bool,
-    /// The namespace the run's keys live in; `None` keeps a resumed run's, and derives
-    /// a new run's from the agent's name, so that runs of one agent share keys and
-    /// other agents cannot reach them.
+    /// The name the agent is deployed under, which is the namespace its keys live in;
+    /// `None` keeps a resumed run's, and takes the agent's file name for a new run.
+    /// Another component may use a name only once deployed there explicitly (or with
+    /// `upgrade`): runs of one agent share keys, and other agents cannot reach them.
     pub namespace: Option<String>,
-    /// Outbound HTTP the agent is granted (none by default).
-    pub http: HttpPolicy,
+    /// Answers the run's outbound HTTP in place of the network, and hears of the
+    /// requests the gate refused. `None` sends granted requests out.
+    pub capture: Option<Arc<dyn HttpCapture>>,
 }
 
 /// How a run ended, and what it took.
@@ -57,21 +51,47 @@ pub struct RunOptions {
 pub struct RunReport {
     /// The run's id.
     pub run_id: String,
-    /// `Completed` or `Failed`.
+    /// How the run stands now. `Running` when it was given back unfinished (the worker
+    /// shut down).
     pub status: RunStatus,
-    /// The output bytes when completed; the error text when failed.
+    /// The output bytes when completed; the error text when failed; the reason when in
+    /// doubt or cancelled.
     pub outcome: Vec<u8>,
-    /// What the run did over all its instances, including earlier invocations.
+    /// What the run did over all its instances, including earlier drives.
     pub counts: Counts,
-    /// Instances created by this invocation.
+    /// Whether `counts` are exact. An earlier holder of the run that died (killed,
+    /// power lost) without writing its last counts leaves them short by at most the
+    /// work of its last quarter second; `reclaimed` is exact either way.
+    pub counts_exact: bool,
+    /// Instances created by this drive.
     pub instances_now: u64,
-    /// The run had ended before this invocation: nothing was executed now.
+    /// The run had ended before this drive: nothing was executed now.
     pub already_finished: bool,
+    /// Why the run failed, when it failed for a reason the host can name.
+    pub failure: Option<RunFailure>,
+}
+
+/// Why a run failed, beyond its error text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RunFailure {
+    /// The agent returned an error.
+    AgentError,
+    /// The guest trapped (a panic, a stack overflow, an uncaught exception).
+    Trapped,
+    /// A limit ended it.
+    Limit(LimitExceeded),
+    /// The agent returned while still holding claims: their side effects may have
+    /// begun, so the keys are left to be retaken in doubt.
+    ClaimsLeftOpen {
+        /// The keys, as the agent wrote them.
+        keys: Vec<String>,
+    },
 }
 
 /// The default namespace of an agent: its name, with anything but letters, digits,
 /// `.`, `_` and `-` replaced by `-`.
-fn namespace_of(agent: &str) -> String {
+pub(crate) fn namespace_of(agent: &str) -> String {
     let namespace: String = agent
         .chars()
         .take(MAX_NAMESPACE_BYTES)
@@ -91,35 +111,38 @@ fn namespace_char(c: char) -> bool {
 /// The longest namespace accepted.
 const MAX_NAMESPACE_BYTES: usize = 64;
 
-impl RunOptions {
-    /// Checks the options without touching any store: the run id, and that every
-    /// granted directory can be opened. [`Host::run`] does it too; calling it first lets
-    /// a caller refuse bad options before it opens (and so writes to) a store.
-    pub fn check(&self) -> Result<(), HostError> {
-        check_run_id(&self.run_id)?;
-        if let Some(namespace) = &self.namespace
-            && (namespace.is_empty()
-                || namespace.len() > MAX_NAMESPACE_BYTES
-                || !namespace.chars().all(namespace_char))
-        {
-            return Err(HostError::InvalidNamespace {
-                namespace: namespace.clone(),
-            });
-        }
-        wasi_ctx(self).map(drop)
+/// Checks a namespace (which is also a deployment name).
+pub fn check_namespace(namespace: &str) -> Result<(), HostError> {
+    const RULE: &str = "use 1 to 64 letters, digits, '.', '_' or '-'";
+    if !namespace.is_empty()
+        && namespace.len() <= MAX_NAMESPACE_BYTES
+        && namespace.chars().all(namespace_char)
+    {
+        return Ok(());
     }
+    let reason = match text::check_visible(namespace) {
+        Err(hidden) => format!("it holds {hidden}; {RULE}"),
+        Ok(()) => RULE.to_string(),
+    };
+    Err(HostError::InvalidNamespace {
+        namespace: namespace.to_string(),
+        reason,
+    })
 }
 
 /// The longest run id accepted.
 const MAX_RUN_ID_BYTES: usize = 256;
 
-fn check_run_id(run_id: &str) -> Result<(), HostError> {
+/// Checks a run id: 1 to 256 bytes, no `/`, nothing invisible.
+pub fn check_run_id(run_id: &str) -> Result<(), HostError> {
     let reason = if run_id.is_empty() {
         Some("it is empty".to_string())
     } else if run_id.len() > MAX_RUN_ID_BYTES {
         Some(format!("it is over {MAX_RUN_ID_BYTES} bytes"))
-    } else if run_id.chars().any(|c| c.is_control() || c == '/') {
-        Some("it holds '/' or a control character".to_string())
+    } else if let Err(hidden) = text::check_visible(run_id) {
+        Some(format!("it holds {hidden}; run ids must be visible text"))
+    } else if run_id.contains('/') {
+        Some("it holds '/'".to_string())
     } else {
         None
     };
@@ -132,282 +155,435 @@ fn check_run_id(run_id: &str) -> Result<(), HostError> {
     }
 }
 
+impl RunOptions {
+    /// Checks the options without touching any store: the run id, the namespace, the
+    /// limits, and that every granted directory can be opened. [`Host::run`] does it
+    /// too; calling it first lets a caller refuse bad options before it opens (and so
+    /// writes to) a store.
+    pub fn check(&self) -> Result<(), HostError> {
+        check_run_id(&self.run_id)?;
+        if let Some(namespace) = &self.namespace {
+            check_namespace(namespace)?;
+        }
+        self.authority.check()?;
+        super::instance::wasi_ctx(&self.authority, &LogSink::default()).map(drop)
+    }
+}
+
 impl Host {
-    /// Drives run `opts.run_id` of `agent` to its end, resuming it from the store if it
-    /// was started before. A run that already ended is reported as it ended.
-    pub fn run(&self, agent: &LoadedAgent, opts: &RunOptions) -> Result<RunReport, HostError> {
+    /// Drives run `opts.run_id` of `agent` to its end in this process, resuming it if it
+    /// was started before: deploys the agent under its name (a name another component
+    /// uses needs `opts.upgrade`), submits the run, waits for any other holder's lease
+    /// on it to end, and drives it. A run that already ended is reported as it ended.
+    pub async fn run(
+        &self,
+        agent: &LoadedAgent,
+        opts: &RunOptions,
+    ) -> Result<RunReport, HostError> {
+        self.run_inner(agent, opts, std::future::pending(), true)
+            .await
+    }
+
+    /// [`Host::run`], stopped when `stop` resolves the way a worker drains: at the
+    /// run's next host call outside a side effect, with its lease given back so that
+    /// whoever resumes it need not wait for the lease (the report's status is then
+    /// [`RunStatus::Running`]).
+    pub async fn run_until(
+        &self,
+        agent: &LoadedAgent,
+        opts: &RunOptions,
+        stop: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<RunReport, HostError> {
+        self.run_inner(agent, opts, stop, true).await
+    }
+
+    /// [`Host::run`], the agent's stderr and stdout shown on idem's own stderr only if
+    /// `echo` (they go to the run's log either way).
+    pub(crate) async fn run_logged(
+        &self,
+        agent: &LoadedAgent,
+        opts: &RunOptions,
+        echo: bool,
+    ) -> Result<RunReport, HostError> {
+        self.run_inner(agent, opts, std::future::pending(), echo)
+            .await
+    }
+
+    async fn run_inner(
+        &self,
+        agent: &LoadedAgent,
+        opts: &RunOptions,
+        stop: impl Future<Output = ()> + Send + 'static,
+        echo: bool,
+    ) -> Result<RunReport, HostError> {
         opts.check()?;
-        let existing = self.store.run(&opts.run_id)?;
+        let _driving = self.start_driving(&opts.run_id)?;
+        let store = &self.store;
+        let existing = store.run(&opts.run_id).await?;
         // A run keeps the namespace it started in; a new one takes the one asked for, or
         // the agent's name.
-        let namespace = match (&opts.namespace, &existing) {
+        let name = match (&opts.namespace, &existing) {
+            (Some(namespace), Some(existing)) if *namespace != existing.namespace => {
+                return Err(HostError::NamespaceMismatch {
+                    run_id: opts.run_id.clone(),
+                    pinned: existing.namespace.clone(),
+                    given: namespace.clone(),
+                });
+            }
             (Some(namespace), _) => namespace.clone(),
             (None, Some(existing)) => existing.namespace.clone(),
             (None, None) => namespace_of(&agent.name),
         };
         // A run is pinned to the component it started with: another one could read its
         // checkpoint and results differently.
-        if let Some(existing) = &existing
-            && existing.namespace != namespace
-        {
-            return Err(HostError::NamespaceMismatch {
-                run_id: opts.run_id.clone(),
-                pinned: existing.namespace.clone(),
-                given: namespace,
-            });
-        }
-        if let Some(existing) = existing
-            && existing.digest != agent.digest
-        {
-            if !opts.upgrade {
-                return Err(HostError::Pinned {
-                    run_id: opts.run_id.clone(),
-                    pinned: existing.digest,
-                    given: agent.digest.clone(),
-                });
+        let upgrade_from = match &existing {
+            Some(existing) if existing.digest != agent.digest => {
+                if !opts.upgrade {
+                    return Err(HostError::Pinned {
+                        run_id: opts.run_id.clone(),
+                        pinned: existing.digest.clone(),
+                        given: agent.digest.clone(),
+                    });
+                }
+                Some(existing.digest.clone())
             }
-            self.store
-                .upgrade_run(&opts.run_id, &existing.digest, &agent.digest, now_millis())?;
-            tracing::info!(run_id = %opts.run_id, from = %existing.digest, to = %agent.digest, "run upgraded");
+            _ => None,
+        };
+        let authority = opts.authority.encode();
+        store.put_component(&agent.digest, &agent.bytes).await?;
+        store
+            .deploy(&Deployment {
+                name: &name,
+                digest: &agent.digest,
+                authority: &authority,
+                admission: if opts.upgrade {
+                    Admission::Explicit
+                } else {
+                    Admission::FirstUse
+                },
+            })
+            .await?;
+        if let Some(from) = upgrade_from {
+            store
+                .upgrade_run(&opts.run_id, &from, &agent.digest)
+                .await?;
+            tracing::info!(run_id = %text::escape(&opts.run_id, false), %from, to = %agent.digest, "run upgraded");
         }
-        let record = self.store.open_run(&RunSpec {
-            run_id: &opts.run_id,
-            agent: &agent.name,
-            digest: &agent.digest,
-            namespace: &namespace,
-            input: &opts.input,
-            now: now_millis(),
-        })?;
-        if record.status == RunStatus::InDoubt {
-            let keys = self
+        let submitted = store
+            .submit(&Submission {
+                run_id: &opts.run_id,
+                agent: &name,
+                digest: &agent.digest,
+                namespace: &name,
+                input: &opts.input,
+                authority: &authority,
+                replace_authority: true,
+            })
+            .await?;
+        if let Some(report) = self.finished_report(&submitted.record).await? {
+            return Ok(report);
+        }
+        let leased = self
+            .acquire_foreground(&opts.run_id, opts.authority.limits.lease)
+            .await?;
+        let leased = match leased {
+            Ok(leased) => leased,
+            Err(record) => {
+                return self
+                    .finished_report(&record)
+                    .await?
+                    .ok_or_else(|| HostError::Engine("a finished run has no report".into()));
+            }
+        };
+        let signals = Arc::new(RunSignals::default());
+        let stopper = tokio::spawn({
+            let signals = Arc::clone(&signals);
+            async move {
+                stop.await;
+                signals.raise(Stop::Drain);
+            }
+        });
+        let report = self
+            .drive_leased(
+                agent,
+                leased,
+                &opts.authority,
+                &opts.faults,
+                LogSink::new(echo),
+                signals,
+                opts.capture.clone(),
+            )
+            .await;
+        stopper.abort();
+        report
+    }
+
+    /// Takes the lease of a run for the foreground, waiting while another live holder
+    /// has it; `Err(record)` if the run finished meanwhile.
+    async fn acquire_foreground(
+        &self,
+        run_id: &str,
+        lease: Duration,
+    ) -> Result<Result<LeasedRun, RunRecord>, HostError> {
+        let mut told = false;
+        loop {
+            match self
                 .store
-                .open_claims(Some(&opts.run_id))?
-                .into_iter()
-                .filter(|c| c.parked.is_some())
-                .map(|c| c.key)
-                .collect();
-            return Err(HostError::InDoubt {
-                run_id: opts.run_id.clone(),
-                keys,
-            });
+                .acquire_run(run_id, self.live.host_id(), lease)
+                .await?
+            {
+                Acquired::Leased(leased) => return Ok(Ok(leased)),
+                Acquired::Finished(record) => return Ok(Err(record)),
+                Acquired::Held(holder) => {
+                    if !told {
+                        tracing::warn!(
+                            run_id = %text::escape(run_id, false),
+                            worker = %text::escape(&holder.worker, false),
+                            "another holder drives this run; waiting for it to finish or for its lease to end"
+                        );
+                        told = true;
+                    }
+                    let now = self.store.now().await?;
+                    let wait = u64::try_from(holder.expires.saturating_sub(now)).unwrap_or(0);
+                    tokio::time::sleep(Duration::from_millis(wait.clamp(10, 500))).await;
+                }
+            }
         }
-        if record.status == RunStatus::Completed {
-            return Ok(RunReport {
-                run_id: record.run_id,
+    }
+
+    /// The report of a run that is finished, or `None` if it can be driven.
+    async fn finished_report(&self, record: &RunRecord) -> Result<Option<RunReport>, HostError> {
+        match record.status {
+            RunStatus::Queued | RunStatus::Running | RunStatus::Failed => Ok(None),
+            RunStatus::InDoubt => {
+                let keys = self
+                    .store
+                    .open_claims(Some(&record.run_id))
+                    .await?
+                    .into_iter()
+                    .filter(|c| c.parked.is_some())
+                    .map(|c| c.key)
+                    .collect();
+                Err(HostError::InDoubt {
+                    run_id: record.run_id.clone(),
+                    keys,
+                })
+            }
+            RunStatus::Completed | RunStatus::Cancelled => Ok(Some(RunReport {
+                run_id: record.run_id.clone(),
                 status: record.status,
-                outcome: record.outcome.unwrap_or_default(),
+                outcome: record.outcome.clone().unwrap_or_default(),
                 counts: record.counts,
+                counts_exact: true,
                 instances_now: 0,
                 already_finished: true,
-            });
+                failure: None,
+            })),
         }
+    }
 
-        let mut run = RunCtx {
-            run_id: opts.run_id.clone(),
-            namespace,
+    /// Drives a leased run to its end (or until it is told to stop), writing nothing
+    /// once its lease is lost.
+    pub(crate) async fn drive(
+        &self,
+        agent: &LoadedAgent,
+        leased: LeasedRun,
+        authority: &Authority,
+        faults: &FaultPlan,
+        log: LogSink,
+        signals: Arc<RunSignals>,
+    ) -> Result<RunReport, HostError> {
+        let _driving = self.start_driving(&leased.record.run_id)?;
+        self.drive_leased(agent, leased, authority, faults, log, signals, None)
+            .await
+    }
+
+    // The foreground and the worker differ in each of these; a struct for one private
+    // call would only move the list.
+    #[allow(clippy::too_many_arguments)]
+    async fn drive_leased(
+        &self,
+        agent: &LoadedAgent,
+        leased: LeasedRun,
+        authority: &Authority,
+        faults: &FaultPlan,
+        log: LogSink,
+        signals: Arc<RunSignals>,
+        capture: Option<Arc<dyn HttpCapture>>,
+    ) -> Result<RunReport, HostError> {
+        let fence = RunFence {
+            run_id: leased.record.run_id.clone(),
+            token: leased.token,
+            sync: authority.sync,
+        };
+        self.heartbeat
+            .hold_run(&fence, authority.limits.lease, Arc::clone(&signals));
+        let run = RunCtx {
+            fence,
+            namespace: leased.record.namespace.clone(),
             store: Arc::clone(&self.store),
-            limits: self.limits.clone(),
+            limits: authority.limits.clone(),
             live: Arc::clone(&self.live),
             heartbeat: Arc::clone(&self.heartbeat),
-            counts: record.counts,
-            faults: Faults::new(&opts.faults),
-            ordinals: HashMap::new(),
+            signals,
+            counts: leased.record.counts,
+            faults: Faults::new(faults),
+            ordinals: Default::default(),
             last_committed: 0,
-            fuel_left: self.limits.max_fuel,
+            fuel_left: authority.limits.max_fuel,
             counts_flushed: std::time::Instant::now(),
+            log,
+            capture,
         };
+        let result = self
+            .drive_instances(agent, authority, &leased.input, run, !leased.taken_over)
+            .await;
+        self.heartbeat.drop_run(&leased.record.run_id);
+        result
+    }
+
+    async fn drive_instances(
+        &self,
+        agent: &LoadedAgent,
+        authority: &Authority,
+        input: &[u8],
+        mut run: RunCtx,
+        counts_exact: bool,
+    ) -> Result<RunReport, HostError> {
         let first_instance = run.counts.instances;
+        let store = Arc::clone(&self.store);
         loop {
             let instances_now = run.counts.instances - first_instance;
-            if instances_now >= self.limits.max_instances {
-                // A dropped instance's counts are otherwise written as the next one
-                // starts; there is no next one.
-                if instances_now > 0 {
-                    self.store
-                        .save_counts(&opts.run_id, &run.counts, now_millis())?;
-                }
+            if instances_now >= run.limits.max_instances {
+                store
+                    .release_run(&run.fence, &run.counts, Some("gave up: too many instances"))
+                    .await?;
                 return Err(HostError::TooManyInstances {
-                    run_id: opts.run_id.clone(),
+                    run_id: run.run_id().to_string(),
                     instances: instances_now,
                 });
             }
-            let (result, back) = self.instance(agent, opts, run)?;
+            let (end, back) = self.instance(agent, authority, input, run).await?;
             run = back;
-            let ended = match result {
-                Ok(Ok(output)) => Some((RunStatus::Completed, output)),
-                Ok(Err(message)) => Some((RunStatus::Failed, message.into_bytes())),
-                Err(ref trap) if let Some(drop) = trap.downcast_ref::<Recycle>() => {
-                    tracing::debug!(run_id = %opts.run_id, reason = %drop.reason, "instance dropped");
-                    None
+            self.flush_log(&run).await;
+            let report = |status, outcome: Vec<u8>, failure, run: &RunCtx| RunReport {
+                run_id: run.run_id().to_string(),
+                status,
+                outcome,
+                counts: run.counts,
+                counts_exact,
+                instances_now: run.counts.instances - first_instance,
+                already_finished: false,
+                failure,
+            };
+            let (status, outcome, failure) = match end {
+                InstanceEnd::Dropped(reason) => {
+                    tracing::debug!(run_id = %text::escape(run.run_id(), false), %reason, "instance dropped");
+                    // The next instance writes the counts as it starts, in the one
+                    // transaction a recycle needs for them.
+                    continue;
                 }
-                Err(trap) if is_fuel_exhausted(&trap) && run.fuel_left == Some(0) => {
-                    let limit = self.limits.max_fuel.unwrap_or(0);
-                    Some((
+                InstanceEnd::Returned(output) if output.len() > run.limits.max_output_bytes => {
+                    let limit = LimitExceeded::Output {
+                        size: output.len(),
+                        limit: run.limits.max_output_bytes,
+                    };
+                    (
                         RunStatus::Failed,
-                        LimitExceeded::Fuel { limit }.to_string().into_bytes(),
-                    ))
+                        limit.to_string().into_bytes(),
+                        Some(RunFailure::Limit(limit)),
+                    )
                 }
-                Err(trap) if is_fuel_exhausted(&trap) && run.faults.chaos() => {
-                    tracing::debug!(run_id = %opts.run_id, reason = "chaos fuel budget ran out", "instance dropped");
-                    None
+                InstanceEnd::Returned(output) => (RunStatus::Completed, output, None),
+                InstanceEnd::ClaimsLeftOpen(keys) => {
+                    let message = format!(
+                        "the agent returned while holding claims on {}: each claim must be \
+                         committed or released before run returns; the keys will be retaken \
+                         in doubt",
+                        keys.iter()
+                            .map(|k| text::quoted(k))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    );
+                    (
+                        RunStatus::Failed,
+                        message.into_bytes(),
+                        Some(RunFailure::ClaimsLeftOpen { keys }),
+                    )
                 }
-                Err(ref trap) if let Some(limit) = trap.downcast_ref::<LimitExceeded>() => {
-                    // The run stops, resumable: committed steps stay, and running it again
-                    // (with a larger limit, if the agent needs one) goes on from there.
-                    Some((RunStatus::Failed, limit.to_string().into_bytes()))
+                InstanceEnd::AgentError(message) => (
+                    RunStatus::Failed,
+                    cut(&message, Limits::MAX_ERROR_BYTES).into_bytes(),
+                    Some(RunFailure::AgentError),
+                ),
+                InstanceEnd::Trapped(message) => (
+                    RunStatus::Failed,
+                    message.into_bytes(),
+                    Some(RunFailure::Trapped),
+                ),
+                InstanceEnd::Limit(limit) => {
+                    // The run stops, resumable: committed steps stay, and driving it
+                    // again (with a larger limit, if the agent needs one) goes on.
+                    (
+                        RunStatus::Failed,
+                        limit.to_string().into_bytes(),
+                        Some(RunFailure::Limit(limit)),
+                    )
                 }
-                Err(ref trap) if let Some(stopped) = trap.downcast_ref::<StoppedInDoubt>() => {
-                    // The store already holds the run's in-doubt status and reason.
-                    self.store
-                        .save_counts(&opts.run_id, &run.counts, now_millis())?;
-                    let reason = self
-                        .store
-                        .run(&opts.run_id)?
+                InstanceEnd::InDoubt(key) => {
+                    store
+                        .finish_run(&run.fence, RunEnd::InDoubt, &run.counts)
+                        .await?;
+                    let reason = store
+                        .run(run.run_id())
+                        .await?
                         .and_then(|r| r.outcome)
-                        .unwrap_or_else(|| format!("in doubt at key {}", stopped.key).into_bytes());
-                    return Ok(RunReport {
-                        run_id: opts.run_id.clone(),
-                        status: RunStatus::InDoubt,
-                        outcome: reason,
-                        counts: run.counts,
-                        instances_now: run.counts.instances - first_instance,
-                        already_finished: false,
+                        .unwrap_or_else(|| format!("in doubt at key {key}").into_bytes());
+                    return Ok(report(RunStatus::InDoubt, reason, None, &run));
+                }
+                InstanceEnd::Stopped(Stop::Drain | Stop::Abort) => {
+                    store.release_run(&run.fence, &run.counts, None).await?;
+                    return Ok(report(RunStatus::Running, Vec::new(), None, &run));
+                }
+                InstanceEnd::Stopped(Stop::Cancel) => {
+                    store
+                        .finish_run(&run.fence, RunEnd::Cancelled, &run.counts)
+                        .await?;
+                    return Ok(report(
+                        RunStatus::Cancelled,
+                        b"cancelled by an operator".to_vec(),
+                        None,
+                        &run,
+                    ));
+                }
+                InstanceEnd::Stopped(Stop::LeaseLost) => {
+                    return Err(HostError::LeaseLost {
+                        run_id: run.run_id().to_string(),
                     });
                 }
-                Err(trap) => match trap.downcast::<HostCallFailure>() {
-                    Ok(HostCallFailure::Store(e)) => return Err(HostError::Store(e)),
-                    // A trap the guest caused (panic, unreachable, stack overflow) is
-                    // the agent's error, not the host's.
-                    Err(trap) => Some((RunStatus::Failed, trap_message(&trap).into_bytes())),
-                },
+                InstanceEnd::Store(e) => return Err(e.into()),
             };
-            // A dropped instance (`None`) needs no write here: the next instance writes
-            // the counts as it starts, in the one transaction a recycle needs for them.
-            if let Some((status, outcome)) = ended {
-                let end = match status {
-                    RunStatus::Completed => RunEnd::Completed(&outcome),
-                    _ => RunEnd::Failed(std::str::from_utf8(&outcome).unwrap_or("")),
-                };
-                self.store
-                    .finish_run(&opts.run_id, end, &run.counts, now_millis())?;
-                return Ok(RunReport {
-                    run_id: opts.run_id.clone(),
-                    status,
-                    outcome,
-                    counts: run.counts,
-                    instances_now: run.counts.instances - first_instance,
-                    already_finished: false,
-                });
-            }
+            let end = match status {
+                RunStatus::Completed => RunEnd::Completed(&outcome),
+                _ => RunEnd::Failed(std::str::from_utf8(&outcome).unwrap_or("")),
+            };
+            store.finish_run(&run.fence, end, &run.counts).await?;
+            return Ok(report(status, outcome, failure, &run));
         }
     }
 
-    /// Creates one instance for `run`, calls `run` on it, and drops it. Returns the
-    /// call's result and the run context, taken back out of the dropped store.
-    #[allow(clippy::type_complexity)]
-    fn instance(
-        &self,
-        agent: &LoadedAgent,
-        opts: &RunOptions,
-        mut run: RunCtx,
-    ) -> Result<(wasmtime::Result<Result<Vec<u8>, String>>, RunCtx), HostError> {
-        let generation = run.counts.instances;
-        run.counts.instances += 1;
-        // Durable before the instance runs: its claims' counts are written with them,
-        // a process killed now still shows the instance it had started, and the
-        // counts of the instance dropped before it (if any) are written too.
-        self.store
-            .save_counts(&opts.run_id, &run.counts, now_millis())?;
-        let holder = self.live.holder(&opts.run_id, generation);
-        let chaos_fuel = run.faults.fuel_budget().unwrap_or(u64::MAX);
-        let fuel = chaos_fuel.min(run.fuel_left.unwrap_or(u64::MAX));
-        let state = InstanceState {
-            wasi: wasi_ctx(opts)?,
-            table: ResourceTable::new(),
-            run,
-            generation,
-            holder: holder.clone(),
-            grants: 0,
-            last_call: Instant::now(),
-            effect: None,
-            http: HttpState::new(&opts.run_id, &opts.http),
-        };
-        let mut store = WasmStore::new(self.runtime.engine(), state);
-        store.limiter(|state| state as &mut dyn wasmtime::ResourceLimiter);
-        store
-            .set_fuel(fuel)
-            .map_err(|e| HostError::Engine(format!("{e:#}")))?;
-        // Every epoch tick while wasm runs, check the wall-clock limits.
-        store.set_epoch_deadline(1);
-        store.epoch_deadline_callback(|ctx| match ctx.data().check_time() {
-            Ok(()) => Ok(wasmtime::UpdateDeadline::Continue(1)),
-            Err(limit) => Err(wasmtime::Error::new(limit)),
-        });
-        self.live.enter(&holder);
-        let result = agent
-            .pre
-            .instantiate(&mut store)
-            .and_then(|instance| instance.call_run(&mut store, &opts.input));
-        self.live.leave(&holder);
-        // The host knows these claims' holder is gone: end their leases now, so that
-        // whoever runs next (this process or another) retakes them without waiting.
-        // They stay claims: whether their effects ran is still in doubt.
-        for (key, token) in self.heartbeat.forget(&holder) {
-            if let Err(e) = self.store.renew(&key, token, Duration::ZERO, now_millis()) {
-                tracing::warn!(%key, error = %e, "cannot end the lease of a dropped instance's claim");
-            }
+    /// Moves what the agent wrote since the last flush to the run's log in the store.
+    async fn flush_log(&self, run: &RunCtx) {
+        let pending = run.log.take();
+        if pending.is_empty() {
+            return;
         }
-        let burnt = fuel.saturating_sub(store.get_fuel().unwrap_or(0));
-        // The store (and with it the instance and every claim handle it held) is gone
-        // here; only the run's own context goes on.
-        let mut state = store.into_data();
-        if let Some(left) = &mut state.run.fuel_left {
-            *left = left.saturating_sub(burnt);
+        if let Err(e) = self
+            .store
+            .append_log(&run.fence, &pending, super::output::LOG_KEEP)
+            .await
+        {
+            tracing::warn!(error = %e, "cannot write the run's log");
         }
-        Ok((result, state.run))
     }
-}
-
-/// The run's error text for a trap the guest caused: the trap's cause and what it
-/// usually means, without the wasm backtrace (logged at debug level instead).
-fn trap_message(trap: &wasmtime::Error) -> String {
-    tracing::debug!(trap = format!("{trap:?}"), "agent trapped");
-    let Some(code) = trap.downcast_ref::<wasmtime::Trap>() else {
-        return format!("agent trapped: {}", trap.root_cause());
-    };
-    let hint = match code {
-        wasmtime::Trap::UnreachableCodeReached => {
-            " (a Rust agent panicked: its message is on stderr)"
-        }
-        wasmtime::Trap::MemoryOutOfBounds => {
-            " (in a Rust agent, often a stack overflow: its stack lives in linear memory)"
-        }
-        wasmtime::Trap::StackOverflow => " (stack overflow: the call stack is exhausted)",
-        _ => "",
-    };
-    format!("agent trapped: {code}{hint}")
-}
-
-fn is_fuel_exhausted(trap: &wasmtime::Error) -> bool {
-    trap.downcast_ref::<wasmtime::Trap>() == Some(&wasmtime::Trap::OutOfFuel)
-}
-
-/// WASI for one instance: no ambient authority — only the granted directories and
-/// environment, no network, no stdin; the agent's stderr goes to the host's stderr.
-fn wasi_ctx(opts: &RunOptions) -> Result<wasmtime_wasi::WasiCtx, HostError> {
-    let mut builder = WasiCtxBuilder::new();
-    builder.inherit_stderr();
-    for (k, v) in &opts.env {
-        builder.env(k, v);
-    }
-    for dir in &opts.dirs {
-        builder
-            .preopened_dir(&dir.host, &dir.guest, FsPerms::ReadWrite)
-            .map_err(|e| HostError::Grant {
-                host: dir.host.clone(),
-                guest: dir.guest.clone(),
-                reason: format!("{e:#}"),
-            })?;
-    }
-    Ok(builder.build())
 }

@@ -1,227 +1,118 @@
-//! What a guest instance's `Store` carries: its WASI context and resource table, and the
-//! run it serves. The run's part outlives instances: it is moved out of a dropped
-//! instance's store and into the next one.
-
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+//! What a guest instance's wasmtime `Store` carries: WASI, wasi:http, idem's state,
+//! one resource table, and the accounting that holds the instance to its memory limit.
+//!
+//! Memory the host holds for a guest counts against the same limit as the guest's
+//! linear memories: every live handle in the resource table is charged what one handle
+//! can hold at most ([`Limits::HANDLE_BYTES`]: a header set, or a request body's
+//! buffered chunks), so linear memory (summed over every memory of the instance) plus
+//! handles × that charge never passes the limit.
 
 use wasmtime::ResourceLimiter;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
-use super::faults::{Faults, Phase};
-use super::heartbeat::Heartbeat;
-use super::http::HttpState;
 use super::limits::{LimitExceeded, Limits};
-use crate::store::{Counts, Store, StoreError};
-
-/// The holders of claims made by live instances of this process. A claim whose holder
-/// names this process but is not in the set belongs to an instance the host dropped: it
-/// is orphaned and may be retaken at once, without waiting for its lease.
-#[derive(Debug, Default)]
-pub(crate) struct LiveHolders {
-    host_id: String,
-    live: Mutex<HashSet<String>>,
-}
-
-impl LiveHolders {
-    pub(crate) fn new(host_id: String) -> Self {
-        LiveHolders {
-            host_id,
-            live: Mutex::default(),
-        }
-    }
-
-    /// A holder name for generation `generation` of `run_id` in this process.
-    pub(crate) fn holder(&self, run_id: &str, generation: u64) -> String {
-        format!("{}/{run_id}/{generation}", self.host_id)
-    }
-
-    pub(crate) fn enter(&self, holder: &str) {
-        self.live
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(holder.to_string());
-    }
-
-    pub(crate) fn leave(&self, holder: &str) {
-        self.live
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(holder);
-    }
-
-    /// Whether `holder` was an instance of this process that no longer lives.
-    pub(crate) fn is_orphan(&self, holder: &str) -> bool {
-        holder
-            .strip_prefix(self.host_id.as_str())
-            .is_some_and(|rest| rest.starts_with('/'))
-            && !self
-                .live
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .contains(holder)
-    }
-}
-
-/// A failure inside a host call that must end the instance (a trap), as opposed to a
-/// `step-error` value the guest handles.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum HostCallFailure {
-    /// The store failed; the run stops with this error.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
-
-/// The agent parked an in-doubt claim: the instance ends and the run stops in doubt.
-#[derive(Debug, thiserror::Error)]
-#[error("run stopped in doubt at key {key}")]
-pub(crate) struct StoppedInDoubt {
-    pub(crate) key: String,
-}
-
-/// The run an instance serves; carried from instance to instance.
-pub(crate) struct RunCtx {
-    pub(crate) run_id: String,
-    /// The namespace the run's keys live in.
-    pub(crate) namespace: String,
-    pub(crate) store: Arc<dyn Store>,
-    pub(crate) limits: Limits,
-    pub(crate) live: Arc<LiveHolders>,
-    pub(crate) heartbeat: Arc<Heartbeat>,
-    pub(crate) counts: Counts,
-    pub(crate) faults: Faults,
-    /// Each key's place in the order the run first used it (1-based).
-    pub(crate) ordinals: HashMap<String, u32>,
-    /// The ordinal of the step last committed, which the next progress save follows.
-    pub(crate) last_committed: u32,
-    /// Fuel this invocation may still burn, over all instances (`--max-fuel`).
-    pub(crate) fuel_left: Option<u64>,
-    /// When the counts were last written to the store.
-    pub(crate) counts_flushed: Instant,
-}
-
-/// How stale a run's stored counts may get while it runs: a checkpoint carries them
-/// along at most this often. Writing them with every checkpoint would add a page to
-/// every step's transaction for statistics; instance ends and the run's end write them
-/// anyway, and `reclaimed` is counted exactly by the claim itself.
-const COUNTS_EVERY: Duration = Duration::from_millis(250);
-
-impl RunCtx {
-    /// The store's name for the agent's `key`: its namespace, a colon, the key.
-    /// Namespaces hold no colon, so the first one splits the two unambiguously.
-    pub(crate) fn qualify(&self, key: &str) -> String {
-        format!("{}:{key}", self.namespace)
-    }
-
-    /// The counts, if they are due to ride along with the next write to the store.
-    pub(crate) fn counts_due(&mut self) -> Option<Counts> {
-        let now = Instant::now();
-        if now.duration_since(self.counts_flushed) < COUNTS_EVERY {
-            return None;
-        }
-        self.counts_flushed = now;
-        Some(self.counts)
-    }
-
-    pub(crate) fn ordinal(&mut self, key: &str) -> u32 {
-        let next = self.ordinals.len() as u32 + 1;
-        *self.ordinals.entry(key.to_string()).or_insert(next)
-    }
-}
+use super::view::{IdemCtx, IdemCtxView, IdemView};
 
 /// The data of one instance's `Store`.
 pub(crate) struct InstanceState {
     pub(crate) wasi: WasiCtx,
+    pub(crate) http: WasiHttpCtx,
     pub(crate) table: ResourceTable,
-    pub(crate) run: RunCtx,
-    /// Instances the run had before this one.
-    pub(crate) generation: u64,
-    /// This instance's name on the claims it takes.
-    pub(crate) holder: String,
-    /// Claims granted to this instance.
-    pub(crate) grants: u32,
-    /// When the guest last called one of idem's imports: the compute limit runs from
-    /// here.
-    pub(crate) last_call: Instant,
-    /// The side effect in flight (its key and when its claim was granted): the
-    /// side-effect time limit runs from there.
-    pub(crate) effect: Option<(String, Instant)>,
-    /// Outbound HTTP: the run's policy and the claims requests are stamped with.
-    pub(crate) http: HttpState,
+    pub(crate) idem: IdemCtx,
+    memory: MemoryAccount,
+}
+
+/// Linear memory and table elements granted so far, over every memory and table of
+/// the instance.
+#[derive(Debug, Default)]
+struct MemoryAccount {
+    linear: usize,
+    elements: usize,
 }
 
 impl InstanceState {
-    /// Marks a call into idem: the guest is not stuck.
-    pub(crate) fn touch(&mut self) {
-        self.last_call = Instant::now();
+    pub(crate) fn new(wasi: WasiCtx, idem: IdemCtx) -> InstanceState {
+        let mut http = WasiHttpCtx::new();
+        http.set_field_size_limit(Limits::FIELD_BYTES);
+        let mut state = InstanceState {
+            wasi,
+            http,
+            table: ResourceTable::new(),
+            idem,
+            memory: MemoryAccount::default(),
+        };
+        state.cap_handles();
+        state
     }
 
-    /// Checks the wall-clock limits; called on every epoch tick while wasm runs.
-    pub(crate) fn check_time(&self) -> Result<(), LimitExceeded> {
-        let limits = &self.run.limits;
-        if self.last_call.elapsed() > limits.max_compute {
-            return Err(LimitExceeded::Compute {
-                limit: limits.max_compute,
-            });
-        }
-        match &self.effect {
-            Some((key, since)) if since.elapsed() > limits.effect_timeout => {
-                Err(LimitExceeded::Effect {
-                    key: key.clone(),
-                    limit: limits.effect_timeout,
-                })
-            }
-            _ => Ok(()),
-        }
+    fn limits(&self) -> &Limits {
+        &self.idem.run.limits
     }
 
-    /// Drops the instance here if the fault plan says so.
-    pub(crate) fn fault(&mut self, phase: Phase, step: u32) -> wasmtime::Result<()> {
-        self.run
-            .faults
-            .check(phase, step, self.grants)
-            .map_err(wasmtime::Error::new)
+    /// Handles the table may still hold, given the linear memory granted: what is left
+    /// of the memory limit, in handle charges.
+    fn cap_handles(&mut self) {
+        let left = self
+            .limits()
+            .max_memory_bytes
+            .saturating_sub(self.memory.linear);
+        let cap = (left / Limits::HANDLE_BYTES).min(self.limits().max_handles);
+        self.table.set_max_capacity(cap);
     }
 
-    pub(crate) fn trap_store(e: StoreError) -> wasmtime::Error {
-        wasmtime::Error::new(HostCallFailure::Store(e))
+    fn live_handles(&mut self) -> usize {
+        self.table.iter_mut().count()
     }
 }
 
 impl ResourceLimiter for InstanceState {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        let limit = self.run.limits.max_memory_bytes;
-        if desired > limit {
+        let limit = self.limits().max_memory_bytes;
+        let linear = self
+            .memory
+            .linear
+            .saturating_sub(current)
+            .saturating_add(desired);
+        let handles = self.live_handles().saturating_mul(Limits::HANDLE_BYTES);
+        if linear.saturating_add(handles) > limit {
             // A trap naming the limit, rather than a failed `memory.grow` that the
             // guest's allocator turns into an anonymous abort.
             return Err(wasmtime::Error::new(LimitExceeded::Memory {
-                desired,
+                desired: linear.saturating_add(handles),
                 limit,
             }));
         }
+        self.memory.linear = linear;
+        self.cap_handles();
         Ok(true)
     }
 
     fn table_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        let limit = self.run.limits.max_table_elements;
-        if desired > limit {
+        let limit = self.limits().max_table_elements;
+        let elements = self
+            .memory
+            .elements
+            .saturating_sub(current)
+            .saturating_add(desired);
+        if elements > limit {
             return Err(wasmtime::Error::new(LimitExceeded::Table {
-                desired,
+                desired: elements,
                 limit,
             }));
         }
+        self.memory.elements = elements;
         Ok(true)
     }
 }
@@ -230,6 +121,25 @@ impl WasiView for InstanceState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
         WasiCtxView {
             ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for InstanceState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.idem.gate,
+        }
+    }
+}
+
+impl IdemView for InstanceState {
+    fn idem(&mut self) -> IdemCtxView<'_> {
+        IdemCtxView {
+            ctx: &mut self.idem,
             table: &mut self.table,
         }
     }

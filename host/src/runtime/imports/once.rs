@@ -4,118 +4,168 @@ use std::time::{Duration, Instant};
 
 use wasmtime::component::Resource;
 
+use super::StepFailure;
 use crate::runtime::bindings::idem::agent::once::{Host, HostClaim};
 use crate::runtime::bindings::{Committed, Obtained, Outcome, StepError, WitCheckpoint};
 use crate::runtime::claim::ClaimHandle;
+use crate::runtime::end::{HostTrap, trap_store};
 use crate::runtime::faults::{Phase, Recycle};
-use crate::runtime::state::{InstanceState, StoppedInDoubt};
-use crate::store::{Checkpoint, ClaimOutcome, ClaimRequest, Grant, StoreError, now_millis};
+use crate::runtime::http::ClaimLive;
+use crate::runtime::limits::{Limits, cut};
+use crate::runtime::view::IdemCtxView;
+use crate::store::{
+    Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Grant, MAX_STEP, StoreError,
+};
+use crate::text;
 
-/// First and longest pause between polls while awaiting another holder's commit.
+/// First and longest pause between polls while awaiting another holder's commit. The
+/// store has no way to tell a waiter when a holder in another process commits, so the
+/// wait polls; it sleeps on the runtime's timer, holding no thread.
 const AWAIT_POLL_MIN: Duration = Duration::from_millis(1);
 const AWAIT_POLL_MAX: Duration = Duration::from_millis(50);
 
-impl Host for InstanceState {
-    fn run_once(
+impl Host for IdemCtxView<'_> {
+    async fn run_once(
         &mut self,
         key: String,
         fingerprint: Option<String>,
-    ) -> wasmtime::Result<Result<Outcome, StepError>> {
-        self.touch();
-        let outcome = self.claim_or_await(key, fingerprint.as_deref());
+    ) -> Result<Outcome, StepFailure> {
+        self.ctx.enter()?;
+        let outcome = self.claim_or_await(key, fingerprint.as_deref()).await;
         // Awaiting another holder may take long; that was idem's time, not the guest's.
-        self.touch();
+        self.ctx.watch.touch();
         outcome
     }
 }
 
-impl InstanceState {
-    fn claim_or_await(
+impl IdemCtxView<'_> {
+    async fn claim_or_await(
         &mut self,
         key: String,
         fingerprint: Option<&str>,
-    ) -> wasmtime::Result<Result<Outcome, StepError>> {
-        if let Err(reason) = self.run.limits.check_key(&key) {
-            return Ok(Err(StepError::InvalidKey(reason)));
+    ) -> Result<Outcome, StepFailure> {
+        let limits = &self.ctx.run.limits;
+        if let Err(reason) = limits.check_key(&key) {
+            return Err(StepError::InvalidKey(reason).into());
         }
-        if let Some(reason) = fingerprint.and_then(|f| self.run.limits.check_fingerprint(f).err()) {
-            return Ok(Err(StepError::InvalidKey(reason)));
+        if let Some(reason) = fingerprint.and_then(|f| limits.check_fingerprint(f).err()) {
+            return Err(StepError::InvalidKey(reason).into());
         }
-        let ordinal = self.run.ordinal(&key);
-        let stored = self.run.qualify(&key);
-        self.fault(Phase::BeforeClaim, ordinal)?;
+        let stored = self.ctx.run.qualify(&key);
+        if self.ctx.held.iter().any(|(k, _)| *k == stored) {
+            // Waiting would wait for this very instance: fail at once instead.
+            return Err(StepError::InvalidKey(format!(
+                "key {} is already claimed by this instance: commit or release that claim \
+                 before running the key again",
+                text::quoted(&key)
+            ))
+            .into());
+        }
+        let ordinal = self.ctx.run.ordinal(&key);
+        self.ctx.fault(Phase::BeforeClaim, ordinal)?;
 
         let mut waited = false;
         let mut pause = AWAIT_POLL_MIN;
-        let deadline = Instant::now() + self.run.limits.await_timeout;
-        let mut outcome = self
-            .try_claim(&stored, fingerprint, None)
-            .map_err(InstanceState::trap_store)?;
+        // An await timeout too long for the clock's arithmetic simply never ends.
+        let deadline = Instant::now().checked_add(self.ctx.run.limits.await_timeout);
+        let mut asked = Instant::now();
+        let mut outcome = self.try_claim(&stored, fingerprint, None).await?;
         loop {
             match outcome {
                 ClaimOutcome::Committed(value) => {
                     let obtained = if waited {
-                        self.run.counts.awaited += 1;
+                        self.ctx.run.counts.awaited += 1;
                         Obtained::Awaited
                     } else {
-                        self.run.counts.skipped += 1;
+                        self.ctx.run.counts.skipped += 1;
                         Obtained::Skipped
                     };
-                    return Ok(Ok(Outcome::Committed(Committed { value, obtained })));
+                    return Ok(Outcome::Committed(Committed { value, obtained }));
                 }
                 ClaimOutcome::Granted(grant) => {
-                    let claim = self.grant(stored, key, ordinal, grant)?;
-                    self.fault(Phase::AfterClaim, ordinal)?;
-                    return Ok(Ok(Outcome::Claimed(claim)));
+                    if let Err(drop) = self.ctx.fault(Phase::AfterClaim, ordinal) {
+                        // The guest never sees this claim, so no side effect began under
+                        // it: give the key back rather than leave it to be retaken in
+                        // doubt — unless it was in doubt already (an earlier holder's
+                        // effect may have run), which the next holder must still hear.
+                        self.drop_ungranted(&stored, &grant).await?;
+                        return Err(drop.into());
+                    }
+                    let claim = self.grant(stored, key, ordinal, grant, asked)?;
+                    return Ok(Outcome::Claimed(claim));
                 }
-                ClaimOutcome::Parked { .. } => return Ok(Err(StepError::InDoubt(key))),
+                ClaimOutcome::Parked { .. } => return Err(StepError::InDoubt(key).into()),
                 ClaimOutcome::Conflict { fingerprint: bound } => {
-                    return Ok(Err(StepError::KeyReused(format!(
-                        "key {key:?} is bound to input {bound}, not {}; derive the key \
-                         from the input, or use another key",
-                        fingerprint.unwrap_or("(none)")
-                    ))));
+                    return Err(StepError::KeyReused(format!(
+                        "key {} is bound to input {}, not {}; derive the key from the input, \
+                         or use another key",
+                        text::quoted(&key),
+                        text::quoted(&bound),
+                        fingerprint.map_or_else(|| "(none)".to_string(), text::quoted)
+                    ))
+                    .into());
                 }
-                ClaimOutcome::Held(held) if self.run.live.is_orphan(&held.holder) => {
+                ClaimOutcome::Held(held) if self.ctx.run.live.is_orphan(&held.holder) => {
                     // One of our own dropped instances held it: nobody is executing it.
+                    asked = Instant::now();
                     outcome = self
                         .try_claim(&stored, fingerprint, Some(held.token))
-                        .map_err(InstanceState::trap_store)?;
+                        .await?;
                 }
                 ClaimOutcome::Held(_) => {
-                    if Instant::now() >= deadline {
-                        return Ok(Err(StepError::AwaitTimeout(key)));
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(StepError::AwaitTimeout(key).into());
                     }
                     waited = true;
-                    std::thread::sleep(pause);
+                    tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(AWAIT_POLL_MAX);
-                    outcome = self
-                        .try_claim(&stored, fingerprint, None)
-                        .map_err(InstanceState::trap_store)?;
+                    self.ctx.enter()?;
+                    asked = Instant::now();
+                    outcome = self.try_claim(&stored, fingerprint, None).await?;
                 }
             }
         }
     }
-}
 
-impl InstanceState {
-    fn try_claim(
-        &self,
+    // `&mut self`, not `&self`: the view holds the resource table, which is not `Sync`,
+    // and the future must be `Send`.
+    async fn try_claim(
+        &mut self,
         key: &str,
         fingerprint: Option<&str>,
         stale: Option<u64>,
     ) -> Result<ClaimOutcome, StoreError> {
+        let run = &self.ctx.run;
         let req = ClaimRequest {
             key,
+            fence: &run.fence,
+            holder: &self.ctx.holder,
             fingerprint,
-            run_id: &self.run.run_id,
-            holder: &self.holder,
-            lease: self.run.limits.lease,
-            now: now_millis(),
+            lease: run.limits.lease,
         };
         match stale {
-            None => self.run.store.claim(&req),
-            Some(token) => self.run.store.take_over(&req, token),
+            None => run.store.claim(&req).await,
+            Some(token) => run.store.take_over(&req, token).await,
+        }
+    }
+
+    /// Gives back a claim the guest was never handed: released if nothing is in doubt
+    /// about its key, else left a claim with its lease ended, so that the next holder
+    /// takes it at once and is told it is in doubt.
+    async fn drop_ungranted(&mut self, key: &str, grant: &Grant) -> Result<(), StoreError> {
+        let run = &self.ctx.run;
+        let claim = ClaimRef {
+            key,
+            token: grant.token,
+            fence: &run.fence,
+        };
+        if grant.in_doubt {
+            run.store
+                .renew(std::slice::from_ref(&claim), Duration::ZERO)
+                .await
+                .map(drop)
+        } else {
+            run.store.release(&claim).await.map(drop)
         }
     }
 
@@ -125,17 +175,27 @@ impl InstanceState {
         guest_key: String,
         ordinal: u32,
         grant: Grant,
+        asked: Instant,
     ) -> wasmtime::Result<Resource<ClaimHandle>> {
-        self.grants += 1;
-        self.run.counts.executed += 1;
+        let ctx = &mut *self.ctx;
+        ctx.grants += 1;
+        ctx.run.counts.executed += 1;
         if grant.in_doubt {
-            self.run.counts.reclaimed += 1;
+            ctx.run.counts.reclaimed += 1;
         }
-        self.run.heartbeat.hold(&key, grant.token, &self.holder);
-        if self.effect.is_none() {
-            self.effect = Some((key.clone(), std::time::Instant::now()));
-        }
-        self.http.claim_granted(&guest_key, grant.token);
+        let live = ClaimLive::new(asked, ctx.run.limits.lease);
+        ctx.run.heartbeat.hold_claim(
+            &key,
+            grant.token,
+            &ctx.run.fence,
+            ctx.run.limits.lease,
+            &ctx.holder,
+            live.clone(),
+        );
+        ctx.watch.effect_started(grant.token, &guest_key);
+        ctx.gate
+            .claim_granted(&guest_key, grant.token, live.clone());
+        ctx.held.push((key.clone(), grant.token));
         Ok(self.table.push(ClaimHandle {
             key,
             guest_key,
@@ -143,156 +203,180 @@ impl InstanceState {
             attempt: grant.attempt,
             in_doubt: grant.in_doubt,
             ordinal,
+            live,
         })?)
     }
 
-    fn release_claim(&mut self, claim: &ClaimHandle) -> wasmtime::Result<()> {
+    /// The claim is settled (or about to be): stop renewing its lease, timing it, and
+    /// letting requests (or their bodies) go out under it.
+    fn end_effect(&mut self, claim: &ClaimHandle) {
+        claim.live.end();
+        let ctx = &mut *self.ctx;
+        ctx.run.heartbeat.settle_claim(&claim.key, claim.token);
+        ctx.gate.claim_settled(&claim.guest_key, claim.token);
+        ctx.watch.effect_ended(claim.token, &claim.guest_key);
+        ctx.held
+            .retain(|(k, t)| !(*t == claim.token && *k == claim.key));
+    }
+
+    async fn release_claim(&mut self, claim: &ClaimHandle) -> wasmtime::Result<()> {
         self.end_effect(claim);
-        self.run
-            .store
-            .release(&claim.key, claim.token)
-            .map_err(InstanceState::trap_store)?;
+        let run = &self.ctx.run;
+        run.store
+            .release(&ClaimRef {
+                key: &claim.key,
+                token: claim.token,
+                fence: &run.fence,
+            })
+            .await
+            .map_err(trap_store)?;
         Ok(())
     }
 }
 
-impl InstanceState {
-    /// The claim is settled (or about to be): stop renewing its lease and timing it.
-    fn end_effect(&mut self, claim: &ClaimHandle) {
-        self.run.heartbeat.settle(&claim.key, claim.token);
-        self.http.claim_settled(claim.token);
-        if self
-            .effect
-            .as_ref()
-            .is_some_and(|(key, _)| *key == claim.key)
-        {
-            self.effect = None;
-        }
-    }
-}
-
-impl HostClaim for InstanceState {
-    fn key(&mut self, claim: Resource<ClaimHandle>) -> wasmtime::Result<String> {
+impl HostClaim for IdemCtxView<'_> {
+    async fn key(&mut self, claim: Resource<ClaimHandle>) -> wasmtime::Result<String> {
         Ok(self.table.get(&claim)?.guest_key.clone())
     }
 
-    fn attempt(&mut self, claim: Resource<ClaimHandle>) -> wasmtime::Result<u32> {
+    async fn attempt(&mut self, claim: Resource<ClaimHandle>) -> wasmtime::Result<u32> {
         Ok(self.table.get(&claim)?.attempt)
     }
 
-    fn in_doubt(&mut self, claim: Resource<ClaimHandle>) -> wasmtime::Result<bool> {
+    async fn in_doubt(&mut self, claim: Resource<ClaimHandle>) -> wasmtime::Result<bool> {
         Ok(self.table.get(&claim)?.in_doubt)
     }
 
-    fn token(&mut self, claim: Resource<ClaimHandle>) -> wasmtime::Result<u64> {
+    async fn token(&mut self, claim: Resource<ClaimHandle>) -> wasmtime::Result<u64> {
         Ok(self.table.get(&claim)?.token)
     }
 
-    fn commit(
+    async fn commit(
         &mut self,
         claim: Resource<ClaimHandle>,
         result: Vec<u8>,
         then_save: Option<WitCheckpoint>,
-    ) -> wasmtime::Result<Result<(), StepError>> {
-        self.touch();
-        let claim = self.table.delete(claim)?;
+    ) -> Result<(), StepFailure> {
+        self.ctx.enter()?;
+        let claim = self.table.delete(claim).map_err(wasmtime::Error::from)?;
         // A side effect past its time limit is not committed: the instance ends and the
         // claim is retaken in doubt when the run resumes.
-        self.check_time().map_err(wasmtime::Error::new)?;
-        self.fault(Phase::InEffect, claim.ordinal)?;
-        let limits = &self.run.limits;
-        let too_large = if result.len() > limits.max_result_bytes {
-            Some(format!(
-                "result of key {:?} is {} bytes, over the limit of {} bytes",
-                claim.guest_key,
-                result.len(),
-                limits.max_result_bytes
-            ))
-        } else {
-            then_save
-                .as_ref()
-                .filter(|c| c.state.len() > limits.max_state_bytes)
-                .map(|c| {
-                    format!(
-                        "progress state is {} bytes, over the limit of {} bytes",
-                        c.state.len(),
-                        limits.max_state_bytes
-                    )
-                })
-        };
-        if let Some(detail) = too_large {
-            self.release_claim(&claim)?;
-            return Ok(Err(StepError::TooLarge(detail)));
+        self.ctx.check_time().map_err(wasmtime::Error::new)?;
+        self.ctx.fault(Phase::InEffect, claim.ordinal)?;
+        if let Some(detail) = too_large(&self.ctx.run.limits, &claim, &result, &then_save) {
+            self.release_claim(&claim).await?;
+            return Err(StepError::TooLarge(detail).into());
         }
         self.end_effect(&claim);
         let checkpoint = then_save.map(|c| Checkpoint {
             step: c.step,
             state: c.state,
         });
-        let saves = checkpoint.is_some();
-        let counts = if saves { self.run.counts_due() } else { None };
-        let store = &self.run.store;
-        let run_id = &self.run.run_id;
-        let written = match &checkpoint {
-            None => store.commit(&claim.key, claim.token, run_id, &result),
-            Some(checkpoint) => store.commit_and_save(
-                &claim.key,
-                claim.token,
-                run_id,
-                &result,
-                checkpoint,
-                counts.as_ref(),
-                now_millis(),
-            ),
+        let counts = match checkpoint {
+            Some(_) => self.ctx.run.counts_due(),
+            None => None,
         };
+        let run = &self.ctx.run;
+        let written = run
+            .store
+            .commit(&Commit {
+                claim: ClaimRef {
+                    key: &claim.key,
+                    token: claim.token,
+                    fence: &run.fence,
+                },
+                result: &result,
+                checkpoint: checkpoint.as_ref(),
+                counts: counts.as_ref(),
+            })
+            .await;
         match written {
             Ok(()) => {}
             Err(StoreError::ClaimLost { .. }) => {
-                return Ok(Err(StepError::ClaimLost(claim.guest_key)));
+                return Err(StepError::ClaimLost(claim.guest_key).into());
             }
-            Err(e) => return Err(InstanceState::trap_store(e)),
+            Err(e) => return Err(e.into()),
         }
-        self.run.last_committed = claim.ordinal;
-        self.fault(Phase::AfterCommit, claim.ordinal)?;
-        if saves {
+        self.ctx.run.last_committed = claim.ordinal;
+        self.ctx.fault(Phase::AfterCommit, claim.ordinal)?;
+        if checkpoint.is_some() {
             // The checkpoint that follows the commit is durable at this same boundary.
-            self.fault(Phase::AfterSave, claim.ordinal)?;
+            self.ctx.fault(Phase::AfterSave, claim.ordinal)?;
         }
-        Ok(Ok(()))
+        Ok(())
     }
 
-    fn release(&mut self, claim: Resource<ClaimHandle>) -> wasmtime::Result<()> {
-        self.touch();
+    async fn release(&mut self, claim: Resource<ClaimHandle>) -> wasmtime::Result<()> {
+        self.ctx.enter()?;
         let claim = self.table.delete(claim)?;
-        self.release_claim(&claim)
+        self.release_claim(&claim).await
     }
 
-    fn stop(&mut self, claim: Resource<ClaimHandle>, reason: String) -> wasmtime::Result<()> {
-        self.touch();
+    async fn stop(&mut self, claim: Resource<ClaimHandle>, reason: String) -> wasmtime::Result<()> {
+        self.ctx.enter()?;
         let claim = self.table.delete(claim)?;
         self.end_effect(&claim);
-        match self.run.store.park(
-            &claim.key,
-            claim.token,
-            &self.run.run_id,
-            &reason,
-            now_millis(),
-        ) {
-            Ok(()) => Err(wasmtime::Error::new(StoppedInDoubt { key: claim.key })),
+        let reason = cut(&reason, Limits::MAX_REASON_BYTES);
+        let run = &self.ctx.run;
+        let parked = run
+            .store
+            .park(
+                &ClaimRef {
+                    key: &claim.key,
+                    token: claim.token,
+                    fence: &run.fence,
+                },
+                &reason,
+            )
+            .await;
+        match parked {
+            Ok(()) => Err(wasmtime::Error::new(HostTrap::InDoubt { key: claim.key })),
             // Another holder took the key over meanwhile and will settle it: this
             // instance ends and the next one finds the key committed or held.
             Err(StoreError::ClaimLost { .. }) => Err(wasmtime::Error::new(Recycle {
                 reason: format!("claim on {} taken over while stopping in doubt", claim.key),
             })),
-            Err(e) => Err(InstanceState::trap_store(e)),
+            Err(e) => Err(trap_store(e)),
         }
     }
 
-    fn drop(&mut self, claim: Resource<ClaimHandle>) -> wasmtime::Result<()> {
+    async fn drop(&mut self, claim: Resource<ClaimHandle>) -> wasmtime::Result<()> {
         // A claim dropped without commit or release is released: the guest gave up on
         // the side effect, so the key may be tried again.
-        self.touch();
+        self.ctx.watch.touch();
         let claim = self.table.delete(claim)?;
-        self.release_claim(&claim)
+        self.release_claim(&claim).await
     }
+}
+
+/// Why a commit's payload cannot be stored, if it cannot.
+fn too_large(
+    limits: &Limits,
+    claim: &ClaimHandle,
+    result: &[u8],
+    then_save: &Option<WitCheckpoint>,
+) -> Option<String> {
+    if result.len() > limits.max_result_bytes {
+        return Some(format!(
+            "result of key {} is {} bytes, over the limit of {} bytes",
+            text::quoted(&claim.guest_key),
+            result.len(),
+            limits.max_result_bytes
+        ));
+    }
+    let checkpoint = then_save.as_ref()?;
+    if checkpoint.state.len() > limits.max_state_bytes {
+        return Some(format!(
+            "progress state is {} bytes, over the limit of {} bytes",
+            checkpoint.state.len(),
+            limits.max_state_bytes
+        ));
+    }
+    if checkpoint.step > MAX_STEP {
+        return Some(format!(
+            "progress step {} is over the largest step a store keeps ({MAX_STEP})",
+            checkpoint.step
+        ));
+    }
+    None
 }

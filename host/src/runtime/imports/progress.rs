@@ -1,44 +1,54 @@
 //! `idem:agent/progress`: the run's checkpoint, kept in the store.
 
+use super::StepFailure;
 use crate::runtime::bindings::idem::agent::progress::Host;
 use crate::runtime::bindings::{StepError, WitCheckpoint};
+use crate::runtime::end::trap_store;
 use crate::runtime::faults::Phase;
-use crate::runtime::state::InstanceState;
-use crate::store::{Checkpoint, now_millis};
+use crate::runtime::view::IdemCtxView;
+use crate::store::{Checkpoint, MAX_STEP};
 
-impl Host for InstanceState {
-    fn load(&mut self) -> wasmtime::Result<Option<WitCheckpoint>> {
-        self.touch();
-        let checkpoint = self
-            .run
+impl Host for IdemCtxView<'_> {
+    async fn load(&mut self) -> wasmtime::Result<Option<WitCheckpoint>> {
+        self.ctx.enter()?;
+        let run = &self.ctx.run;
+        let checkpoint = run
             .store
-            .load_progress(&self.run.run_id)
-            .map_err(InstanceState::trap_store)?;
+            .load_progress(run.run_id())
+            .await
+            .map_err(trap_store)?;
         Ok(checkpoint.map(|c| WitCheckpoint {
             step: c.step,
             state: c.state,
         }))
     }
 
-    fn save(&mut self, step: u64, state: Vec<u8>) -> wasmtime::Result<Result<(), StepError>> {
-        self.touch();
-        let limit = self.run.limits.max_state_bytes;
+    async fn save(&mut self, step: u64, state: Vec<u8>) -> Result<(), StepFailure> {
+        self.ctx.enter()?;
+        let limit = self.ctx.run.limits.max_state_bytes;
         if state.len() > limit {
-            return Ok(Err(StepError::TooLarge(format!(
+            return Err(StepError::TooLarge(format!(
                 "progress state is {} bytes, over the limit of {limit} bytes",
                 state.len()
-            ))));
+            ))
+            .into());
+        }
+        if step > MAX_STEP {
+            return Err(StepError::TooLarge(format!(
+                "progress step {step} is over the largest step a store keeps ({MAX_STEP})"
+            ))
+            .into());
         }
         let checkpoint = Checkpoint { step, state };
-        let counts = self.run.counts_due();
-        self.run
-            .store
-            .save_progress(&self.run.run_id, &checkpoint, counts.as_ref(), now_millis())
-            .map_err(InstanceState::trap_store)?;
-        let last = self.run.last_committed;
+        let counts = self.ctx.run.counts_due();
+        let run = &self.ctx.run;
+        run.store
+            .save_progress(&run.fence, &checkpoint, counts.as_ref())
+            .await?;
+        let last = self.ctx.run.last_committed;
         if last > 0 {
-            self.fault(Phase::AfterSave, last)?;
+            self.ctx.fault(Phase::AfterSave, last)?;
         }
-        Ok(Ok(()))
+        Ok(())
     }
 }

@@ -1,16 +1,16 @@
 //! `idem:agent/run-info`: what the agent may know about its run.
 
 use crate::runtime::bindings::idem::agent::run_info::Host;
-use crate::runtime::state::InstanceState;
+use crate::runtime::view::IdemCtxView;
 
-impl Host for InstanceState {
-    fn run_id(&mut self) -> wasmtime::Result<String> {
-        self.touch();
-        Ok(self.run.run_id.clone())
+impl Host for IdemCtxView<'_> {
+    async fn run_id(&mut self) -> wasmtime::Result<String> {
+        self.ctx.enter()?;
+        Ok(self.ctx.run.run_id().to_string())
     }
 
-    fn generation(&mut self) -> wasmtime::Result<u32> {
-        self.touch();
-        Ok(u32::try_from(self.generation).unwrap_or(u32::MAX))
+    async fn generation(&mut self) -> wasmtime::Result<u32> {
+        self.ctx.enter()?;
+        Ok(u32::try_from(self.ctx.generation).unwrap_or(u32::MAX))
     }
 }

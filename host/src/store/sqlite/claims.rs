@@ -1,19 +1,23 @@
 //! Claims and committed results on SQLite: the claim → commit protocol, each function
-//! run inside the transaction its caller opened.
+//! run inside the transaction the database thread opened.
 //!
 //! A key has one row in `steps` for its whole life: a grant inserts or updates it, and
 //! the commit fills its result in place. Each transaction of a step so writes one b-tree
-//! page of `steps`, which is what keeps a durable step near the floor.
+//! page of `steps` (and the run's checkpoint and counts when the commit carries them):
+//! the run's fence is checked by reading the run's row, not by writing it. That is what
+//! keeps a durable step near the floor.
 
-use std::time::Duration;
+use std::collections::HashMap;
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use super::runs::status_name;
+use super::leases::{check_fence, fence_holds};
+use super::runs::{self, set_outcome};
 use super::{TxError, to_sql_int, u32_column, u64_column};
+use crate::store::clock::lease_expiry;
 use crate::store::{
-    ClaimOutcome, ClaimRequest, Grant, HeldClaim, Millis, OpenClaim, Resolution, RunStatus,
-    StoreError,
+    ClaimOutcome, ClaimRef, ClaimRequest, Commit, Grant, HeldClaim, Millis, OpenClaim, Resolution,
+    RunStatus, StepRecord, StoreError,
 };
 
 /// A key's claim row as it stands.
@@ -52,33 +56,31 @@ fn current(conn: &Connection, key: &str) -> Result<Option<Current>, TxError> {
     Ok(current)
 }
 
-/// When a lease of `lease` taken at `now` runs out. Saturates: an absurdly long lease
-/// simply never expires.
-pub(super) fn lease_expiry(now: Millis, lease: Duration) -> Millis {
-    let lease = Millis::try_from(lease.as_millis()).unwrap_or(Millis::MAX);
-    now.saturating_add(lease)
-}
-
 /// Claims `req.key` by the rules of `Store::claim`; with `stale_token`, also takes a
-/// live claim held by that token (`Store::take_over`). Runs inside a write transaction.
+/// live claim held by that token (`Store::take_over`).
 pub(super) fn claim(
     conn: &Connection,
     req: &ClaimRequest<'_>,
     stale_token: Option<u64>,
+    now: Millis,
 ) -> Result<ClaimOutcome, TxError> {
-    let lease_expires = lease_expiry(req.now, req.lease);
+    check_fence(conn, req.fence)?;
+    let run_id = req.fence.run_id.as_str();
+    let lease_expires = lease_expiry(now, req.lease);
     // Most claims are of keys never seen: try the insert first, and look at the row
     // only when there is one.
     let inserted = conn
         .prepare_cached(
-            "INSERT INTO steps (key, run_id, holder, token, attempt, lease_expires, fingerprint)
-             VALUES (?1, ?2, ?3, 1, 1, ?4, ?5)
+            "INSERT INTO steps
+                 (key, run_id, holder, token, attempt, claimed_at, lease_expires, fingerprint)
+             VALUES (?1, ?2, ?3, 1, 1, ?4, ?5, ?6)
              ON CONFLICT (key) DO NOTHING",
         )?
         .execute(params![
             req.key,
-            req.run_id,
+            run_id,
             req.holder,
+            now,
             lease_expires,
             req.fingerprint
         ])?;
@@ -109,7 +111,7 @@ pub(super) fn claim(
     let in_doubt = match current.holder {
         // Released: the holder gave up before starting, or knows it did not finish.
         None => false,
-        Some(_) if current.lease_expires <= req.now || stale_token == Some(current.token) => {
+        Some(_) if current.lease_expires <= now || stale_token == Some(current.token) => {
             // The holder vanished without committing or releasing: it may have begun
             // the side effect.
             true
@@ -126,21 +128,22 @@ pub(super) fn claim(
     let attempt = current.attempt.saturating_add(1);
     conn.prepare_cached(
         "UPDATE steps
-         SET run_id = ?2, holder = ?3, token = ?4, attempt = ?5, lease_expires = ?6,
-             fingerprint = coalesce(fingerprint, ?7)
+         SET run_id = ?2, holder = ?3, token = ?4, attempt = ?5, claimed_at = ?6,
+             lease_expires = ?7, fingerprint = coalesce(fingerprint, ?8)
          WHERE key = ?1",
     )?
     .execute(params![
         req.key,
-        req.run_id,
+        run_id,
         req.holder,
         to_sql_int(token)?,
         attempt,
+        now,
         lease_expires,
         req.fingerprint
     ])?;
     if in_doubt {
-        count_reclaim(conn, req.run_id)?;
+        count_reclaim(conn, run_id)?;
     }
     Ok(ClaimOutcome::Granted(Grant {
         token,
@@ -163,8 +166,7 @@ fn conflict(bound: Option<String>, asked: Option<&str>) -> Option<ClaimOutcome> 
 /// Counts a claim retaken in doubt in its run's record, in the claim's own
 /// transaction, so that `reclaimed` stays exact even when the process dies before it
 /// flushes its other counts. Retakes are rare, so this extra page is too; a plain grant
-/// is only counted in memory (`executed` lags until the next flush). A claim made
-/// outside any known run counts nowhere.
+/// is only counted in memory (`executed` lags until the next flush).
 fn count_reclaim(conn: &Connection, run_id: &str) -> Result<(), TxError> {
     conn.prepare_cached("UPDATE runs SET reclaimed = reclaimed + 1 WHERE run_id = ?1")?
         .execute([run_id])?;
@@ -174,10 +176,14 @@ fn count_reclaim(conn: &Connection, run_id: &str) -> Result<(), TxError> {
 /// The token of the key's next grant: one more than its last. Tokens only fence the
 /// holders of one key against each other, so per-key order is all they need.
 fn next_token(last: u64) -> Result<u64, TxError> {
-    let next = last
-        .checked_add(1)
-        .ok_or_else(|| rusqlite::Error::ToSqlConversionFailure("fencing token overflow".into()))?;
-    Ok(next)
+    match last.checked_add(1).filter(|&next| to_sql_int(next).is_ok()) {
+        Some(next) => Ok(next),
+        None => Err(TxError::Store(StoreError::OutOfRange {
+            what: "fencing token",
+            value: last.saturating_add(1),
+            max: super::SQL_MAX,
+        })),
+    }
 }
 
 /// The error for a commit or park by a token that no longer holds the key.
@@ -188,36 +194,48 @@ fn lost(key: &str, token: u64) -> TxError {
     })
 }
 
-/// Writes the result into the key's row, if `token` still holds its claim: the result
-/// and the end of the claim are one row, written at once. Runs inside a write
-/// transaction.
-pub(super) fn commit(
-    conn: &Connection,
-    key: &str,
-    token: u64,
-    run_id: &str,
-    result: &[u8],
-    now: Millis,
-) -> Result<(), TxError> {
+/// Writes the result into the key's row, if the claim's token still holds it, with the
+/// checkpoint and counts if given: the result and the end of the claim are one row,
+/// written at once.
+pub(super) fn commit(conn: &Connection, commit: &Commit<'_>, now: Millis) -> Result<(), TxError> {
+    let claim = &commit.claim;
+    check_fence(conn, claim.fence)?;
     // A token beyond SQLite's range was never handed out, so it holds nothing.
-    let Ok(token_sql) = to_sql_int(token) else {
-        return Err(lost(key, token));
+    let Ok(token) = to_sql_int(claim.token) else {
+        return Err(lost(claim.key, claim.token));
     };
     let changed = conn
         .prepare_cached(
             "UPDATE steps SET run_id = ?3, holder = NULL, result = ?4, committed_at = ?5
              WHERE key = ?1 AND token = ?2 AND holder IS NOT NULL",
         )?
-        .execute(params![key, token_sql, run_id, result, now])?;
+        .execute(params![
+            claim.key,
+            token,
+            claim.fence.run_id,
+            commit.result,
+            now
+        ])?;
     if changed != 1 {
-        return Err(lost(key, token));
+        return Err(lost(claim.key, claim.token));
+    }
+    let run_id = claim.fence.run_id.as_str();
+    if let Some(counts) = commit.counts {
+        runs::save_counts(conn, run_id, counts, now)?;
+    }
+    if let Some(checkpoint) = commit.checkpoint {
+        runs::save_checkpoint(conn, run_id, checkpoint, now)?;
     }
     Ok(())
 }
 
-/// Releases the claim held by `token`; whether it still held it.
-pub(super) fn release(conn: &Connection, key: &str, token: u64) -> Result<bool, TxError> {
-    let Ok(token) = to_sql_int(token) else {
+/// Releases the claim if its token still holds it (and its fence is current); whether
+/// it did.
+pub(super) fn release(conn: &Connection, claim: &ClaimRef<'_>) -> Result<bool, TxError> {
+    if !fence_holds(conn, claim.fence)? {
+        return Ok(false);
+    }
+    let Ok(token) = to_sql_int(claim.token) else {
         return Ok(false);
     };
     let changed = conn
@@ -225,28 +243,45 @@ pub(super) fn release(conn: &Connection, key: &str, token: u64) -> Result<bool, 
             "UPDATE steps SET holder = NULL
              WHERE key = ?1 AND token = ?2 AND holder IS NOT NULL",
         )?
-        .execute(params![key, token])?;
+        .execute(params![claim.key, token])?;
     Ok(changed == 1)
 }
 
-/// Moves the lease of the claim held by `token` to `expires`; whether it still held it.
-/// An expired lease is renewed too, as long as nobody has taken the claim since.
+/// Moves the leases of the claims their tokens still hold (with a current fence) to
+/// `expires`; per claim, whether it did. An expired lease is renewed too, as long as
+/// nobody has taken the claim since.
 pub(super) fn renew(
     conn: &Connection,
-    key: &str,
-    token: u64,
+    claims: &[ClaimRef<'_>],
     expires: Millis,
-) -> Result<bool, TxError> {
-    let Ok(token) = to_sql_int(token) else {
-        return Ok(false);
-    };
-    let changed = conn
-        .prepare_cached(
-            "UPDATE steps SET lease_expires = ?3
-             WHERE key = ?1 AND token = ?2 AND holder IS NOT NULL",
-        )?
-        .execute(params![key, token, expires])?;
-    Ok(changed == 1)
+) -> Result<Vec<bool>, TxError> {
+    // Claims come in runs: each run's fence is read once.
+    let mut fences: HashMap<(&str, u64), bool> = HashMap::new();
+    let mut renewed = Vec::with_capacity(claims.len());
+    for claim in claims {
+        let fence = (claim.fence.run_id.as_str(), claim.fence.token);
+        let holds = match fences.get(&fence) {
+            Some(&holds) => holds,
+            None => {
+                let holds = fence_holds(conn, claim.fence)?;
+                fences.insert(fence, holds);
+                holds
+            }
+        };
+        let token = to_sql_int(claim.token).ok().filter(|_| holds);
+        let Some(token) = token else {
+            renewed.push(false);
+            continue;
+        };
+        let changed = conn
+            .prepare_cached(
+                "UPDATE steps SET lease_expires = ?3
+                 WHERE key = ?1 AND token = ?2 AND holder IS NOT NULL",
+            )?
+            .execute(params![claim.key, token, expires])?;
+        renewed.push(changed == 1);
+    }
+    Ok(renewed)
 }
 
 /// The committed result of `key`, if any.
@@ -264,23 +299,14 @@ pub(super) fn open_claims(
     run_id: Option<&str>,
 ) -> Result<Vec<OpenClaim>, TxError> {
     // A scan of every key: indexing the open ones would cost each step two more pages
-    // (in at the claim, out at the commit), and only `idem status` asks.
-    let claims = match run_id {
-        Some(run_id) => conn
-            .prepare_cached(
-                "SELECT key, run_id, holder, token, attempt, lease_expires, parked FROM steps
-                 WHERE result IS NULL AND run_id = ?1 ORDER BY key",
-            )?
-            .query_map([run_id], open_claim)?
-            .collect::<rusqlite::Result<_>>()?,
-        None => conn
-            .prepare_cached(
-                "SELECT key, run_id, holder, token, attempt, lease_expires, parked FROM steps
-                 WHERE result IS NULL ORDER BY key",
-            )?
-            .query_map([], open_claim)?
-            .collect::<rusqlite::Result<_>>()?,
-    };
+    // (in at the claim, out at the commit), and only status listings ask.
+    let claims = conn
+        .prepare_cached(
+            "SELECT key, run_id, holder, token, attempt, lease_expires, parked FROM steps
+             WHERE result IS NULL AND (?1 IS NULL OR run_id = ?1) ORDER BY key",
+        )?
+        .query_map([run_id], open_claim)?
+        .collect::<rusqlite::Result<_>>()?;
     Ok(claims)
 }
 
@@ -296,48 +322,59 @@ fn open_claim(row: &Row<'_>) -> rusqlite::Result<OpenClaim> {
     })
 }
 
-/// Parks the claim held by `token` in doubt and marks its run in doubt. Runs inside a
-/// write transaction.
+/// The keys of a run, in the order their latest claims were granted.
+pub(super) fn steps(conn: &Connection, run_id: &str) -> Result<Vec<StepRecord>, TxError> {
+    // A scan, like `open_claims`: an index by run would cost every claim a page.
+    let steps = conn
+        .prepare_cached(
+            "SELECT key, token, attempt, claimed_at, committed_at, holder, parked FROM steps
+             WHERE run_id = ?1 ORDER BY claimed_at, key",
+        )?
+        .query_map([run_id], |row| {
+            Ok(StepRecord {
+                key: row.get(0)?,
+                token: u64_column(row, 1)?,
+                attempt: u32_column(row, 2)?,
+                claimed_at: row.get(3)?,
+                committed_at: row.get(4)?,
+                holder: row.get(5)?,
+                parked: row.get(6)?,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(steps)
+}
+
+/// Parks the claim its token holds in doubt and marks its run in doubt, with the
+/// reason as the run's outcome.
 pub(super) fn park(
     conn: &Connection,
-    key: &str,
-    token: u64,
-    run_id: &str,
+    claim: &ClaimRef<'_>,
     reason: &str,
     now: Millis,
 ) -> Result<(), TxError> {
-    let Ok(token_sql) = to_sql_int(token) else {
-        return Err(lost(key, token));
+    check_fence(conn, claim.fence)?;
+    let Ok(token) = to_sql_int(claim.token) else {
+        return Err(lost(claim.key, claim.token));
     };
     let changed = conn
         .prepare_cached(
             "UPDATE steps SET holder = NULL, parked = ?3
              WHERE key = ?1 AND token = ?2 AND holder IS NOT NULL",
         )?
-        .execute(params![key, token_sql, reason])?;
+        .execute(params![claim.key, token, reason])?;
     if changed != 1 {
-        return Err(lost(key, token));
+        return Err(lost(claim.key, claim.token));
     }
-    let outcome = format!("in doubt at key {key}: {reason}");
-    let changed = conn
-        .prepare_cached(
-            "UPDATE runs SET status = ?2, outcome = ?3, updated = ?4 WHERE run_id = ?1",
-        )?
-        .execute(params![
-            run_id,
-            status_name(RunStatus::InDoubt),
-            outcome.as_bytes(),
-            now
-        ])?;
-    if changed != 1 {
-        return Err(TxError::Store(StoreError::UnknownRun {
-            run_id: run_id.to_owned(),
-        }));
-    }
-    Ok(())
+    let run_id = claim.fence.run_id.as_str();
+    conn.prepare_cached("UPDATE runs SET status = ?2, updated = ?3 WHERE run_id = ?1")?
+        .execute(params![run_id, RunStatus::InDoubt.as_str(), now])?;
+    let outcome = format!("in doubt at key {}: {reason}", claim.key);
+    set_outcome(conn, run_id, Some(outcome.as_bytes()))
 }
 
-/// Settles a key parked by `run_id`. Runs inside a write transaction.
+/// Settles a key parked by `run_id`; the run resumes, with no lease, once nothing of it
+/// is parked.
 pub(super) fn resolve(
     conn: &Connection,
     run_id: &str,
@@ -372,17 +409,21 @@ pub(super) fn resolve(
                 .execute([key])?;
         }
     }
-    // The run resumes once nothing of it is parked any more.
-    conn.prepare_cached(
-        "UPDATE runs SET status = ?2, outcome = NULL, updated = ?3
-         WHERE run_id = ?1 AND status = ?4
-           AND NOT EXISTS (SELECT 1 FROM steps WHERE run_id = ?1 AND parked IS NOT NULL)",
-    )?
-    .execute(params![
-        run_id,
-        status_name(RunStatus::Running),
-        now,
-        status_name(RunStatus::InDoubt)
-    ])?;
+    let resumed = conn
+        .prepare_cached(
+            "UPDATE runs
+             SET status = ?2, lease_holder = NULL, lease_expires = NULL, updated = ?3
+             WHERE run_id = ?1 AND status = ?4
+               AND NOT EXISTS (SELECT 1 FROM steps WHERE run_id = ?1 AND parked IS NOT NULL)",
+        )?
+        .execute(params![
+            run_id,
+            RunStatus::Running.as_str(),
+            now,
+            RunStatus::InDoubt.as_str()
+        ])?;
+    if resumed == 1 {
+        set_outcome(conn, run_id, None)?;
+    }
     Ok(())
 }

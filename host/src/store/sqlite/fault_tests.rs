@@ -8,51 +8,87 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags};
 
-use super::{OpenOptions, SqliteStore, SyncMode};
+use super::{OpenOptions, SqliteStore};
+use crate::store::tests::block_on;
 use crate::store::{
-    ClaimOutcome, ClaimRequest, Counts, DatabaseFault, Grant, RunSpec, Store, StoreError,
+    Acquired, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts, DatabaseFault, Grant, RunFence,
+    RunFilter, Store, StoreError, Submission, SyncMode,
 };
 
 const LEASE: Duration = Duration::from_secs(60);
 
-fn req<'a>(key: &'a str) -> ClaimRequest<'a> {
+/// The fence of run `run-1`, as `store_with_commits` leased it.
+fn fence() -> RunFence {
+    RunFence {
+        run_id: "run-1".to_owned(),
+        token: 1,
+        sync: SyncMode::Normal,
+    }
+}
+
+fn req<'a>(key: &'a str, fence: &'a RunFence) -> ClaimRequest<'a> {
     ClaimRequest {
         key,
-        run_id: "run-1",
+        fence,
         holder: "h",
         fingerprint: None,
         lease: LEASE,
-        now: 1_000,
     }
+}
+
+fn claim(store: &SqliteStore, key: &str) -> Result<Grant, StoreError> {
+    let fence = fence();
+    block_on(store.claim(&req(key, &fence))).map(|outcome| match outcome {
+        ClaimOutcome::Granted(grant) => grant,
+        other => panic!("{key}: expected a grant, got {other:?}"),
+    })
 }
 
 fn grant(store: &SqliteStore, key: &str) -> Grant {
-    match store.claim(&req(key)).unwrap() {
-        ClaimOutcome::Granted(grant) => grant,
-        other => panic!("{key}: expected a grant, got {other:?}"),
-    }
+    claim(store, key).unwrap()
 }
 
-/// A store at `dir/idem.db` with run `run-1` and `n` committed keys `done-0..n`.
+fn commit(store: &SqliteStore, key: &str, token: u64, result: &[u8]) -> Result<(), StoreError> {
+    let fence = fence();
+    block_on(store.commit(&Commit {
+        claim: ClaimRef {
+            key,
+            token,
+            fence: &fence,
+        },
+        result,
+        checkpoint: None,
+        counts: None,
+    }))
+}
+
+/// A store at `dir/idem.db` with run `run-1` leased and `n` committed keys `done-0..n`.
 fn store_with_commits(dir: &Path, n: usize) -> (PathBuf, SqliteStore) {
     let path = dir.join("idem.db");
     let store = SqliteStore::open(&path, SyncMode::Normal).unwrap();
-    store
-        .open_run(&RunSpec {
-            run_id: "run-1",
-            agent: "test",
-            digest: "00",
-            namespace: "model",
-            input: b"{}",
-            now: 1_000,
-        })
-        .unwrap();
+    block_on(async {
+        store.put_component("00", b"").await.unwrap();
+        store
+            .submit(&Submission {
+                run_id: "run-1",
+                agent: "test",
+                digest: "00",
+                namespace: "model",
+                input: b"{}",
+                authority: b"",
+                replace_authority: false,
+            })
+            .await
+            .unwrap();
+        let leased = store
+            .acquire_run("run-1", "w", Duration::from_secs(3600))
+            .await;
+        assert!(matches!(leased.unwrap(), Acquired::Leased(run) if run.token == 1));
+    });
     for i in 0..n {
         let key = format!("done-{i}");
         let g = grant(&store, &key);
-        store
-            .commit(&key, g.token, "run-1", format!("result {i}").as_bytes())
-            .unwrap();
+        commit(&store, &key, g.token, format!("result {i}").as_bytes()).unwrap();
     }
     (path, store)
 }
@@ -123,36 +159,52 @@ fn read_only_handle_refuses_every_write_by_name() {
     let bytes = std::fs::read(&path).unwrap();
 
     let ro = SqliteStore::open_read_only(&path).unwrap();
-    let writes: [(&str, Result<(), StoreError>); 4] = [
-        ("claim a key", ro.claim(&req("new-key")).map(drop)),
+    let fence = fence();
+    let open = ClaimRef {
+        key: "open-key",
+        token: held.token,
+        fence: &fence,
+    };
+    let writes: [(&str, Result<(), StoreError>); 5] = [
+        ("claim a key", claim(&ro, "new-key").map(drop)),
         (
             "commit a result",
-            ro.commit("open-key", held.token, "run-1", b"late"),
+            commit(&ro, "open-key", held.token, b"late"),
         ),
-        (
-            "release a claim",
-            ro.release("open-key", held.token).map(drop),
-        ),
+        ("release a claim", block_on(ro.release(&open)).map(drop)),
         (
             "save counts",
-            ro.save_counts("run-1", &Counts::default(), 2_000),
+            block_on(ro.save_counts(&fence, &Counts::default())),
+        ),
+        (
+            "store a component",
+            block_on(ro.put_component("01", b"")).map(drop),
         ),
     ];
     for (op, result) in writes {
         let text = fault_text(result.unwrap_err(), DatabaseFault::ReadOnly, op, &path);
         assert!(text.contains("the database is read-only"), "{text}");
+        assert!(
+            text.contains("SQLite: attempt to write a readonly database"),
+            "{text}"
+        );
+        assert!(
+            text.contains("idem needs write access to the file and to its directory"),
+            "{text}"
+        );
     }
     // Reading still works, and sees what was committed.
-    assert_eq!(ro.committed("done-1").unwrap(), Some(b"result 1".to_vec()));
+    assert_eq!(
+        block_on(ro.committed("done-1")).unwrap(),
+        Some(b"result 1".to_vec())
+    );
     drop(ro);
 
     assert_eq!(std::fs::read(&path).unwrap(), bytes, "the file changed");
     assert_intact(&path);
     // Writable again: the holder commits the claim it kept all along.
     let store = SqliteStore::open(&path, SyncMode::Normal).unwrap();
-    store
-        .commit("open-key", held.token, "run-1", b"done")
-        .unwrap();
+    commit(&store, "open-key", held.token, b"done").unwrap();
     let after = results(&path);
     assert_eq!(after.len(), before.len() + 1);
     assert!(before.iter().all(|row| after.contains(row)));
@@ -177,7 +229,7 @@ fn locked_database_fails_after_the_busy_timeout_then_recovers() {
     other.execute_batch("BEGIN EXCLUSIVE").unwrap();
 
     let started = Instant::now();
-    let err = store.claim(&req("new-key")).unwrap_err();
+    let err = claim(&store, "new-key").unwrap_err();
     let waited = started.elapsed();
     assert!(waited >= timeout, "gave up after {waited:?}");
     assert!(waited < Duration::from_secs(3), "waited {waited:?}");
@@ -191,9 +243,8 @@ fn locked_database_fails_after_the_busy_timeout_then_recovers() {
     );
     assert!(text.contains("the database is locked"), "{text}");
     assert!(text.contains("(200ms)"), "{text}");
-    let err = store
-        .commit("open-key", held.token, "run-1", b"v")
-        .unwrap_err();
+    assert!(text.contains("(SQLite: database is locked)"), "{text}");
+    let err = commit(&store, "open-key", held.token, b"v").unwrap_err();
     fault_text(
         err,
         DatabaseFault::Locked {
@@ -214,7 +265,7 @@ fn locked_database_fails_after_the_busy_timeout_then_recovers() {
     );
     // Readers are not blocked in WAL mode.
     assert_eq!(
-        store.committed("done-0").unwrap(),
+        block_on(store.committed("done-0")).unwrap(),
         Some(b"result 0".to_vec())
     );
 
@@ -223,7 +274,7 @@ fn locked_database_fails_after_the_busy_timeout_then_recovers() {
     // Nothing the refused writes attempted was written; the claim is still held and
     // its holder commits it now.
     assert_eq!(results(&path), before);
-    store.commit("open-key", held.token, "run-1", b"v").unwrap();
+    commit(&store, "open-key", held.token, b"v").unwrap();
     grant(&store, "new-key");
     assert_intact(&path);
     assert!(before.iter().all(|row| results(&path).contains(row)));
@@ -247,7 +298,7 @@ fn full_database_refuses_writes_and_keeps_every_commit() {
     let (key, held, err) = loop {
         let key = format!("big-{}", committed.len());
         let g = grant(&store, &key);
-        match store.commit(&key, g.token, "run-1", &big) {
+        match commit(&store, &key, g.token, &big) {
             Ok(()) => committed.push(key),
             Err(e) => break (key, g, e),
         }
@@ -255,21 +306,24 @@ fn full_database_refuses_writes_and_keeps_every_commit() {
     };
     let text = fault_text(err, DatabaseFault::Full, "commit a result", &path);
     assert!(text.contains("the disk is full"), "{text}");
-    assert!(text.contains("database or disk is full"), "{text}");
+    assert!(
+        text.contains("(SQLite: database or disk is full)"),
+        "{text}"
+    );
     let before = results(&path);
     // The claim is still held, and its commit keeps failing for the same reason.
-    let err = store.commit(&key, held.token, "run-1", &big).unwrap_err();
+    let err = commit(&store, &key, held.token, &big).unwrap_err();
     fault_text(err, DatabaseFault::Full, "commit a result", &path);
-    assert_eq!(store.open_claims(None).unwrap().len(), 1);
+    assert_eq!(block_on(store.open_claims(None)).unwrap().len(), 1);
     drop(store);
     assert_eq!(results(&path), before, "a refused commit left something");
     assert_intact(&path);
 
     // Room again: the claim that could not commit commits now.
     let store = SqliteStore::open(&path, SyncMode::Normal).unwrap();
-    store.commit(&key, held.token, "run-1", &big).unwrap();
+    commit(&store, &key, held.token, &big).unwrap();
     for key in &committed {
-        assert_eq!(store.committed(key).unwrap(), Some(big.clone()));
+        assert_eq!(block_on(store.committed(key)).unwrap(), Some(big.clone()));
     }
     let after = results(&path);
     assert!(before.iter().all(|row| after.contains(row)));
@@ -310,15 +364,10 @@ fn full_database_fails_every_writer_of_a_batch_for_the_same_reason() {
                     (0..8)
                         .map(|i| {
                             let key = key_of(t, i);
-                            let claimed = store.claim(&req(&key)).map(|o| match o {
-                                ClaimOutcome::Granted(g) => g,
-                                other => panic!("{other:?}"),
-                            });
+                            let claimed = claim(store, &key);
                             let committed = match &claimed {
                                 // Every other claim is committed; the rest stay open.
-                                Ok(g) if i % 2 == 0 => {
-                                    Some(store.commit(&key, g.token, "run-1", big))
-                                }
+                                Ok(g) if i % 2 == 0 => Some(commit(store, &key, g.token, big)),
                                 _ => None,
                             };
                             (key, claimed, committed)
@@ -332,8 +381,7 @@ fn full_database_fails_every_writer_of_a_batch_for_the_same_reason() {
             .flat_map(|w| w.join().unwrap())
             .collect()
     });
-    let open: Vec<(String, u64)> = store
-        .open_claims(None)
+    let open: Vec<(String, u64)> = block_on(store.open_claims(None))
         .unwrap()
         .into_iter()
         .map(|c| (c.key, c.token))
@@ -349,7 +397,7 @@ fn full_database_fails_every_writer_of_a_batch_for_the_same_reason() {
     };
     let (mut refused_claims, mut refused_commits) = (0, 0);
     for (key, claimed, committed) in &outcomes {
-        let on_disk = store.committed(key).unwrap();
+        let on_disk = block_on(store.committed(key)).unwrap();
         match (claimed, committed) {
             (Err(e), _) => {
                 assert!(is_full(e), "{e}");
@@ -424,12 +472,13 @@ fn corrupt_database_is_reported_by_name_and_not_made_worse() {
 
     match SqliteStore::open(&path, SyncMode::Normal) {
         Ok(store) => {
-            let err = store.committed("done-3").unwrap_err();
+            let err = block_on(store.committed("done-3")).unwrap_err();
             let text = fault_text(err, DatabaseFault::Corrupt, "read a result", &path);
             assert!(text.contains("the database file is corrupt"), "{text}");
-            let err = store.claim(&req("done-3")).unwrap_err();
+            assert!(text.contains("sqlite3 FILE .recover"), "{text}");
+            let err = claim(&store, "done-3").unwrap_err();
             fault_text(err, DatabaseFault::Corrupt, "claim a key", &path);
-            let err = store.runs().unwrap_err();
+            let err = block_on(store.runs(&RunFilter::default())).unwrap_err();
             fault_text(err, DatabaseFault::Corrupt, "list runs", &path);
         }
         Err(err) => {
@@ -437,7 +486,7 @@ fn corrupt_database_is_reported_by_name_and_not_made_worse() {
         }
     }
     let err = SqliteStore::open_read_only(&path)
-        .and_then(|s| s.runs())
+        .and_then(|s| block_on(s.runs(&RunFilter::default())))
         .unwrap_err();
     fault_text(err, DatabaseFault::Corrupt, "list runs", &path);
 

@@ -1,73 +1,106 @@
-//! Runs and their checkpoints on SQLite: records, progress, counts and how runs end.
+//! Runs on SQLite: submitting, reading and listing them, their checkpoints, counts and
+//! outcomes, upgrades and cancellation. Each function runs inside the transaction (or,
+//! for reads, between the transactions) of the database thread; the run leases
+//! themselves are `leases.rs`.
 
 use rusqlite::types::Type;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::{TxError, to_sql_int, u64_column};
-use crate::store::{Checkpoint, Counts, Millis, RunEnd, RunRecord, RunSpec, RunStatus, StoreError};
+use crate::store::{
+    Cancelled, Checkpoint, Counts, Millis, RunFilter, RunLeaseInfo, RunRecord, RunStatus,
+    StoreError, Submission, Submitted,
+};
 
-/// A `SELECT` of whole run records (with the checkpoint's step), followed by `$tail`.
+/// A `SELECT` of whole run records (with the checkpoint's step and the outcome),
+/// followed by `$tail`. [`record`] reads its rows.
 macro_rules! select_records {
     ($tail:literal) => {
         concat!(
-            "SELECT r.run_id, r.agent, r.digest, r.status, r.outcome,
+            "SELECT r.run_id, r.agent, r.digest, r.namespace, r.status, o.outcome,
                     r.executed, r.skipped, r.awaited, r.reclaimed, r.instances,
-                    r.created, r.updated, p.step, r.namespace
-             FROM runs r LEFT JOIN progress p ON p.run_id = r.run_id ",
+                    r.lease_holder, r.lease_token, r.lease_expires, r.cancel_requested,
+                    r.note, r.created, r.updated, p.step
+             FROM runs r
+             LEFT JOIN progress p ON p.run_id = r.run_id
+             LEFT JOIN run_outcomes o ON o.run_id = r.run_id ",
             $tail
         )
     };
 }
 
-/// Creates the run if it is new and returns its record. Runs inside a write
-/// transaction, so two processes opening the same run agree on its input.
-pub(super) fn open_run(conn: &Connection, spec: &RunSpec<'_>) -> Result<RunRecord, TxError> {
-    let input: Option<Vec<u8>> = conn
-        .prepare_cached("SELECT input FROM runs WHERE run_id = ?1")?
-        .query_row([spec.run_id], |row| row.get(0))
+/// Creates the run as queued if it is new, or finds it; in one write transaction, so
+/// two processes submitting the same run agree on its input.
+pub(super) fn submit(
+    conn: &Connection,
+    submission: &Submission<'_>,
+    now: Millis,
+) -> Result<Submitted, TxError> {
+    let run_id = submission.run_id;
+    // Compared by SQLite: a large input is not copied out to be compared.
+    let existing: Option<(bool, String)> = conn
+        .prepare_cached(
+            "SELECT i.input = ?2, r.status FROM runs r JOIN run_inputs i ON i.run_id = r.run_id
+             WHERE r.run_id = ?1",
+        )?
+        .query_row(params![run_id, submission.input], |row| {
+            Ok((row.get(0)?, row.get(1)?))
+        })
         .optional()?;
-    match input {
-        Some(input) if input != spec.input => {
-            return Err(StoreError::InputMismatch {
-                run_id: spec.run_id.to_owned(),
-            }
-            .into());
+    let created = match existing {
+        Some((false, _)) => {
+            return Err(TxError::Store(StoreError::InputMismatch {
+                run_id: run_id.to_owned(),
+            }));
         }
-        Some(_) => {
-            // Opening a run means driving it: a failed run goes back to running (its
-            // committed steps stay) so that status shows what is happening.
-            conn.prepare_cached(
-                "UPDATE runs SET status = ?2, outcome = NULL, updated = ?3
-                 WHERE run_id = ?1 AND status = ?4",
-            )?
-            .execute(params![
-                spec.run_id,
-                status_name(RunStatus::Running),
-                spec.now,
-                status_name(RunStatus::Failed)
-            ])?;
+        Some((true, status)) => {
+            if submission.replace_authority {
+                conn.prepare_cached("UPDATE run_inputs SET authority = ?2 WHERE run_id = ?1")?
+                    .execute(params![run_id, submission.authority])?;
+            }
+            if status == RunStatus::Failed.as_str() {
+                // Submitting a failed run again resumes it (its committed steps stay).
+                conn.prepare_cached("UPDATE runs SET status = ?2, updated = ?3 WHERE run_id = ?1")?
+                    .execute(params![run_id, RunStatus::Running.as_str(), now])?;
+                set_outcome(conn, run_id, None)?;
+            }
+            false
         }
         None => {
+            super::components::require(conn, submission.digest)?;
             conn.prepare_cached(
-                "INSERT INTO runs
-                 (run_id, agent, digest, input, status, created, updated, namespace)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7)",
+                "INSERT INTO runs (run_id, agent, digest, namespace, status, created, updated)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)",
             )?
             .execute(params![
-                spec.run_id,
-                spec.agent,
-                spec.digest,
-                spec.input,
-                status_name(RunStatus::Running),
-                spec.now,
-                spec.namespace
+                run_id,
+                submission.agent,
+                submission.digest,
+                submission.namespace,
+                RunStatus::Queued.as_str(),
+                now
             ])?;
+            conn.prepare_cached(
+                "INSERT INTO run_inputs (run_id, input, authority) VALUES (?1, ?2, ?3)",
+            )?
+            .execute(params![run_id, submission.input, submission.authority])?;
+            // The run will write keys in the namespace: its component is a member.
+            super::components::add_member(
+                conn,
+                submission.namespace,
+                submission.digest,
+                "run",
+                now,
+            )?;
+            true
         }
-    }
-    run(conn, spec.run_id)?.ok_or_else(|| unknown_run(spec.run_id))
+    };
+    let record = run(conn, run_id)?.ok_or_else(|| unknown_run(run_id))?;
+    Ok(Submitted { record, created })
 }
 
-/// Moves the run to another component and records it.
+/// Moves the run to another component and records it; the new component becomes a
+/// member of the run's namespace.
 pub(super) fn upgrade_run(
     conn: &Connection,
     run_id: &str,
@@ -75,18 +108,96 @@ pub(super) fn upgrade_run(
     to: &str,
     now: Millis,
 ) -> Result<(), TxError> {
-    let changed = conn
+    let namespace: Option<String> = conn
         .prepare_cached(
-            "UPDATE runs SET digest = ?3, updated = ?4 WHERE run_id = ?1 AND digest = ?2",
+            "UPDATE runs SET digest = ?3, updated = ?4 WHERE run_id = ?1 AND digest = ?2
+             RETURNING namespace",
         )?
-        .execute(params![run_id, from, to, now])?;
-    if changed != 1 {
+        .query_row(params![run_id, from, to, now], |row| row.get(0))
+        .optional()?;
+    let Some(namespace) = namespace else {
         return Err(unknown_run(run_id));
-    }
+    };
     conn.prepare_cached(
         "INSERT INTO run_upgrades (run_id, from_digest, to_digest, at) VALUES (?1, ?2, ?3, ?4)",
     )?
     .execute(params![run_id, from, to, now])?;
+    super::components::add_member(conn, &namespace, to, "upgrade", now)
+}
+
+/// Cancels the run now if no live lease is on it, or asks its worker to.
+pub(super) fn cancel_run(
+    conn: &Connection,
+    run_id: &str,
+    now: Millis,
+) -> Result<Cancelled, TxError> {
+    let row: Option<(RunStatus, Option<RunLeaseInfo>)> = conn
+        .prepare_cached(
+            "SELECT status, lease_holder, lease_token, lease_expires FROM runs WHERE run_id = ?1",
+        )?
+        .query_row([run_id], |row| {
+            Ok((status_from(row, 0)?, lease_from(row, 1)?))
+        })
+        .optional()?;
+    let Some((status, lease)) = row else {
+        return Err(unknown_run(run_id));
+    };
+    if matches!(status, RunStatus::Completed | RunStatus::Cancelled) {
+        return Err(TxError::Store(StoreError::RunFinished {
+            run_id: run_id.to_owned(),
+            status,
+        }));
+    }
+    if let Some(lease) = lease.filter(|lease| lease.expires > now) {
+        conn.prepare_cached(
+            "UPDATE runs SET cancel_requested = 1, updated = ?2 WHERE run_id = ?1",
+        )?
+        .execute(params![run_id, now])?;
+        return Ok(Cancelled::Requested { lease });
+    }
+    end_as_cancelled(conn, run_id, now)?;
+    Ok(Cancelled::Now)
+}
+
+/// Sets the run cancelled with no lease (its token stays, so no old fence works again)
+/// and releases its open claims that are not parked: a cancelled run keeps no key from
+/// anyone.
+pub(super) fn end_as_cancelled(
+    conn: &Connection,
+    run_id: &str,
+    now: Millis,
+) -> Result<(), TxError> {
+    conn.prepare_cached(
+        "UPDATE runs
+         SET status = ?2, lease_holder = NULL, lease_expires = NULL, cancel_requested = 0,
+             updated = ?3
+         WHERE run_id = ?1",
+    )?
+    .execute(params![run_id, RunStatus::Cancelled.as_str(), now])?;
+    set_outcome(conn, run_id, None)?;
+    // A scan of `steps`, as for every by-run question: cancelling is rare.
+    conn.prepare_cached("UPDATE steps SET holder = NULL WHERE run_id = ?1 AND holder IS NOT NULL")?
+        .execute([run_id])?;
+    Ok(())
+}
+
+/// Stores or clears the run's outcome.
+pub(super) fn set_outcome(
+    conn: &Connection,
+    run_id: &str,
+    outcome: Option<&[u8]>,
+) -> Result<(), TxError> {
+    match outcome {
+        Some(outcome) => conn
+            .prepare_cached(
+                "INSERT INTO run_outcomes (run_id, outcome) VALUES (?1, ?2)
+                 ON CONFLICT (run_id) DO UPDATE SET outcome = excluded.outcome",
+            )?
+            .execute(params![run_id, outcome])?,
+        None => conn
+            .prepare_cached("DELETE FROM run_outcomes WHERE run_id = ?1")?
+            .execute([run_id])?,
+    };
     Ok(())
 }
 
@@ -99,13 +210,40 @@ pub(super) fn run(conn: &Connection, run_id: &str) -> Result<Option<RunRecord>, 
     Ok(record)
 }
 
-/// Every run, newest first; runs opened in the same millisecond by insertion order.
-pub(super) fn runs(conn: &Connection) -> Result<Vec<RunRecord>, TxError> {
+/// Runs as the filter asks, newest first; runs submitted in the same millisecond by
+/// submission order.
+pub(super) fn runs(conn: &Connection, filter: &OwnedFilter) -> Result<Vec<RunRecord>, TxError> {
+    let limit = filter
+        .limit
+        .map_or(-1, |limit| i64::try_from(limit).unwrap_or(i64::MAX));
     let records = conn
-        .prepare_cached(select_records!("ORDER BY r.created DESC, r.rowid DESC"))?
-        .query_map([], record)?
+        .prepare_cached(select_records!(
+            "WHERE (?1 IS NULL OR r.status = ?1) AND (?2 IS NULL OR r.agent = ?2)
+             ORDER BY r.created DESC, r.rowid DESC LIMIT ?3"
+        ))?
+        .query_map(
+            params![filter.status.map(RunStatus::as_str), filter.agent, limit],
+            record,
+        )?
         .collect::<rusqlite::Result<_>>()?;
     Ok(records)
+}
+
+/// A [`RunFilter`] that owns its strings, to be sent to the database thread.
+pub(super) struct OwnedFilter {
+    status: Option<RunStatus>,
+    agent: Option<String>,
+    limit: Option<usize>,
+}
+
+impl From<&RunFilter<'_>> for OwnedFilter {
+    fn from(filter: &RunFilter<'_>) -> Self {
+        OwnedFilter {
+            status: filter.status,
+            agent: filter.agent.map(str::to_owned),
+            limit: filter.limit,
+        }
+    }
 }
 
 /// The run's last checkpoint.
@@ -125,18 +263,13 @@ pub(super) fn load_progress(
     Ok(checkpoint)
 }
 
-/// Replaces the checkpoint, and stores the counts if given. Runs inside a write
-/// transaction, so the two never disagree.
-pub(super) fn save_progress(
+/// Replaces the run's checkpoint. The caller checked the fence, so the run exists.
+pub(super) fn save_checkpoint(
     conn: &Connection,
     run_id: &str,
     checkpoint: &Checkpoint,
-    counts: Option<&Counts>,
     now: Millis,
 ) -> Result<(), TxError> {
-    if let Some(counts) = counts {
-        save_counts(conn, run_id, counts, now)?;
-    }
     let step = to_sql_int(checkpoint.step)?;
     // The row exists after a run's first save: an UPDATE that leaves `run_id` alone
     // neither tries an insert first nor checks the foreign key again.
@@ -145,127 +278,93 @@ pub(super) fn save_progress(
             "UPDATE progress SET step = ?2, state = ?3, updated = ?4 WHERE run_id = ?1",
         )?
         .execute(params![run_id, step, checkpoint.state, now])?;
-    if updated == 1 {
-        return Ok(());
+    if updated == 0 {
+        conn.prepare_cached(
+            "INSERT INTO progress (run_id, step, state, updated) VALUES (?1, ?2, ?3, ?4)",
+        )?
+        .execute(params![run_id, step, checkpoint.state, now])?;
     }
-    conn.prepare_cached(
-        "INSERT INTO progress (run_id, step, state, updated) VALUES (?1, ?2, ?3, ?4)",
-    )?
-    .execute(params![run_id, step, checkpoint.state, now])
-    .map_err(|e| match e.sqlite_error() {
-        // The checkpoint's foreign key: the run was never opened.
-        Some(e) if e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY => {
-            unknown_run(run_id)
-        }
-        _ => TxError::Sql(e),
-    })?;
     Ok(())
 }
 
-/// Stores the run's counts as given.
+/// Stores the run's counts as given. The caller checked the fence, so the run exists.
 pub(super) fn save_counts(
     conn: &Connection,
     run_id: &str,
     counts: &Counts,
     now: Millis,
 ) -> Result<(), TxError> {
-    let changed = conn
-        .prepare_cached(
-            "UPDATE runs
-             SET executed = ?2, skipped = ?3, awaited = ?4, reclaimed = ?5, instances = ?6,
-                 updated = ?7
-             WHERE run_id = ?1",
-        )?
-        .execute(params![
-            run_id,
-            to_sql_int(counts.executed)?,
-            to_sql_int(counts.skipped)?,
-            to_sql_int(counts.awaited)?,
-            to_sql_int(counts.reclaimed)?,
-            to_sql_int(counts.instances)?,
-            now
-        ])?;
-    if changed == 0 {
-        return Err(unknown_run(run_id));
-    }
+    conn.prepare_cached(
+        "UPDATE runs
+         SET executed = ?2, skipped = ?3, awaited = ?4, reclaimed = ?5, instances = ?6,
+             updated = ?7
+         WHERE run_id = ?1",
+    )?
+    .execute(params![
+        run_id,
+        to_sql_int(counts.executed)?,
+        to_sql_int(counts.skipped)?,
+        to_sql_int(counts.awaited)?,
+        to_sql_int(counts.reclaimed)?,
+        to_sql_int(counts.instances)?,
+        now
+    ])?;
     Ok(())
 }
 
-/// Records the run's end: its status, outcome bytes and final counts.
-pub(super) fn finish_run(
-    conn: &Connection,
-    run_id: &str,
-    end: RunEnd<'_>,
-    counts: &Counts,
-    now: Millis,
-) -> Result<(), TxError> {
-    let (status, outcome) = match end {
-        RunEnd::Completed(output) => (RunStatus::Completed, output),
-        RunEnd::Failed(error) => (RunStatus::Failed, error.as_bytes()),
-    };
-    save_counts(conn, run_id, counts, now)?;
-    conn.prepare_cached("UPDATE runs SET status = ?2, outcome = ?3 WHERE run_id = ?1")?
-        .execute(params![run_id, status_name(status), outcome])?;
-    Ok(())
-}
-
-fn unknown_run(run_id: &str) -> TxError {
+pub(super) fn unknown_run(run_id: &str) -> TxError {
     TxError::Store(StoreError::UnknownRun {
         run_id: run_id.to_owned(),
     })
 }
 
 /// Reads one row of [`select_records!`].
-fn record(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
-    let step = match row.get::<_, Option<i64>>(12)? {
-        Some(_) => Some(u64_column(row, 12)?),
+pub(super) fn record(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
+    let step = match row.get::<_, Option<i64>>(18)? {
+        Some(_) => Some(u64_column(row, 18)?),
         None => None,
     };
     Ok(RunRecord {
         run_id: row.get(0)?,
         agent: row.get(1)?,
         digest: row.get(2)?,
-        status: status_from(row, 3)?,
-        outcome: row.get(4)?,
+        namespace: row.get(3)?,
+        status: status_from(row, 4)?,
+        outcome: row.get(5)?,
         counts: Counts {
-            executed: u64_column(row, 5)?,
-            skipped: u64_column(row, 6)?,
-            awaited: u64_column(row, 7)?,
-            reclaimed: u64_column(row, 8)?,
-            instances: u64_column(row, 9)?,
+            executed: u64_column(row, 6)?,
+            skipped: u64_column(row, 7)?,
+            awaited: u64_column(row, 8)?,
+            reclaimed: u64_column(row, 9)?,
+            instances: u64_column(row, 10)?,
         },
-        created: row.get(10)?,
-        updated: row.get(11)?,
-        namespace: row.get(13)?,
+        lease: lease_from(row, 11)?,
+        cancel_requested: row.get(14)?,
+        note: row.get(15)?,
+        created: row.get(16)?,
+        updated: row.get(17)?,
         step,
     })
 }
 
-pub(super) fn status_name(status: RunStatus) -> &'static str {
-    match status {
-        RunStatus::Running => "running",
-        RunStatus::Completed => "completed",
-        RunStatus::Failed => "failed",
-        RunStatus::InDoubt => "in-doubt",
+/// Reads a lease from `lease_holder, lease_token, lease_expires` at `idx`..`idx + 3`.
+pub(super) fn lease_from(row: &Row<'_>, idx: usize) -> rusqlite::Result<Option<RunLeaseInfo>> {
+    let holder: Option<String> = row.get(idx)?;
+    let expires: Option<Millis> = row.get(idx + 2)?;
+    match (holder, expires) {
+        (Some(worker), Some(expires)) => Ok(Some(RunLeaseInfo {
+            worker,
+            token: u64_column(row, idx + 1)?,
+            expires,
+        })),
+        _ => Ok(None),
     }
 }
 
-fn status_from(row: &Row<'_>, idx: usize) -> rusqlite::Result<RunStatus> {
+pub(super) fn status_from(row: &Row<'_>, idx: usize) -> rusqlite::Result<RunStatus> {
     let name: String = row.get(idx)?;
-    match name.as_str() {
-        "running" => Ok(RunStatus::Running),
-        "completed" => Ok(RunStatus::Completed),
-        "failed" => Ok(RunStatus::Failed),
-        "in-doubt" => Ok(RunStatus::InDoubt),
-        _ => Err(rusqlite::Error::FromSqlConversionFailure(
-            idx,
-            Type::Text,
-            Box::new(UnknownStatus(name)),
-        )),
-    }
+    name.parse().map_err(|e: String| {
+        // A status the schema's CHECK constraint should have kept out.
+        rusqlite::Error::FromSqlConversionFailure(idx, Type::Text, e.into())
+    })
 }
-
-/// A status the schema's CHECK constraint should have kept out.
-#[derive(Debug, thiserror::Error)]
-#[error("unknown run status {0:?}")]
-struct UnknownStatus(String);

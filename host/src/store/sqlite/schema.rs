@@ -1,14 +1,14 @@
-//! Opening a file as an idem SQLite store: refusing files that are not ours before
-//! anything is written, setting the connection's pragmas, and applying the numbered
-//! migrations.
+//! Opening a file as an idem SQLite store: refusing paths and files that are not ours
+//! before SQLite touches them, setting the connection's pragmas, and applying the
+//! numbered migrations.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, ErrorCode, MAIN_DB, OpenFlags, TransactionBehavior};
 
-use super::{OpenOptions, SyncMode, database_fault};
-use crate::store::{DatabaseFault, StoreError};
+use super::{OpenOptions, database_fault, sqlite_detail};
+use crate::store::{DatabaseFault, StoreError, SyncMode};
 
 /// "idem" in ASCII, written to the database header (`PRAGMA application_id`) so that a
 /// file can be recognised as an idem store before anything is written to it.
@@ -19,6 +19,7 @@ const APPLICATION_ID: i32 = 0x6964_656d;
 const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0001_init.sql"),
     include_str!("../migrations/sqlite/0002_steps.sql"),
+    include_str!("../migrations/sqlite/0003_leases.sql"),
 ];
 
 /// The schema version this build writes and understands.
@@ -51,11 +52,11 @@ pub(super) fn open(path: &Path, options: &OpenOptions) -> Result<Connection, Sto
     let sql_fail = |e: rusqlite::Error| open_failure(path, dir, options.busy_timeout, &e);
 
     check_location(path, dir).map_err(fail)?;
-    // No SQLITE_OPEN_URI: a path is a path, even one that starts with "file:".
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let mut conn = Connection::open_with_flags(path, flags).map_err(sql_fail)?;
+    let mut conn =
+        Connection::open_with_flags(sqlite_path(path).map_err(fail)?, flags).map_err(sql_fail)?;
     conn.busy_timeout(options.busy_timeout).map_err(sql_fail)?;
     // SQLite silently falls back to read-only when the file is write-protected.
     if conn.is_readonly(MAIN_DB).map_err(sql_fail)? {
@@ -80,18 +81,24 @@ pub(super) fn open(path: &Path, options: &OpenOptions) -> Result<Connection, Sto
     };
     conn.pragma_update(None, "synchronous", synchronous)
         .map_err(sql_fail)?;
-    conn.pragma_update(None, "foreign_keys", true)
-        .map_err(sql_fail)?;
     conn.pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES)
         .map_err(sql_fail)?;
     if let Some(max_size) = options.max_size {
         cap_size(&conn, max_size).map_err(sql_fail)?;
     }
 
+    // Off while migrating: a migration that rebuilds a table other tables refer to
+    // must drop the old one without SQLite deleting (cascading to) what refers to it.
+    // The bundled SQLite turns them on by default, and takes this pragma only outside a
+    // transaction.
+    conn.pragma_update(None, "foreign_keys", false)
+        .map_err(sql_fail)?;
     migrate(&mut conn, path).map_err(|e| match e {
         Failure::Sql(e) => sql_fail(e),
         Failure::Store(e) => e,
     })?;
+    conn.pragma_update(None, "foreign_keys", true)
+        .map_err(sql_fail)?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     Ok(conn)
 }
@@ -105,12 +112,18 @@ pub(super) fn open_read_only(
     let dir = directory_of(path);
     let fail = |reason: String| refuse(path, reason);
     let sql_fail = |e: rusqlite::Error| open_failure(path, dir, busy_timeout, &e);
-    if !path.is_file() {
-        return Err(fail("no such store file".to_owned()));
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_file() => {}
+        Ok(meta) => return Err(fail(not_a_file(meta.file_type()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(fail("no such store file".to_owned()));
+        }
+        Err(e) => return Err(fail(format!("cannot look at the file: {e}"))),
     }
     check_header(path).map_err(fail)?;
     let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let conn = Connection::open_with_flags(path, flags).map_err(sql_fail)?;
+    let conn =
+        Connection::open_with_flags(sqlite_path(path).map_err(fail)?, flags).map_err(sql_fail)?;
     conn.busy_timeout(busy_timeout).map_err(sql_fail)?;
     match check_contents(path, inspect(&conn).map_err(sql_fail)?)? {
         applied if applied == MIGRATIONS.len() => {}
@@ -123,6 +136,15 @@ pub(super) fn open_read_only(
     }
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     Ok(conn)
+}
+
+/// The name SQLite is given for `path`: always absolute. The bundled SQLite reads a
+/// name that starts with `file:` as a URI (it is built with `SQLITE_USE_URI`, whatever
+/// the open flags say), so a file named `file:x.db?vfs=memdb` would silently become an
+/// in-memory database, or one with other options; an absolute path never starts with
+/// `file:`, so the file is the file the user named.
+fn sqlite_path(path: &Path) -> Result<PathBuf, String> {
+    std::path::absolute(path).map_err(|e| format!("cannot resolve the path: {e}"))
 }
 
 /// Switches the file to WAL mode and returns the journal mode it ends up in.
@@ -192,6 +214,24 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<(), Failure> {
     for migration in MIGRATIONS.iter().skip(from) {
         tx.execute_batch(migration)?;
     }
+    // Foreign keys are off while migrating (see `open`): check what they would have
+    // refused, once, after a migration rather than at every open.
+    let violations: i64 = if from < MIGRATIONS.len() {
+        tx.query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |row| {
+            row.get(0)
+        })?
+    } else {
+        0
+    };
+    if violations > 0 {
+        return Err(Failure::Store(refuse(
+            path,
+            format!(
+                "upgrading the schema would leave {violations} rows that refer to nothing; \
+                 idem left the file as it was"
+            ),
+        )));
+    }
     tx.pragma_update(None, "application_id", APPLICATION_ID)?;
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     tx.commit()?;
@@ -257,10 +297,16 @@ fn inspect(conn: &Connection) -> rusqlite::Result<Contents> {
     })
 }
 
-/// Refuses locations SQLite would only report as "unable to open database file".
+/// Refuses locations SQLite would only report as "unable to open database file", or
+/// would hang on.
 fn check_location(path: &Path, dir: &Path) -> Result<(), String> {
-    if path.is_dir() {
-        return Err("it is a directory, not a database file".to_owned());
+    // Before anything opens it: opening a FIFO for reading waits for a writer forever,
+    // and a device or socket is no place for a database. `metadata` only looks.
+    match std::fs::metadata(path) {
+        Ok(meta) if !meta.is_file() => return Err(not_a_file(meta.file_type())),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("cannot look at the file: {e}")),
     }
     match std::fs::metadata(dir) {
         Ok(meta) if meta.is_dir() => Ok(()),
@@ -271,6 +317,35 @@ fn check_location(path: &Path, dir: &Path) -> Result<(), String> {
         Err(e) => Err(format!("cannot access directory {}: {e}", dir.display())),
     }?;
     check_header(path)
+}
+
+/// Why a path that exists but is no regular file cannot be a store.
+fn not_a_file(file_type: std::fs::FileType) -> String {
+    let what = if file_type.is_dir() {
+        "a directory"
+    } else {
+        special_file(file_type)
+    };
+    format!("it is {what}, not a database file")
+}
+
+#[cfg(unix)]
+fn special_file(file_type: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if file_type.is_fifo() {
+        "a named pipe (FIFO)"
+    } else if file_type.is_socket() {
+        "a socket"
+    } else if file_type.is_block_device() || file_type.is_char_device() {
+        "a device"
+    } else {
+        "not a regular file"
+    }
+}
+
+#[cfg(not(unix))]
+fn special_file(_: std::fs::FileType) -> &'static str {
+    "not a regular file"
 }
 
 /// SQLite takes a file shorter than its 100-byte header for an empty database and
@@ -323,7 +398,7 @@ fn open_failure(
                 location: path.display().to_string(),
                 op: "open the store",
                 fault,
-                detail: e.to_string(),
+                detail: sqlite_detail(fault, &e.to_string()),
             }
         }
         _ => refuse(path, describe(e, dir)),
@@ -337,12 +412,12 @@ fn describe(e: &rusqlite::Error, dir: &Path) -> String {
             "the file is not a SQLite database; idem left it untouched".to_owned()
         }
         Some(ErrorCode::CannotOpen | ErrorCode::PermissionDenied) => format!(
-            "cannot create or open the file; check that {} is writable ({e})",
+            "cannot create or open the file; check that {} is writable (SQLite: {e})",
             dir.display()
         ),
         Some(ErrorCode::ReadOnly) => format!(
             "the database is not writable; idem needs write access to the file and to \
-             {}, where SQLite keeps its -wal and -shm files ({e})",
+             {}, where SQLite keeps its -wal and -shm files (SQLite: {e})",
             dir.display()
         ),
         _ => e.to_string(),

@@ -1,13 +1,19 @@
-//! Tests of what only the SQLite backend has: files, pragmas and schema versions. The
-//! store's behaviour is tested for every backend in `store/tests.rs`.
+//! Tests of what only the SQLite backend has: paths, files, pragmas, how many pages a
+//! step writes, and durability per batch. The store's behaviour is tested for every
+//! backend in `store/tests/`; migrations in `migration_tests.rs`.
 
 use std::path::Path;
+use std::time::Duration;
 
 use rusqlite::Connection;
 
 use super::schema::SCHEMA_VERSION;
-use super::{SqliteStore, SyncMode};
-use crate::store::StoreError;
+use super::{OpenOptions, SqliteStore};
+use crate::store::tests::block_on;
+use crate::store::{
+    Acquired, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts, RunFence, Store,
+    StoreError, Submission, SyncMode,
+};
 
 fn open_error(path: &Path) -> String {
     match SqliteStore::open(path, SyncMode::Normal) {
@@ -23,6 +29,48 @@ fn open_error(path: &Path) -> String {
         }
         Err(other) => panic!("expected an Open error, got {other:?}"),
     }
+}
+
+/// Runs `f` on the store's own connection, between transactions.
+fn on_conn<T: Send + 'static>(
+    store: &SqliteStore,
+    f: impl FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+) -> T {
+    block_on(store.db.read(move |conn, _| f(conn))).unwrap()
+}
+
+fn pragma(store: &SqliteStore, name: &'static str) -> i64 {
+    on_conn(store, move |conn| {
+        conn.pragma_query_value(None, name, |r| r.get(0))
+    })
+}
+
+/// A store with run `run-1` submitted and leased: its fence, asking for `sync`.
+fn leased(store: &SqliteStore, sync: SyncMode) -> RunFence {
+    block_on(async {
+        store.put_component("00", b"").await.unwrap();
+        store
+            .submit(&Submission {
+                run_id: "run-1",
+                agent: "a",
+                digest: "00",
+                namespace: "ns",
+                input: b"",
+                authority: b"",
+                replace_authority: false,
+            })
+            .await
+            .unwrap();
+        let lease = Duration::from_secs(3600);
+        match store.acquire_run("run-1", "w", lease).await.unwrap() {
+            Acquired::Leased(run) => RunFence {
+                run_id: "run-1".to_owned(),
+                token: run.token,
+                sync,
+            },
+            other => panic!("{other:?}"),
+        }
+    })
 }
 
 #[test]
@@ -45,20 +93,132 @@ fn new_database_is_wal_with_our_pragmas() {
     for (mode, synchronous) in [(SyncMode::Normal, 1), (SyncMode::Full, 2)] {
         let store = SqliteStore::open(&path, mode).unwrap();
         assert_eq!(store.path(), path);
-        store.conn.read(|conn| {
-            let pragma =
-                |name: &str| -> i64 { conn.pragma_query_value(None, name, |r| r.get(0)).unwrap() };
-            assert_eq!(pragma("synchronous"), synchronous);
-            assert_eq!(pragma("foreign_keys"), 1);
-            assert_eq!(pragma("wal_autocheckpoint"), 10_000);
-            assert_eq!(pragma("user_version"), SCHEMA_VERSION);
-            assert_eq!(pragma("application_id"), 0x6964_656d);
-            let journal: String = conn
-                .pragma_query_value(None, "journal_mode", |r| r.get(0))
-                .unwrap();
-            assert_eq!(journal, "wal");
+        assert_eq!(pragma(&store, "synchronous"), synchronous);
+        assert_eq!(pragma(&store, "foreign_keys"), 1);
+        assert_eq!(pragma(&store, "wal_autocheckpoint"), 10_000);
+        assert_eq!(pragma(&store, "user_version"), SCHEMA_VERSION);
+        assert_eq!(pragma(&store, "application_id"), 0x6964_656d);
+        let journal: String = on_conn(&store, |conn| {
+            conn.pragma_query_value(None, "journal_mode", |r| r.get(0))
         });
+        assert_eq!(journal, "wal");
     }
+}
+
+/// A batch runs as durably as its most demanding write asks: a fence's own mode, or
+/// the store's default for writes without one.
+#[test]
+fn each_batch_syncs_as_its_writes_ask() {
+    for default in [SyncMode::Normal, SyncMode::Full] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("idem.db"), default).unwrap();
+        let other = match default {
+            SyncMode::Normal => SyncMode::Full,
+            SyncMode::Full => SyncMode::Normal,
+        };
+        let level = |mode| if mode == SyncMode::Full { 2 } else { 1 };
+        let fence = leased(&store, other);
+        // A fenced write asks for its run's mode, whatever the store's default.
+        block_on(store.save_counts(&fence, &Counts::default())).unwrap();
+        assert_eq!(pragma(&store, "synchronous"), level(other), "{default}");
+        // A write without a fence asks for the store's default.
+        block_on(store.put_component("01", b"")).unwrap();
+        assert_eq!(pragma(&store, "synchronous"), level(default), "{default}");
+        let fence = RunFence {
+            sync: other,
+            ..fence
+        };
+        block_on(store.renew_runs(&[fence], Duration::from_secs(60))).unwrap();
+        assert_eq!(pragma(&store, "synchronous"), level(other), "{default}");
+    }
+}
+
+/// The pages a durable step writes: its claim and its commit each dirty the one leaf of
+/// `steps` (the run's fence is read, not written); a commit carrying a checkpoint and
+/// counts adds the run's progress and counts pages, and nothing else.
+#[test]
+fn a_step_writes_only_its_own_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.db");
+    let store = SqliteStore::open(&path, SyncMode::Normal).unwrap();
+    let fence = leased(&store, SyncMode::Normal);
+    let wal = dir.path().join("idem.db-wal");
+    let page = pragma(&store, "page_size") as u64;
+    let frames = || (std::fs::metadata(&wal).unwrap().len().saturating_sub(32)) / (24 + page);
+    // A checkpoint exists before the first step, so that it writes its own page only.
+    let checkpoint = Checkpoint {
+        step: 0,
+        state: b"s".to_vec(),
+    };
+    block_on(store.save_progress(&fence, &checkpoint, Some(&Counts::default()))).unwrap();
+    let step = |i: u64, with_progress: bool| -> (u64, u64) {
+        let key = format!("k-{i}");
+        let before = frames();
+        let req = ClaimRequest {
+            key: &key,
+            fence: &fence,
+            holder: "h",
+            fingerprint: None,
+            lease: Duration::from_secs(60),
+        };
+        let ClaimOutcome::Granted(grant) = block_on(store.claim(&req)).unwrap() else {
+            panic!("{key} not granted");
+        };
+        let claimed = frames();
+        let checkpoint = Checkpoint {
+            step: i,
+            state: b"s".to_vec(),
+        };
+        let counts = Counts {
+            executed: i,
+            ..Counts::default()
+        };
+        let commit = Commit {
+            claim: ClaimRef {
+                key: &key,
+                token: grant.token,
+                fence: &fence,
+            },
+            result: b"r",
+            checkpoint: with_progress.then_some(&checkpoint),
+            counts: with_progress.then_some(&counts),
+        };
+        block_on(store.commit(&commit)).unwrap();
+        (claimed - before, frames() - claimed)
+    };
+    for i in 1..5 {
+        assert_eq!(step(i, false), (1, 1), "step {i}");
+    }
+    for i in 5..9 {
+        assert_eq!(step(i, true), (1, 3), "step {i} with progress");
+    }
+}
+
+/// Workers poll for runs through the partial index of unfinished runs, not by reading
+/// every run ever made.
+#[test]
+fn acquiring_runs_reads_only_unfinished_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&dir.path().join("idem.db"), SyncMode::Normal).unwrap();
+    let plan: Vec<String> = on_conn(&store, |conn| {
+        conn.prepare(
+            "EXPLAIN QUERY PLAN SELECT run_id, lease_token FROM runs
+             WHERE status IN ('queued', 'running')
+               AND (lease_holder IS NULL OR lease_expires <= ?1)
+               AND lease_token < 9223372036854775807
+             ORDER BY created, rowid",
+        )?
+        .query_map([0], |r| r.get(3))?
+        .collect()
+    });
+    assert!(
+        plan.iter().any(|step| step.contains("runs_unfinished")),
+        "{plan:?}"
+    );
+    assert!(
+        !plan.iter().any(|step| step.contains("TEMP B-TREE")),
+        "{plan:?}"
+    );
 }
 
 #[test]
@@ -66,8 +226,8 @@ fn empty_file_becomes_a_store() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("touched.db");
     std::fs::write(&path, b"").unwrap();
-    SqliteStore::open(&path, SyncMode::Normal).unwrap();
-    SqliteStore::open(&path, SyncMode::Normal).unwrap();
+    drop(SqliteStore::open(&path, SyncMode::Normal).unwrap());
+    drop(SqliteStore::open(&path, SyncMode::Normal).unwrap());
 }
 
 #[test]
@@ -122,6 +282,114 @@ fn directory_as_database_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let message = open_error(dir.path());
     assert!(message.contains("is a directory"), "{message}");
+    let err = SqliteStore::open_read_only(dir.path()).unwrap_err();
+    assert!(err.to_string().contains("is a directory"), "{err}");
+}
+
+/// Opens `path` on another thread, so that a store that hangs on it fails the test
+/// instead of hanging it. (Not a measurement: the bound only turns a hang into an
+/// answer.)
+#[cfg(unix)]
+fn open_error_without_hanging(path: &Path, read_only: bool) -> String {
+    let (done, result) = std::sync::mpsc::channel();
+    let owned = path.to_owned();
+    std::thread::spawn(move || {
+        let opened = if read_only {
+            SqliteStore::open_read_only(&owned)
+        } else {
+            SqliteStore::open(&owned, SyncMode::Normal)
+        };
+        let _ = done.send(opened.map(drop).map_err(|e| e.to_string()));
+    });
+    match result.recv_timeout(Duration::from_secs(60)) {
+        Ok(Err(message)) => {
+            assert!(message.contains(&path.display().to_string()), "{message}");
+            message
+        }
+        Ok(Ok(())) => panic!("{} opened", path.display()),
+        Err(_) => panic!("opening {} hangs", path.display()),
+    }
+}
+
+/// A FIFO, a socket or a device is refused at once, by what it is, and nothing opens
+/// it: opening a FIFO for reading would wait for a writer forever.
+#[cfg(unix)]
+#[test]
+fn special_files_are_refused_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo.db");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    if made.is_ok_and(|status| status.success()) {
+        for read_only in [false, true] {
+            let message = open_error_without_hanging(&fifo, read_only);
+            assert!(message.contains("named pipe (FIFO)"), "{message}");
+        }
+    } else {
+        eprintln!("skipped the FIFO: mkfifo is not available");
+    }
+    let socket = dir.path().join("socket.db");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let message = open_error_without_hanging(&socket, false);
+    assert!(message.contains("a socket"), "{message}");
+    let message = open_error_without_hanging(Path::new("/dev/null"), false);
+    assert!(message.contains("a device"), "{message}");
+    assert!(!dir.path().join("socket.db-wal").exists());
+}
+
+/// Set in the child process of `uri_like_names_are_plain_file_names`.
+const URI_CHILD: &str = "IDEM_TEST_URI_CHILD";
+
+/// A path that reads like a SQLite URI names a file, nothing more: the bundled SQLite
+/// parses `file:` names as URIs whatever the flags say, so the store must never hand it
+/// one. Only a relative path can start with `file:`, so the open runs in a child test
+/// process whose working directory is a fresh temporary one.
+#[test]
+fn uri_like_names_are_plain_file_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe)
+        .args([
+            "--exact",
+            "store::sqlite::tests::open_a_uri_like_name",
+            "--ignored",
+            "--nocapture",
+        ])
+        .current_dir(dir.path())
+        .env(URI_CHILD, "1")
+        .output()
+        .unwrap();
+    let log =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(
+        log.contains("1 passed"),
+        "the child test did not run: {log}"
+    );
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names.iter().any(|n| n == "file:x.db?vfs=memdb"),
+        "no such file in {names:?}"
+    );
+    // A real file, holding a real store.
+    let store =
+        SqliteStore::open(&dir.path().join("file:x.db?vfs=memdb"), SyncMode::Normal).unwrap();
+    assert!(block_on(store.component("00")).unwrap().is_some());
+}
+
+/// The child of `uri_like_names_are_plain_file_names`: opens the relative path and
+/// writes to it.
+#[test]
+#[ignore = "run by uri_like_names_are_plain_file_names in a directory of its own"]
+fn open_a_uri_like_name() {
+    if std::env::var_os(URI_CHILD).is_none() {
+        return;
+    }
+    let store = SqliteStore::open(Path::new("file:x.db?vfs=memdb"), SyncMode::Normal).unwrap();
+    assert_eq!(store.path(), Path::new("file:x.db?vfs=memdb"));
+    assert!(block_on(store.put_component("00", b"\0asm")).unwrap());
 }
 
 /// `/proc` refuses new files even to root, which the tests may run as.
@@ -176,14 +444,23 @@ fn newer_schema_is_refused() {
         conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
             .unwrap();
     }
-    match SqliteStore::open(&path, SyncMode::Normal) {
-        Err(StoreError::SchemaTooNew {
-            found, supported, ..
-        }) => {
-            assert_eq!(found, SCHEMA_VERSION + 1);
-            assert_eq!(supported, SCHEMA_VERSION);
+    for opened in [
+        SqliteStore::open(&path, SyncMode::Normal),
+        SqliteStore::open_read_only(&path),
+    ] {
+        match opened {
+            Err(err @ StoreError::SchemaTooNew { .. }) => {
+                let StoreError::SchemaTooNew {
+                    found, supported, ..
+                } = &err
+                else {
+                    unreachable!()
+                };
+                assert_eq!((*found, *supported), (SCHEMA_VERSION + 1, SCHEMA_VERSION));
+                assert!(err.to_string().contains("newer than this idem supports"));
+            }
+            other => panic!("expected SchemaTooNew, got {other:?}"),
         }
-        other => panic!("expected SchemaTooNew, got {other:?}"),
     }
     // Refused, not downgraded.
     let conn = Connection::open(&path).unwrap();
@@ -205,144 +482,113 @@ fn concurrent_first_opens_initialise_once() {
     });
     // Every handle sees the schema applied once, at the current version.
     for store in &stores {
-        let (tables, version): (i64, i64) = store
-            .conn
-            .read(|conn| {
-                conn.query_row(
-                    "SELECT (SELECT count(*) FROM sqlite_schema WHERE name = 'steps'),
-                            (SELECT user_version FROM pragma_user_version())",
-                    [],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-            })
-            .unwrap();
+        let (tables, version): (i64, i64) = on_conn(store, |conn| {
+            conn.query_row(
+                "SELECT (SELECT count(*) FROM sqlite_schema WHERE name = 'runs'),
+                        (SELECT user_version FROM pragma_user_version())",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+        });
         assert_eq!((tables, version), (1, SCHEMA_VERSION));
     }
 }
 
+/// Writers of one handle on many threads: a commit refused in a shared transaction
+/// rolls back only itself, and every writer's answer matches what is on disk.
 #[test]
 fn concurrent_writers_share_transactions_without_sharing_failures() {
-    use crate::store::{ClaimOutcome, ClaimRequest, Store};
-
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(&dir.path().join("idem.db"), SyncMode::Full).unwrap();
+    let fence = leased(&store, SyncMode::Full);
     let threads = 16;
     let per_thread = 40;
     std::thread::scope(|s| {
         for t in 0..threads {
-            let store = &store;
+            let (store, fence) = (&store, &fence);
             s.spawn(move || {
-                for i in 0..per_thread {
-                    let key = format!("k-{t}-{i}");
-                    let req = ClaimRequest {
-                        key: &key,
-                        run_id: "r",
-                        holder: "h",
-                        fingerprint: None,
-                        lease: std::time::Duration::from_secs(60),
-                        now: 0,
-                    };
-                    let ClaimOutcome::Granted(grant) = store.claim(&req).unwrap() else {
-                        panic!("fresh key {key} not granted");
-                    };
-                    if i % 5 == 0 {
-                        // A refused commit in a shared transaction rolls back only
-                        // itself.
-                        assert!(
-                            store
-                                .commit(&key, grant.token + 1_000_000, "r", b"bad")
-                                .is_err()
-                        );
-                    } else {
-                        store
-                            .commit(&key, grant.token, "r", key.as_bytes())
-                            .unwrap();
+                block_on(async move {
+                    for i in 0..per_thread {
+                        let key = format!("k-{t}-{i}");
+                        let req = ClaimRequest {
+                            key: &key,
+                            fence,
+                            holder: "h",
+                            fingerprint: None,
+                            lease: Duration::from_secs(60),
+                        };
+                        let ClaimOutcome::Granted(grant) = store.claim(&req).await.unwrap() else {
+                            panic!("fresh key {key} not granted");
+                        };
+                        let token = if i % 5 == 0 {
+                            grant.token + 1_000_000
+                        } else {
+                            grant.token
+                        };
+                        let commit = Commit {
+                            claim: ClaimRef {
+                                key: &key,
+                                token,
+                                fence,
+                            },
+                            result: key.as_bytes(),
+                            checkpoint: None,
+                            counts: None,
+                        };
+                        let committed = store.commit(&commit).await;
+                        assert_eq!(committed.is_ok(), i % 5 != 0, "{key}: {committed:?}");
                     }
-                }
+                });
             });
         }
     });
-    for t in 0..threads {
-        for i in 0..per_thread {
-            let key = format!("k-{t}-{i}");
-            let committed = store.committed(&key).unwrap();
-            if i % 5 == 0 {
-                assert_eq!(committed, None, "{key}");
-            } else {
-                assert_eq!(committed.as_deref(), Some(key.as_bytes()), "{key}");
+    block_on(async {
+        for t in 0..threads {
+            for i in 0..per_thread {
+                let key = format!("k-{t}-{i}");
+                let committed = store.committed(&key).await.unwrap();
+                if i % 5 == 0 {
+                    assert_eq!(committed, None, "{key}");
+                } else {
+                    assert_eq!(committed.as_deref(), Some(key.as_bytes()), "{key}");
+                }
             }
         }
-    }
-    assert_eq!(
-        store.open_claims(None).unwrap().len(),
-        threads * per_thread / 5
-    );
+        assert_eq!(
+            store.open_claims(None).await.unwrap().len(),
+            threads * per_thread / 5
+        );
+    });
 }
 
-/// A store written by version 1 of the schema (claims and results in two tables, a
-/// store-wide token counter) opens as version 2 with every claim and result intact, and
-/// its keys' tokens go on above the ones handed out before.
+/// The store's clock is the only time it reads: leases and timestamps follow a manual
+/// clock, even one set far from the machine's.
 #[test]
-fn version_1_store_migrates_with_claims_and_results_intact() {
-    use std::time::Duration;
-
-    use crate::store::{ClaimOutcome, ClaimRequest, OpenClaim, Store};
-
+fn leases_and_timestamps_come_from_the_stores_clock() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("idem.db");
-    {
-        let conn = Connection::open(&path).unwrap();
-        conn.execute_batch(include_str!("../migrations/sqlite/0001_init.sql"))
-            .unwrap();
-        conn.execute_batch(
-            "PRAGMA application_id = 1768187245; PRAGMA user_version = 1;
-             INSERT INTO runs (run_id, agent, digest, namespace, input, status, created, updated)
-                 VALUES ('r', 'a', 'd', 'ns', x'', 'running', 0, 0);
-             INSERT INTO claims (key, run_id, holder, token, attempt, lease_expires)
-                 VALUES ('ns:open', 'r', 'old-instance', 41, 2, 9223372036854775807);
-             INSERT INTO results (key, run_id, result, token, attempt, committed_at)
-                 VALUES ('ns:done', 'r', x'6f6b', 40, 1, 5);
-             UPDATE fencing SET last_token = 41;",
-        )
-        .unwrap();
-    }
-    let store = SqliteStore::open(&path, SyncMode::Normal).unwrap();
-    assert_eq!(store.committed("ns:done").unwrap(), Some(b"ok".to_vec()));
+    let clock = crate::store::Clock::manual(42);
+    let options = OpenOptions {
+        clock: clock.clone(),
+        ..OpenOptions::default()
+    };
+    let store = SqliteStore::open_with(&dir.path().join("idem.db"), &options).unwrap();
+    assert_eq!(block_on(store.now()).unwrap(), 42);
+    let fence = leased(&store, SyncMode::Normal);
+    let run = block_on(store.run("run-1")).unwrap().unwrap();
     assert_eq!(
-        store.open_claims(None).unwrap(),
-        vec![OpenClaim {
-            key: "ns:open".into(),
-            run_id: "r".into(),
-            holder: Some("old-instance".into()),
-            token: 41,
-            attempt: 2,
-            lease_expires: i64::MAX,
-            parked: None,
-        }]
+        (run.created, run.lease.unwrap().expires),
+        (42, 42 + 3_600_000)
     );
-    let req = |key| ClaimRequest {
-        key,
-        run_id: "r",
-        holder: "new-instance",
+    clock.advance(Duration::from_millis(8));
+    let req = ClaimRequest {
+        key: "k",
+        fence: &fence,
+        holder: "h",
         fingerprint: None,
-        lease: Duration::from_secs(60),
-        now: 10,
+        lease: Duration::from_millis(100),
     };
-    assert_eq!(
-        store.claim(&req("ns:done")).unwrap(),
-        ClaimOutcome::Committed(b"ok".to_vec())
-    );
-    let ClaimOutcome::Granted(grant) = store.take_over(&req("ns:open"), 41).unwrap() else {
-        panic!("the old holder's claim is taken over");
-    };
-    assert_eq!((grant.token, grant.attempt, grant.in_doubt), (42, 3, true));
-    let tables: Vec<String> = store
-        .conn
-        .read(|conn| {
-            conn.prepare("SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name")?
-                .query_map([], |r| r.get(0))?
-                .collect::<rusqlite::Result<Vec<String>>>()
-        })
-        .unwrap();
-    assert_eq!(tables, ["progress", "run_upgrades", "runs", "steps"]);
+    block_on(store.claim(&req)).unwrap();
+    let claim = &block_on(store.open_claims(None)).unwrap()[0];
+    assert_eq!(claim.lease_expires, 150);
+    assert_eq!(block_on(store.steps("run-1")).unwrap()[0].claimed_at, 50);
 }

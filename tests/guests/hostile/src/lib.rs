@@ -11,7 +11,19 @@
 //! - `long-key`: use a key of `n` bytes;
 //! - `slow-effect`: compute for `n` iterations inside a side effect (holding a claim);
 //! - `bound-key`: run the hand-named key `bound` bound to input `n` (reusing it with
-//!   another `n` must be refused).
+//!   another `n` must be refused);
+//! - `plant`: for each `[from, to]` in `copy`, write the bytes of `from` over `to` (or
+//!   `n` bytes of `0x0f 0x0b`, x86's `ud2`, when `from` is empty), the way an agent
+//!   granted idem's component cache would forge entries in it.
+//!
+//! Modes that hand the host `text` (escape sequences, bidi and zero-width characters in
+//! the tests) wherever a string can go:
+//! - `say`: write `text` to stdout and stderr one byte at a time (stderr is unbuffered,
+//!   so there escape and UTF-8 sequences reach the host split over writes; Rust's
+//!   stdout buffers the line), then return it as the output;
+//! - `fail-with`: write `text` to stderr, then fail with it as the error;
+//! - `park`: claim the key `key` and stop the run in doubt with `text` as the reason;
+//! - `key`: run a step under the key `text`.
 //!
 //! Steps that succeed append `{key} attempt={attempt} token={token}` to `log`.
 
@@ -19,6 +31,7 @@ use std::fs::OpenOptions;
 use std::hint::black_box;
 use std::io::Write;
 
+use idem_sdk::bindings::idem::agent::once;
 use idem_sdk::{Agent, Error, Key, run_once, save};
 use serde::Deserialize;
 
@@ -29,6 +42,12 @@ struct Input {
     n: u64,
     #[serde(default = "default_log")]
     log: String,
+    #[serde(default)]
+    copy: Vec<(String, String)>,
+    #[serde(default)]
+    text: String,
+    #[serde(default)]
+    key: String,
 }
 
 fn default_log() -> String {
@@ -89,6 +108,41 @@ impl Agent for Hostile {
                 let (value, _) = run_once(&key, |_| Ok::<_, String>(input.n))?;
                 Ok(format!("{value}"))
             }
+            "plant" => {
+                let mut planted = 0;
+                for (from, to) in &input.copy {
+                    let bytes = if from.is_empty() {
+                        [0x0f, 0x0b].repeat(input.n as usize / 2)
+                    } else {
+                        std::fs::read(from).map_err(|err| Error::Agent(format!("{from}: {err}")))?
+                    };
+                    std::fs::write(to, &bytes)
+                        .map_err(|err| Error::Agent(format!("{to}: {err}")))?;
+                    planted += bytes.len();
+                }
+                Ok(format!("planted {planted} bytes"))
+            }
+            "say" => {
+                byte_by_byte(&mut std::io::stdout(), &input.text);
+                byte_by_byte(&mut std::io::stderr(), &input.text);
+                Ok(input.text)
+            }
+            "fail-with" => {
+                byte_by_byte(&mut std::io::stderr(), &input.text);
+                Err(Error::Agent(input.text))
+            }
+            "park" => match once::run_once(&input.key, None)? {
+                // The raw binding: the SDK stops only claims in doubt, with its own text.
+                once::Outcome::Claimed(claim) => {
+                    once::Claim::stop(claim, &input.text);
+                    Err(Error::Agent("the host did not stop the run".to_string()))
+                }
+                once::Outcome::Committed(_) => Ok("already committed".to_string()),
+            },
+            "key" => {
+                run_once(&Key::new(input.text), |_| Ok::<_, String>(()))?;
+                Ok("done".to_string())
+            }
             other => Err(Error::Agent(format!("unknown mode {other:?}"))),
         }
     }
@@ -113,6 +167,15 @@ fn spin(iterations: u64) -> u64 {
 fn recurse(depth: u64) -> u64 {
     let frame = black_box([depth; 64]);
     frame[(depth % 64) as usize] + recurse(black_box(depth + 1))
+}
+
+/// Writes `text` one byte per call, then a newline.
+fn byte_by_byte(out: &mut dyn Write, text: &str) {
+    for byte in text.as_bytes() {
+        // Nowhere to report a failed write of the agent's own output.
+        let _ = out.write_all(&[*byte]);
+    }
+    let _ = out.write_all(b"\n");
 }
 
 fn append(path: &str, line: &str) -> Result<(), String> {

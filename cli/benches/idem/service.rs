@@ -1,0 +1,415 @@
+//! The service rows: a worker holding many runs that wait on HTTP (threads, memory per
+//! waiting run, wall time against the wait), short runs a worker drives per second, and
+//! the time from a worker's death to its runs resumed by another.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use idem::runtime::{Authority, Host, HttpPolicy, Limits, LoadedAgent};
+use idem::store::{
+    Admission, Deployment, OpenOptions as StoreOptions, RunFilter, SqliteStore, Store, Submission,
+};
+use idem::worker::{Worker, WorkerOptions};
+use idem_test_artifacts::FETCHER;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::report::{Table, millis, progress};
+use super::{Bed, Plan};
+
+/// How many runs and how long they wait, per plan.
+pub(crate) struct ServicePlan {
+    /// Runs held at once by one worker, each waiting on the server.
+    pub(crate) waiting: usize,
+    /// How long the server takes to answer each.
+    pub(crate) wait: Duration,
+    /// Short runs a worker drives, for runs per second.
+    pub(crate) short_runs: usize,
+    /// Runs a worker holds when it is killed.
+    pub(crate) takeover_runs: usize,
+}
+
+pub(crate) fn service(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<()> {
+    let plan = &plan.service;
+    waiting_runs(bed, plan, table)?;
+    short_runs(bed, plan, table)?;
+    takeover(bed, plan, table)?;
+    Ok(())
+}
+
+/// A loopback HTTP server that answers every request after `wait`, one task per
+/// connection: a thousand waits cost it nothing but sockets.
+async fn slow_server(wait: Duration) -> anyhow::Result<u16> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                // The request: headers, then a body of its content-length (the SDK's
+                // POST sends one).
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    let Ok(n) = stream.read(&mut buf).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    seen.extend_from_slice(&buf[..n]);
+                    if let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&seen[..end]).to_ascii_lowercase();
+                        let length = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse::<usize>().ok())
+                            .unwrap_or(0);
+                        if seen.len() >= end + 4 + length {
+                            break;
+                        }
+                    }
+                }
+                tokio::time::sleep(wait).await;
+                let _ = stream
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+                    )
+                    .await;
+            });
+        }
+    });
+    Ok(port)
+}
+
+/// A store with `agent` deployed as `name`, granted HTTP to `127.0.0.1:port`.
+async fn deployed(
+    db: &Path,
+    agent: &LoadedAgent,
+    name: &str,
+    port: Option<u16>,
+    lease: Duration,
+) -> anyhow::Result<(Arc<dyn Store>, Vec<u8>)> {
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open_with(db, &StoreOptions::default())?);
+    let authority = Authority {
+        http: HttpPolicy {
+            allow: port
+                .map(|p| format!("127.0.0.1:{p}").parse())
+                .transpose()?
+                .into_iter()
+                .collect(),
+            outside_claims: false,
+        },
+        limits: Limits {
+            lease,
+            ..Limits::default()
+        },
+        ..Authority::default()
+    }
+    .encode();
+    store.put_component(agent.digest(), agent.bytes()).await?;
+    store
+        .deploy(&Deployment {
+            name,
+            digest: agent.digest(),
+            authority: &authority,
+            admission: Admission::Explicit,
+        })
+        .await?;
+    Ok((store, authority))
+}
+
+async fn submit_all(
+    store: &dyn Store,
+    agent: &LoadedAgent,
+    name: &str,
+    authority: &[u8],
+    inputs: impl Iterator<Item = (String, serde_json::Value)>,
+) -> anyhow::Result<usize> {
+    let mut n = 0;
+    for (run_id, input) in inputs {
+        store
+            .submit(&Submission {
+                run_id: &run_id,
+                agent: name,
+                digest: agent.digest(),
+                namespace: name,
+                input: &serde_json::to_vec(&input)?,
+                authority,
+                replace_authority: false,
+            })
+            .await?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+async fn unfinished(store: &dyn Store) -> anyhow::Result<usize> {
+    Ok(store
+        .runs(&RunFilter::default())
+        .await?
+        .iter()
+        .filter(|r| !r.status.is_finished())
+        .count())
+}
+
+/// This process's threads and resident memory, from `/proc/self/status`.
+fn threads_and_rss() -> anyhow::Result<(u64, u64)> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let field = |name: &str| -> anyhow::Result<u64> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("{name} in /proc/self/status"))
+    };
+    Ok((field("Threads:")?, field("VmRSS:")? * 1024))
+}
+
+fn waiting_runs(bed: &Bed, plan: &ServicePlan, table: &mut Table) -> anyhow::Result<()> {
+    let n = plan.waiting;
+    progress(&format!(
+        "  {n} runs waiting {} ms each on loopback HTTP",
+        plan.wait.as_millis()
+    ));
+    let fetcher = Arc::new(bed.runtime.load(Path::new(FETCHER))?);
+    let db = bed.dir.join("waiting.db");
+    let (wall, peak_threads, idle_threads, per_run) = bed.tokio.block_on(async {
+        let port = slow_server(plan.wait).await?;
+        let (store, authority) = deployed(
+            &db,
+            &fetcher,
+            "fetcher",
+            Some(port),
+            Duration::from_secs(30),
+        )
+        .await?;
+        let url = format!("http://127.0.0.1:{port}");
+        submit_all(
+            store.as_ref(),
+            &fetcher,
+            "fetcher",
+            &authority,
+            (0..n).map(|i| (format!("wait-{i}"), json!({ "steps": 1, "url": url }))),
+        )
+        .await?;
+        let host = Arc::new(Host::new(Arc::clone(&bed.runtime), Arc::clone(&store))?);
+        let (idle_threads, idle_rss) = threads_and_rss()?;
+        let worker = Arc::new(Worker::new(
+            host,
+            WorkerOptions {
+                concurrency: n,
+                poll: Duration::from_millis(20),
+                ..WorkerOptions::default()
+            },
+        ));
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        let started = Instant::now();
+        let working = tokio::spawn(Arc::clone(&worker).run(async move {
+            let _ = done_rx.await;
+        }));
+        // Sampled while the runs wait: the worker's threads and memory at their peak.
+        let (mut peak_threads, mut peak_rss) = (idle_threads, idle_rss);
+        let mut wall = None;
+        while wall.is_none() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let (threads, rss) = threads_and_rss()?;
+            peak_threads = peak_threads.max(threads);
+            peak_rss = peak_rss.max(rss);
+            if unfinished(store.as_ref()).await? == 0 {
+                wall = Some(started.elapsed());
+            }
+            ensure!(
+                started.elapsed() < plan.wait * 20 + Duration::from_secs(60),
+                "the waiting runs did not finish"
+            );
+        }
+        let _ = done_tx.send(());
+        working.await??;
+        let per_run = peak_rss.saturating_sub(idle_rss) as f64 / n as f64;
+        Ok::<_, anyhow::Error>((
+            wall.unwrap_or_default(),
+            peak_threads,
+            idle_threads,
+            per_run,
+        ))
+    })?;
+    table.row_with_ratio(
+        format!(
+            "worker: {n} runs each waiting {} ms on HTTP, worker start → all done (one \
+             compile of the agent included)",
+            plan.wait.as_millis()
+        ),
+        "ms",
+        vec![millis(wall)],
+        format!(
+            "{:.2}× the wait",
+            wall.as_secs_f64() / plan.wait.as_secs_f64()
+        ),
+    );
+    table.row(
+        format!("worker: threads of the process while {n} runs wait (idle before: {idle_threads})"),
+        "threads",
+        vec![peak_threads as f64],
+    );
+    table.row(
+        format!("worker: resident memory per waiting run ({n} runs, peak − idle)"),
+        "KiB",
+        vec![per_run / 1024.0],
+    );
+    Ok(())
+}
+
+fn short_runs(bed: &Bed, plan: &ServicePlan, table: &mut Table) -> anyhow::Result<()> {
+    let n = plan.short_runs;
+    progress(&format!("  {n} short runs through one worker"));
+    let db = bed.dir.join("short.db");
+    let agent = Arc::clone(&bed.agent);
+    let elapsed = bed.tokio.block_on(async {
+        let (store, authority) =
+            deployed(&db, &agent, "bench", None, Duration::from_secs(30)).await?;
+        submit_all(
+            store.as_ref(),
+            &agent,
+            "bench",
+            &authority,
+            (0..n).map(|i| (format!("short-{i}"), json!({ "mode": "steps", "n": 1 }))),
+        )
+        .await?;
+        let host = Arc::new(Host::new(Arc::clone(&bed.runtime), Arc::clone(&store))?);
+        let worker = Arc::new(Worker::new(
+            host,
+            WorkerOptions {
+                concurrency: 64,
+                poll: Duration::from_millis(5),
+                ..WorkerOptions::default()
+            },
+        ));
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        let started = Instant::now();
+        let working = tokio::spawn(Arc::clone(&worker).run(async move {
+            let _ = done_rx.await;
+        }));
+        while unfinished(store.as_ref()).await? > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            ensure!(
+                started.elapsed() < Duration::from_secs(600),
+                "short runs stuck"
+            );
+        }
+        let elapsed = started.elapsed();
+        let _ = done_tx.send(());
+        working.await??;
+        Ok::<_, anyhow::Error>(elapsed)
+    })?;
+    table.row(
+        format!(
+            "worker: short runs (1 durable step each) driven per second, {n} runs, \
+             concurrency 64, compile of the agent included"
+        ),
+        "runs/s",
+        vec![n as f64 / elapsed.as_secs_f64()],
+    );
+    Ok(())
+}
+
+fn takeover(bed: &Bed, plan: &ServicePlan, table: &mut Table) -> anyhow::Result<()> {
+    let n = plan.takeover_runs;
+    let lease = Duration::from_secs(1);
+    progress(&format!(
+        "  a worker holding {n} runs killed; another takes them over"
+    ));
+    let fetcher = Arc::new(bed.runtime.load(Path::new(FETCHER))?);
+    let db = bed.dir.join("takeover.db");
+    let samples = bed.tokio.block_on(async {
+        // The runs wait on HTTP far longer than the test: whoever holds them holds them.
+        let port = slow_server(Duration::from_secs(3600)).await?;
+        let (store, authority) = deployed(&db, &fetcher, "fetcher", Some(port), lease).await?;
+        let url = format!("http://127.0.0.1:{port}");
+        submit_all(
+            store.as_ref(),
+            &fetcher,
+            "fetcher",
+            &authority,
+            (0..n).map(|i| (format!("take-{i}"), json!({ "steps": 1, "url": url }))),
+        )
+        .await?;
+        let mut doomed = spawn_worker(&db, "doomed", lease)?;
+        // Every run held (and so renewed) by the doomed worker.
+        wait_until(Duration::from_secs(60), || async {
+            let runs = store.runs(&RunFilter::default()).await?;
+            Ok(runs.iter().all(|r| {
+                r.lease
+                    .as_ref()
+                    .is_some_and(|l| l.worker.starts_with("doomed"))
+            }))
+        })
+        .await?;
+        tokio::time::sleep(lease).await;
+        doomed.kill()?;
+        let killed = Instant::now();
+        doomed.wait()?;
+        let mut heir = spawn_worker(&db, "heir", lease)?;
+        let mut resumed: Vec<f64> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        while seen.len() < n {
+            ensure!(
+                killed.elapsed() < Duration::from_secs(120),
+                "runs never taken over"
+            );
+            for run in store.runs(&RunFilter::default()).await? {
+                let taken = run
+                    .lease
+                    .as_ref()
+                    .is_some_and(|l| l.worker.starts_with("heir"));
+                if taken && seen.insert(run.run_id.clone()) {
+                    resumed.push(millis(killed.elapsed()));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        heir.kill()?;
+        heir.wait()?;
+        Ok::<_, anyhow::Error>(resumed)
+    })?;
+    table.row(
+        format!(
+            "worker killed → each of its {n} runs leased by another worker ({} ms lease)",
+            lease.as_millis()
+        ),
+        "ms",
+        samples,
+    );
+    Ok(())
+}
+
+fn spawn_worker(db: &Path, name: &str, lease: Duration) -> anyhow::Result<Child> {
+    let child = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["worker", "--name", name, "--poll", "10ms"])
+        .arg("--db")
+        .arg(db)
+        .args(["--lease", &format!("{}ms", lease.as_millis()), "--no-cache"])
+        .env("IDEM_LOG", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    Ok(child)
+}
+
+async fn wait_until<F, Fut>(limit: Duration, mut done: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<bool>>,
+{
+    let started = Instant::now();
+    while !done().await? {
+        if started.elapsed() > limit {
+            bail!("gave up waiting after {} s", limit.as_secs());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}

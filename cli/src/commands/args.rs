@@ -1,0 +1,379 @@
+//! Argument values and flag groups shared by the subcommands: raw flags become the
+//! library's validated types here, before anything runs.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use idem::runtime::{
+    Authority, DirGrant, HttpDestination, LoadedAgent, Protected, Runtime, check_grants,
+    default_cache_dir,
+};
+use idem::store::{OpenOptions, SqliteStore, Store, SyncMode};
+
+use super::BadInput;
+
+/// Where the store is: `--db`.
+#[derive(Debug, Clone, Args)]
+pub struct DbArgs {
+    /// The store: a SQLite file.
+    #[arg(long, default_value = "idem.db", value_name = "PATH")]
+    pub db: PathBuf,
+}
+
+impl DbArgs {
+    /// Opens (creating and migrating if needed) the store for writing.
+    pub fn open(&self) -> anyhow::Result<Arc<dyn Store>> {
+        let store = SqliteStore::open_with(&self.db, &OpenOptions::default())?;
+        Ok(Arc::new(store))
+    }
+
+    /// Opens an existing store for reading only: looking never changes it.
+    pub fn open_read_only(&self) -> anyhow::Result<Arc<dyn Store>> {
+        self.must_exist()?;
+        Ok(Arc::new(SqliteStore::open_read_only(&self.db)?))
+    }
+
+    /// Opens an existing store for writing; a missing one is a mistake, not a new store.
+    pub fn open_existing(&self) -> anyhow::Result<Arc<dyn Store>> {
+        self.must_exist()?;
+        self.open()
+    }
+
+    /// The store's path.
+    pub fn path(&self) -> &std::path::Path {
+        &self.db
+    }
+
+    fn must_exist(&self) -> anyhow::Result<()> {
+        if !self.db.exists() {
+            return Err(BadInput(format!("no store at {}", self.db.display())).into());
+        }
+        Ok(())
+    }
+}
+
+/// What no directory grant may expose: the store, the cache in use, and the default
+/// cache even for a command that does not use it, since its key seals what later runs
+/// load.
+pub fn protected(db: &std::path::Path, cache: Option<&std::path::Path>) -> Vec<Protected> {
+    let mut protected = vec![Protected::Store(db.to_path_buf())];
+    protected.extend(cache.map(|dir| Protected::Cache(dir.to_path_buf())));
+    protected.extend(
+        default_cache_dir()
+            .filter(|dir| Some(dir.as_path()) != cache)
+            .map(Protected::Cache),
+    );
+    protected
+}
+
+/// The engine (with `cache`) and `agent` loaded from its file, once the grants of
+/// `authority` were checked against the store and the cache: a refused grant or a bad
+/// agent changes nothing, not even the cache.
+pub fn load_agent(
+    agent: &std::path::Path,
+    authority: &Authority,
+    db: &DbArgs,
+    cache: Option<PathBuf>,
+) -> anyhow::Result<(Runtime, LoadedAgent)> {
+    check_grants(&authority.dirs, &protected(db.path(), cache.as_deref()))?;
+    let runtime = Runtime::new(cache)?;
+    let agent = runtime.load(agent)?;
+    Ok((runtime, agent))
+}
+
+/// What a run may reach, as flags. With `idem run` and `idem deploy` the flags given
+/// make the whole authority (unset ones take their defaults); with `idem submit` they
+/// replace only what they name in the deployment's authority, which must allow them.
+#[derive(Debug, Clone, Default, Args)]
+pub struct AuthorityArgs {
+    /// Grant a host directory to the agent: `HOST::GUEST`. Repeatable.
+    #[arg(long = "dir", value_name = "HOST::GUEST", value_parser = dir_grant)]
+    pub dirs: Vec<DirGrant>,
+    /// Grant an environment variable to the agent: `K=V`. Repeatable.
+    #[arg(long = "env", value_name = "K=V", value_parser = env_var)]
+    pub env: Vec<(String, String)>,
+    /// Let the agent send HTTP requests to HOST (any port) or HOST:PORT; IPv6 in
+    /// brackets. Repeatable. Without it the agent reaches no network.
+    #[arg(long = "allow-http", value_name = "HOST[:PORT]")]
+    pub allow_http: Vec<HttpDestination>,
+    /// Let granted HTTP requests through even when the agent holds no claim (by
+    /// default such requests are refused: side effects belong inside run-once).
+    #[arg(long)]
+    pub allow_http_outside_claims: bool,
+    /// Durability: `normal` (fast; a power loss may undo the last commits) or `full`
+    /// (every commit is fsync'd).
+    #[arg(long, value_name = "normal|full", value_parser = sync_mode)]
+    pub sync: Option<SyncMode>,
+    /// How long a claim (and the run) is held before another holder may take it over.
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    pub lease: Option<Duration>,
+    /// How long to wait for another holder's commit before giving up.
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    pub await_timeout: Option<Duration>,
+    /// Longest idempotency key, in bytes [default: 512].
+    #[arg(long, value_parser = size, value_name = "SIZE")]
+    pub max_key_bytes: Option<usize>,
+    /// Largest committed result [default: 1MiB].
+    #[arg(long, value_parser = size, value_name = "SIZE")]
+    pub max_result_bytes: Option<usize>,
+    /// Largest checkpoint state [default: 1MiB].
+    #[arg(long, value_parser = size, value_name = "SIZE")]
+    pub max_state_bytes: Option<usize>,
+    /// Largest output the agent may return [default: 1MiB].
+    #[arg(long, value_parser = size, value_name = "SIZE")]
+    pub max_output_bytes: Option<usize>,
+    /// Most memory an instance may make the host hold: its linear memory plus 128 KiB
+    /// per live resource handle [default: 256MiB].
+    #[arg(long, value_parser = size, value_name = "SIZE")]
+    pub max_memory: Option<usize>,
+    /// Most live resource handles (HTTP fields, bodies, streams) of an instance
+    /// [default: 10000].
+    #[arg(long, value_name = "N")]
+    pub max_handles: Option<usize>,
+    /// Most elements of an instance's tables [default: 100000].
+    #[arg(long, value_name = "N")]
+    pub max_table_elements: Option<usize>,
+    /// Longest an instance holding no claim may go without calling idem, computing or
+    /// waiting [default: 60s].
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    pub max_compute: Option<Duration>,
+    /// Fuel (about one unit per wasm instruction) one drive of the run may burn; no
+    /// limit by default.
+    #[arg(long, value_name = "UNITS")]
+    pub max_fuel: Option<u64>,
+    /// Longest a side effect may run, from its claim to its commit [default: 5m].
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    pub effect_timeout: Option<Duration>,
+}
+
+impl AuthorityArgs {
+    /// `base` with what these flags name replaced.
+    pub fn apply(&self, base: &Authority) -> Authority {
+        let mut a = base.clone();
+        if !self.dirs.is_empty() {
+            a.dirs = self.dirs.clone();
+        }
+        if !self.env.is_empty() {
+            a.env = self.env.clone();
+        }
+        if !self.allow_http.is_empty() {
+            a.http.allow = self.allow_http.clone();
+        }
+        if self.allow_http_outside_claims {
+            a.http.outside_claims = true;
+        }
+        if let Some(sync) = self.sync {
+            a.sync = sync;
+        }
+        let l = &mut a.limits;
+        set(&mut l.lease, self.lease);
+        set(&mut l.await_timeout, self.await_timeout);
+        set(&mut l.max_key_bytes, self.max_key_bytes);
+        set(&mut l.max_result_bytes, self.max_result_bytes);
+        set(&mut l.max_state_bytes, self.max_state_bytes);
+        set(&mut l.max_output_bytes, self.max_output_bytes);
+        set(&mut l.max_memory_bytes, self.max_memory);
+        set(&mut l.max_handles, self.max_handles);
+        set(&mut l.max_table_elements, self.max_table_elements);
+        set(&mut l.max_compute, self.max_compute);
+        set(&mut l.effect_timeout, self.effect_timeout);
+        if self.max_fuel.is_some() {
+            l.max_fuel = self.max_fuel;
+        }
+        a
+    }
+
+    /// The whole authority these flags make, defaults for the rest.
+    pub fn authority(&self) -> anyhow::Result<Authority> {
+        let authority = self.apply(&Authority::default());
+        authority
+            .check()
+            .map_err(|e| BadInput(flag_error(&e.to_string())))?;
+        Ok(authority)
+    }
+}
+
+fn set<T>(field: &mut T, value: Option<T>) {
+    if let Some(value) = value {
+        *field = value;
+    }
+}
+
+/// The flag that sets each field of `idem::runtime::Limits`, for messages and hints.
+pub fn limit_flag(name: &str) -> &'static str {
+    match name {
+        "lease" => "--lease",
+        "await_timeout" => "--await-timeout",
+        "max_key_bytes" => "--max-key-bytes",
+        "max_result_bytes" => "--max-result-bytes",
+        "max_state_bytes" => "--max-state-bytes",
+        "max_output_bytes" => "--max-output-bytes",
+        "max_memory_bytes" => "--max-memory",
+        "max_handles" => "--max-handles",
+        "max_table_elements" => "--max-table-elements",
+        "max_compute" => "--max-compute",
+        "max_fuel" => "--max-fuel",
+        "effect_timeout" => "--effect-timeout",
+        _ => "the limit's flag",
+    }
+}
+
+/// A library message about a limit field, with the flag's name in place of the
+/// field's.
+fn flag_error(message: &str) -> String {
+    let fields = [
+        "max_memory_bytes",
+        "max_table_elements",
+        "max_result_bytes",
+        "max_state_bytes",
+        "max_output_bytes",
+        "max_key_bytes",
+        "max_handles",
+        "max_compute",
+        "max_fuel",
+        "effect_timeout",
+        "await_timeout",
+        "lease",
+    ];
+    for field in fields {
+        if message.contains(&format!("limit {field} ")) {
+            return message.replacen(
+                &format!("limit {field} "),
+                &format!("{} ", limit_flag(field)),
+                1,
+            );
+        }
+    }
+    message.to_string()
+}
+
+/// Reads `--input`-like values: JSON, or `@FILE` to read it from a file.
+pub fn json_or_file(flag: &str, value: &str) -> anyhow::Result<Vec<u8>> {
+    let bytes = match value.strip_prefix('@') {
+        Some(path) => std::fs::read(path)
+            .map_err(|e| BadInput(format!("cannot read {flag} file {path}: {e}")))?,
+        None => value.as_bytes().to_vec(),
+    };
+    serde_json::from_slice::<serde_json::Value>(&bytes)
+        .map_err(|e| BadInput(format!("{flag} is not valid JSON: {e}")))?;
+    Ok(bytes)
+}
+
+/// Parses `HOST::GUEST`.
+pub fn dir_grant(s: &str) -> Result<DirGrant, String> {
+    let (host, guest) = s
+        .split_once("::")
+        .ok_or_else(|| format!("expected HOST::GUEST, got {s:?}"))?;
+    if host.is_empty() || guest.is_empty() {
+        return Err(format!("expected HOST::GUEST with both parts, got {s:?}"));
+    }
+    Ok(DirGrant {
+        host: PathBuf::from(host),
+        guest: guest.to_string(),
+    })
+}
+
+/// Parses `K=V`.
+pub fn env_var(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected K=V, got {s:?}"))?;
+    if k.is_empty() {
+        return Err(format!("expected K=V with a name, got {s:?}"));
+    }
+    Ok((k.to_string(), v.to_string()))
+}
+
+/// Parses a duration: a number followed by `ms`, `s`, `m` or `h`, up to 365 days.
+pub fn duration(s: &str) -> Result<Duration, String> {
+    let err = || format!("expected a duration such as 500ms, 30s, 2m or 1h, got {s:?}");
+    let split = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(err)?;
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().map_err(|_| err())?;
+    let millis = match unit {
+        "ms" => Some(n),
+        "s" => n.checked_mul(1_000),
+        "m" => n.checked_mul(60_000),
+        "h" => n.checked_mul(3_600_000),
+        _ => return Err(err()),
+    };
+    const MAX_MILLIS: u64 = 365 * 24 * 3_600_000;
+    match millis {
+        Some(ms) if ms <= MAX_MILLIS => Ok(Duration::from_millis(ms)),
+        _ => Err(format!(
+            "duration {s:?} is over the longest accepted, 365 days"
+        )),
+    }
+}
+
+/// Parses a size: a number of bytes, optionally followed by `KiB`, `MiB` or `GiB`.
+pub fn size(s: &str) -> Result<usize, String> {
+    let err = || format!("expected a size such as 4096, 512KiB, 1MiB or 2GiB, got {s:?}");
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: usize = n.parse().map_err(|_| err())?;
+    let shift = match unit {
+        "" | "B" => 0,
+        "KiB" => 10,
+        "MiB" => 20,
+        "GiB" => 30,
+        _ => return Err(err()),
+    };
+    n.checked_mul(1 << shift).ok_or_else(err)
+}
+
+/// Parses `normal` or `full`.
+pub fn sync_mode(s: &str) -> Result<SyncMode, String> {
+    s.parse()
+        .map_err(|_| format!("expected normal or full, got {s:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_values() {
+        assert_eq!(
+            dir_grant("/tmp/x::/data").unwrap(),
+            DirGrant {
+                host: "/tmp/x".into(),
+                guest: "/data".into()
+            }
+        );
+        assert!(dir_grant("/tmp/x").is_err());
+        assert!(dir_grant("::/data").is_err());
+        assert_eq!(env_var("A=b=c").unwrap(), ("A".into(), "b=c".into()));
+        assert!(env_var("=x").is_err());
+        assert_eq!(duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(duration("3s").unwrap(), Duration::from_secs(3));
+        assert_eq!(duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(duration("1h").unwrap(), Duration::from_secs(3600));
+        assert!(duration("3").is_err());
+        assert!(duration("3d").is_err());
+        assert!(duration("99999999999999999999s").is_err());
+        assert!(
+            duration("18446744073709551615m")
+                .unwrap_err()
+                .contains("365 days")
+        );
+        assert_eq!(size("4096").unwrap(), 4096);
+        assert_eq!(size("512KiB").unwrap(), 512 << 10);
+        assert_eq!(size("1MiB").unwrap(), 1 << 20);
+        assert_eq!(size("2GiB").unwrap(), 2 << 30);
+        assert!(size("1MB").is_err());
+        assert!(size("MiB").is_err());
+    }
+
+    #[test]
+    fn limit_errors_name_flags() {
+        let args = AuthorityArgs {
+            lease: Some(Duration::ZERO),
+            ..AuthorityArgs::default()
+        };
+        let err = args.authority().unwrap_err().to_string();
+        assert!(err.starts_with("--lease is 0ms"), "{err}");
+    }
+}

@@ -1,0 +1,117 @@
+//! How the commands show what the store and agents wrote: every string escaped before
+//! it reaches a terminal (JSON included), times as ages, runs as one table.
+
+use idem::store::{Millis, RunRecord};
+use idem::text::{escape, json_for_terminal};
+
+/// One line of JSON with every hidden character (controls, bidi, invisible) written as
+/// a JSON `\u` escape: still the same JSON to a parser, harmless in a terminal.
+pub fn json(value: &serde_json::Value) -> String {
+    json_for_terminal(value)
+}
+
+/// A name from the store, safe to print on one line.
+pub fn name(text: &str) -> String {
+    escape(text, false).into_owned()
+}
+
+/// Bytes an agent produced, as text safe to print: JSON as compact JSON, anything else
+/// as lossy UTF-8, escaped.
+pub fn payload(bytes: &[u8]) -> String {
+    match serde_json::from_slice::<serde_json::Value>(bytes) {
+        Ok(value) => json(&value),
+        Err(_) => escape(&String::from_utf8_lossy(bytes), true).into_owned(),
+    }
+}
+
+/// Bytes an agent produced, as a JSON value for `--json` output.
+pub fn payload_value(bytes: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(bytes)
+        .unwrap_or_else(|_| String::from_utf8_lossy(bytes).into_owned().into())
+}
+
+/// How long ago `at` was, from `now`: `5s`, `3m`, `2h`, `4d`.
+pub fn age(now: Millis, at: Millis) -> String {
+    let secs = now.saturating_sub(at).max(0) / 1000;
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    }
+}
+
+/// When `at` comes, from `now`: `in 12s`, or `12s ago`.
+pub fn until(now: Millis, at: Millis) -> String {
+    if at >= now {
+        format!("in {}", age(at, now))
+    } else {
+        format!("{} ago", age(now, at))
+    }
+}
+
+/// The header of the runs table.
+pub fn runs_header() -> String {
+    format!(
+        "{:<32} {:<10} {:>6} {:>8} {:>8} {:>8} {:>9} {:>9}  {:<20} {:>5}",
+        "RUN",
+        "STATUS",
+        "STEP",
+        "EXECUTED",
+        "SKIPPED",
+        "AWAITED",
+        "RECLAIMED",
+        "INSTANCES",
+        "AGENT",
+        "AGE"
+    )
+}
+
+/// One run as a row of the runs table.
+pub fn run_row(run: &RunRecord, now: Millis) -> String {
+    let step = run
+        .step
+        .map(|s| s.to_string())
+        .unwrap_or_else(|| "-".into());
+    let c = &run.counts;
+    format!(
+        "{:<32} {:<10} {:>6} {:>8} {:>8} {:>8} {:>9} {:>9}  {:<20} {:>5}",
+        name(&run.run_id),
+        run.status.as_str(),
+        step,
+        c.executed,
+        c.skipped,
+        c.awaited,
+        c.reclaimed,
+        c.instances,
+        name(&run.agent),
+        age(now, run.created)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_escapes_hidden_characters_and_stays_json() {
+        let value = serde_json::json!({"k": "a\u{1b}[2J\u{202e}b\u{e0041}"});
+        let line = json(&value);
+        assert!(
+            !line.chars().any(|c| idem::text::hidden_char(c).is_some()),
+            "{line}"
+        );
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&line).unwrap(),
+            value
+        );
+    }
+
+    #[test]
+    fn ages_read_as_people_write_them() {
+        assert_eq!(age(10_000, 5_000), "5s");
+        assert_eq!(age(600_000, 0), "10m");
+        assert_eq!(until(0, 12_000), "in 12s");
+        assert_eq!(until(12_000, 0), "12s ago");
+    }
+}

@@ -1,0 +1,53 @@
+//! `idem ls`: the runs in a store, newest first, filtered by status or agent.
+
+use clap::Parser;
+use idem::store::{RunFilter, RunStatus};
+
+use super::args::DbArgs;
+use super::{Exit, display};
+
+#[derive(Debug, Parser)]
+pub struct LsCommand {
+    #[command(flatten)]
+    db: DbArgs,
+    /// Only runs with this status: queued, running, completed, failed, in-doubt,
+    /// cancelled.
+    #[arg(long, value_parser = parse_status)]
+    status: Option<RunStatus>,
+    /// Only runs of this agent (deployment name).
+    #[arg(long)]
+    agent: Option<String>,
+    /// At most this many runs.
+    #[arg(long, default_value = "100")]
+    limit: usize,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_status(s: &str) -> Result<RunStatus, String> {
+    s.parse()
+}
+
+impl LsCommand {
+    pub async fn execute(self) -> anyhow::Result<Exit> {
+        let store = self.db.open_read_only()?;
+        let runs = store
+            .runs(&RunFilter {
+                status: self.status,
+                agent: self.agent.as_deref(),
+                limit: Some(self.limit),
+            })
+            .await?;
+        if self.json {
+            println!("{}", display::json(&serde_json::json!({ "runs": runs })));
+            return Ok(Exit::Done);
+        }
+        let now = store.now().await?;
+        println!("{}", display::runs_header());
+        for run in &runs {
+            println!("{}", display::run_row(run, now));
+        }
+        Ok(Exit::Done)
+    }
+}

@@ -1,0 +1,287 @@
+//! `idem run`: the foreground form — load an agent, deploy it, submit the run and drive
+//! it to its end in this process, then print the output and the counts.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use idem::prove::FileCapture;
+use idem::runtime::{
+    CrashPoint, FaultPlan, Host, HttpCapture, RunFailure, RunOptions, RunReport, default_cache_dir,
+};
+use idem::store::RunStatus;
+use idem::text::hidden_char;
+use sha2::{Digest, Sha256};
+use tokio::signal::unix::{SignalKind, signal};
+
+use super::args::{AuthorityArgs, DbArgs, json_or_file, limit_flag, load_agent};
+use super::{BadInput, Exit, display};
+
+#[derive(Debug, Parser)]
+pub struct RunCommand {
+    /// The agent: a WebAssembly component of the idem:agent world.
+    agent: PathBuf,
+    #[command(flatten)]
+    db: DbArgs,
+    /// The run's id. Defaults to the agent's name and a hash of the input, so that the
+    /// same command resumes the same run.
+    #[arg(long)]
+    run_id: Option<String>,
+    /// The input, as JSON, or `@FILE` to read it from a file.
+    #[arg(long, default_value = "null")]
+    input: String,
+    #[command(flatten)]
+    authority: AuthorityArgs,
+    /// Drop the instance and start a fresh one each time it has been granted N claims.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    recycle_every: Option<u32>,
+    /// Drop the instance at PHASE of step STEP: before-claim, after-claim, in-effect,
+    /// after-commit or after-save. Repeatable.
+    #[arg(long, value_name = "PHASE:STEP")]
+    crash_at: Vec<CrashPoint>,
+    /// Drop instances at random host calls and mid-computation, from this seed.
+    #[arg(long, value_name = "SEED")]
+    chaos: Option<u64>,
+    /// Where precompiled agents are kept. Defaults to $XDG_CACHE_HOME/idem.
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// Compile the agent every time.
+    #[arg(long, conflicts_with = "cache_dir")]
+    no_cache: bool,
+    /// The name the agent runs under, which is the namespace its keys live in.
+    /// Defaults to the agent's file name. A name other components use needs `idem
+    /// deploy --name` first, or --upgrade.
+    #[arg(long)]
+    namespace: Option<String>,
+    /// Resume a run that was started with another build of the agent, or run this
+    /// component under a name other components use (both are recorded).
+    #[arg(long)]
+    upgrade: bool,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Answer the agent's HTTP from what `idem prove` recorded in DIR, and log its
+    /// requests there, instead of sending them: how `idem prove --kills` runs its
+    /// processes. Not for other use.
+    #[arg(long, hide = true, value_name = "DIR")]
+    prove_capture: Option<PathBuf>,
+}
+
+impl RunCommand {
+    pub async fn execute(self) -> anyhow::Result<Exit> {
+        let input = json_or_file("--input", &self.input)?;
+        let authority = self.authority.authority()?;
+        let cache = if self.no_cache {
+            None
+        } else {
+            self.cache_dir.clone().or_else(default_cache_dir)
+        };
+        // Grants and the agent are checked before the store is opened: a refused grant
+        // or a bad agent changes nothing.
+        let (runtime, agent) = load_agent(&self.agent, &authority, &self.db, cache)?;
+        let run_id = match &self.run_id {
+            Some(id) => id.clone(),
+            None => default_run_id(agent.name(), &input),
+        };
+        let opts = RunOptions {
+            run_id: run_id.clone(),
+            input,
+            authority,
+            faults: FaultPlan {
+                crash_at: self.crash_at.clone(),
+                recycle_every: self.recycle_every,
+                chaos: self.chaos,
+            },
+            upgrade: self.upgrade,
+            namespace: self.namespace.clone(),
+            capture: match &self.prove_capture {
+                Some(dir) => Some(Arc::new(FileCapture::open(dir).map_err(|e| {
+                    BadInput(format!(
+                        "cannot open the proof's capture in {}: {e}",
+                        dir.display()
+                    ))
+                })?) as Arc<dyn HttpCapture>),
+                None => None,
+            },
+        };
+        opts.check()?;
+        let store = self.db.open()?;
+        let host = Host::new(Arc::new(runtime), store)?;
+        // Ctrl-C (or SIGTERM) stops the run the way a worker drains: side effects in
+        // flight end at their commit, and the lease is given back, so the next `idem
+        // run` (or a worker) resumes at once instead of waiting for the lease. A second
+        // interrupt exits where it stands.
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let watcher = tokio::spawn(async move {
+            let mut term = signal(SignalKind::terminate()).ok();
+            let interrupt = async {
+                match term.as_mut() {
+                    Some(term) => tokio::select! {
+                        _ = tokio::signal::ctrl_c() => {}
+                        _ = term.recv() => {}
+                    },
+                    None => {
+                        let _ = tokio::signal::ctrl_c().await;
+                    }
+                }
+            };
+            interrupt.await;
+            eprintln!("idem run: stopping at the next step (interrupt again to exit at once)");
+            let _ = stop_tx.send(());
+            let _ = tokio::signal::ctrl_c().await;
+            std::process::exit(130);
+        });
+        let report = host
+            .run_until(&agent, &opts, async move {
+                let _ = stop_rx.await;
+            })
+            .await
+            .with_context(|| format!("run {}", display::name(&run_id)));
+        watcher.abort();
+        let report = report?;
+        self.print(&report);
+        Ok(match report.status {
+            RunStatus::Completed => Exit::Done,
+            RunStatus::InDoubt => Exit::InDoubt,
+            RunStatus::Cancelled => Exit::Cancelled,
+            RunStatus::Running | RunStatus::Queued => Exit::Interrupted,
+            RunStatus::Failed => Exit::AgentFailed,
+        })
+    }
+
+    fn print(&self, report: &RunReport) {
+        let c = &report.counts;
+        if self.json {
+            let (output, error) = match report.status {
+                RunStatus::Completed => (
+                    display::payload_value(&report.outcome),
+                    serde_json::Value::Null,
+                ),
+                _ => (
+                    serde_json::Value::Null,
+                    display::payload_value(&report.outcome),
+                ),
+            };
+            let doc = serde_json::json!({
+                "run_id": report.run_id,
+                "status": report.status,
+                "output": output,
+                "error": error,
+                "already_finished": report.already_finished,
+                "instances_now": report.instances_now,
+                "counts": c,
+                "counts_exact": report.counts_exact,
+                "hint": failure_hint(report),
+            });
+            println!("{}", display::json(&doc));
+            return;
+        }
+        let status = match (report.status, report.already_finished) {
+            (RunStatus::Completed, true) => "had already completed",
+            (RunStatus::Completed, false) => "completed",
+            (RunStatus::Cancelled, _) => "was cancelled",
+            (RunStatus::Running | RunStatus::Queued, _) => {
+                "was interrupted; its lease was given back: the same command resumes it"
+            }
+            (RunStatus::InDoubt, _) => "stopped in doubt (settle it with idem resolve)",
+            _ => "failed",
+        };
+        println!("run {} {status}", display::name(&report.run_id));
+        match report.status {
+            RunStatus::Completed => println!("output: {}", display::payload(&report.outcome)),
+            RunStatus::Running | RunStatus::Queued => {}
+            _ => println!("error: {}", display::payload(&report.outcome)),
+        }
+        // Counts an earlier, killed holder had not written yet are missing: say so
+        // rather than print them as exact.
+        let at_least = if report.counts_exact { "" } else { "at least " };
+        println!(
+            "{at_least}executed {}  skipped {}  awaited {}  reclaimed {}  instances {}",
+            c.executed, c.skipped, c.awaited, c.reclaimed, c.instances
+        );
+        if !report.counts_exact {
+            println!(
+                "(an earlier process of this run was killed before it wrote its last counts; \
+                 reclaimed is exact)"
+            );
+        }
+        if let Some(hint) = failure_hint(report) {
+            println!("hint: {hint}");
+        }
+    }
+}
+
+/// What to do about a failed run, in flags.
+fn failure_hint(report: &RunReport) -> Option<String> {
+    match &report.failure {
+        Some(RunFailure::Limit(limit)) => Some(format!(
+            "raise the limit with {} and run the same command again: committed steps are kept",
+            limit_flag(limit.limit_name())
+        )),
+        Some(RunFailure::AgentError | RunFailure::Trapped) => {
+            wasi_errno_hint(&String::from_utf8_lossy(&report.outcome)).map(str::to_string)
+        }
+        _ => None,
+    }
+}
+
+/// A hint for an agent error that shows a WASI errno (agents number them as WASI does,
+/// not as the host's OS: Rust's `std::io::Error` prints `(os error 44)` for WASI's
+/// ENOENT, which is ECHRNG on Linux) that usually means a path outside the grants.
+fn wasi_errno_hint(error: &str) -> Option<&'static str> {
+    if error.contains("(os error 44)") {
+        Some(
+            "os error 44 is ENOENT (no such file or directory) in WASI's numbering: the \
+             agent sees no file outside the directories granted with --dir HOST::GUEST, \
+             and sees those under their GUEST paths",
+        )
+    } else if error.contains("(os error 76)") {
+        Some(
+            "os error 76 is ENOTCAPABLE in WASI's numbering: the agent tried to reach \
+             outside the directories granted with --dir HOST::GUEST",
+        )
+    } else {
+        None
+    }
+}
+
+/// `<agent>-<first 12 hex digits of SHA-256(input)>`: stable for the same agent and
+/// input, so re-running a command resumes its run instead of starting another. A name
+/// with characters a run id may not hold has them replaced by `-`.
+pub fn default_run_id(agent: &str, input: &[u8]) -> String {
+    let digest = Sha256::digest(input);
+    let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+    let agent: String = agent
+        .chars()
+        .map(|c| {
+            if hidden_char(c).is_some() || c == '/' {
+                '-'
+            } else {
+                c
+            }
+        })
+        .collect();
+    format!("{agent}-{hex}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_run_ids_hold_no_hidden_characters() {
+        let id = default_run_id("evil\u{1b}[2J\u{202e}txt", b"null");
+        assert!(id.starts_with("evil-[2J-txt-"), "{id}");
+        assert!(idem::text::check_visible(&id).is_ok());
+    }
+
+    #[test]
+    fn wasi_errnos_get_a_hint_and_only_those() {
+        let missing = "side effect failed: /etc/x: No such file or directory (os error 44)";
+        assert!(wasi_errno_hint(missing).is_some_and(|h| h.contains("--dir")));
+        assert!(wasi_errno_hint("Capabilities insufficient (os error 76)").is_some());
+        assert_eq!(wasi_errno_hint("(os error 440)"), None);
+        assert_eq!(wasi_errno_hint("os error 44 without parentheses"), None);
+    }
+}

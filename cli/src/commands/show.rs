@@ -1,0 +1,117 @@
+//! `idem show`: one run — its status and outcome, the worker lease on it, its steps in
+//! the order they were claimed, and its open claims.
+
+use clap::Parser;
+use idem::store::StoreError;
+
+use super::args::DbArgs;
+use super::{Exit, display};
+
+#[derive(Debug, Parser)]
+pub struct ShowCommand {
+    /// The run.
+    run_id: String,
+    #[command(flatten)]
+    db: DbArgs,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+impl ShowCommand {
+    pub async fn execute(self) -> anyhow::Result<Exit> {
+        let store = self.db.open_read_only()?;
+        let run = store
+            .run(&self.run_id)
+            .await?
+            .ok_or_else(|| StoreError::UnknownRun {
+                run_id: self.run_id.clone(),
+            })?;
+        let steps = store.steps(&self.run_id).await?;
+        let claims = store.open_claims(Some(&self.run_id)).await?;
+        let now = store.now().await?;
+        if self.json {
+            let doc = serde_json::json!({
+                "run": run,
+                "outcome": run.outcome.as_deref().map(display::payload_value),
+                "steps": steps,
+                "open_claims": claims,
+                "now": now,
+            });
+            println!("{}", display::json(&doc));
+            return Ok(Exit::Done);
+        }
+        println!("run       {}", display::name(&run.run_id));
+        println!("status    {}", run.status);
+        println!("agent     {} ({})", display::name(&run.agent), run.digest);
+        println!("namespace {}", display::name(&run.namespace));
+        println!("created   {} ago", display::age(now, run.created));
+        match &run.lease {
+            Some(lease) if lease.expires > now => println!(
+                "lease     worker {} token {} expires {}",
+                display::name(&lease.worker),
+                lease.token,
+                display::until(now, lease.expires)
+            ),
+            Some(lease) => println!(
+                "lease     none live (worker {} token {} expired {})",
+                display::name(&lease.worker),
+                lease.token,
+                display::until(now, lease.expires)
+            ),
+            None => println!("lease     none"),
+        }
+        if run.cancel_requested {
+            println!("cancel    requested");
+        }
+        if let Some(note) = &run.note {
+            println!("note      {}", display::name(note));
+        }
+        if let Some(outcome) = &run.outcome {
+            let label = if run.status == idem::store::RunStatus::Completed {
+                "output"
+            } else {
+                "error"
+            };
+            println!("{label:<9} {}", display::payload(outcome));
+        }
+        let c = &run.counts;
+        println!(
+            "counts    executed {}  skipped {}  awaited {}  reclaimed {}  instances {}",
+            c.executed, c.skipped, c.awaited, c.reclaimed, c.instances
+        );
+        println!("steps ({}):", steps.len());
+        for step in &steps {
+            let outcome = match (&step.committed_at, &step.parked, &step.holder) {
+                (Some(at), _, _) => format!(
+                    "committed in {}ms",
+                    at.saturating_sub(step.claimed_at).max(0)
+                ),
+                (None, Some(reason), _) => format!("parked in doubt: {}", display::name(reason)),
+                (None, None, Some(holder)) => format!("claimed by {}", display::name(holder)),
+                (None, None, None) => "released".to_string(),
+            };
+            let retake = if step.attempt > 1 { " (retaken)" } else { "" };
+            println!(
+                "  {}  attempt {}{retake}  token {}  {}",
+                display::name(&step.key),
+                step.attempt,
+                step.token,
+                outcome
+            );
+        }
+        if !claims.is_empty() {
+            println!("open claims ({}):", claims.len());
+            for c in &claims {
+                println!(
+                    "  {}  attempt {}  token {}  lease expires {}",
+                    display::name(&c.key),
+                    c.attempt,
+                    c.token,
+                    display::until(now, c.lease_expires)
+                );
+            }
+        }
+        Ok(Exit::Done)
+    }
+}

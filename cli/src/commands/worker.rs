@@ -1,0 +1,97 @@
+//! `idem worker`: lease runs from the store and drive them until SIGTERM or SIGINT;
+//! then drain (no new runs, side effects in flight end, leases given back) and exit 0.
+//! A second signal exits at once; the runs are then taken over after their leases.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use idem::runtime::{Host, Runtime, check_namespace, default_cache_dir};
+use idem::worker::{Worker, WorkerOptions};
+use tokio::signal::unix::{SignalKind, signal};
+
+use super::Exit;
+use super::args::{DbArgs, duration, protected};
+
+#[derive(Debug, Parser)]
+pub struct WorkerCommand {
+    #[command(flatten)]
+    db: DbArgs,
+    /// Most runs driven at once.
+    #[arg(long, default_value = "64", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    concurrency: u32,
+    /// This worker's name, shown on the runs it holds (a unique suffix is added).
+    #[arg(long, default_value = "worker")]
+    name: String,
+    /// The lease runs are taken with; each run's own lease applies once it runs.
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    lease: Duration,
+    /// How long a shutdown waits for side effects in flight before ending them.
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    drain_timeout: Duration,
+    /// How often an idle worker looks for runs.
+    #[arg(long, default_value = "200ms", value_parser = duration)]
+    poll: Duration,
+    /// Where precompiled agents are kept. Defaults to $XDG_CACHE_HOME/idem.
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// Compile every agent in memory, keeping nothing on disk.
+    #[arg(long, conflicts_with = "cache_dir")]
+    no_cache: bool,
+}
+
+impl WorkerCommand {
+    pub async fn execute(self) -> anyhow::Result<Exit> {
+        check_namespace(&self.name)?;
+        let store = self.db.open_existing()?;
+        let cache = if self.no_cache {
+            None
+        } else {
+            self.cache_dir.clone().or_else(default_cache_dir)
+        };
+        let protected = protected(self.db.path(), cache.as_deref());
+        let runtime = Runtime::new(cache)?;
+        let host = Arc::new(Host::named(Arc::new(runtime), store, &self.name)?);
+        let worker = Arc::new(Worker::new(
+            Arc::clone(&host),
+            WorkerOptions {
+                concurrency: self.concurrency as usize,
+                lease: self.lease,
+                poll: self.poll,
+                drain_timeout: self.drain_timeout,
+                protected,
+                ..WorkerOptions::default()
+            },
+        ));
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        let shutdown = async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            eprintln!("idem worker: draining (send the signal again to exit at once)");
+            // The second signal ends the process where it stands; every lease it
+            // held expires and other workers take its runs over.
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+                eprintln!("idem worker: exiting at once");
+                std::process::exit(130);
+            });
+        };
+        eprintln!("idem worker {} started", host.id());
+        let report = worker.run(shutdown).await?;
+        eprintln!(
+            "idem worker {} stopped: {} runs finished, {} given back, {} lost",
+            host.id(),
+            report.finished,
+            report.released,
+            report.lost
+        );
+        Ok(Exit::Done)
+    }
+}

@@ -1,0 +1,251 @@
+//! Unit tests of the component cache: what is sealed loads, anything else is refused
+//! without being deserialized, and directories others could change are not used.
+
+use std::os::unix::fs::PermissionsExt;
+
+use super::*;
+
+/// The smallest component: the magic, version 0x0d, layer 1, no sections.
+const EMPTY_COMPONENT: &[u8] = b"\0asm\x0d\0\x01\0";
+
+fn engine() -> Engine {
+    let mut config = wasmtime::Config::new();
+    config.wasm_component_model(true);
+    Engine::new(&config).unwrap()
+}
+
+fn chmod(path: &Path, mode: u32) {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::symlink_metadata(path)
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+/// A cache in a fresh temp dir, with one entry stored under digest `[1; 32]`.
+fn cache_with_entry() -> (tempfile::TempDir, Engine, ComponentCache) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine();
+    let cache = ComponentCache::open(dir.path().join("cache"), &engine).unwrap();
+    let component = Component::new(&engine, EMPTY_COMPONENT).unwrap();
+    cache.store(&[1; 32], &component);
+    (dir, engine, cache)
+}
+
+#[test]
+fn sealed_entries_load_and_the_cache_is_private() {
+    let (_dir, engine, cache) = cache_with_entry();
+    assert!(cache.load(&engine, &[1; 32]).is_some());
+    assert!(cache.load(&engine, &[2; 32]).is_none(), "no entry: a miss");
+    assert_eq!(mode(&cache.dir), 0o700);
+    assert_eq!(mode(&cache.dir.join(KEY_FILE)), 0o600);
+    assert_eq!(mode(&cache.entry_path(&[1; 32])), 0o600);
+
+    // Another process opening the same directory shares the key.
+    let again = ComponentCache::open(cache.dir.clone(), &engine).unwrap();
+    assert_eq!(again.mac_key, cache.mac_key);
+    assert!(again.load(&engine, &[1; 32]).is_some());
+}
+
+#[test]
+fn entries_idem_did_not_seal_for_this_component_are_refused() {
+    let (_dir, engine, cache) = cache_with_entry();
+    let sealed = std::fs::read(cache.entry_path(&[1; 32])).unwrap();
+
+    // Another component's entry under this one's name.
+    std::fs::write(cache.entry_path(&[2; 32]), &sealed).unwrap();
+    assert!(matches!(
+        cache.verify(&sealed, &[2; 32]),
+        Err(Rejected::OtherComponent)
+    ));
+    assert!(cache.load(&engine, &[2; 32]).is_none());
+
+    // Any byte changed, header or code.
+    for at in [0, 10, HEADER_LEN - 1, HEADER_LEN + 3, sealed.len() - 1] {
+        let mut forged = sealed.clone();
+        forged[at] ^= 0x40;
+        assert!(cache.verify(&forged, &[1; 32]).is_err(), "byte {at}");
+    }
+
+    // Sealed under another key (another user's cache, or a guessed key).
+    let mut other = ComponentCache::open(cache.dir.clone(), &engine).unwrap();
+    other.mac_key = [7; 32];
+    assert!(matches!(
+        other.verify(&sealed, &[1; 32]),
+        Err(Rejected::Mac)
+    ));
+
+    // Sealed for another engine, with this key.
+    other.mac_key = cache.mac_key;
+    other.engine_key = [9; 32];
+    assert!(matches!(
+        other.verify(&sealed, &[1; 32]),
+        Err(Rejected::OtherEngine)
+    ));
+
+    // Truncated or padded.
+    assert!(cache.verify(&sealed[..sealed.len() - 1], &[1; 32]).is_err());
+    assert!(
+        cache
+            .verify(&[&sealed[..], b"x"].concat(), &[1; 32])
+            .is_err()
+    );
+}
+
+#[test]
+fn arbitrary_bytes_never_panic() {
+    let (_dir, _engine, cache) = cache_with_entry();
+    let sealed = std::fs::read(cache.entry_path(&[1; 32])).unwrap();
+    let mut rng = fastrand::Rng::with_seed(7);
+    for _ in 0..2000 {
+        let len = rng.usize(..HEADER_LEN + MAC_LEN + 64);
+        let mut bytes: Vec<u8> = (0..len).map(|_| rng.u8(..)).collect();
+        if rng.bool() {
+            // Plausible headers, so that parsing goes past the magic.
+            let keep = len.min(HEADER_LEN);
+            bytes[..keep].copy_from_slice(&sealed[..keep]);
+        }
+        assert!(cache.verify(&bytes, &[1; 32]).is_err());
+    }
+}
+
+#[test]
+fn entry_files_must_be_the_users_own_regular_files() {
+    let (dir, engine, cache) = cache_with_entry();
+    let entry = cache.entry_path(&[1; 32]);
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::rename(&entry, &elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &entry).unwrap();
+    assert!(matches!(
+        cache.read_entry(&entry),
+        Err(Rejected::NotRegular)
+    ));
+    assert!(cache.load(&engine, &[1; 32]).is_none());
+    std::fs::remove_file(&entry).unwrap();
+
+    // A FIFO must not hang the read; a directory is no entry either.
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &entry,
+        rustix::fs::FileType::Fifo,
+        Mode::RUSR | Mode::WUSR,
+        0,
+    )
+    .unwrap();
+    assert!(matches!(
+        cache.read_entry(&entry),
+        Err(Rejected::NotRegular)
+    ));
+    std::fs::remove_file(&entry).unwrap();
+    std::fs::create_dir(&entry).unwrap();
+    assert!(matches!(
+        cache.read_entry(&entry),
+        Err(Rejected::NotRegular)
+    ));
+    std::fs::remove_dir(&entry).unwrap();
+
+    std::fs::copy(&elsewhere, &entry).unwrap();
+    chmod(&entry, 0o666);
+    assert!(matches!(
+        cache.read_entry(&entry),
+        Err(Rejected::WritableByOthers(0o666))
+    ));
+    // A refused entry is rewritten by the next store.
+    let component = Component::new(&engine, EMPTY_COMPONENT).unwrap();
+    cache.store(&[1; 32], &component);
+    assert_eq!(mode(&entry), 0o600);
+    assert!(cache.load(&engine, &[1; 32]).is_some());
+}
+
+#[test]
+fn a_key_others_could_read_is_replaced() {
+    let (_dir, engine, cache) = cache_with_entry();
+    let key = cache.dir.join(KEY_FILE);
+    chmod(&key, 0o644);
+    let reopened = ComponentCache::open(cache.dir.clone(), &engine).unwrap();
+    assert_ne!(reopened.mac_key, cache.mac_key);
+    assert_eq!(mode(&key), 0o600);
+    assert!(
+        reopened.load(&engine, &[1; 32]).is_none(),
+        "entries sealed with the old key are not trusted"
+    );
+
+    std::fs::write(&key, b"short").unwrap();
+    let reopened = ComponentCache::open(cache.dir.clone(), &engine).unwrap();
+    assert_eq!(std::fs::read(&key).unwrap(), reopened.mac_key);
+}
+
+#[test]
+fn directories_others_can_change_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let engine = engine();
+    let open = |path: &Path| ComponentCache::open(path.to_path_buf(), &engine).map(drop);
+    let problem = |path: &Path| match ComponentCache::open(path.to_path_buf(), &engine) {
+        Err(CacheError::Unsafe { problem, .. }) => problem,
+        other => panic!("{path:?}: expected refusal, got {other:?}"),
+    };
+
+    let shared = root.join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    chmod(&shared, 0o775);
+    assert_eq!(
+        problem(&shared),
+        UnsafeDir::Writable {
+            path: shared.clone(),
+            mode: 0o775
+        }
+    );
+    assert!(
+        !shared.join(KEY_FILE).exists(),
+        "a refused cache is left as it was"
+    );
+    assert_eq!(
+        problem(&shared.join("below")),
+        UnsafeDir::AncestorWritable {
+            path: shared.clone(),
+            mode: 0o775
+        }
+    );
+    assert!(
+        !shared.join("below").exists(),
+        "nothing is created under it"
+    );
+    chmod(&shared, 0o1777);
+    open(&shared.join("below")).unwrap();
+    assert_eq!(mode(&shared.join("below")), 0o700);
+
+    let real = root.join("real");
+    std::os::unix::fs::symlink(&shared, &real).unwrap();
+    assert_eq!(
+        problem(&real),
+        UnsafeDir::SymbolicLink { path: real.clone() }
+    );
+    // Through a link, the directories of its target are the ones checked.
+    open(&real.join("below")).unwrap();
+    chmod(&shared, 0o777);
+    assert_eq!(
+        problem(&real.join("below")),
+        UnsafeDir::AncestorWritable {
+            path: shared.clone(),
+            mode: 0o777
+        }
+    );
+
+    let file = root.join("file");
+    std::fs::write(&file, "").unwrap();
+    assert_eq!(
+        problem(&file),
+        UnsafeDir::NotADirectory { path: file.clone() }
+    );
+
+    // Missing directories are created private, parents included.
+    let deep = root.join("a/b/c");
+    open(&deep).unwrap();
+    assert_eq!(mode(&root.join("a")), 0o700);
+    assert_eq!(mode(&deep), 0o700);
+}

@@ -1,0 +1,205 @@
+//! One instance of a run: a fresh wasmtime `Store`, the call of `run`, and the
+//! watchdog that ends it when a time limit passes or a stop signal comes while the
+//! guest computes or waits in WASI (host calls check for themselves). The store is
+//! dropped afterwards, never reused, traps included.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use wasmtime::Store as WasmStore;
+use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
+
+use super::Host;
+use super::authority::Authority;
+use super::end::{FuelState, InstanceEnd};
+use super::engine::LoadedAgent;
+use super::error::HostError;
+use super::http::HttpGate;
+use super::output::{GuestOutput, LOG_KEEP, LogSink};
+use super::run_ctx::{RunCtx, RunSignals, Stop, Watch};
+use super::state::InstanceState;
+use super::view::IdemCtx;
+use crate::store::{ClaimRef, StoreError};
+use crate::text;
+
+/// How often a running instance's log is moved to the store.
+const LOG_FLUSH: Duration = Duration::from_secs(1);
+
+impl Host {
+    /// Creates one instance for `run`, calls `run` on it, and drops it. Returns why it
+    /// ended and the run context, taken back out of the dropped store.
+    pub(crate) async fn instance(
+        &self,
+        agent: &LoadedAgent,
+        authority: &Authority,
+        input: &[u8],
+        mut run: RunCtx,
+    ) -> Result<(InstanceEnd, RunCtx), HostError> {
+        let generation = run.counts.instances;
+        run.counts.instances += 1;
+        // Durable before the instance runs: its claims' counts are written with them,
+        // a process killed now still shows the instance it had started, and the
+        // counts of the instance dropped before it (if any) are written too.
+        match self.store.save_counts(&run.fence, &run.counts).await {
+            Ok(()) => {}
+            Err(StoreError::LeaseLost { .. }) => {
+                return Ok((InstanceEnd::Stopped(Stop::LeaseLost), run));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        let holder = self.live.holder(run.run_id(), generation);
+        let chaos_fuel = run.faults.fuel_budget().unwrap_or(u64::MAX);
+        let fuel = chaos_fuel.min(run.fuel_left.unwrap_or(u64::MAX));
+        let watch = Arc::new(Watch::new(&run.limits));
+        let signals = Arc::clone(&run.signals);
+        let (fence, log) = (run.fence.clone(), run.log.clone());
+        let wasi = wasi_ctx(authority, &run.log)?;
+        let gate = HttpGate::new(run.run_id(), &authority.http, run.capture.clone());
+        let idem = IdemCtx {
+            run,
+            generation,
+            holder: holder.clone(),
+            grants: 0,
+            held: Vec::new(),
+            watch: Arc::clone(&watch),
+            gate,
+        };
+        let mut store = WasmStore::new(self.runtime.engine(), InstanceState::new(wasi, idem));
+        store.limiter(|state| state as &mut dyn wasmtime::ResourceLimiter);
+        store
+            .set_fuel(fuel)
+            .map_err(|e| HostError::Engine(format!("{e:#}")))?;
+        // Every epoch tick while wasm runs: check the wall-clock limits, and let the
+        // executor's other tasks (other runs, the watchdog) have the thread.
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(|ctx| match ctx.data().idem.check_time() {
+            Ok(()) => Ok(wasmtime::UpdateDeadline::Yield(1)),
+            Err(limit) => Err(wasmtime::Error::new(limit)),
+        });
+
+        self.live.enter(&holder);
+        let result = {
+            let call = call_run(agent, &mut store, input);
+            tokio::pin!(call);
+            let mut flush = tokio::time::interval(LOG_FLUSH);
+            flush.tick().await;
+            loop {
+                tokio::select! {
+                    result = &mut call => break result,
+                    limit = watch.expired() => break Err(wasmtime::Error::new(limit)),
+                    stop = stopped(&signals, &watch) => break Err(wasmtime::Error::new(stop)),
+                    _ = flush.tick() => {
+                        // A long instance's log reaches the store while it runs, not
+                        // only when it ends.
+                        let pending = log.take();
+                        if !pending.is_empty()
+                            && let Err(e) = self.store.append_log(&fence, &pending, LOG_KEEP).await
+                        {
+                            tracing::warn!(error = %e, "cannot write the run's log");
+                        }
+                    }
+                }
+            }
+        };
+        self.live.leave(&holder);
+        // The host knows these claims' holder is gone: end their leases now, so that
+        // whoever runs next (this process or another) retakes them without waiting.
+        // They stay claims: whether their effects ran is still in doubt.
+        let orphans = self.heartbeat.forget(&holder);
+        if !orphans.is_empty() {
+            let refs: Vec<ClaimRef<'_>> = orphans
+                .iter()
+                .map(|(key, token, fence)| ClaimRef {
+                    key,
+                    token: *token,
+                    fence,
+                })
+                .collect();
+            if let Err(e) = self.store.renew(&refs, Duration::ZERO).await {
+                tracing::warn!(error = %e, "cannot end the leases of a dropped instance's claims");
+            }
+        }
+        let burnt = fuel.saturating_sub(store.get_fuel().unwrap_or(0));
+        // The store (and with it the instance and every claim handle it held) is gone
+        // here; only the run's own context goes on.
+        let state = store.into_data();
+        let mut run = state.idem.run;
+        let held = state.idem.held;
+        if let Some(left) = &mut run.fuel_left {
+            *left = left.saturating_sub(burnt);
+        }
+        let end = InstanceEnd::classify(
+            result,
+            FuelState {
+                run_budget_spent: run.fuel_left == Some(0),
+                limit: run.limits.max_fuel,
+                chaos: run.faults.chaos(),
+            },
+        );
+        let end = match end {
+            InstanceEnd::Returned(_) if !held.is_empty() => {
+                let prefix = format!("{}:", run.namespace);
+                InstanceEnd::ClaimsLeftOpen(
+                    held.into_iter()
+                        .map(|(key, _)| key.strip_prefix(&prefix).unwrap_or(&key).to_string())
+                        .collect(),
+                )
+            }
+            end => end,
+        };
+        Ok((end, run))
+    }
+}
+
+/// Instantiates the agent and calls its `run`.
+async fn call_run(
+    agent: &LoadedAgent,
+    store: &mut WasmStore<InstanceState>,
+    input: &[u8],
+) -> wasmtime::Result<Result<Vec<u8>, String>> {
+    let instance = agent.pre.instantiate_async(&mut *store).await?;
+    instance.call_run(&mut *store, input).await
+}
+
+/// Resolves with the stop signal that must end the instance from outside: any but a
+/// drain at once, a drain once the instance holds no claim (a side effect in flight
+/// ends at its own commit or release).
+async fn stopped(signals: &RunSignals, watch: &Watch) -> Stop {
+    loop {
+        let changed = signals.changed();
+        let moved = watch.moved();
+        match signals.stop() {
+            Some(Stop::Drain) if watch.holds_claims() => {}
+            Some(stop) => return stop,
+            None => {}
+        }
+        tokio::select! {
+            () = changed => {}
+            () = moved => {}
+        }
+    }
+}
+
+/// WASI for one instance: no ambient authority — only the granted directories and
+/// environment, no network sockets, no stdin; stderr and stdout go to the run's log.
+pub(crate) fn wasi_ctx(
+    authority: &Authority,
+    log: &LogSink,
+) -> Result<wasmtime_wasi::WasiCtx, HostError> {
+    let mut builder = WasiCtxBuilder::new();
+    builder.stderr(GuestOutput(log.clone()));
+    builder.stdout(GuestOutput(log.clone()));
+    for (k, v) in &authority.env {
+        builder.env(k, v);
+    }
+    for dir in &authority.dirs {
+        builder
+            .preopened_dir(&dir.host, &dir.guest, FsPerms::ReadWrite)
+            .map_err(|e| HostError::Grant {
+                host: dir.host.clone(),
+                guest: text::escape(&dir.guest, false).into_owned(),
+                reason: format!("{e:#}"),
+            })?;
+    }
+    Ok(builder.build())
+}

@@ -1,0 +1,91 @@
+//! What idem's imports need from a store, reached through a view trait like wasmtime's
+//! `WasiView`: an embedder keeps an [`IdemCtx`] and a `ResourceTable` in its own store
+//! data, implements [`IdemView`], and links idem's imports next to its own.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use wasmtime::component::{HasData, ResourceTable};
+
+use super::faults::Phase;
+use super::http::HttpGate;
+use super::limits::LimitExceeded;
+use super::run_ctx::{RunCtx, Stop, Watch};
+
+/// The `idem:agent` state of one instance: the run it serves (carried from instance to
+/// instance) and what this instance holds.
+pub struct IdemCtx {
+    pub(crate) run: RunCtx,
+    /// Instances the run had before this one.
+    pub(crate) generation: u64,
+    /// This instance's name on the claims it takes.
+    pub(crate) holder: String,
+    /// Claims granted to this instance.
+    pub(crate) grants: u32,
+    /// Claims this instance holds now, as `(qualified key, token)`: a second
+    /// `run-once` of a held key fails at once, and a run that returns with any of them
+    /// still open has them released and reported.
+    pub(crate) held: Vec<(String, u64)>,
+    /// Deadlines the instance's watchdog enforces while the guest computes or waits.
+    pub(crate) watch: Arc<Watch>,
+    /// The outbound HTTP gate: the run's policy and the claims requests carry.
+    pub(crate) gate: HttpGate,
+}
+
+impl std::fmt::Debug for IdemCtx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdemCtx")
+            .field("run_id", &self.run.fence.run_id)
+            .field("generation", &self.generation)
+            .field("holder", &self.holder)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A store whose data carries idem's state.
+pub trait IdemView: Send {
+    /// The idem state and the resource table claims live in.
+    fn idem(&mut self) -> IdemCtxView<'_>;
+}
+
+/// Borrowed idem state: what the `idem:agent` imports are implemented on.
+pub struct IdemCtxView<'a> {
+    /// The instance's idem state.
+    pub ctx: &'a mut IdemCtx,
+    /// The store's resource table.
+    pub table: &'a mut ResourceTable,
+}
+
+/// The [`HasData`] that links idem's imports to any [`IdemView`].
+pub(crate) struct HasIdem;
+
+impl HasData for HasIdem {
+    type Data<'a> = IdemCtxView<'a>;
+}
+
+impl IdemCtx {
+    /// Marks a call into idem and stops the instance if the run was told to stop. A
+    /// drain waits for the claims the instance holds: their side effects may be under
+    /// way, and each ends at its own commit or release.
+    pub(crate) fn enter(&mut self) -> wasmtime::Result<()> {
+        self.watch.touch();
+        match self.run.signals.stop() {
+            Some(Stop::Drain) if !self.held.is_empty() => Ok(()),
+            Some(stop) => Err(wasmtime::Error::new(stop)),
+            None => Ok(()),
+        }
+    }
+
+    /// Checks the wall-clock limits; called on every epoch tick while wasm runs.
+    pub(crate) fn check_time(&self) -> Result<(), LimitExceeded> {
+        self.watch.check(Instant::now())
+    }
+
+    /// Drops the instance here if the fault plan says so.
+    pub(crate) fn fault(&mut self, phase: Phase, step: u32) -> wasmtime::Result<()> {
+        self.run
+            .faults
+            .check(phase, step, self.grants)
+            .map_err(wasmtime::Error::new)
+    }
+}

@@ -1,0 +1,191 @@
+//! The store's errors, in no backend's words: a backend names its own details (SQLite's
+//! `-wal` file, PostgreSQL's SQLSTATE) in [`StoreError::Database::detail`].
+
+use std::time::Duration;
+
+/// Errors from a store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The claim the caller presented is no longer the key's claim.
+    #[error("claim on key {key:?} was lost: token {token} no longer holds it")]
+    ClaimLost {
+        /// The key.
+        key: String,
+        /// The stale token.
+        token: u64,
+    },
+    /// The run lease the caller presented is no longer the run's: another worker (or
+    /// an operator) took the run over. Nothing was written.
+    #[error("run {run_id:?} is no longer leased with token {token}: another holder took it over")]
+    LeaseLost {
+        /// The run.
+        run_id: String,
+        /// The stale lease token.
+        token: u64,
+    },
+    /// The run exists with other input bytes.
+    #[error("run {run_id:?} exists with a different input")]
+    InputMismatch {
+        /// The run.
+        run_id: String,
+    },
+    /// `resolve` named a key that is not parked for that run.
+    #[error("key {key:?} is not parked in doubt by run {run_id:?}; nothing to resolve")]
+    NotInDoubt {
+        /// The run.
+        run_id: String,
+        /// The key.
+        key: String,
+    },
+    /// The run does not exist.
+    #[error("run {run_id:?} does not exist")]
+    UnknownRun {
+        /// The run.
+        run_id: String,
+    },
+    /// The run has finished, so it cannot be changed this way.
+    #[error("run {run_id:?} is already {status}")]
+    RunFinished {
+        /// The run.
+        run_id: String,
+        /// How it finished.
+        status: super::RunStatus,
+    },
+    /// No component with this digest is in the store.
+    #[error("no component with digest {digest} is in the store")]
+    UnknownComponent {
+        /// The digest asked for.
+        digest: String,
+    },
+    /// The namespace belongs to other components, and this one was not admitted to it
+    /// by an explicit act.
+    #[error(
+        "namespace {namespace:?} belongs to other components (latest {owner}); component \
+         {digest} was never deployed there"
+    )]
+    NamespaceTaken {
+        /// The namespace.
+        namespace: String,
+        /// The component latest deployed there.
+        owner: String,
+        /// The component that asked to join.
+        digest: String,
+    },
+    /// A value passed in is beyond what a store keeps: stores keep integers signed, so a
+    /// checkpoint step or a count goes up to `i64::MAX` ([`MAX_STEP`](super::MAX_STEP)).
+    /// Nothing was written.
+    #[error("{what} {value} is beyond what a store keeps (at most {max})")]
+    OutOfRange {
+        /// What the value is: `checkpoint step`, `count executed`, ...
+        what: &'static str,
+        /// The value given.
+        value: u64,
+        /// The largest value a store keeps.
+        max: u64,
+    },
+    /// The store could not be opened or prepared.
+    #[error("cannot open store {location}: {reason}")]
+    Open {
+        /// The database path or URL.
+        location: String,
+        /// What went wrong, in words.
+        reason: String,
+    },
+    /// The store was written by a newer idem.
+    #[error(
+        "store {location} has schema version {found}, newer than this idem supports \
+         ({supported}); upgrade idem"
+    )]
+    SchemaTooNew {
+        /// The database path or URL.
+        location: String,
+        /// The version found in the store.
+        found: i64,
+        /// The newest version this build knows.
+        supported: i64,
+    },
+    /// The database refused an operation for a cause outside idem, named by `fault`.
+    /// The refused operation left nothing behind: results committed before it are
+    /// unchanged, and the run can resume once the cause is gone.
+    #[error("store {location} cannot {op}: {fault} ({detail})")]
+    Database {
+        /// The database path or URL.
+        location: String,
+        /// What the store was doing.
+        op: &'static str,
+        /// The cause.
+        fault: DatabaseFault,
+        /// The backend's own words for it, and what to do in its terms.
+        detail: String,
+    },
+    /// A backend operation failed.
+    #[error("store failed to {op}")]
+    Backend {
+        /// What the store was doing.
+        op: &'static str,
+        /// The backend's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+/// Why a database refused an operation, when the cause lies outside idem: each is fixed
+/// by whoever runs idem, after which the same run resumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DatabaseFault {
+    /// Another connection (another process, most likely) kept a lock for longer than
+    /// this handle waits.
+    Locked {
+        /// How long the write waited.
+        busy_timeout: Duration,
+    },
+    /// The database cannot be written.
+    ReadOnly,
+    /// The disk is full, or the database reached the size it was capped at.
+    Full,
+    /// The database is damaged.
+    Corrupt,
+    /// The operating system failed to read or write the database.
+    Io,
+    /// The database server cannot be reached, or dropped the connection.
+    Unreachable,
+}
+
+impl std::fmt::Display for DatabaseFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DatabaseFault::Locked { busy_timeout } => write!(
+                f,
+                "the database is locked: another connection kept its write lock for longer \
+                 than the busy timeout ({}); try again once it lets go",
+                human_duration(*busy_timeout)
+            ),
+            DatabaseFault::ReadOnly => f.write_str("the database is read-only"),
+            DatabaseFault::Full => f.write_str(
+                "the disk is full or the database reached its size limit; free space (or raise \
+                 the limit) and try again",
+            ),
+            DatabaseFault::Corrupt => f.write_str(
+                "the database is corrupt; restore it from a backup (idem does not repair it)",
+            ),
+            DatabaseFault::Io => f.write_str(
+                "the operating system failed to read or write the database (a disk or file \
+                 system error)",
+            ),
+            DatabaseFault::Unreachable => {
+                f.write_str("the database server cannot be reached or dropped the connection")
+            }
+        }
+    }
+}
+
+/// `5s`, `200ms`: how a person would write the duration.
+pub(crate) fn human_duration(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}

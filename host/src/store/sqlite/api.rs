@@ -1,0 +1,470 @@
+//! The [`Store`] methods of [`SqliteStore`]: what each copies for the database thread
+//! (work crosses threads, so it owns what it needs), how durable its write must be, and
+//! which statements do it. Values a store cannot keep are refused here, before anything
+//! is sent.
+
+use std::time::Duration;
+
+use super::{SqliteStore, check_checkpoint, check_counts, claims, components, leases, logs, runs};
+use crate::store::clock::lease_expiry;
+use crate::store::{
+    Acquired, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
+    Deployment, DeploymentRecord, LeaseState, LeasedRun, Millis, OpenClaim, Resolution, RunEnd,
+    RunFence, RunFilter, RunRecord, StepRecord, Store, StoreError, Submission, Submitted, SyncMode,
+};
+
+#[async_trait::async_trait]
+impl Store for SqliteStore {
+    async fn now(&self) -> Result<Millis, StoreError> {
+        Ok(self.clock.now())
+    }
+
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        let req = OwnedRequest::new(req);
+        self.write("claim a key", req.fence.sync, move |conn, now| {
+            claims::claim(conn, &req.borrow(), None, now)
+        })
+        .await
+    }
+
+    async fn take_over(
+        &self,
+        req: &ClaimRequest<'_>,
+        stale_token: u64,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let req = OwnedRequest::new(req);
+        self.write("take over a claim", req.fence.sync, move |conn, now| {
+            claims::claim(conn, &req.borrow(), Some(stale_token), now)
+        })
+        .await
+    }
+
+    async fn commit(&self, commit: &Commit<'_>) -> Result<(), StoreError> {
+        if let Some(checkpoint) = commit.checkpoint {
+            check_checkpoint(checkpoint)?;
+        }
+        if let Some(counts) = commit.counts {
+            check_counts(counts)?;
+        }
+        let claim = OwnedRef::new(&commit.claim);
+        let result = commit.result.to_vec();
+        let (checkpoint, counts) = (commit.checkpoint.cloned(), commit.counts.copied());
+        let op = match checkpoint {
+            Some(_) => "commit a result and save progress",
+            None => "commit a result",
+        };
+        self.write(op, claim.fence.sync, move |conn, now| {
+            let commit = Commit {
+                claim: claim.borrow(),
+                result: &result,
+                checkpoint: checkpoint.as_ref(),
+                counts: counts.as_ref(),
+            };
+            claims::commit(conn, &commit, now)
+        })
+        .await
+    }
+
+    async fn release(&self, claim: &ClaimRef<'_>) -> Result<bool, StoreError> {
+        let claim = OwnedRef::new(claim);
+        self.write("release a claim", claim.fence.sync, move |conn, _| {
+            claims::release(conn, &claim.borrow())
+        })
+        .await
+    }
+
+    async fn renew(
+        &self,
+        claims: &[ClaimRef<'_>],
+        lease: Duration,
+    ) -> Result<Vec<bool>, StoreError> {
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sync = strongest(claims.iter().map(|c| c.fence.sync));
+        let owned: Vec<OwnedRef> = claims.iter().map(OwnedRef::new).collect();
+        self.write("renew claims", sync, move |conn, now| {
+            let claims: Vec<ClaimRef<'_>> = owned.iter().map(OwnedRef::borrow).collect();
+            claims::renew(conn, &claims, lease_expiry(now, lease))
+        })
+        .await
+    }
+
+    async fn park(&self, claim: &ClaimRef<'_>, reason: &str) -> Result<(), StoreError> {
+        let (claim, reason) = (OwnedRef::new(claim), reason.to_owned());
+        self.write(
+            "park a claim in doubt",
+            claim.fence.sync,
+            move |conn, now| claims::park(conn, &claim.borrow(), &reason, now),
+        )
+        .await
+    }
+
+    async fn resolve(
+        &self,
+        run_id: &str,
+        key: &str,
+        resolution: Resolution<'_>,
+    ) -> Result<(), StoreError> {
+        let (run_id, key) = (run_id.to_owned(), key.to_owned());
+        let result = match resolution {
+            Resolution::Commit(result) => Some(result.to_vec()),
+            Resolution::Retry => None,
+        };
+        self.write("resolve an in-doubt key", self.sync, move |conn, now| {
+            let resolution = match &result {
+                Some(result) => Resolution::Commit(result),
+                None => Resolution::Retry,
+            };
+            claims::resolve(conn, &run_id, &key, resolution, now)
+        })
+        .await
+    }
+
+    async fn committed(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let key = key.to_owned();
+        self.read("read a result", move |conn| claims::committed(conn, &key))
+            .await
+    }
+
+    async fn open_claims(&self, run_id: Option<&str>) -> Result<Vec<OpenClaim>, StoreError> {
+        let run_id = run_id.map(str::to_owned);
+        self.read("list open claims", move |conn| {
+            claims::open_claims(conn, run_id.as_deref())
+        })
+        .await
+    }
+
+    async fn steps(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
+        let run_id = run_id.to_owned();
+        self.read("list a run's steps", move |conn| {
+            claims::steps(conn, &run_id)
+        })
+        .await
+    }
+
+    async fn put_component(&self, digest: &str, bytes: &[u8]) -> Result<bool, StoreError> {
+        let (digest, bytes) = (digest.to_owned(), bytes.to_vec());
+        self.write("store a component", self.sync, move |conn, now| {
+            components::put_component(conn, &digest, &bytes, now)
+        })
+        .await
+    }
+
+    async fn component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let digest = digest.to_owned();
+        self.read("read a component", move |conn| {
+            components::component(conn, &digest)
+        })
+        .await
+    }
+
+    async fn deploy(&self, deployment: &Deployment<'_>) -> Result<DeploymentRecord, StoreError> {
+        let (name, digest) = (deployment.name.to_owned(), deployment.digest.to_owned());
+        let (authority, admission) = (deployment.authority.to_vec(), deployment.admission);
+        self.write("deploy a component", self.sync, move |conn, now| {
+            let deployment = Deployment {
+                name: &name,
+                digest: &digest,
+                authority: &authority,
+                admission,
+            };
+            components::deploy(conn, &deployment, now)
+        })
+        .await
+    }
+
+    async fn deployment(&self, name: &str) -> Result<Option<DeploymentRecord>, StoreError> {
+        let name = name.to_owned();
+        self.read("read a deployment", move |conn| {
+            components::deployment(conn, &name)
+        })
+        .await
+    }
+
+    async fn deployments(&self) -> Result<Vec<DeploymentRecord>, StoreError> {
+        self.read("list deployments", components::deployments).await
+    }
+
+    async fn admitted(&self, namespace: &str, digest: &str) -> Result<Option<bool>, StoreError> {
+        let (namespace, digest) = (namespace.to_owned(), digest.to_owned());
+        self.read("read a namespace's members", move |conn| {
+            components::admitted(conn, &namespace, &digest)
+        })
+        .await
+    }
+
+    async fn submit(&self, submission: &Submission<'_>) -> Result<Submitted, StoreError> {
+        let (run_id, agent) = (submission.run_id.to_owned(), submission.agent.to_owned());
+        let (digest, namespace) = (
+            submission.digest.to_owned(),
+            submission.namespace.to_owned(),
+        );
+        let (input, authority) = (submission.input.to_vec(), submission.authority.to_vec());
+        let replace_authority = submission.replace_authority;
+        self.write("submit a run", self.sync, move |conn, now| {
+            let submission = Submission {
+                run_id: &run_id,
+                agent: &agent,
+                digest: &digest,
+                namespace: &namespace,
+                input: &input,
+                authority: &authority,
+                replace_authority,
+            };
+            runs::submit(conn, &submission, now)
+        })
+        .await
+    }
+
+    async fn run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
+        let run_id = run_id.to_owned();
+        self.read("read a run", move |conn| runs::run(conn, &run_id))
+            .await
+    }
+
+    async fn runs(&self, filter: &RunFilter<'_>) -> Result<Vec<RunRecord>, StoreError> {
+        let filter = runs::OwnedFilter::from(filter);
+        self.read("list runs", move |conn| runs::runs(conn, &filter))
+            .await
+    }
+
+    async fn upgrade_run(&self, run_id: &str, from: &str, to: &str) -> Result<(), StoreError> {
+        let (run_id, from, to) = (run_id.to_owned(), from.to_owned(), to.to_owned());
+        self.write("upgrade a run", self.sync, move |conn, now| {
+            runs::upgrade_run(conn, &run_id, &from, &to, now)
+        })
+        .await
+    }
+
+    async fn acquire_runs(
+        &self,
+        worker: &str,
+        max: usize,
+        lease: Duration,
+        skip: &[String],
+    ) -> Result<Vec<LeasedRun>, StoreError> {
+        let (worker, skip) = (worker.to_owned(), skip.to_vec());
+        self.write("acquire runs", self.sync, move |conn, now| {
+            leases::acquire_runs(conn, &worker, max, lease, &skip, now)
+        })
+        .await
+    }
+
+    async fn acquire_run(
+        &self,
+        run_id: &str,
+        worker: &str,
+        lease: Duration,
+    ) -> Result<Acquired, StoreError> {
+        let (run_id, worker) = (run_id.to_owned(), worker.to_owned());
+        self.write("acquire a run", self.sync, move |conn, now| {
+            leases::acquire_run(conn, &run_id, &worker, lease, now)
+        })
+        .await
+    }
+
+    async fn renew_runs(
+        &self,
+        fences: &[RunFence],
+        lease: Duration,
+    ) -> Result<Vec<LeaseState>, StoreError> {
+        if fences.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sync = strongest(fences.iter().map(|f| f.sync));
+        let fences = fences.to_vec();
+        self.write("renew run leases", sync, move |conn, now| {
+            leases::renew_runs(conn, &fences, lease_expiry(now, lease))
+        })
+        .await
+    }
+
+    async fn release_run(
+        &self,
+        fence: &RunFence,
+        counts: &Counts,
+        note: Option<&str>,
+    ) -> Result<(), StoreError> {
+        check_counts(counts)?;
+        let (fence, counts, note) = (fence.clone(), *counts, note.map(str::to_owned));
+        self.write("release a run", fence.sync, move |conn, now| {
+            leases::release_run(conn, &fence, &counts, note.as_deref(), now)
+        })
+        .await
+    }
+
+    async fn finish_run(
+        &self,
+        fence: &RunFence,
+        end: RunEnd<'_>,
+        counts: &Counts,
+    ) -> Result<(), StoreError> {
+        check_counts(counts)?;
+        let (fence, counts, end) = (fence.clone(), *counts, OwnedEnd::new(end));
+        self.write("finish a run", fence.sync, move |conn, now| {
+            leases::finish_run(conn, &fence, end.borrow(), &counts, now)
+        })
+        .await
+    }
+
+    async fn cancel_run(&self, run_id: &str) -> Result<Cancelled, StoreError> {
+        let run_id = run_id.to_owned();
+        self.write("cancel a run", self.sync, move |conn, now| {
+            runs::cancel_run(conn, &run_id, now)
+        })
+        .await
+    }
+
+    async fn load_progress(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
+        let run_id = run_id.to_owned();
+        self.read("load progress", move |conn| {
+            runs::load_progress(conn, &run_id)
+        })
+        .await
+    }
+
+    async fn save_progress(
+        &self,
+        fence: &RunFence,
+        checkpoint: &Checkpoint,
+        counts: Option<&Counts>,
+    ) -> Result<(), StoreError> {
+        check_checkpoint(checkpoint)?;
+        if let Some(counts) = counts {
+            check_counts(counts)?;
+        }
+        let (fence, checkpoint, counts) = (fence.clone(), checkpoint.clone(), counts.copied());
+        self.write("save progress", fence.sync, move |conn, now| {
+            leases::check_fence(conn, &fence)?;
+            if let Some(counts) = &counts {
+                runs::save_counts(conn, &fence.run_id, counts, now)?;
+            }
+            runs::save_checkpoint(conn, &fence.run_id, &checkpoint, now)
+        })
+        .await
+    }
+
+    async fn save_counts(&self, fence: &RunFence, counts: &Counts) -> Result<(), StoreError> {
+        check_counts(counts)?;
+        let (fence, counts) = (fence.clone(), *counts);
+        self.write("save counts", fence.sync, move |conn, now| {
+            leases::check_fence(conn, &fence)?;
+            runs::save_counts(conn, &fence.run_id, &counts, now)
+        })
+        .await
+    }
+
+    async fn append_log(
+        &self,
+        fence: &RunFence,
+        bytes: &[u8],
+        keep: usize,
+    ) -> Result<(), StoreError> {
+        let (fence, bytes) = (fence.clone(), bytes.to_vec());
+        self.write("append to a run's log", fence.sync, move |conn, _| {
+            leases::check_fence(conn, &fence)?;
+            logs::append(conn, &fence.run_id, &bytes, keep)
+        })
+        .await
+    }
+
+    async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError> {
+        let run_id = run_id.to_owned();
+        self.read("read a run's log", move |conn| logs::read(conn, &run_id))
+            .await
+    }
+}
+
+/// [`SyncMode::Full`] if any of the writes asks for it.
+fn strongest(modes: impl IntoIterator<Item = SyncMode>) -> SyncMode {
+    if modes.into_iter().any(|mode| mode == SyncMode::Full) {
+        SyncMode::Full
+    } else {
+        SyncMode::Normal
+    }
+}
+
+/// A [`ClaimRequest`] that owns its strings.
+struct OwnedRequest {
+    key: String,
+    fence: RunFence,
+    holder: String,
+    fingerprint: Option<String>,
+    lease: Duration,
+}
+
+impl OwnedRequest {
+    fn new(req: &ClaimRequest<'_>) -> OwnedRequest {
+        OwnedRequest {
+            key: req.key.to_owned(),
+            fence: req.fence.clone(),
+            holder: req.holder.to_owned(),
+            fingerprint: req.fingerprint.map(str::to_owned),
+            lease: req.lease,
+        }
+    }
+
+    fn borrow(&self) -> ClaimRequest<'_> {
+        ClaimRequest {
+            key: &self.key,
+            fence: &self.fence,
+            holder: &self.holder,
+            fingerprint: self.fingerprint.as_deref(),
+            lease: self.lease,
+        }
+    }
+}
+
+/// A [`ClaimRef`] that owns its strings.
+struct OwnedRef {
+    key: String,
+    token: u64,
+    fence: RunFence,
+}
+
+impl OwnedRef {
+    fn new(claim: &ClaimRef<'_>) -> OwnedRef {
+        OwnedRef {
+            key: claim.key.to_owned(),
+            token: claim.token,
+            fence: claim.fence.clone(),
+        }
+    }
+
+    fn borrow(&self) -> ClaimRef<'_> {
+        ClaimRef {
+            key: &self.key,
+            token: self.token,
+            fence: &self.fence,
+        }
+    }
+}
+
+/// A [`RunEnd`] that owns its bytes.
+enum OwnedEnd {
+    Completed(Vec<u8>),
+    Failed(String),
+    InDoubt,
+    Cancelled,
+}
+
+impl OwnedEnd {
+    fn new(end: RunEnd<'_>) -> OwnedEnd {
+        match end {
+            RunEnd::Completed(output) => OwnedEnd::Completed(output.to_vec()),
+            RunEnd::Failed(error) => OwnedEnd::Failed(error.to_owned()),
+            RunEnd::InDoubt => OwnedEnd::InDoubt,
+            RunEnd::Cancelled => OwnedEnd::Cancelled,
+        }
+    }
+
+    fn borrow(&self) -> RunEnd<'_> {
+        match self {
+            OwnedEnd::Completed(output) => RunEnd::Completed(output),
+            OwnedEnd::Failed(error) => RunEnd::Failed(error),
+            OwnedEnd::InDoubt => RunEnd::InDoubt,
+            OwnedEnd::Cancelled => RunEnd::Cancelled,
+        }
+    }
+}

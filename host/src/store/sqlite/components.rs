@@ -1,0 +1,217 @@
+//! Components, deployments and namespace membership on SQLite.
+//!
+//! A deployment is a row in a history: deploying appends one, and a name's latest row
+//! is what it points at. A namespace's members are the components whose runs may use
+//! its keys: admitted by a deployment, or members because a run of theirs was submitted
+//! (or upgraded) there, which is also how runs from before deployments existed count.
+
+use rusqlite::types::Type;
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use super::TxError;
+use crate::store::{Admission, Deployment, DeploymentRecord, Millis, StoreError};
+
+/// Stores a component's bytes under their digest; whether they were new.
+pub(super) fn put_component(
+    conn: &Connection,
+    digest: &str,
+    bytes: &[u8],
+    now: Millis,
+) -> Result<bool, TxError> {
+    let size = i64::try_from(bytes.len()).unwrap_or(i64::MAX);
+    let inserted = conn
+        .prepare_cached(
+            "INSERT INTO components (digest, bytes, size, created) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (digest) DO NOTHING",
+        )?
+        .execute(params![digest, bytes, size, now])?;
+    Ok(inserted == 1)
+}
+
+/// A component's bytes.
+pub(super) fn component(conn: &Connection, digest: &str) -> Result<Option<Vec<u8>>, TxError> {
+    let bytes = conn
+        .prepare_cached("SELECT bytes FROM components WHERE digest = ?1")?
+        .query_row([digest], |row| row.get(0))
+        .optional()?;
+    Ok(bytes)
+}
+
+/// Refuses a digest whose component is not in the store.
+pub(super) fn require(conn: &Connection, digest: &str) -> Result<(), TxError> {
+    let known = conn
+        .prepare_cached("SELECT 1 FROM components WHERE digest = ?1")?
+        .query_row([digest], |_| Ok(()))
+        .optional()?
+        .is_some();
+    if known {
+        Ok(())
+    } else {
+        Err(TxError::Store(StoreError::UnknownComponent {
+            digest: digest.to_owned(),
+        }))
+    }
+}
+
+/// Makes `digest` a member of `namespace`, unless it is one already (it keeps how it
+/// first joined).
+pub(super) fn add_member(
+    conn: &Connection,
+    namespace: &str,
+    digest: &str,
+    how: &str,
+    now: Millis,
+) -> Result<(), TxError> {
+    conn.prepare_cached(
+        "INSERT INTO namespace_members (namespace, digest, how, at) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (namespace, digest) DO NOTHING",
+    )?
+    .execute(params![namespace, digest, how, now])?;
+    Ok(())
+}
+
+/// Points a name at a component, admitting it to the name's namespace as its admission
+/// allows; deploying what is current again changes nothing.
+pub(super) fn deploy(
+    conn: &Connection,
+    deployment: &Deployment<'_>,
+    now: Millis,
+) -> Result<DeploymentRecord, TxError> {
+    require(conn, deployment.digest)?;
+    let current = self::deployment(conn, deployment.name)?;
+    if let Some(current) = current.as_ref().filter(|current| {
+        current.digest == deployment.digest && current.authority == deployment.authority
+    }) {
+        return Ok(current.clone());
+    }
+    let namespace = deployment.name;
+    if deployment.admission == Admission::FirstUse {
+        let (members, is_member) = membership(conn, namespace, deployment.digest)?;
+        if members > 0 && !is_member {
+            let owner = match current {
+                Some(current) => current.digest,
+                None => latest_member(conn, namespace)?.unwrap_or_default(),
+            };
+            return Err(TxError::Store(StoreError::NamespaceTaken {
+                namespace: namespace.to_owned(),
+                owner,
+                digest: deployment.digest.to_owned(),
+            }));
+        }
+    }
+    add_member(
+        conn,
+        namespace,
+        deployment.digest,
+        admission_name(deployment.admission),
+        now,
+    )?;
+    conn.prepare_cached(
+        "INSERT INTO deployments (name, digest, authority, admission, deployed_at)
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(params![
+        deployment.name,
+        deployment.digest,
+        deployment.authority,
+        admission_name(deployment.admission),
+        now
+    ])?;
+    Ok(DeploymentRecord {
+        name: deployment.name.to_owned(),
+        digest: deployment.digest.to_owned(),
+        authority: deployment.authority.to_vec(),
+        deployed_at: now,
+        admission: deployment.admission,
+    })
+}
+
+/// What a name points at now.
+pub(super) fn deployment(
+    conn: &Connection,
+    name: &str,
+) -> Result<Option<DeploymentRecord>, TxError> {
+    let record = conn
+        .prepare_cached(
+            "SELECT name, digest, authority, admission, deployed_at FROM deployments
+             WHERE name = ?1 ORDER BY id DESC LIMIT 1",
+        )?
+        .query_row([name], record)
+        .optional()?;
+    Ok(record)
+}
+
+/// Every name and what it points at now, by name.
+pub(super) fn deployments(conn: &Connection) -> Result<Vec<DeploymentRecord>, TxError> {
+    let records = conn
+        .prepare_cached(
+            "SELECT name, digest, authority, admission, deployed_at FROM deployments d
+             WHERE id = (SELECT max(id) FROM deployments WHERE name = d.name)
+             ORDER BY name",
+        )?
+        .query_map([], record)?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(records)
+}
+
+/// `None` if the namespace has no member, else whether `digest` is one.
+pub(super) fn admitted(
+    conn: &Connection,
+    namespace: &str,
+    digest: &str,
+) -> Result<Option<bool>, TxError> {
+    let (members, is_member) = membership(conn, namespace, digest)?;
+    Ok((members > 0).then_some(is_member))
+}
+
+/// How many members the namespace has, and whether `digest` is one.
+fn membership(conn: &Connection, namespace: &str, digest: &str) -> Result<(i64, bool), TxError> {
+    let membership = conn
+        .prepare_cached(
+            "SELECT count(*), coalesce(max(digest = ?2), 0) FROM namespace_members
+             WHERE namespace = ?1",
+        )?
+        .query_row([namespace, digest], |row| Ok((row.get(0)?, row.get(1)?)))?;
+    Ok(membership)
+}
+
+/// The member that joined the namespace last.
+fn latest_member(conn: &Connection, namespace: &str) -> Result<Option<String>, TxError> {
+    let digest = conn
+        .prepare_cached(
+            "SELECT digest FROM namespace_members WHERE namespace = ?1
+             ORDER BY at DESC, digest LIMIT 1",
+        )?
+        .query_row([namespace], |row| row.get(0))
+        .optional()?;
+    Ok(digest)
+}
+
+fn record(row: &Row<'_>) -> rusqlite::Result<DeploymentRecord> {
+    let admission: String = row.get(3)?;
+    Ok(DeploymentRecord {
+        name: row.get(0)?,
+        digest: row.get(1)?,
+        authority: row.get(2)?,
+        admission: match admission.as_str() {
+            "explicit" => Admission::Explicit,
+            "first-use" => Admission::FirstUse,
+            // The schema's CHECK constraint should have kept it out.
+            other => {
+                return Err(rusqlite::Error::FromSqlConversionFailure(
+                    3,
+                    Type::Text,
+                    format!("unknown admission {other:?}").into(),
+                ));
+            }
+        },
+        deployed_at: row.get(4)?,
+    })
+}
+
+fn admission_name(admission: Admission) -> &'static str {
+    match admission {
+        Admission::Explicit => "explicit",
+        Admission::FirstUse => "first-use",
+    }
+}

@@ -1,0 +1,265 @@
+//! Run leases on SQLite: which worker drives a run, and the fence every write made for
+//! a run presents.
+//!
+//! A run's lease is three columns of its `runs` row: the holder, the expiry, and the
+//! token of the latest grant. A grant takes the next token; a lease that ends (given
+//! back, finished, cancelled) clears the holder and keeps the token. A fence holds
+//! while the run's token is its token and the lease was not given back, expired or
+//! not: nobody else took it. Checking one is a read of the run's row, so a durable step
+//! writes no more pages for being fenced.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::runs::{self, end_as_cancelled, lease_from, set_outcome, status_from, unknown_run};
+use super::{TxError, to_sql_int, u64_column};
+use crate::store::clock::lease_expiry;
+use crate::store::{
+    Acquired, Counts, LeaseState, LeasedRun, Millis, RunEnd, RunFence, RunLeaseInfo, RunStatus,
+    StoreError,
+};
+
+/// Whether `fence` is the run's current lease.
+pub(super) fn fence_holds(conn: &Connection, fence: &RunFence) -> Result<bool, TxError> {
+    // A token beyond SQLite's range was never handed out, so it holds nothing.
+    let Ok(token) = to_sql_int(fence.token) else {
+        return Ok(false);
+    };
+    let holds = conn
+        .prepare_cached(
+            "SELECT 1 FROM runs
+             WHERE run_id = ?1 AND lease_token = ?2 AND lease_holder IS NOT NULL",
+        )?
+        .query_row(params![fence.run_id, token], |_| Ok(()))
+        .optional()?
+        .is_some();
+    Ok(holds)
+}
+
+/// Refuses a write whose fence is not the run's current lease.
+pub(super) fn check_fence(conn: &Connection, fence: &RunFence) -> Result<(), TxError> {
+    if fence_holds(conn, fence)? {
+        Ok(())
+    } else {
+        Err(TxError::Store(StoreError::LeaseLost {
+            run_id: fence.run_id.clone(),
+            token: fence.token,
+        }))
+    }
+}
+
+/// Leases up to `max` runs nobody holds a live lease on, oldest first.
+pub(super) fn acquire_runs(
+    conn: &Connection,
+    worker: &str,
+    max: usize,
+    lease: Duration,
+    skip: &[String],
+    now: Millis,
+) -> Result<Vec<LeasedRun>, TxError> {
+    if max == 0 {
+        return Ok(Vec::new());
+    }
+    let skip: HashSet<&str> = skip.iter().map(String::as_str).collect();
+    let mut chosen = Vec::new();
+    {
+        // The condition on status is the partial index's own, so the scan walks only
+        // unfinished runs, in index order. A run whose token cannot grow (only a
+        // tampered store has one) is left out rather than failing every poll.
+        let mut stmt = conn.prepare_cached(
+            "SELECT run_id, lease_token, lease_holder IS NOT NULL FROM runs
+             WHERE status IN ('queued', 'running')
+               AND (lease_holder IS NULL OR lease_expires <= ?1)
+               AND lease_token < 9223372036854775807
+             ORDER BY created, rowid",
+        )?;
+        let mut rows = stmt.query([now])?;
+        while let Some(row) = rows.next()? {
+            let run_id: String = row.get(0)?;
+            if skip.contains(run_id.as_str()) {
+                continue;
+            }
+            chosen.push((run_id, u64_column(row, 1)?, row.get::<_, bool>(2)?));
+            if chosen.len() == max {
+                break;
+            }
+        }
+    }
+    let expires = lease_expiry(now, lease);
+    chosen
+        .into_iter()
+        .map(|(run_id, last, taken_over)| {
+            grant(conn, &run_id, last, worker, expires, now, taken_over)
+        })
+        .collect()
+}
+
+/// Leases one run, unless another worker's live lease is on it or it is finished. A
+/// lease the same worker holds is granted again: the worker knows it is not driving
+/// the run (a host keeps that to itself), so it may take it back at once.
+pub(super) fn acquire_run(
+    conn: &Connection,
+    run_id: &str,
+    worker: &str,
+    lease: Duration,
+    now: Millis,
+) -> Result<Acquired, TxError> {
+    let row: Option<(RunStatus, Option<RunLeaseInfo>, u64)> = conn
+        .prepare_cached(
+            "SELECT status, lease_holder, lease_token, lease_expires, lease_token
+             FROM runs WHERE run_id = ?1",
+        )?
+        .query_row([run_id], |row| {
+            Ok((
+                status_from(row, 0)?,
+                lease_from(row, 1)?,
+                u64_column(row, 4)?,
+            ))
+        })
+        .optional()?;
+    let Some((status, lease_now, last)) = row else {
+        return Err(unknown_run(run_id));
+    };
+    if status.is_finished() {
+        let record = runs::run(conn, run_id)?.ok_or_else(|| unknown_run(run_id))?;
+        return Ok(Acquired::Finished(record));
+    }
+    // A lease still recorded was not given back: its holder died (or stopped without
+    // finishing), and counts it had not written yet are lost.
+    let taken_over = lease_now.is_some();
+    if let Some(held) = lease_now.filter(|held| held.expires > now && held.worker != worker) {
+        return Ok(Acquired::Held(held));
+    }
+    let expires = lease_expiry(now, lease);
+    grant(conn, run_id, last, worker, expires, now, taken_over).map(Acquired::Leased)
+}
+
+/// Grants the run's next lease to `worker` and sets it running.
+fn grant(
+    conn: &Connection,
+    run_id: &str,
+    last: u64,
+    worker: &str,
+    expires: Millis,
+    now: Millis,
+    taken_over: bool,
+) -> Result<LeasedRun, TxError> {
+    let token = match last.checked_add(1).map(to_sql_int) {
+        Some(Ok(token)) => token,
+        _ => {
+            return Err(TxError::Store(StoreError::OutOfRange {
+                what: "run lease token",
+                value: last.saturating_add(1),
+                max: super::SQL_MAX,
+            }));
+        }
+    };
+    conn.prepare_cached(
+        "UPDATE runs
+         SET status = ?2, lease_holder = ?3, lease_token = ?4, lease_expires = ?5, updated = ?6
+         WHERE run_id = ?1",
+    )?
+    .execute(params![
+        run_id,
+        RunStatus::Running.as_str(),
+        worker,
+        token,
+        expires,
+        now
+    ])?;
+    let record = runs::run(conn, run_id)?.ok_or_else(|| unknown_run(run_id))?;
+    let (input, authority) = conn
+        .prepare_cached("SELECT input, authority FROM run_inputs WHERE run_id = ?1")?
+        .query_row([run_id], |row| Ok((row.get(0)?, row.get(1)?)))?;
+    Ok(LeasedRun {
+        record,
+        token: token.unsigned_abs(),
+        input,
+        authority,
+        taken_over,
+    })
+}
+
+/// Extends each lease its fence still holds to `expires`.
+pub(super) fn renew_runs(
+    conn: &Connection,
+    fences: &[RunFence],
+    expires: Millis,
+) -> Result<Vec<LeaseState>, TxError> {
+    let mut states = Vec::with_capacity(fences.len());
+    for fence in fences {
+        let Ok(token) = to_sql_int(fence.token) else {
+            states.push(LeaseState::Lost);
+            continue;
+        };
+        let cancel_requested: Option<bool> = conn
+            .prepare_cached(
+                "UPDATE runs SET lease_expires = ?3
+                 WHERE run_id = ?1 AND lease_token = ?2 AND lease_holder IS NOT NULL
+                 RETURNING cancel_requested",
+            )?
+            .query_row(params![fence.run_id, token, expires], |row| row.get(0))
+            .optional()?;
+        states.push(match cancel_requested {
+            Some(cancel_requested) => LeaseState::Held {
+                expires,
+                cancel_requested,
+            },
+            None => LeaseState::Lost,
+        });
+    }
+    Ok(states)
+}
+
+/// Gives the lease back, with the run's counts and why; any worker may take it at once.
+pub(super) fn release_run(
+    conn: &Connection,
+    fence: &RunFence,
+    counts: &Counts,
+    note: Option<&str>,
+    now: Millis,
+) -> Result<(), TxError> {
+    check_fence(conn, fence)?;
+    runs::save_counts(conn, &fence.run_id, counts, now)?;
+    conn.prepare_cached(
+        "UPDATE runs SET lease_holder = NULL, lease_expires = NULL, note = ?2 WHERE run_id = ?1",
+    )?
+    .execute(params![fence.run_id, note])?;
+    Ok(())
+}
+
+/// Records how the run ended and ends its lease (keeping its token).
+pub(super) fn finish_run(
+    conn: &Connection,
+    fence: &RunFence,
+    end: RunEnd<'_>,
+    counts: &Counts,
+    now: Millis,
+) -> Result<(), TxError> {
+    check_fence(conn, fence)?;
+    let run_id = fence.run_id.as_str();
+    runs::save_counts(conn, run_id, counts, now)?;
+    let status = match end {
+        RunEnd::Completed(output) => {
+            set_outcome(conn, run_id, Some(output))?;
+            RunStatus::Completed
+        }
+        RunEnd::Failed(error) => {
+            set_outcome(conn, run_id, Some(error.as_bytes()))?;
+            RunStatus::Failed
+        }
+        // The reason `park` stored stays the run's outcome.
+        RunEnd::InDoubt => RunStatus::InDoubt,
+        RunEnd::Cancelled => return end_as_cancelled(conn, run_id, now),
+    };
+    conn.prepare_cached(
+        "UPDATE runs
+         SET status = ?2, lease_holder = NULL, lease_expires = NULL, cancel_requested = 0,
+             updated = ?3
+         WHERE run_id = ?1",
+    )?
+    .execute(params![run_id, status.as_str(), now])?;
+    Ok(())
+}

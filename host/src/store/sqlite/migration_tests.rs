@@ -1,0 +1,328 @@
+//! Stores written by earlier schemas open at the current one with everything intact:
+//! each test writes a file the way an older idem did (its migrations, its rows), then
+//! opens it with this one.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::Connection;
+
+use super::SqliteStore;
+use super::schema::SCHEMA_VERSION;
+use crate::store::tests::block_on;
+use crate::store::{
+    Acquired, Admission, Checkpoint, ClaimOutcome, ClaimRequest, Counts, Deployment, OpenClaim,
+    RunFence, RunFilter, RunStatus, Store, StoreError, SyncMode,
+};
+
+/// Creates a store file at schema `version` (its first `version` migrations) with the
+/// rows of `sql`, as the idem of that version would have left it.
+fn old_store(path: &Path, version: usize, sql: &str) {
+    let migrations = [
+        include_str!("../migrations/sqlite/0001_init.sql"),
+        include_str!("../migrations/sqlite/0002_steps.sql"),
+    ];
+    let conn = Connection::open(path).unwrap();
+    conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA foreign_keys = ON;")
+        .unwrap();
+    for migration in &migrations[..version] {
+        conn.execute_batch(migration).unwrap();
+    }
+    conn.execute_batch(&format!(
+        "PRAGMA application_id = 1768187245; PRAGMA user_version = {version};"
+    ))
+    .unwrap();
+    conn.execute_batch(sql).unwrap();
+}
+
+fn tables(store: &SqliteStore) -> Vec<String> {
+    block_on(store.db.read(|conn, _| {
+        conn.prepare("SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name")?
+            .query_map([], |r| r.get(0))?
+            .collect::<rusqlite::Result<Vec<String>>>()
+    }))
+    .unwrap()
+}
+
+/// A store written by version 2 (one `steps` row per key; runs with their input and
+/// outcome in the row) opens as version 3 with its runs, results, claims and
+/// checkpoints intact, its runs' components members of their namespaces, and its runs
+/// ready for workers to lease.
+#[test]
+fn version_2_store_migrates_with_runs_results_and_checkpoints_intact() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.db");
+    old_store(
+        &path,
+        2,
+        "INSERT INTO runs (run_id, agent, digest, namespace, input, status, outcome,
+                           executed, skipped, awaited, reclaimed, instances, created, updated)
+         VALUES ('done', 'billing', 'd-old', 'billing', x'7b7d', 'completed', x'6f7574',
+                 3, 1, 0, 0, 2, 100, 200),
+                ('going', 'billing', 'd-new', 'billing', x'696e', 'running', NULL,
+                 1, 0, 0, 1, 1, 300, 400),
+                ('stuck', 'shipping', 'd-ship', 'shipping', x'', 'in-doubt',
+                 CAST('in doubt at key shipping:k: unsure' AS BLOB), 0, 0, 0, 0, 1, 300, 500),
+                ('broke', 'shipping', 'd-ship', 'shipping', x'', 'failed', CAST('boom' AS BLOB),
+                 0, 0, 0, 0, 1, 50, 60);
+         INSERT INTO run_upgrades (run_id, from_digest, to_digest, at)
+         VALUES ('going', 'd-old', 'd-new', 350);
+         INSERT INTO progress (run_id, step, state, updated)
+         VALUES ('going', 7, x'0102', 400), ('done', 9223372036854775807, x'', 200);
+         INSERT INTO steps (key, run_id, holder, token, attempt, lease_expires, parked,
+                            fingerprint, result, committed_at)
+         VALUES ('billing:a', 'done', NULL, 2, 2, 150, NULL, 'f', x'7231', 150),
+                ('billing:b', 'going', 'old-instance', 5, 1, 9000, NULL, NULL, NULL, NULL),
+                ('shipping:k', 'stuck', NULL, 3, 2, 450, 'unsure', NULL, NULL, NULL);",
+    );
+    let store = SqliteStore::open(&path, SyncMode::Normal).unwrap();
+    assert_eq!(
+        tables(&store),
+        [
+            "components",
+            "deployments",
+            "namespace_members",
+            "progress",
+            "run_inputs",
+            "run_logs",
+            "run_outcomes",
+            "run_upgrades",
+            "runs",
+            "steps",
+        ]
+    );
+    block_on(async {
+        // Runs: statuses, outcomes, counts, steps and times as they were; no leases.
+        let done = store.run("done").await.unwrap().unwrap();
+        assert_eq!(
+            (done.status, done.outcome.as_deref(), done.step),
+            (
+                RunStatus::Completed,
+                Some(&b"out"[..]),
+                Some(i64::MAX as u64)
+            )
+        );
+        assert_eq!(
+            done.counts,
+            Counts {
+                executed: 3,
+                skipped: 1,
+                awaited: 0,
+                reclaimed: 0,
+                instances: 2,
+            }
+        );
+        assert_eq!((done.created, done.updated, done.lease), (100, 200, None));
+        let stuck = store.run("stuck").await.unwrap().unwrap();
+        assert_eq!(stuck.status, RunStatus::InDoubt);
+        assert_eq!(
+            stuck.outcome.as_deref(),
+            Some(&b"in doubt at key shipping:k: unsure"[..])
+        );
+        let order: Vec<String> = store
+            .runs(&RunFilter::default())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.run_id)
+            .collect();
+        assert_eq!(order, ["stuck", "going", "done", "broke"]);
+        // Results, claims and checkpoints.
+        assert_eq!(
+            store.committed("billing:a").await.unwrap(),
+            Some(b"r1".to_vec())
+        );
+        assert_eq!(
+            store.open_claims(Some("going")).await.unwrap(),
+            [OpenClaim {
+                key: "billing:b".to_owned(),
+                run_id: "going".to_owned(),
+                holder: Some("old-instance".to_owned()),
+                token: 5,
+                attempt: 1,
+                lease_expires: 9000,
+                parked: None,
+            }]
+        );
+        assert_eq!(
+            store.load_progress("going").await.unwrap(),
+            Some(Checkpoint {
+                step: 7,
+                state: vec![1, 2],
+            })
+        );
+        let steps = store.steps("done").await.unwrap();
+        assert_eq!(
+            (steps[0].claimed_at, steps[0].committed_at),
+            (150, Some(150))
+        );
+        // Every component a run of version 2 ran is a member of the run's namespace,
+        // so that a first use by another component is refused.
+        for (namespace, digest) in [
+            ("billing", "d-old"),
+            ("billing", "d-new"),
+            ("shipping", "d-ship"),
+        ] {
+            assert_eq!(
+                store.admitted(namespace, digest).await.unwrap(),
+                Some(true),
+                "{namespace} {digest}"
+            );
+        }
+        assert_eq!(
+            store.admitted("billing", "d-ship").await.unwrap(),
+            Some(false)
+        );
+        store.put_component("intruder", b"").await.unwrap();
+        let taken = store
+            .deploy(&Deployment {
+                name: "billing",
+                digest: "intruder",
+                authority: b"",
+                admission: Admission::FirstUse,
+            })
+            .await;
+        assert!(
+            matches!(taken, Err(StoreError::NamespaceTaken { .. })),
+            "{taken:?}"
+        );
+        // The running run is free for a worker, with its input and an empty authority;
+        // finished ones are not.
+        let leased = store
+            .acquire_runs("w", 10, Duration::from_secs(60), &[])
+            .await
+            .unwrap();
+        assert_eq!(leased.len(), 1);
+        let going = &leased[0];
+        assert_eq!(going.record.run_id, "going");
+        assert_eq!(
+            (going.input.as_slice(), going.authority.as_slice()),
+            (&b"in"[..], &b""[..])
+        );
+        assert_eq!(going.token, 1);
+        assert!(matches!(
+            store
+                .acquire_run("stuck", "w", Duration::from_secs(60))
+                .await
+                .unwrap(),
+            Acquired::Finished(_)
+        ));
+        // The key's tokens go on: the old holder's claim is taken over above them.
+        let fence = RunFence {
+            run_id: "going".to_owned(),
+            token: going.token,
+            sync: SyncMode::Normal,
+        };
+        let req = ClaimRequest {
+            key: "billing:b",
+            fence: &fence,
+            holder: "new-instance",
+            fingerprint: None,
+            lease: Duration::from_secs(60),
+        };
+        let ClaimOutcome::Granted(grant) = store.take_over(&req, 5).await.unwrap() else {
+            panic!("the old holder's claim is taken over");
+        };
+        assert_eq!((grant.token, grant.attempt, grant.in_doubt), (6, 2, true));
+        // Resolving the run parked under version 2 works as it did.
+        store
+            .resolve(
+                "stuck",
+                "shipping:k",
+                crate::store::Resolution::Commit(b"ok"),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            store.run("stuck").await.unwrap().unwrap().status,
+            RunStatus::Running
+        );
+    });
+    drop(store);
+    // Opened again, nothing is migrated twice; the file is consistent.
+    let conn = Connection::open(&path).unwrap();
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+    let violations: i64 = conn
+        .query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(violations, 0);
+    drop(conn);
+    drop(SqliteStore::open(&path, SyncMode::Normal).unwrap());
+}
+
+/// A store written by version 1 of the schema (claims and results in two tables, a
+/// store-wide token counter) opens at the current version with every claim and result
+/// intact, and its keys' tokens go on above the ones handed out before.
+#[test]
+fn version_1_store_migrates_with_claims_and_results_intact() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.db");
+    old_store(
+        &path,
+        1,
+        "INSERT INTO runs (run_id, agent, digest, namespace, input, status, created, updated)
+             VALUES ('r', 'a', 'd', 'ns', x'', 'running', 0, 0);
+         INSERT INTO claims (key, run_id, holder, token, attempt, lease_expires)
+             VALUES ('ns:open', 'r', 'old-instance', 41, 2, 9223372036854775807);
+         INSERT INTO results (key, run_id, result, token, attempt, committed_at)
+             VALUES ('ns:done', 'r', x'6f6b', 40, 1, 5);
+         UPDATE fencing SET last_token = 41;",
+    );
+    let store = SqliteStore::open(&path, SyncMode::Normal).unwrap();
+    block_on(async {
+        assert_eq!(
+            store.committed("ns:done").await.unwrap(),
+            Some(b"ok".to_vec())
+        );
+        assert_eq!(
+            store.open_claims(None).await.unwrap(),
+            vec![OpenClaim {
+                key: "ns:open".into(),
+                run_id: "r".into(),
+                holder: Some("old-instance".into()),
+                token: 41,
+                attempt: 2,
+                lease_expires: i64::MAX,
+                parked: None,
+            }]
+        );
+        let Acquired::Leased(run) = store
+            .acquire_run("r", "w", Duration::from_secs(60))
+            .await
+            .unwrap()
+        else {
+            panic!("the run is leased");
+        };
+        let fence = RunFence {
+            run_id: "r".to_owned(),
+            token: run.token,
+            sync: SyncMode::Normal,
+        };
+        let req = |key| ClaimRequest {
+            key,
+            fence: &fence,
+            holder: "new-instance",
+            fingerprint: None,
+            lease: Duration::from_secs(60),
+        };
+        assert_eq!(
+            store.claim(&req("ns:done")).await.unwrap(),
+            ClaimOutcome::Committed(b"ok".to_vec())
+        );
+        let ClaimOutcome::Granted(grant) = store.take_over(&req("ns:open"), 41).await.unwrap()
+        else {
+            panic!("the old holder's claim is taken over");
+        };
+        assert_eq!((grant.token, grant.attempt, grant.in_doubt), (42, 3, true));
+    });
+    assert!(
+        !tables(&store)
+            .iter()
+            .any(|t| t == "claims" || t == "fencing")
+    );
+}

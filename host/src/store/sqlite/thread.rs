@@ -1,0 +1,501 @@
+//! The database thread: the one thread that touches a handle's SQLite connection, and
+//! group commit on it.
+//!
+//! Callers never block: each sends its work (an owned closure and a
+//! `tokio::sync::oneshot` reply) over a channel and awaits the reply. The thread runs
+//! reads at once, between transactions, so that they see only committed data. Writes it
+//! gathers: every write queued at the moment (up to [`MAX_BATCH`]) goes into ONE
+//! `BEGIN IMMEDIATE` transaction with one commit, so that one commit (and, when the
+//! batch must survive power loss, one fsync) makes many writers durable.
+//!
+//! The first work of a transaction runs before anything else is in it, so it needs no
+//! savepoint: when it fails, the whole transaction is rolled back and the rest of the
+//! batch goes to a fresh one. Each later work runs inside its own savepoint, so one
+//! writer's refusal (a lost claim, a stale fence) rolls back only its own statements. A
+//! writer is answered only after the commit that made its work durable, with that
+//! commit's error if it failed.
+//!
+//! SQLite may roll a whole transaction back by itself when a statement fails on a full
+//! disk or an I/O error. Every work already run in it then fails with that cause; work
+//! not run yet goes to a fresh transaction. If the thread dies, every reply channel it
+//! held is dropped, and its callers are told so instead of waiting forever.
+//!
+//! Durability is chosen per batch: `PRAGMA synchronous = FULL` (set between
+//! transactions, where SQLite takes it) if any of its writes asks for
+//! [`SyncMode::Full`], `NORMAL` otherwise.
+
+use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+
+use rusqlite::{Connection, ErrorCode};
+use tokio::sync::oneshot;
+
+use crate::store::{Clock, Millis, SyncMode};
+
+/// Works one transaction takes at most: bounds how long the first of them waits.
+pub(super) const MAX_BATCH: usize = 256;
+
+/// The handle's side of the database thread. Dropping it lets the thread finish the
+/// work already sent, close the connection and end; the drop waits for that, so that
+/// the file is closed once the store is gone.
+pub(super) struct DbThread {
+    sender: Option<mpsc::Sender<Message>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for DbThread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DbThread").finish_non_exhaustive()
+    }
+}
+
+/// Where a caller's answer arrives; dropped unanswered if the thread dies.
+type Answer<T, E> = oneshot::Receiver<Result<T, DbError<E>>>;
+
+enum Message {
+    Read(Box<dyn ReadJob>),
+    Write(Box<dyn Job>),
+}
+
+/// Why a batch did not commit, kept for every member to report.
+#[derive(Debug, Clone)]
+pub(super) struct Failure {
+    /// SQLite's primary error code, if SQLite gave one.
+    pub(super) code: Option<ErrorCode>,
+    /// SQLite's words.
+    pub(super) message: String,
+}
+
+impl From<&rusqlite::Error> for Failure {
+    fn from(e: &rusqlite::Error) -> Self {
+        Failure {
+            code: e.sqlite_error_code(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl Failure {
+    fn because(message: &str) -> Failure {
+        Failure {
+            code: None,
+            message: message.to_owned(),
+        }
+    }
+}
+
+/// What a failed work says about SQLite's part in the failure.
+pub(super) trait WorkFailure {
+    /// The SQLite failure behind it, if any (a refusal of the store's own, such as a
+    /// lost claim, has none).
+    fn sqlite_failure(&self) -> Option<Failure>;
+}
+
+/// Why a work did not happen.
+#[derive(Debug)]
+pub(super) enum DbError<E> {
+    /// The work itself failed; its savepoint (or SQLite, the whole batch) was rolled
+    /// back.
+    Work(E),
+    /// Opening or closing a savepoint around the work failed.
+    Sql(rusqlite::Error),
+    /// The batch did not commit: opening or committing its transaction failed, or
+    /// SQLite rolled it back while another member's work ran.
+    Commit(Failure),
+    /// The work panicked; what it wrote was rolled back.
+    Panicked(String),
+    /// The thread stopped before it answered.
+    Gone,
+}
+
+/// A write as the thread runs it.
+pub(super) trait Job: Send {
+    /// How durable the write must be.
+    fn sync(&self) -> SyncMode;
+    /// Runs the work at `now`: inside its own savepoint unless it is the first of its
+    /// transaction. Keeps the result for [`Job::settle`].
+    fn run(&mut self, conn: &Connection, now: Millis, first: bool) -> Ran;
+    /// Tells the writer how its work ended, given how its transaction ended.
+    fn settle(self: Box<Self>, commit: Result<(), &Failure>);
+}
+
+/// A read as the thread runs it.
+trait ReadJob: Send {
+    fn run(self: Box<Self>, conn: &Connection, now: Millis);
+}
+
+/// How a work went.
+pub(super) enum Ran {
+    Ok,
+    /// It failed (and was rolled back), for SQLite's reason if it had one.
+    Failed(Option<Failure>),
+}
+
+impl DbThread {
+    /// Starts the thread that owns `conn`, whose `synchronous` pragma is `sync` now.
+    pub(super) fn spawn(
+        conn: Connection,
+        clock: Clock,
+        sync: SyncMode,
+    ) -> std::io::Result<DbThread> {
+        let (sender, receiver) = mpsc::channel();
+        let mut worker = Worker { conn, clock, sync };
+        let thread = std::thread::Builder::new()
+            .name("idem-sqlite".to_owned())
+            .spawn(move || worker.serve(&receiver))?;
+        Ok(DbThread {
+            sender: Some(sender),
+            thread: Some(thread),
+        })
+    }
+
+    /// Runs `f` on the thread outside any transaction: it reads only committed data.
+    pub(super) async fn read<T, E, F>(&self, f: F) -> Result<T, DbError<E>>
+    where
+        F: FnOnce(&Connection, Millis) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: Send + 'static,
+    {
+        let answer = self.queue_read(f)?;
+        answer.await.unwrap_or(Err(DbError::Gone))
+    }
+
+    /// Runs `f` in a write transaction shared with the other writes queued with it,
+    /// and answers once that transaction committed.
+    pub(super) async fn write<T, E, F>(&self, sync: SyncMode, f: F) -> Result<T, DbError<E>>
+    where
+        F: FnOnce(&Connection, Millis) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: WorkFailure + Send + 'static,
+    {
+        let answer = self.queue_write(sync, f)?;
+        answer.await.unwrap_or(Err(DbError::Gone))
+    }
+
+    /// Sends a read; the receiver gets its answer.
+    fn queue_read<T, E, F>(&self, f: F) -> Result<Answer<T, E>, DbError<E>>
+    where
+        F: FnOnce(&Connection, Millis) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        self.send(Message::Read(Box::new(Read { f, reply })))?;
+        Ok(answer)
+    }
+
+    /// Sends a write; the receiver gets its answer once its batch ended.
+    fn queue_write<T, E, F>(&self, sync: SyncMode, f: F) -> Result<Answer<T, E>, DbError<E>>
+    where
+        F: FnOnce(&Connection, Millis) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: WorkFailure + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        self.send(Message::Write(Box::new(Work {
+            f: Some(f),
+            sync,
+            result: None,
+            reply,
+        })))?;
+        Ok(answer)
+    }
+
+    fn send<E>(&self, message: Message) -> Result<(), DbError<E>> {
+        let sender = self.sender.as_ref().ok_or(DbError::Gone)?;
+        sender.send(message).map_err(|_| DbError::Gone)
+    }
+
+    /// Sends a job as it is, for tests of the thread itself.
+    #[cfg(test)]
+    fn send_job(&self, job: Box<dyn Job>) -> bool {
+        self.send::<()>(Message::Write(job)).is_ok()
+    }
+}
+
+impl Drop for DbThread {
+    fn drop(&mut self) {
+        drop(self.sender.take());
+        if let Some(thread) = self.thread.take() {
+            // A thread that panicked has nothing left to close; its callers were told.
+            let _ = thread.join();
+        }
+    }
+}
+
+/// How long the thread looks for more work before it sleeps. A run's next store call
+/// usually comes within microseconds of the last answer (the guest's step between them
+/// is short); a thread that slept at once would need waking for it, and on a VM a wake-up
+/// costs about what a whole transaction does. The bench's durable step measured the
+/// difference; the price is this much CPU after each batch when work stops.
+const LINGER: std::time::Duration = std::time::Duration::from_micros(50);
+
+/// The next message: looked for without sleeping for [`LINGER`], then waited for.
+fn wait(receiver: &mpsc::Receiver<Message>) -> Result<Message, mpsc::RecvError> {
+    let until = std::time::Instant::now() + LINGER;
+    loop {
+        match receiver.try_recv() {
+            Ok(message) => return Ok(message),
+            Err(mpsc::TryRecvError::Disconnected) => return Err(mpsc::RecvError),
+            Err(mpsc::TryRecvError::Empty) if std::time::Instant::now() < until => {
+                std::hint::spin_loop();
+            }
+            Err(mpsc::TryRecvError::Empty) => return receiver.recv(),
+        }
+    }
+}
+
+/// The thread's state: the connection, the store's clock, and the `synchronous`
+/// pragma the connection is at.
+struct Worker {
+    conn: Connection,
+    clock: Clock,
+    sync: SyncMode,
+}
+
+impl Worker {
+    /// Serves until every handle is gone and the work sent before is done.
+    fn serve(&mut self, receiver: &mpsc::Receiver<Message>) {
+        let mut pending: VecDeque<Box<dyn Job>> = VecDeque::new();
+        loop {
+            if pending.is_empty() {
+                match wait(receiver) {
+                    Ok(message) => self.take(message, &mut pending),
+                    Err(mpsc::RecvError) => return,
+                }
+            }
+            while pending.len() < MAX_BATCH {
+                match receiver.try_recv() {
+                    Ok(message) => self.take(message, &mut pending),
+                    Err(_) => break,
+                }
+            }
+            if !pending.is_empty() {
+                self.batch(&mut pending);
+            }
+        }
+    }
+
+    /// Runs a read at once (no transaction is open between batches); queues a write.
+    fn take(&mut self, message: Message, pending: &mut VecDeque<Box<dyn Job>>) {
+        match message {
+            Message::Read(read) => read.run(&self.conn, self.clock.now()),
+            Message::Write(job) => pending.push_back(job),
+        }
+    }
+
+    /// Runs up to [`MAX_BATCH`] pending writes in as few transactions as it can: one,
+    /// unless a first work fails or SQLite rolls a transaction back by itself.
+    fn batch(&mut self, pending: &mut VecDeque<Box<dyn Job>>) {
+        let take = pending.len().min(MAX_BATCH);
+        let mut queue: VecDeque<Box<dyn Job>> = pending.drain(..take).collect();
+        let sync = if queue.iter().any(|job| job.sync() == SyncMode::Full) {
+            SyncMode::Full
+        } else {
+            SyncMode::Normal
+        };
+        if let Err(e) = self.set_sync(sync) {
+            fail_all(queue, pending, &Failure::from(&e));
+            return;
+        }
+        while !queue.is_empty() {
+            let conn = &self.conn;
+            // Nothing is open between transactions; this only makes sure of it.
+            rollback(conn);
+            if let Err(e) = exec(conn, "BEGIN IMMEDIATE") {
+                // Locked past the busy timeout, read-only, or worse: every write waiting
+                // now would meet the same, each after its own timeout.
+                fail_all(queue, pending, &Failure::from(&e));
+                return;
+            }
+            let mut members: Vec<Box<dyn Job>> = Vec::new();
+            let mut aborted = None;
+            while let Some(mut job) = queue.pop_front() {
+                let first = members.is_empty();
+                let ran = job.run(conn, self.clock.now(), first);
+                if first && let Ran::Failed(_) = ran {
+                    // Nothing else was in the transaction: it goes, and the rest of the
+                    // batch waits for a fresh one.
+                    rollback(conn);
+                    job.settle(Ok(()));
+                    break;
+                }
+                members.push(job);
+                if conn.is_autocommit() {
+                    // SQLite rolled the transaction back: everything in it is gone.
+                    aborted = Some(match ran {
+                        Ran::Failed(Some(cause)) => cause,
+                        _ => Failure::because("SQLite rolled the transaction back"),
+                    });
+                    break;
+                }
+            }
+            if members.is_empty() {
+                continue;
+            }
+            let commit = match aborted {
+                Some(cause) => Err(cause),
+                None => exec(conn, "COMMIT").map_err(|e| Failure::from(&e)),
+            };
+            if commit.is_err() {
+                rollback(conn);
+            }
+            for job in members {
+                job.settle(commit.as_ref().map(|_| ()));
+            }
+        }
+    }
+
+    fn set_sync(&mut self, sync: SyncMode) -> rusqlite::Result<()> {
+        if self.sync != sync {
+            let value = match sync {
+                SyncMode::Normal => "NORMAL",
+                SyncMode::Full => "FULL",
+            };
+            self.conn.pragma_update(None, "synchronous", value)?;
+            self.sync = sync;
+        }
+        Ok(())
+    }
+}
+
+/// Fails a batch that could not begin, and the writes queued behind it.
+fn fail_all(queue: VecDeque<Box<dyn Job>>, pending: &mut VecDeque<Box<dyn Job>>, why: &Failure) {
+    for job in queue.into_iter().chain(pending.drain(..)) {
+        job.settle(Err(why));
+    }
+}
+
+/// One read and where its result goes.
+struct Read<F, T, E> {
+    f: F,
+    reply: oneshot::Sender<Result<T, DbError<E>>>,
+}
+
+impl<F, T, E> ReadJob for Read<F, T, E>
+where
+    F: FnOnce(&Connection, Millis) -> Result<T, E> + Send,
+    T: Send,
+    E: Send,
+{
+    fn run(self: Box<Self>, conn: &Connection, now: Millis) {
+        let Read { f, reply } = *self;
+        let result = guarded(|| f(conn, now));
+        // A caller that stopped waiting needs no answer.
+        let _ = reply.send(result);
+    }
+}
+
+/// One write and where its result goes.
+struct Work<F, T, E> {
+    f: Option<F>,
+    sync: SyncMode,
+    result: Option<Result<T, DbError<E>>>,
+    reply: oneshot::Sender<Result<T, DbError<E>>>,
+}
+
+impl<F, T, E> Job for Work<F, T, E>
+where
+    F: FnOnce(&Connection, Millis) -> Result<T, E> + Send,
+    T: Send,
+    E: WorkFailure + Send,
+{
+    fn sync(&self) -> SyncMode {
+        self.sync
+    }
+
+    fn run(&mut self, conn: &Connection, now: Millis, first: bool) -> Ran {
+        let Some(f) = self.f.take() else {
+            return Ran::Failed(None);
+        };
+        let result = if first {
+            guarded(|| f(conn, now))
+        } else {
+            savepoint(conn, || guarded(|| f(conn, now)))
+        };
+        let ran = match &result {
+            Ok(_) => Ran::Ok,
+            Err(DbError::Work(e)) => Ran::Failed(e.sqlite_failure()),
+            Err(DbError::Sql(e)) => Ran::Failed(Some(Failure::from(e))),
+            Err(DbError::Commit(failure)) => Ran::Failed(Some(failure.clone())),
+            Err(DbError::Panicked(_) | DbError::Gone) => Ran::Failed(None),
+        };
+        self.result = Some(result);
+        ran
+    }
+
+    fn settle(self: Box<Self>, commit: Result<(), &Failure>) {
+        let outcome = match (self.result, commit) {
+            // The work's own failure says most about what happened to it.
+            (Some(Err(e)), _) => Err(e),
+            (Some(Ok(value)), Ok(())) => Ok(value),
+            (_, Err(failure)) => Err(DbError::Commit(failure.clone())),
+            (None, Ok(())) => Err(DbError::Commit(Failure::because("the write was not run"))),
+        };
+        // A caller that stopped waiting needs no answer; its write stands or falls
+        // with its batch all the same.
+        let _ = self.reply.send(outcome);
+    }
+}
+
+/// Runs `f`, turning a panic into an error: one bad work must not take the thread,
+/// and every other caller's answer, with it.
+fn guarded<T, E>(f: impl FnOnce() -> Result<T, E>) -> Result<T, DbError<E>> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(result) => result.map_err(DbError::Work),
+        Err(payload) => {
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".to_owned());
+            Err(DbError::Panicked(message))
+        }
+    }
+}
+
+/// Runs `f` inside a savepoint: released if it succeeds, rolled back if it fails.
+fn savepoint<T, E>(
+    conn: &Connection,
+    f: impl FnOnce() -> Result<T, DbError<E>>,
+) -> Result<T, DbError<E>> {
+    exec(conn, "SAVEPOINT work").map_err(DbError::Sql)?;
+    let result = f();
+    if conn.is_autocommit() {
+        // SQLite already rolled back the whole transaction, savepoint and all.
+        return result;
+    }
+    let result = match result {
+        Ok(value) => match exec(conn, "RELEASE work") {
+            Ok(()) => return Ok(value),
+            // Not released, so still open: undone below with the rest of the work.
+            Err(e) => Err(DbError::Sql(e)),
+        },
+        Err(e) => Err(e),
+    };
+    if let Err(e) = exec(conn, "ROLLBACK TO work").and_then(|()| exec(conn, "RELEASE work")) {
+        // The work's statements could not be undone alone: undo the whole transaction
+        // rather than commit them, and let every member learn why.
+        rollback(conn);
+        return Err(DbError::Sql(e));
+    }
+    result
+}
+
+/// Leaves no transaction half-open on the connection.
+fn rollback(conn: &Connection) {
+    if !conn.is_autocommit() {
+        let _ = exec(conn, "ROLLBACK");
+    }
+}
+
+fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([])?;
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "thread_tests.rs"]
+mod tests;

@@ -1,0 +1,297 @@
+//! Store behaviour, written once and run against every backend: each backend adds a
+//! [`Harness`] and one `store_tests!` line.
+//!
+//! Every test runs on a manual [`Clock`] that starts at [`T0`]: leases run out when a
+//! test moves the clock, never because a machine was slow.
+//!
+//! # Layout
+//! - `mod.rs`: the harness, the list of tests, and helpers every topic uses.
+//! - `claims.rs`: the claim → commit protocol, parking and resolving.
+//! - `runs.rs`: submitting, progress, counts, outcomes, cancel, logs.
+//! - `leases.rs`: run leases and fences.
+//! - `deploy.rs`: components, deployments and namespaces.
+//! - `shared.rs`: what takes more than one handle: reopening, races between handles.
+
+mod claims;
+mod deploy;
+mod leases;
+mod runs;
+mod shared;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{
+    Acquired, ClaimOutcome, ClaimRef, ClaimRequest, Clock, Grant, Millis, OpenOptions, RunFence,
+    SqliteStore, Store, Submission, Submitted, SyncMode,
+};
+
+/// Runs a future to completion on a runtime of its own: store tests are synchronous
+/// `#[test]`s that drive the async store.
+pub(crate) fn block_on<F: Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(future)
+}
+
+/// A fresh, empty database of one backend, owned for the length of a test.
+pub(super) trait Harness {
+    /// Creates the database and opens a handle on it whose time is `clock`.
+    fn create(clock: &Clock) -> Self
+    where
+        Self: Sized;
+    /// The open handle.
+    fn store(&self) -> Arc<dyn Store>;
+    /// Closes the handle and opens the same database again, as a restarted host would.
+    fn reopen(&mut self);
+    /// Opens a second, independent handle on the same database, as another process
+    /// would.
+    fn open_another(&self) -> Arc<dyn Store>;
+}
+
+/// What a store test works with: the store and the clock it reads.
+pub(super) struct Env<'a> {
+    pub(super) store: &'a dyn Store,
+    pub(super) clock: &'a Clock,
+}
+
+/// Instantiates every test below for one backend, in a module named `$backend`.
+macro_rules! store_tests {
+    ($backend:ident: $harness:ident) => {
+        store_tests!(@expand $backend: $harness;
+            store: [
+                claims::first_claim_is_granted,
+                claims::second_claimant_sees_held,
+                claims::commit_then_claim_returns_result,
+                claims::stale_commit_after_takeover_is_refused,
+                claims::refused_commit_writes_nothing,
+                claims::release_lets_next_claim_retake,
+                claims::release_and_renew_need_the_current_token,
+                claims::renew_keeps_the_claim,
+                claims::renewing_with_a_zero_lease_ends_the_leases,
+                claims::expired_lease_is_taken_over_in_doubt,
+                claims::take_over_with_matching_token,
+                claims::take_over_with_other_token_reports_holder,
+                claims::take_over_of_committed_key_returns_result,
+                claims::tokens_increase_per_key,
+                claims::open_claims_by_run,
+                claims::steps_are_listed_in_the_order_they_were_claimed,
+                claims::park_blocks_the_key_until_resolved_with_a_result,
+                claims::resolve_retry_releases_the_key,
+                claims::park_and_resolve_need_the_right_token_and_run,
+                claims::retakes_in_doubt_are_counted_in_their_run,
+                claims::commit_with_progress_is_one_transaction,
+                claims::fingerprints_bind_keys_to_their_input,
+                runs::submit_creates_a_queued_run_once,
+                runs::submit_with_other_input_is_refused,
+                runs::submit_needs_the_component,
+                runs::submit_resumes_a_failed_run_and_may_replace_its_authority,
+                runs::progress_round_trip_stores_counts,
+                runs::runs_are_listed_newest_first_and_filtered,
+                runs::finish_run_records_the_outcome_and_ends_the_lease,
+                runs::finish_in_doubt_keeps_the_reason_park_stored,
+                runs::finish_cancelled_releases_the_runs_open_claims,
+                runs::cancel_run_in_each_case,
+                runs::upgrade_moves_a_run_to_another_component,
+                runs::values_a_store_cannot_keep_are_refused_and_write_nothing,
+                runs::logs_keep_the_last_bytes_across_appends,
+                leases::acquire_runs_takes_the_oldest_free_runs,
+                leases::an_expired_lease_is_acquired_again_with_a_greater_token,
+                leases::acquire_run_reports_held_finished_and_unknown,
+                leases::every_fenced_write_with_a_stale_fence_is_refused_and_writes_nothing,
+                leases::a_lease_given_back_fences_its_own_writes,
+                leases::renew_runs_reports_held_lost_and_cancel_requests,
+                leases::release_run_frees_the_run_at_once,
+                leases::resolve_frees_the_run_for_any_worker,
+                deploy::put_component_is_idempotent,
+                deploy::deploy_points_a_name_and_redeploying_is_a_no_op,
+                deploy::deploy_needs_the_component,
+                deploy::deployments_lists_what_each_name_points_at,
+                deploy::first_use_admission_keeps_namespaces_apart,
+                deploy::runs_make_their_components_members,
+            ];
+            harness: [
+                shared::reopening_keeps_everything,
+                shared::two_handles_race_for_claims,
+                shared::two_handles_acquire_disjoint_runs,
+            ]
+        );
+    };
+    (@expand $backend:ident: $harness:ident;
+        store: [$($module:ident :: $store_test:ident),* $(,)?];
+        harness: [$($hmodule:ident :: $harness_test:ident),* $(,)?]
+    ) => {
+        mod $backend {
+            use super::Harness as _;
+            $(
+                #[test]
+                fn $store_test() {
+                    let clock = super::Clock::manual(super::T0);
+                    let harness = super::$harness::create(&clock);
+                    let store = harness.store();
+                    let env = super::Env { store: store.as_ref(), clock: &clock };
+                    super::block_on(super::$module::$store_test(&env));
+                }
+            )*
+            $(
+                #[test]
+                fn $harness_test() {
+                    let clock = super::Clock::manual(super::T0);
+                    let mut harness = super::$harness::create(&clock);
+                    super::block_on(super::$hmodule::$harness_test(&mut harness, &clock));
+                }
+            )*
+        }
+    };
+}
+
+store_tests!(sqlite: SqliteHarness);
+
+/// A SQLite store in a file of its own temporary directory: real WAL, real locks.
+pub(super) struct SqliteHarness {
+    dir: tempfile::TempDir,
+    clock: Clock,
+    store: Option<Arc<SqliteStore>>,
+}
+
+impl SqliteHarness {
+    fn open(&self) -> Arc<SqliteStore> {
+        let options = OpenOptions {
+            clock: self.clock.clone(),
+            ..OpenOptions::default()
+        };
+        Arc::new(SqliteStore::open_with(&self.dir.path().join("idem.db"), &options).unwrap())
+    }
+}
+
+impl Harness for SqliteHarness {
+    fn create(clock: &Clock) -> Self {
+        let mut harness = SqliteHarness {
+            dir: tempfile::tempdir().unwrap(),
+            clock: clock.clone(),
+            store: None,
+        };
+        harness.store = Some(harness.open());
+        harness
+    }
+
+    fn store(&self) -> Arc<dyn Store> {
+        self.store.clone().unwrap()
+    }
+
+    fn reopen(&mut self) {
+        // Dropped first, so the file is really closed (and its WAL checkpointed).
+        self.store = None;
+        self.store = Some(self.open());
+    }
+
+    fn open_another(&self) -> Arc<dyn Store> {
+        self.open()
+    }
+}
+
+pub(super) const T0: Millis = 1_700_000_000_000;
+pub(super) const LEASE: Duration = Duration::from_secs(10);
+pub(super) const LEASE_MS: Millis = 10_000;
+/// Run leases outlast every claim lease in these tests unless a test says otherwise.
+pub(super) const RUN_LEASE: Duration = Duration::from_secs(3600);
+pub(super) const RUN_LEASE_MS: Millis = 3_600_000;
+/// The component every test run is made from.
+pub(super) const DIGEST: &str = "ab12";
+
+impl Env<'_> {
+    /// Moves the store's clock.
+    pub(super) fn advance(&self, ms: Millis) {
+        self.clock.advance(Duration::from_millis(ms.unsigned_abs()));
+    }
+
+    /// Submits run `run_id` of agent `billing` (in namespace `billing`) with `input`.
+    pub(super) async fn submit(&self, run_id: &str, input: &[u8]) -> Submitted {
+        self.store.put_component(DIGEST, b"\0asm").await.unwrap();
+        self.store
+            .submit(&Submission {
+                run_id,
+                agent: "billing",
+                digest: DIGEST,
+                namespace: "billing",
+                input,
+                authority: b"authority",
+                replace_authority: false,
+            })
+            .await
+            .unwrap()
+    }
+
+    /// Submits run `run_id` and leases it to worker `w`: its fence.
+    pub(super) async fn lease(&self, run_id: &str) -> RunFence {
+        self.submit(run_id, b"in").await;
+        self.acquire(run_id, "w").await
+    }
+
+    /// Leases an existing run to `worker`: its fence.
+    pub(super) async fn acquire(&self, run_id: &str, worker: &str) -> RunFence {
+        match self
+            .store
+            .acquire_run(run_id, worker, RUN_LEASE)
+            .await
+            .unwrap()
+        {
+            Acquired::Leased(run) => fence(run_id, run.token),
+            other => panic!("{run_id}: expected a lease, got {other:?}"),
+        }
+    }
+
+    /// Claims `key` for the fence's run as `holder`; the grant.
+    pub(super) async fn grant(&self, key: &str, holder: &str, fence: &RunFence) -> Grant {
+        granted(self.store.claim(&req(key, holder, fence)).await.unwrap())
+    }
+
+    /// Commits `key` with `result`, as the holder of `token`.
+    pub(super) async fn commit(
+        &self,
+        key: &str,
+        token: u64,
+        fence: &RunFence,
+        result: &[u8],
+    ) -> Result<(), super::StoreError> {
+        self.store
+            .commit(&super::Commit {
+                claim: claim(key, token, fence),
+                result,
+                checkpoint: None,
+                counts: None,
+            })
+            .await
+    }
+}
+
+pub(super) fn fence(run_id: &str, token: u64) -> RunFence {
+    RunFence {
+        run_id: run_id.to_owned(),
+        token,
+        sync: SyncMode::Normal,
+    }
+}
+
+pub(super) fn req<'a>(key: &'a str, holder: &'a str, fence: &'a RunFence) -> ClaimRequest<'a> {
+    ClaimRequest {
+        key,
+        fence,
+        holder,
+        fingerprint: None,
+        lease: LEASE,
+    }
+}
+
+pub(super) fn claim<'a>(key: &'a str, token: u64, fence: &'a RunFence) -> ClaimRef<'a> {
+    ClaimRef { key, token, fence }
+}
+
+pub(super) fn granted(outcome: ClaimOutcome) -> Grant {
+    match outcome {
+        ClaimOutcome::Granted(grant) => grant,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}

@@ -1,0 +1,333 @@
+//! A worker: leases runs from the store's queue and drives them, many at once on one
+//! tokio runtime, until it is told to shut down; then it drains — takes no new runs,
+//! lets side effects in flight end, gives every lease back — and returns.
+//!
+//! Runs whose worker died are taken over by any worker once their lease expires, and
+//! resumed exactly as a recycled run is. A worker that cannot provide what a run needs
+//! (a granted directory it does not have) gives the run back with a note saying why,
+//! and leaves it to others for a while.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinSet;
+
+use crate::runtime::{
+    Authority, FaultPlan, Host, HostError, LoadedAgent, LogSink, Protected, RunReport, RunSignals,
+    Stop, check_grants,
+};
+use crate::store::{Counts, LeasedRun, RunFence, StoreError};
+use crate::text;
+
+/// How a worker works.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    /// Most runs driven at once.
+    pub concurrency: usize,
+    /// The lease a run is taken with (its own limits set the lease it is renewed with).
+    pub lease: Duration,
+    /// How often an idle worker looks for runs.
+    pub poll: Duration,
+    /// How long a drain waits for side effects in flight before it ends their instances
+    /// (their claims are then retaken in doubt).
+    pub drain_timeout: Duration,
+    /// How long a run this worker could not serve is left to other workers.
+    pub skip_for: Duration,
+    /// What no run's directory grant may expose on this worker: its store, its cache.
+    pub protected: Vec<Protected>,
+}
+
+impl Default for WorkerOptions {
+    fn default() -> Self {
+        WorkerOptions {
+            concurrency: 64,
+            lease: Duration::from_secs(30),
+            poll: Duration::from_millis(200),
+            drain_timeout: Duration::from_secs(30),
+            skip_for: Duration::from_secs(60),
+            protected: Vec::new(),
+        }
+    }
+}
+
+/// What a worker did, when it returns.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerReport {
+    /// Runs it drove to an end (completed, failed, in doubt, cancelled).
+    pub finished: u64,
+    /// Runs it gave back unfinished (drained, or not servable here).
+    pub released: u64,
+    /// Runs it lost to another holder, or could not drive because the store failed.
+    pub lost: u64,
+}
+
+/// A pool of runs driven by one host.
+pub struct Worker {
+    host: Arc<Host>,
+    options: WorkerOptions,
+    /// Agents by digest, each compiled once however many runs want it at once.
+    agents: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<LoadedAgent>>>>,
+}
+
+impl Worker {
+    /// A worker driving runs with `host`.
+    pub fn new(host: Arc<Host>, options: WorkerOptions) -> Worker {
+        Worker {
+            host,
+            options,
+            agents: Mutex::default(),
+        }
+    }
+
+    /// Works until `shutdown` resolves, then drains and returns.
+    pub async fn run(
+        self: Arc<Self>,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<WorkerReport, HostError> {
+        tokio::pin!(shutdown);
+        let mut report = WorkerReport::default();
+        let mut tasks: JoinSet<(String, Outcome)> = JoinSet::new();
+        let mut signals: HashMap<String, Arc<RunSignals>> = HashMap::new();
+        let mut skipped: HashMap<String, Instant> = HashMap::new();
+        let mut failing: Option<String> = None;
+        let mut backoff = self.options.poll;
+        loop {
+            let idle = tasks.len() >= self.options.concurrency;
+            tokio::select! {
+                () = &mut shutdown => break,
+                Some(done) = tasks.join_next() => {
+                    self.settle(done, &mut signals, &mut skipped, &mut report);
+                    continue;
+                }
+                () = tokio::time::sleep(backoff), if !idle => {}
+            }
+            let free = self.options.concurrency.saturating_sub(tasks.len());
+            if free == 0 {
+                continue;
+            }
+            skipped.retain(|_, until| *until > Instant::now());
+            // Runs set aside, and the runs this worker drives: the store would grant
+            // those to it again, and the new lease would fence its own drive out.
+            let skip: Vec<String> = skipped.keys().chain(signals.keys()).cloned().collect();
+            let leased = self
+                .host
+                .store()
+                .acquire_runs(self.host.id(), free, self.options.lease, &skip)
+                .await;
+            match leased {
+                Ok(leased) => {
+                    if let Some(cause) = failing.take() {
+                        tracing::warn!(%cause, "the store is back; leasing runs again");
+                    }
+                    // Work found: look again at once; none: wait a poll.
+                    backoff = if leased.is_empty() {
+                        self.options.poll
+                    } else {
+                        Duration::ZERO
+                    };
+                    for run in leased {
+                        let run_signals = Arc::new(RunSignals::default());
+                        signals.insert(run.record.run_id.clone(), Arc::clone(&run_signals));
+                        let worker = Arc::clone(&self);
+                        tasks.spawn(async move {
+                            let run_id = run.record.run_id.clone();
+                            (run_id, worker.serve(run, run_signals).await)
+                        });
+                    }
+                }
+                Err(e) => {
+                    // Said once per outage, then retried with a growing pause.
+                    let cause = e.to_string();
+                    if failing.is_none() {
+                        tracing::error!(error = %cause, "cannot lease runs from the store; retrying with backoff");
+                    }
+                    failing = Some(cause);
+                    backoff = (backoff * 2).clamp(self.options.poll, Duration::from_secs(5));
+                }
+            }
+        }
+
+        // Drain: no new runs; each run ends at its next host call outside a side
+        // effect and gives its lease back.
+        tracing::info!(runs = tasks.len(), "draining");
+        for run_signals in signals.values() {
+            run_signals.raise(Stop::Drain);
+        }
+        let deadline = tokio::time::Instant::now() + self.options.drain_timeout;
+        let mut aborted = false;
+        while !tasks.is_empty() {
+            tokio::select! {
+                Some(done) = tasks.join_next() => {
+                    self.settle(done, &mut signals, &mut skipped, &mut report);
+                }
+                () = tokio::time::sleep_until(deadline), if !aborted => {
+                    tracing::warn!(runs = tasks.len(), "drain timed out; ending the instances of side effects still in flight");
+                    for run_signals in signals.values() {
+                        run_signals.raise(Stop::Abort);
+                    }
+                    aborted = true;
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    fn settle(
+        &self,
+        done: Result<(String, Outcome), tokio::task::JoinError>,
+        signals: &mut HashMap<String, Arc<RunSignals>>,
+        skipped: &mut HashMap<String, Instant>,
+        report: &mut WorkerReport,
+    ) {
+        let Ok((run_id, outcome)) = done else {
+            // A task only ends this way if it panicked: the run's lease will expire
+            // and another worker takes it over.
+            tracing::error!("a run's task panicked; its lease will expire");
+            report.lost += 1;
+            return;
+        };
+        signals.remove(&run_id);
+        let run_id_shown = text::escape(&run_id, false).into_owned();
+        match outcome {
+            Outcome::Driven(run) if run.status.is_finished() => {
+                tracing::info!(run_id = %run_id_shown, status = %run.status, "run ended");
+                report.finished += 1;
+            }
+            Outcome::Driven(_) => report.released += 1,
+            Outcome::NotServable(why) => {
+                tracing::warn!(run_id = %run_id_shown, %why, "run given back: this worker cannot serve it");
+                skipped.insert(run_id, Instant::now() + self.options.skip_for);
+                report.released += 1;
+            }
+            Outcome::Failed(e) => {
+                tracing::error!(run_id = %run_id_shown, error = %e, "run stopped");
+                report.lost += 1;
+            }
+        }
+    }
+
+    /// Drives one leased run; gives it back with a note if this worker cannot.
+    async fn serve(&self, run: LeasedRun, signals: Arc<RunSignals>) -> Outcome {
+        let authority = Authority::decode(&run.authority);
+        let (sync, lease) = match &authority {
+            Ok(a) => (a.sync, a.limits.lease),
+            Err(_) => (Default::default(), self.options.lease),
+        };
+        let fence = RunFence {
+            run_id: run.record.run_id.clone(),
+            token: run.token,
+            sync,
+        };
+        // Renewed from the moment it is leased: fetching and compiling the agent may
+        // take longer than the lease.
+        let _renewed = self.host.renew_while(&fence, lease, Arc::clone(&signals));
+        let prepared = match authority {
+            Ok(authority) => match self.can_serve(&authority) {
+                Ok(()) => match self.agent(&run.record.digest, &run.record.agent).await {
+                    Ok(agent) => Ok((authority, agent)),
+                    Err(e) => Err(e.to_string()),
+                },
+                Err(e) => Err(e.to_string()),
+            },
+            Err(e) => Err(e.to_string()),
+        };
+        let (authority, agent) = match prepared {
+            Ok(prepared) => prepared,
+            Err(why) => {
+                let note = format!("worker {} cannot serve this run: {why}", self.host.id());
+                let counts: Counts = run.record.counts;
+                return match self
+                    .host
+                    .store()
+                    .release_run(&fence, &counts, Some(&note))
+                    .await
+                {
+                    Ok(()) => Outcome::NotServable(why),
+                    Err(e) => Outcome::Failed(e.into()),
+                };
+            }
+        };
+        match self
+            .host
+            .drive(
+                &agent,
+                run,
+                &authority,
+                &FaultPlan::default(),
+                LogSink::new(false),
+                signals,
+            )
+            .await
+        {
+            Ok(report) => Outcome::Driven(report),
+            Err(e) => Outcome::Failed(e),
+        }
+    }
+
+    /// Whether this worker can give a run what its authority grants.
+    fn can_serve(&self, authority: &Authority) -> Result<(), HostError> {
+        authority.check()?;
+        check_grants(&authority.dirs, &self.options.protected)?;
+        for dir in &authority.dirs {
+            if !dir.host.is_dir() {
+                return Err(HostError::Grant {
+                    host: dir.host.clone(),
+                    guest: text::escape(&dir.guest, false).into_owned(),
+                    reason: "no such directory on this worker".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The agent with this digest, compiled (or loaded from the cache) once per worker:
+    /// runs leased together wait for one compile rather than each start its own.
+    async fn agent(&self, digest: &str, name: &str) -> Result<LoadedAgent, HostError> {
+        let cell = Arc::clone(
+            self.agents
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(digest.to_string())
+                .or_default(),
+        );
+        cell.get_or_try_init(|| self.load(digest, name))
+            .await
+            .cloned()
+    }
+
+    async fn load(&self, digest: &str, name: &str) -> Result<LoadedAgent, HostError> {
+        let bytes = self.host.store().component(digest).await?.ok_or_else(|| {
+            StoreError::UnknownComponent {
+                digest: digest.to_string(),
+            }
+        })?;
+        let runtime = Arc::clone(self.host.runtime());
+        let (digest_owned, name) = (digest.to_string(), name.to_string());
+        // Compiling takes a core for a while: off the executor's threads.
+        let agent = tokio::task::spawn_blocking(move || {
+            let path = std::path::PathBuf::from(format!("component {digest_owned}"));
+            runtime.load_bytes(&path, &name, &bytes)
+        })
+        .await
+        .map_err(|e| HostError::Engine(format!("compiling a component failed: {e}")))??;
+        if agent.digest() != digest {
+            // The store handed back other bytes than the digest names: refuse them.
+            return Err(HostError::Engine(format!(
+                "the store's component {digest} hashes to {}",
+                agent.digest()
+            )));
+        }
+        Ok(agent)
+    }
+}
+
+/// How serving one run went.
+enum Outcome {
+    /// Driven to an end, or given back drained.
+    Driven(RunReport),
+    /// Given back: this worker cannot serve it.
+    NotServable(String),
+    /// Lost, or stopped by a failure.
+    Failed(HostError),
+}

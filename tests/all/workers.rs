@@ -1,0 +1,670 @@
+//! Runs as a service: agents deployed to the store, runs submitted, `idem worker`
+//! processes leasing and driving them — SIGKILLed, paused past their leases, drained
+//! with SIGTERM — with every side effect counted at a real HTTP server on loopback.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use idem::store::{RunFilter, RunStatus, Store};
+use idem_test_artifacts::{FETCHER, HOSTILE, LEDGER};
+use serde_json::{Value, json};
+
+use crate::http::{Seen, TestServer};
+use crate::util::{block_on, integrity_ok, open_store_read_only, run_cli, stderr, stdout};
+
+const KEY: &str = "idempotency-key";
+const TOKEN: &str = "idempotency-token";
+
+/// A temp dir with a store the workers share.
+struct Service {
+    dir: tempfile::TempDir,
+}
+
+impl Service {
+    fn new() -> Service {
+        Service {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn db(&self) -> String {
+        self.dir
+            .path()
+            .join("idem.db")
+            .to_str()
+            .unwrap()
+            .to_string()
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.path().join("idem.db")
+    }
+
+    fn cli(&self, args: &[&str]) -> std::process::Output {
+        let db = self.db();
+        let mut all = args.to_vec();
+        all.extend_from_slice(&["--db", &db]);
+        run_cli(&all)
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.cli(args);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        stdout(&out)
+    }
+
+    /// Starts `idem worker` with these extra flags.
+    fn worker(&self, name: &str, extra: &[&str]) -> Child {
+        Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args([
+                "worker",
+                "--db",
+                &self.db(),
+                "--name",
+                name,
+                "--poll",
+                "20ms",
+            ])
+            .args(extra)
+            .env("IDEM_LOG", "error")
+            .env("XDG_CACHE_HOME", env!("CARGO_TARGET_TMPDIR"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    fn store(&self) -> std::sync::Arc<dyn Store> {
+        open_store_read_only(&self.path())
+    }
+
+    fn runs(&self) -> Vec<idem::store::RunRecord> {
+        block_on(self.store().runs(&RunFilter::default())).unwrap()
+    }
+
+    /// Waits until every run is finished, or panics after `limit`.
+    fn wait_all_finished(&self, limit: Duration, mut while_waiting: impl FnMut()) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let runs = self.runs();
+            if !runs.is_empty() && runs.iter().all(|r| r.status.is_finished()) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "runs unfinished: {:?}",
+                runs.iter()
+                    .filter(|r| !r.status.is_finished())
+                    .map(|r| (&r.run_id, r.status))
+                    .collect::<Vec<_>>()
+            );
+            while_waiting();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn signal(child: &Child, signal: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{signal}"), &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// Every key's requests, in arrival order.
+fn by_key(seen: &[Seen]) -> BTreeMap<String, Vec<u64>> {
+    let mut keys: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for s in seen {
+        keys.entry(s.header(KEY).to_string())
+            .or_default()
+            .push(s.token(TOKEN));
+    }
+    keys
+}
+
+/// Every key reached the server with strictly growing tokens (a stale holder never
+/// sent after a newer one), at most as often as it was granted, and the retakes beyond
+/// the first request are accounted for by the runs' reclaimed counts.
+fn assert_effects_fenced(service: &Service, server: &TestServer) -> usize {
+    let seen = server.seen();
+    let keys = by_key(&seen);
+    let store = service.store();
+    let mut granted = BTreeMap::new();
+    let mut reclaimed = 0;
+    for run in service.runs() {
+        reclaimed += run.counts.reclaimed;
+        for step in block_on(store.steps(&run.run_id)).unwrap() {
+            let key = step.key.split_once(':').unwrap().1.to_string();
+            granted.insert(key, (step.attempt, step.token, step.committed_at.is_some()));
+        }
+    }
+    let mut repeats = 0;
+    for (key, tokens) in &keys {
+        assert!(
+            tokens.windows(2).all(|w| w[0] < w[1]),
+            "key {key}: tokens must grow in arrival order: {tokens:?}"
+        );
+        let (attempt, token, committed) = granted[key];
+        assert!(
+            committed,
+            "key {key} reached the server but was never committed"
+        );
+        assert!(
+            tokens.len() as u32 <= attempt,
+            "key {key}: {} requests for {attempt} grants",
+            tokens.len()
+        );
+        assert!(*tokens.last().unwrap() <= token, "key {key}");
+        repeats += tokens.len() - 1;
+    }
+    assert!(
+        repeats as u64 <= reclaimed,
+        "{repeats} repeated requests, but only {reclaimed} retakes in doubt"
+    );
+    repeats
+}
+
+fn deploy_fetcher(service: &Service, server: &TestServer, extra: &[&str]) {
+    let grant = format!("127.0.0.1:{}", server.port());
+    let mut args = vec![
+        "deploy",
+        FETCHER,
+        "--name",
+        "fetcher",
+        "--allow-http",
+        &grant,
+    ];
+    args.extend_from_slice(extra);
+    service.ok(&args);
+}
+
+#[test]
+fn three_workers_complete_200_runs_through_50_kills_each_effect_fenced() {
+    workers_through_kills(200, 50, 0x3_0000_0200);
+}
+
+/// The same, longer: `cargo test -p idem-cli --test all -- --ignored workers_soak`.
+#[test]
+#[ignore = "a soak of several minutes; run by hand"]
+fn workers_soak_1000_runs_300_kills() {
+    workers_through_kills(1000, 300, 0x3_0000_1000);
+}
+
+/// `runs` runs of a three-step HTTP agent, three workers, at least `min_kills`
+/// SIGKILLs of a random worker (restarted at once), at seeded moments.
+fn workers_through_kills(runs: usize, min_kills: u32, seed: u64) {
+    const STEPS: u64 = 3;
+    let server = TestServer::start();
+    let service = Service::new();
+    // Short leases: a killed worker's runs are taken over within a second.
+    deploy_fetcher(&service, &server, &["--lease", "1s"]);
+    for i in 0..runs {
+        let input =
+            json!({ "steps": STEPS, "url": server.url(), "pause_ms": 100, "pause_after": true });
+        service.ok(&[
+            "submit",
+            "fetcher",
+            "--run-id",
+            &format!("run-{i:03}"),
+            "--input",
+            &input.to_string(),
+        ]);
+    }
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut workers: Vec<Child> = (0..3)
+        .map(|w| service.worker(&format!("w{w}"), &["--lease", "1s", "--concurrency", "4"]))
+        .collect();
+    let mut kills = 0;
+    let mut next_kill = Instant::now() + Duration::from_millis(rng.u64(20..150));
+    service.wait_all_finished(Duration::from_secs(3600), || {
+        if kills < min_kills && Instant::now() >= next_kill {
+            let w = rng.usize(0..workers.len());
+            workers[w].kill().unwrap();
+            workers[w].wait().unwrap();
+            kills += 1;
+            workers[w] = service.worker(&format!("w{w}"), &["--lease", "1s", "--concurrency", "4"]);
+            next_kill = Instant::now() + Duration::from_millis(rng.u64(20..150));
+        }
+    });
+    assert!(
+        kills >= min_kills,
+        "only {kills} kills before every run finished"
+    );
+    for worker in &mut workers {
+        signal(worker, "TERM");
+        let status = worker.wait().unwrap();
+        assert!(status.success(), "a drained worker exits 0: {status:?}");
+    }
+
+    let records = service.runs();
+    assert_eq!(records.len(), runs);
+    for run in &records {
+        assert_eq!(run.status, RunStatus::Completed, "{}", run.run_id);
+        let output: Value = serde_json::from_slice(run.outcome.as_deref().unwrap()).unwrap();
+        assert_eq!(output["steps"], STEPS, "{}", run.run_id);
+        let replies = output["replies"].as_array().unwrap();
+        for (i, reply) in replies.iter().enumerate() {
+            assert_eq!(
+                reply["body"],
+                format!("POST /step/{i} ok"),
+                "{}",
+                run.run_id
+            );
+        }
+    }
+    let keys = by_key(&server.seen());
+    assert_eq!(
+        keys.len(),
+        runs * STEPS as usize,
+        "every key reached the server"
+    );
+    let repeats = assert_effects_fenced(&service, &server);
+    eprintln!("{kills} kills, {repeats} effects repeated in doubt");
+    integrity_ok(&service.path());
+}
+
+#[test]
+fn a_paused_worker_loses_its_runs_and_every_write_it_tries_after_is_refused() {
+    let server = TestServer::start();
+    let service = Service::new();
+    deploy_fetcher(&service, &server, &["--lease", "1s"]);
+    // Each step pauses after its request: the zombie is stopped holding claims whose
+    // effects went out but were not committed.
+    for i in 0..4 {
+        let input =
+            json!({ "steps": 4, "url": server.url(), "pause_ms": 300, "pause_after": true });
+        service.ok(&[
+            "submit",
+            "fetcher",
+            "--run-id",
+            &format!("z{i}"),
+            "--input",
+            &input.to_string(),
+        ]);
+    }
+    let mut zombie = service.worker("zombie", &["--lease", "1s"]);
+    // Let it take every run and start on them.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while server.seen().len() < 4 {
+        assert!(Instant::now() < deadline, "the zombie never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    signal(&zombie, "STOP");
+    // Past its leases, another worker takes the runs over and finishes them.
+    let mut taker = service.worker("taker", &["--lease", "1s"]);
+    service.wait_all_finished(Duration::from_secs(120), || {});
+    let committed_before: Vec<_> = service
+        .runs()
+        .iter()
+        .map(|r| (r.run_id.clone(), r.outcome.clone(), r.counts))
+        .collect();
+    let requests_before = server.seen().len();
+    // The zombie wakes up: it must find every lease gone and write nothing.
+    signal(&zombie, "CONT");
+    std::thread::sleep(Duration::from_secs(3));
+    signal(&zombie, "TERM");
+    let status = zombie.wait().unwrap();
+    let mut zombie_err = String::new();
+    std::io::Read::read_to_string(zombie.stderr.as_mut().unwrap(), &mut zombie_err).unwrap();
+    assert!(status.success(), "{zombie_err}");
+    let committed_after: Vec<_> = service
+        .runs()
+        .iter()
+        .map(|r| (r.run_id.clone(), r.outcome.clone(), r.counts))
+        .collect();
+    assert_eq!(
+        committed_before, committed_after,
+        "the zombie changed nothing"
+    );
+    // Its in-flight effects could not go out again under claims it lost.
+    assert_eq!(server.seen().len(), requests_before, "{zombie_err}");
+    for run in service.runs() {
+        assert_eq!(run.status, RunStatus::Completed);
+    }
+    assert_effects_fenced(&service, &server);
+    signal(&taker, "TERM");
+    assert!(taker.wait().unwrap().success());
+    integrity_ok(&service.path());
+}
+
+#[test]
+fn sigterm_drains_gives_leases_back_and_another_worker_goes_on_at_once() {
+    let server = TestServer::start();
+    let service = Service::new();
+    // Leases of ten minutes: if the drained worker did not give them back, nobody
+    // could take its runs over within this test.
+    deploy_fetcher(&service, &server, &["--lease", "10m"]);
+    for i in 0..6 {
+        let input = json!({ "steps": 5, "url": server.url(), "pause_ms": 200 });
+        service.ok(&[
+            "submit",
+            "fetcher",
+            "--run-id",
+            &format!("d{i}"),
+            "--input",
+            &input.to_string(),
+        ]);
+    }
+    let mut first = service.worker("first", &["--lease", "10m"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while server.seen().len() < 6 {
+        assert!(Instant::now() < deadline, "the worker never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    signal(&first, "TERM");
+    let status = first.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "a drained worker exits 0");
+    // Drained: no run is left with a live lease, and none finished mid-effect.
+    let store = service.store();
+    let now = block_on(store.now()).unwrap();
+    for run in service.runs() {
+        if let Some(lease) = &run.lease {
+            assert!(
+                lease.expires <= now,
+                "{} still leased: {lease:?}",
+                run.run_id
+            );
+        }
+    }
+    assert!(
+        block_on(store.open_claims(None))
+            .unwrap()
+            .iter()
+            .all(|c| c.holder.is_none()),
+        "in-flight steps ended: no claim is held"
+    );
+    let mut second = service.worker("second", &["--lease", "10m"]);
+    service.wait_all_finished(Duration::from_secs(120), || {});
+    for run in service.runs() {
+        assert_eq!(run.status, RunStatus::Completed, "{}", run.run_id);
+        assert_eq!(run.counts.reclaimed, 0, "a drain leaves nothing in doubt");
+    }
+    let keys = by_key(&server.seen());
+    assert_eq!(keys.len(), 30);
+    assert!(keys.values().all(|t| t.len() == 1), "each step once");
+    signal(&second, "TERM");
+    assert!(second.wait().unwrap().success());
+}
+
+#[test]
+fn deploy_submit_ls_show_logs_cancel() {
+    let service = Service::new();
+    let out = service.ok(&["deploy", LEDGER, "--name", "ledger", "--json"]);
+    let deployed: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(deployed["new_component"], true);
+    let digest = deployed["digest"].as_str().unwrap().to_string();
+    // The same bytes again: nothing new.
+    let again: Value =
+        serde_json::from_str(&service.ok(&["deploy", LEDGER, "--name", "ledger", "--json"]))
+            .unwrap();
+    assert_eq!(again["new_component"], false);
+    assert_eq!(again["digest"], digest.as_str());
+
+    let input = json!({ "items": ["a", "b"], "log": "/data/ledger.log" }).to_string();
+    let first: Value = serde_json::from_str(&service.ok(&[
+        "submit", "ledger", "--run-id", "l1", "--input", &input, "--json",
+    ]))
+    .unwrap();
+    assert_eq!(
+        (first["created"].as_bool(), first["status"].as_str()),
+        (Some(true), Some("queued"))
+    );
+    // Submitting is idempotent: the same id and input is the same run.
+    let same: Value = serde_json::from_str(&service.ok(&[
+        "submit", "ledger", "--run-id", "l1", "--input", &input, "--json",
+    ]))
+    .unwrap();
+    assert_eq!(same["created"], false);
+    // By digest too.
+    service.ok(&["submit", &digest, "--run-id", "l2", "--input", &input]);
+
+    let ls: Value =
+        serde_json::from_str(&service.ok(&["ls", "--json", "--status", "queued"])).unwrap();
+    assert_eq!(ls["runs"].as_array().unwrap().len(), 2);
+
+    // A queued run is cancelled at once.
+    let out = service.ok(&["cancel", "l2"]);
+    assert!(out.contains("cancelled run l2"), "{out}");
+    let show: Value = serde_json::from_str(&service.ok(&["show", "l2", "--json"])).unwrap();
+    assert_eq!(show["run"]["status"], "cancelled");
+    // Cancelling it again: it is finished.
+    let out = service.cli(&["cancel", "l2"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("already cancelled"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn bad_input_to_the_service_commands_changes_nothing() {
+    let service = Service::new();
+    let dir = service.dir.path();
+    let not_wasm = dir.join("not.wasm");
+    std::fs::write(&not_wasm, b"hello").unwrap();
+    let core = dir.join("core.wasm");
+    std::fs::write(&core, b"\0asm\x01\0\0\0").unwrap();
+    for (file, expected) in [
+        (not_wasm.to_str().unwrap(), "not a WebAssembly file"),
+        (core.to_str().unwrap(), "core WebAssembly module"),
+        (idem_test_artifacts::COMMAND, "not an idem agent"),
+    ] {
+        let out = service.cli(&["deploy", file]);
+        assert_eq!(out.status.code(), Some(2), "{file}: {}", stderr(&out));
+        assert!(stderr(&out).contains(expected), "{file}: {}", stderr(&out));
+    }
+    assert!(
+        !service.path().exists(),
+        "a refused deploy creates no store"
+    );
+
+    service.ok(&["deploy", HOSTILE, "--name", "hostile"]);
+    let before = std::fs::read(service.path()).unwrap().len();
+    let out = service.cli(&["submit", "nobody"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("no agent is deployed as \"nobody\""),
+        "{}",
+        stderr(&out)
+    );
+    let out = service.cli(&["submit", &"ab".repeat(32)]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    service.ok(&[
+        "submit",
+        "hostile",
+        "--run-id",
+        "h",
+        "--input",
+        "{\"mode\":\"spin\",\"n\":1}",
+    ]);
+    let out = service.cli(&[
+        "submit",
+        "hostile",
+        "--run-id",
+        "h",
+        "--input",
+        "{\"mode\":\"spin\",\"n\":2}",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("\"h\"") && stderr(&out).contains("different input"),
+        "{}",
+        stderr(&out)
+    );
+    // A submission may narrow its deployment's grants, never widen them.
+    let out = service.cli(&[
+        "submit",
+        "hostile",
+        "--run-id",
+        "w",
+        "--allow-http",
+        "example.com",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("does not allow"), "{}", stderr(&out));
+    assert!(std::fs::read(service.path()).unwrap().len() >= before);
+
+    let out = service.cli(&["cancel", "nothing-here"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+
+    // Workers refuse a missing store, and a store from a newer idem.
+    let missing = dir.join("missing.db");
+    let out = run_cli(&["worker", "--db", missing.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(!missing.exists());
+    let conn = rusqlite::Connection::open(service.path()).unwrap();
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    conn.execute_batch(&format!("PRAGMA user_version = {}", version + 1))
+        .unwrap();
+    drop(conn);
+    let out = service.cli(&["worker"]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("newer than this idem supports"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_worker_that_cannot_provide_a_grant_gives_the_run_back_and_says_why() {
+    let service = Service::new();
+    let missing = service.dir.path().join("not-here");
+    let grant = format!("{}::/data", missing.display());
+    service.ok(&["deploy", LEDGER, "--name", "ledger", "--dir", &grant]);
+    let input = json!({ "items": ["a"], "log": "/data/ledger.log" }).to_string();
+    service.ok(&[
+        "submit",
+        "ledger",
+        "--run-id",
+        "needs-dir",
+        "--input",
+        &input,
+    ]);
+    let mut worker = service.worker("w", &[]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let note = loop {
+        let run = block_on(service.store().run("needs-dir")).unwrap().unwrap();
+        if let Some(note) = run.note {
+            break note;
+        }
+        assert!(Instant::now() < deadline, "no note");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        note.contains("cannot serve") && note.contains("not-here"),
+        "{note}"
+    );
+    let show = service.ok(&["show", "needs-dir"]);
+    assert!(show.contains("cannot serve"), "{show}");
+    signal(&worker, "TERM");
+    assert!(worker.wait().unwrap().success());
+    // Once the directory exists, the run can be served (by a fresh worker, which has
+    // not set it aside).
+    std::fs::create_dir(&missing).unwrap();
+    let mut worker = service.worker("w2", &[]);
+    service.wait_all_finished(Duration::from_secs(60), || {});
+    signal(&worker, "TERM");
+    assert!(worker.wait().unwrap().success());
+    let lines = std::fs::read_to_string(missing.join("ledger.log")).unwrap();
+    assert_eq!(lines.lines().count(), 1);
+}
+
+#[test]
+fn cancelling_a_run_a_worker_holds_stops_it_and_releases_its_claims() {
+    let server = TestServer::start();
+    let service = Service::new();
+    deploy_fetcher(&service, &server, &[]);
+    // Twenty slow steps: the run is mid-effect (asleep in WASI) when it is cancelled.
+    let input = json!({ "steps": 20, "url": server.url(), "pause_ms": 500 });
+    service.ok(&[
+        "submit",
+        "fetcher",
+        "--run-id",
+        "slow",
+        "--input",
+        &input.to_string(),
+    ]);
+    let mut worker = service.worker("w", &[]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while server.seen().is_empty() {
+        assert!(Instant::now() < deadline, "the worker never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = service.ok(&["cancel", "slow"]);
+    assert!(out.contains("cancel requested"), "{out}");
+    service.wait_all_finished(Duration::from_secs(30), || {});
+    let run = block_on(service.store().run("slow")).unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Cancelled);
+    assert!(
+        block_on(service.store().open_claims(Some("slow")))
+            .unwrap()
+            .iter()
+            .all(|c| c.holder.is_none()),
+        "its claims were released"
+    );
+    assert!(server.seen().len() < 20, "it stopped before the end");
+    signal(&worker, "TERM");
+    assert!(worker.wait().unwrap().success());
+}
+
+#[test]
+fn a_worker_waits_out_a_store_it_cannot_write_and_goes_on() {
+    let service = Service::new();
+    service.ok(&["deploy", HOSTILE, "--name", "hostile"]);
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args([
+            "worker",
+            "--db",
+            &service.db(),
+            "--name",
+            "patient",
+            "--poll",
+            "20ms",
+        ])
+        .env("IDEM_LOG", "warn")
+        .env("XDG_CACHE_HOME", env!("CARGO_TARGET_TMPDIR"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    // Another process holds the write lock for longer than the worker's busy timeout
+    // (5 s): every poll of the worker fails meanwhile.
+    let lock = rusqlite::Connection::open(service.path()).unwrap();
+    lock.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    std::thread::sleep(Duration::from_secs(12));
+    lock.execute_batch("ROLLBACK").unwrap();
+    drop(lock);
+    for i in 0..3 {
+        service.ok(&[
+            "submit",
+            "hostile",
+            "--run-id",
+            &format!("after-{i}"),
+            "--input",
+            r#"{"mode":"spin","n":10}"#,
+        ]);
+    }
+    service.wait_all_finished(Duration::from_secs(60), || {});
+    signal(&worker, "TERM");
+    let status = worker.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(worker.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "{err}");
+    assert_eq!(
+        err.matches("cannot lease runs from the store").count(),
+        1,
+        "the outage is said once: {err}"
+    );
+    assert!(err.contains("the store is back"), "{err}");
+    for run in service.runs() {
+        assert_eq!(run.status, RunStatus::Completed, "{}", run.run_id);
+    }
+}
