@@ -195,11 +195,15 @@ impl SqliteStore {
         conn: Connection,
         options: &OpenOptions,
     ) -> Result<SqliteStore, StoreError> {
-        let db = DbThread::spawn(conn, options.clock.clone(), options.sync).map_err(|e| {
-            StoreError::Open {
-                location: path.display().to_string(),
-                reason: format!("cannot start the store's database thread: {e}"),
-            }
+        let db = DbThread::spawn(
+            conn,
+            options.clock.clone(),
+            options.sync,
+            options.busy_timeout,
+        )
+        .map_err(|e| StoreError::Open {
+            location: path.display().to_string(),
+            reason: format!("cannot start the store's database thread: {e}"),
         })?;
         Ok(SqliteStore {
             path: path.to_owned(),

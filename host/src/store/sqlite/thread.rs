@@ -20,14 +20,25 @@
 //! not run yet goes to a fresh transaction. If the thread dies, every reply channel it
 //! held is dropped, and its callers are told so instead of waiting forever.
 //!
+//! When nothing is queued and the connection is free, a read or a `Normal` write runs
+//! on the caller's own thread instead ([`DbThread::read`], [`DbThread::write`]): the
+//! hand-over to this thread and the wake-up of the caller's task back cost more than
+//! such a transaction (the bench's durable step measured one run's step at about twice
+//! the synchronous host's before this). The caller never waits there for another
+//! process's lock: if the write lock is taken, its work goes to the thread, which may
+//! wait the busy timeout. `Full` writes always go to the thread, where their fsync is
+//! shared with every write queued behind them.
+//!
 //! Durability is chosen per batch: `PRAGMA synchronous = FULL` (set between
 //! transactions, where SQLite takes it) if any of its writes asks for
 //! [`SyncMode::Full`], `NORMAL` otherwise.
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, mpsc};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use rusqlite::{Connection, ErrorCode};
 use tokio::sync::oneshot;
@@ -43,6 +54,33 @@ pub(super) const MAX_BATCH: usize = 256;
 pub(super) struct DbThread {
     sender: Option<mpsc::Sender<Message>>,
     thread: Option<JoinHandle<()>>,
+    shared: Arc<Shared>,
+}
+
+/// What the thread and the callers that run their work themselves share.
+struct Shared {
+    /// The connection; held by the thread for a whole round of batches, by a caller for
+    /// its one transaction.
+    worker: Mutex<Worker>,
+    /// Messages sent to the thread and not yet finished: while any are, callers queue
+    /// behind them rather than overtake them, and their writes join the next batch.
+    queued: AtomicUsize,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Worker> {
+        // Works run under `catch_unwind`; a panic elsewhere leaves the connection
+        // outside any transaction (every path rolls back first), so it stays usable.
+        self.worker.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The connection, if nothing is queued for the thread and nobody holds it.
+    fn try_lock(&self) -> Option<MutexGuard<'_, Worker>> {
+        if self.queued.load(Ordering::Acquire) != 0 {
+            return None;
+        }
+        self.worker.try_lock().ok()
+    }
 }
 
 impl std::fmt::Debug for DbThread {
@@ -139,38 +177,65 @@ impl DbThread {
         conn: Connection,
         clock: Clock,
         sync: SyncMode,
+        busy_timeout: Duration,
     ) -> std::io::Result<DbThread> {
         let (sender, receiver) = mpsc::channel();
-        let mut worker = Worker { conn, clock, sync };
+        let shared = Arc::new(Shared {
+            worker: Mutex::new(Worker {
+                conn,
+                clock,
+                sync,
+                busy_timeout,
+            }),
+            queued: AtomicUsize::new(0),
+        });
+        let thread_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("idem-sqlite".to_owned())
-            .spawn(move || worker.serve(&receiver))?;
+            .spawn(move || serve(&thread_shared, &receiver))?;
         Ok(DbThread {
             sender: Some(sender),
             thread: Some(thread),
+            shared,
         })
     }
 
-    /// Runs `f` on the thread outside any transaction: it reads only committed data.
+    /// Runs `f` outside any transaction: it reads only committed data. On the caller's
+    /// thread when the connection is free, else on the database thread.
     pub(super) async fn read<T, E, F>(&self, f: F) -> Result<T, DbError<E>>
     where
         F: FnOnce(&Connection, Millis) -> Result<T, E> + Send + 'static,
         T: Send + 'static,
         E: Send + 'static,
     {
+        if let Some(worker) = self.shared.try_lock() {
+            let now = worker.clock.now();
+            return guarded(|| f(&worker.conn, now));
+        }
         let answer = self.queue_read(f)?;
         answer.await.unwrap_or(Err(DbError::Gone))
     }
 
     /// Runs `f` in a write transaction shared with the other writes queued with it,
-    /// and answers once that transaction committed.
+    /// and answers once that transaction committed. A `Normal` write that finds nothing
+    /// queued and the connection free runs alone, on the caller's thread.
     pub(super) async fn write<T, E, F>(&self, sync: SyncMode, f: F) -> Result<T, DbError<E>>
     where
         F: FnOnce(&Connection, Millis) -> Result<T, E> + Send + 'static,
         T: Send + 'static,
         E: WorkFailure + Send + 'static,
     {
-        let answer = self.queue_write(sync, f)?;
+        let (job, answer) = write_job(sync, f);
+        let job = match sync {
+            SyncMode::Normal => match self.shared.try_lock() {
+                Some(mut worker) => worker.alone(job),
+                None => Some(job),
+            },
+            SyncMode::Full => Some(job),
+        };
+        if let Some(job) = job {
+            self.send(Message::Write(job))?;
+        }
         answer.await.unwrap_or(Err(DbError::Gone))
     }
 
@@ -186,26 +251,27 @@ impl DbThread {
         Ok(answer)
     }
 
-    /// Sends a write; the receiver gets its answer once its batch ended.
+    /// Sends a write to the thread, never running it here: the tests of batching queue
+    /// theirs behind a held thread. The receiver gets its answer once its batch ended.
+    #[cfg(test)]
     fn queue_write<T, E, F>(&self, sync: SyncMode, f: F) -> Result<Answer<T, E>, DbError<E>>
     where
         F: FnOnce(&Connection, Millis) -> Result<T, E> + Send + 'static,
         T: Send + 'static,
         E: WorkFailure + Send + 'static,
     {
-        let (reply, answer) = oneshot::channel();
-        self.send(Message::Write(Box::new(Work {
-            f: Some(f),
-            sync,
-            result: None,
-            reply,
-        })))?;
+        let (job, answer) = write_job(sync, f);
+        self.send(Message::Write(job))?;
         Ok(answer)
     }
 
     fn send<E>(&self, message: Message) -> Result<(), DbError<E>> {
         let sender = self.sender.as_ref().ok_or(DbError::Gone)?;
-        sender.send(message).map_err(|_| DbError::Gone)
+        self.shared.queued.fetch_add(1, Ordering::AcqRel);
+        sender.send(message).map_err(|_| {
+            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+            DbError::Gone
+        })
     }
 
     /// Sends a job as it is, for tests of the thread itself.
@@ -247,35 +313,99 @@ fn wait(receiver: &mpsc::Receiver<Message>) -> Result<Message, mpsc::RecvError> 
     }
 }
 
-/// The thread's state: the connection, the store's clock, and the `synchronous`
-/// pragma the connection is at.
+/// A write's job and where its answer arrives.
+fn write_job<T, E, F>(sync: SyncMode, f: F) -> (Box<dyn Job>, Answer<T, E>)
+where
+    F: FnOnce(&Connection, Millis) -> Result<T, E> + Send + 'static,
+    T: Send + 'static,
+    E: WorkFailure + Send + 'static,
+{
+    let (reply, answer) = oneshot::channel();
+    let job = Box::new(Work {
+        f: Some(f),
+        sync,
+        result: None,
+        reply,
+    });
+    (job, answer)
+}
+
+/// Serves until every handle is gone and the work sent before is done: each round
+/// takes the connection, runs what arrived (and what arrives meanwhile) in batches, and
+/// only then tells callers the queue is empty.
+fn serve(shared: &Shared, receiver: &mpsc::Receiver<Message>) {
+    let mut pending: VecDeque<Box<dyn Job>> = VecDeque::new();
+    loop {
+        let first = match wait(receiver) {
+            Ok(message) => message,
+            Err(mpsc::RecvError) => return,
+        };
+        let mut worker = shared.lock();
+        worker.take(first, &mut pending);
+        let mut taken = 1;
+        loop {
+            while pending.len() < MAX_BATCH {
+                match receiver.try_recv() {
+                    Ok(message) => {
+                        taken += 1;
+                        worker.take(message, &mut pending);
+                    }
+                    Err(_) => break,
+                }
+            }
+            if pending.is_empty() {
+                break;
+            }
+            worker.batch(&mut pending);
+        }
+        drop(worker);
+        shared.queued.fetch_sub(taken, Ordering::AcqRel);
+    }
+}
+
+/// The connection's state: the connection, the store's clock, the `synchronous`
+/// pragma the connection is at, and how long the thread waits for another process's
+/// write lock.
 struct Worker {
     conn: Connection,
     clock: Clock,
     sync: SyncMode,
+    busy_timeout: Duration,
 }
 
 impl Worker {
-    /// Serves until every handle is gone and the work sent before is done.
-    fn serve(&mut self, receiver: &mpsc::Receiver<Message>) {
-        let mut pending: VecDeque<Box<dyn Job>> = VecDeque::new();
-        loop {
-            if pending.is_empty() {
-                match wait(receiver) {
-                    Ok(message) => self.take(message, &mut pending),
-                    Err(mpsc::RecvError) => return,
-                }
-            }
-            while pending.len() < MAX_BATCH {
-                match receiver.try_recv() {
-                    Ok(message) => self.take(message, &mut pending),
-                    Err(_) => break,
-                }
-            }
-            if !pending.is_empty() {
-                self.batch(&mut pending);
-            }
+    /// Runs one write as a transaction of its own, on the caller's thread, unless
+    /// another process holds the write lock: then the job comes back, untouched, for
+    /// the thread (which may wait for the lock; an async caller must not).
+    fn alone(&mut self, mut job: Box<dyn Job>) -> Option<Box<dyn Job>> {
+        if self.set_sync(job.sync()).is_err() {
+            return Some(job);
         }
+        let conn = &self.conn;
+        rollback(conn);
+        let _ = conn.busy_timeout(Duration::ZERO);
+        let began = exec(conn, "BEGIN IMMEDIATE");
+        let _ = conn.busy_timeout(self.busy_timeout);
+        if began.is_err() {
+            return Some(job);
+        }
+        let ran = job.run(conn, self.clock.now(), true);
+        let commit = match ran {
+            Ran::Failed(_) => {
+                rollback(conn);
+                job.settle(Ok(()));
+                return None;
+            }
+            Ran::Ok if conn.is_autocommit() => {
+                Err(Failure::because("SQLite rolled the transaction back"))
+            }
+            Ran::Ok => exec(conn, "COMMIT").map_err(|e| Failure::from(&e)),
+        };
+        if commit.is_err() {
+            rollback(conn);
+        }
+        job.settle(commit.as_ref().map(|_| ()));
+        None
     }
 
     /// Runs a read at once (no transaction is open between batches); queues a write.

@@ -27,7 +27,13 @@ fn db() -> (tempfile::TempDir, DbThread) {
          PRAGMA wal_autocheckpoint = 0; CREATE TABLE t (id INTEGER);",
     )
     .unwrap();
-    let db = DbThread::spawn(conn, Clock::manual(0), SyncMode::Normal).unwrap();
+    let db = DbThread::spawn(
+        conn,
+        Clock::manual(0),
+        SyncMode::Normal,
+        Duration::from_secs(5),
+    )
+    .unwrap();
     (dir, db)
 }
 
@@ -337,4 +343,29 @@ fn writers_that_keep_writing_lose_nothing() {
         assert_eq!(ok, on_disk.contains(&id), "row {id}");
     }
     assert_eq!(on_disk.len(), told.iter().filter(|(_, ok)| *ok).count());
+}
+
+/// A write run on the caller's thread never waits for another process's lock: it
+/// hands its work to the thread, which waits the busy timeout for it as before. (Had
+/// it taken the lock's refusal as its answer, this write would fail at once.)
+#[test]
+fn a_write_that_meets_another_writer_waits_on_the_thread() {
+    let (dir, db) = db();
+    let other = Connection::open(dir.path().join("t.db")).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        other
+            .execute_batch("INSERT INTO t VALUES (1); COMMIT")
+            .unwrap();
+    });
+    let told: Told<()> = block_on(db.write(SyncMode::Normal, |conn, _| insert(conn, 2)));
+    releaser.join().unwrap();
+    assert!(told.is_ok(), "{told:?}");
+    assert_eq!(rows(&db), vec![1, 2]);
+    // And the connection is free for the caller again: nothing stays queued.
+    let told: Told<()> = block_on(db.write(SyncMode::Normal, |conn, _| insert(conn, 3)));
+    assert!(told.is_ok(), "{told:?}");
+    assert_eq!(db.shared.queued.load(Ordering::Acquire), 0);
+    assert_eq!(rows(&db), vec![1, 2, 3]);
 }
