@@ -1,12 +1,13 @@
 //! The database thread: the one thread that touches a handle's SQLite connection, and
 //! group commit on it.
 //!
-//! Callers never block: each sends its work (an owned closure and a
-//! `tokio::sync::oneshot` reply) over a channel and awaits the reply. The thread runs
-//! reads at once, between transactions, so that they see only committed data. Writes it
-//! gathers: every write queued at the moment (up to [`MAX_BATCH`]) goes into ONE
-//! `BEGIN IMMEDIATE` transaction with one commit, so that one commit (and, when the
-//! batch must survive power loss, one fsync) makes many writers durable.
+//! A caller that does not run its work itself (see below) never blocks: it sends the
+//! work (an owned closure and a `tokio::sync::oneshot` reply) over a channel and awaits
+//! the reply. The thread runs reads at once, between transactions, so that they see only
+//! committed data. Writes it gathers: every write queued at the moment (up to
+//! [`MAX_BATCH`]) goes into ONE `BEGIN IMMEDIATE` transaction with one commit, so that
+//! one commit (and, when the batch must survive power loss, one fsync) makes many
+//! writers durable.
 //!
 //! The first work of a transaction runs before anything else is in it, so it needs no
 //! savepoint: when it fails, the whole transaction is rolled back and the rest of the
@@ -20,14 +21,17 @@
 //! not run yet goes to a fresh transaction. If the thread dies, every reply channel it
 //! held is dropped, and its callers are told so instead of waiting forever.
 //!
-//! When nothing is queued and the connection is free, a read or a `Normal` write runs
-//! on the caller's own thread instead ([`DbThread::read`], [`DbThread::write`]): the
-//! hand-over to this thread and the wake-up of the caller's task back cost more than
-//! such a transaction (the bench's durable step measured one run's step at about twice
-//! the synchronous host's before this). The caller never waits there for another
-//! process's lock: if the write lock is taken, its work goes to the thread, which may
-//! wait the busy timeout. `Full` writes always go to the thread, where their fsync is
-//! shared with every write queued behind them.
+//! When nothing is queued and the connection is free, a read or write runs on the
+//! caller's own thread instead ([`DbThread::read`], [`DbThread::write`]): the hand-over
+//! to this thread and the wake-up of the caller's task back cost more than a `Normal`
+//! transaction, and on a busy machine a wake-up waits for a core (the bench's durable
+//! step measured one run's step at about twice the synchronous host's with every call
+//! handed over). Writes that arrive meanwhile queue for this thread, which takes them
+//! all into its next batch: the caller leads one transaction, the thread the group
+//! behind it. The caller never waits for another process's lock: if the write lock is
+//! taken, its work goes to the thread, which may wait the busy timeout. A `Full` write's
+//! fsync runs in `block_in_place` on a multi-threaded runtime, so that the runtime's
+//! other tasks move to another worker meanwhile.
 //!
 //! Durability is chosen per batch: `PRAGMA synchronous = FULL` (set between
 //! transactions, where SQLite takes it) if any of its writes asks for
@@ -217,8 +221,8 @@ impl DbThread {
     }
 
     /// Runs `f` in a write transaction shared with the other writes queued with it,
-    /// and answers once that transaction committed. A `Normal` write that finds nothing
-    /// queued and the connection free runs alone, on the caller's thread.
+    /// and answers once that transaction committed. A write that finds nothing queued
+    /// and the connection free runs alone, on the caller's thread.
     pub(super) async fn write<T, E, F>(&self, sync: SyncMode, f: F) -> Result<T, DbError<E>>
     where
         F: FnOnce(&Connection, Millis) -> Result<T, E> + Send + 'static,
@@ -226,12 +230,12 @@ impl DbThread {
         E: WorkFailure + Send + 'static,
     {
         let (job, answer) = write_job(sync, f);
-        let job = match sync {
-            SyncMode::Normal => match self.shared.try_lock() {
-                Some(mut worker) => worker.alone(job),
-                None => Some(job),
+        let job = match self.shared.try_lock() {
+            Some(mut worker) => match sync {
+                SyncMode::Normal => worker.alone(job),
+                SyncMode::Full => blocking(|| worker.alone(job)),
             },
-            SyncMode::Full => Some(job),
+            None => Some(job),
         };
         if let Some(job) = job {
             self.send(Message::Write(job))?;
@@ -310,6 +314,20 @@ fn wait(receiver: &mpsc::Receiver<Message>) -> Result<Message, mpsc::RecvError> 
             }
             Err(mpsc::TryRecvError::Empty) => return receiver.recv(),
         }
+    }
+}
+
+/// Runs `f`, which may block for an fsync, where the async runtime allows it: in
+/// `block_in_place` on a multi-threaded tokio runtime (its other tasks move to another
+/// worker meanwhile); as it is elsewhere (a current-thread runtime has no other worker
+/// to give them to, and `block_in_place` would panic there).
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
     }
 }
 
