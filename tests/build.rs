@@ -148,8 +148,7 @@ fn build() -> Result<(), String> {
 /// `run` and lowering nothing (it imports nothing). Returns the component's path.
 fn build_multimem(root: &Path, out_dir: &Path) -> Result<String, String> {
     let source = root.join("tests/guests/multimem/agent.wat");
-    let mut module =
-        wat::parse_file(&source).map_err(|e| format!("{}: {e}", source.display()))?;
+    let mut module = wat::parse_file(&source).map_err(|e| format!("{}: {e}", source.display()))?;
     let mut resolve = wit_parser::Resolve::default();
     let (package, _) = resolve
         .push_dir(root.join("wit"))
