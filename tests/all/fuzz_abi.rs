@@ -195,12 +195,67 @@ fn bytes() -> impl Strategy<Value = Vec<u8>> {
     ]
 }
 
+/// Where programs write the payloads (values, states, reasons, header names) that
+/// well-formed calls point at; keys go at 0.
+const PAYLOAD: u64 = 256;
+const PAYLOAD2: u64 = 320;
+
+/// The arguments a correct caller would pass `name`, on the claim whose handle
+/// `run-once` left at [`HANDLE`], with payloads of `len` and `len2` bytes and `step`.
+fn well_formed(name: &str, len: i64, len2: i64, step: Value) -> Vec<Value> {
+    let (len, len2) = (json!(len), json!(len2));
+    match name {
+        "run-once" => vec![
+            scratch(0),
+            json!(2),
+            json!(0),
+            json!(0),
+            json!(0),
+            scratch(RET),
+        ],
+        "claim.key" | "run-info.run-id" => {
+            let ret = scratch(128);
+            if name == "claim.key" {
+                vec![load(HANDLE), ret]
+            } else {
+                vec![ret]
+            }
+        }
+        "claim.commit" => vec![
+            load(HANDLE),
+            scratch(PAYLOAD),
+            len,
+            json!(1),
+            step,
+            scratch(PAYLOAD2),
+            len2,
+            scratch(128),
+        ],
+        "claim.stop" => vec![load(HANDLE), scratch(PAYLOAD), len],
+        "progress.load" => vec![scratch(200)],
+        "progress.save" => vec![step, scratch(PAYLOAD), len, scratch(128)],
+        "run-info.generation" => vec![],
+        "outbound.set-header-names" => {
+            vec![scratch(PAYLOAD), len, scratch(PAYLOAD2), len2, scratch(128)]
+        }
+        // attempt, in-doubt, token, release, drop.
+        _ => vec![load(HANDLE)],
+    }
+}
+
 /// One step of a program: one or two `rawabi` ops.
 fn op() -> impl Strategy<Value = Vec<Value>> {
+    let step = prop::sample::select(vec![
+        json!(0),
+        json!(1),
+        json!(i64::MAX),
+        json!(1_u64 << 63),
+        json!(u64::MAX),
+    ]);
     prop_oneof![
         // A claim on a key written first, often well-formed, so that the later calls
         // meet live claims.
-        4 => (bytes(), prop::sample::select(vec![0_i64, 0, 1, 2, -1]), arg()).prop_map(
+        4 => (key(), prop::sample::select(vec![0_i64, 0, 1, 2, -1]), arg()).prop_map(
             |(key, fingerprint, fp_len)| {
                 let len = json!(key.len());
                 vec![
@@ -212,8 +267,27 @@ fn op() -> impl Strategy<Value = Vec<Value>> {
                 ]
             }
         ),
-        2 => (0_u64..256, bytes()).prop_map(|(at, bytes)| vec![write(at, &bytes)]),
-        8 => (prop::sample::select(IMPORTS.to_vec()), prop::collection::vec(arg(), 0..9))
+        2 => (prop::sample::select(vec![PAYLOAD, PAYLOAD2, 0, 7]), bytes())
+            .prop_map(|(at, bytes)| vec![write(at, &bytes)]),
+        // A well-formed call with up to two arguments replaced: most reach the host's
+        // code past the canonical ABI's checks.
+        8 => (
+            prop::sample::select(IMPORTS.to_vec()),
+            0_i64..24,
+            0_i64..24,
+            step,
+            prop::collection::vec((0_usize..8, arg()), 0..3),
+        )
+            .prop_map(|(name, len, len2, step, changes)| {
+                let mut args = well_formed(name, len, len2, step);
+                for (at, value) in changes {
+                    if let Some(slot) = args.get_mut(at) {
+                        *slot = value;
+                    }
+                }
+                vec![json!({"op": "call", "fn": name, "args": args})]
+            }),
+        2 => (prop::sample::select(IMPORTS.to_vec()), prop::collection::vec(arg(), 0..9))
             .prop_map(|(name, args)| vec![json!({"op": "call", "fn": name, "args": args})]),
         1 => prop::sample::select(vec![0_u64, 1, 16, 1 << 16, u32::MAX.into()])
             .prop_map(|pages| vec![json!({"op": "grow", "pages": pages})]),
@@ -221,9 +295,46 @@ fn op() -> impl Strategy<Value = Vec<Value>> {
     ]
 }
 
+/// A key for `run-once`: mostly good ones, so that a claim is held.
+fn key() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        3 => prop::sample::select(vec![b"k1".to_vec(), b"k2".to_vec(), b"k3".to_vec()]),
+        1 => bytes(),
+    ]
+}
+
+/// Most programs start by claiming a key, so that their calls meet a live claim.
 fn program() -> impl Strategy<Value = Value> {
-    prop::collection::vec(op(), 1..10)
-        .prop_map(|steps| json!({ "ops": steps.into_iter().flatten().collect::<Vec<_>>() }))
+    let claim = vec![
+        write(0, b"k0"),
+        call(
+            "run-once",
+            [
+                scratch(0),
+                json!(2),
+                json!(0),
+                json!(0),
+                json!(0),
+                scratch(RET),
+            ],
+        ),
+    ];
+    (
+        prop::bool::weighted(0.8),
+        prop::collection::vec(op(), 1..10),
+    )
+        .prop_map(move |(claim_first, steps)| {
+            let start = if claim_first {
+                claim.clone()
+            } else {
+                Vec::new()
+            };
+            let ops: Vec<Value> = start
+                .into_iter()
+                .chain(steps.into_iter().flatten())
+                .collect();
+            json!({ "ops": ops })
+        })
 }
 
 /// Arbitrary bytes, arbitrary text, and valid ledger inputs with a byte changed.
