@@ -92,7 +92,7 @@ fn store_still_works(dir: &Path, db: &str) -> Result<(), TestCaseError> {
         write(0, b"after-the-fuzz"),
         call("run-once", [scratch(0), json!(14), json!(0), json!(0), json!(0), scratch(RET)]),
         call("claim.commit", [load(HANDLE), scratch(0), json!(3), json!(0), json!(0), json!(0), json!(0), scratch(128)]),
-        {"op": "dump", "at": RET, "len": 4},
+        {"op": "dump", "at": RET, "len": 8},
         {"op": "dump", "at": 128, "len": 1},
     ]});
     let input = dir.join("good.json");
@@ -107,7 +107,10 @@ fn store_still_works(dir: &Path, db: &str) -> Result<(), TestCaseError> {
     prop_assert_eq!(good.code, Some(0), "the good run: {}", good.stderr);
     let doc: Value = serde_json::from_str(&good.stdout).unwrap();
     // `run-once` answered `ok(claimed(..))`; the commit answered `ok`.
-    prop_assert_eq!(&doc["output"], &json!([null, null, "00000000", "00"]));
+    prop_assert_eq!(
+        &doc["output"],
+        &json!([null, null, "0000000001000000", "00"])
+    );
     prop_assert_eq!(&doc["counts"]["executed"], &json!(1));
     Ok(())
 }
@@ -497,4 +500,22 @@ fn a_claim_made_through_raw_calls_answers_like_the_typed_api() {
         ])
     );
     assert_eq!(doc["counts"]["executed"], 1);
+}
+
+/// Found by the input fuzz: clap took `--input -1`, valid JSON, for an unknown flag.
+#[test]
+fn a_negative_number_is_an_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("idem.db").to_str().unwrap().to_string();
+    for input in ["-1", "-2.5e3"] {
+        let ran = idem(
+            dir.path(),
+            &["run", RAWABI, "--db", &db, "--input", input, "--json"],
+        )
+        .unwrap();
+        assert_eq!(ran.code, Some(0), "--input {input}: {}", ran.stderr);
+        let doc: Value = serde_json::from_str(&ran.stdout).unwrap();
+        // A number has no ops: the program is empty.
+        assert_eq!(doc["output"], json!([]));
+    }
 }
