@@ -1,6 +1,7 @@
 //! Builds the guest workspaces (`examples/` and `tests/guests/`) for `wasm32-wasip2` into
 //! a target dir under `OUT_DIR`, checks that each output is a component, and hands the
-//! paths to `src/lib.rs` as `IDEM_GUEST_*` variables.
+//! paths to `src/lib.rs` as `IDEM_GUEST_*` variables; and makes the one guest that is
+//! not Rust, `tests/guests/multimem/agent.wat`, a component of the `idem:agent` world.
 
 use std::env;
 use std::ffi::OsString;
@@ -72,6 +73,11 @@ const GUESTS: &[Guest] = &[
         package: "sloppy",
         constant: "SLOPPY",
     },
+    Guest {
+        workspace: "tests/guests",
+        package: "rawabi",
+        constant: "RAWABI",
+    },
 ];
 
 fn main() -> ExitCode {
@@ -121,6 +127,9 @@ fn build() -> Result<(), String> {
         }
     }
 
+    let multimem = build_multimem(&root, &PathBuf::from(var("OUT_DIR")?))?;
+    println!("cargo:rustc-env=IDEM_GUEST_MULTIMEM={multimem}");
+
     let release = target_dir.join(TARGET).join("release");
     for guest in GUESTS {
         let path = release.join(format!("{}.wasm", guest.package));
@@ -131,6 +140,39 @@ fn build() -> Result<(), String> {
         println!("cargo:rustc-env=IDEM_GUEST_{}={path}", guest.constant);
     }
     Ok(())
+}
+
+/// Makes `tests/guests/multimem/agent.wat`, a core module with two memories, a
+/// component of the `idem:agent` world, the way `cargo component` would a Rust one:
+/// the world goes in as a custom section, and wit-component wraps the module, lifting
+/// `run` and lowering nothing (it imports nothing). Returns the component's path.
+fn build_multimem(root: &Path, out_dir: &Path) -> Result<String, String> {
+    let source = root.join("tests/guests/multimem/agent.wat");
+    let mut module = wat::parse_file(&source).map_err(|e| format!("{}: {e}", source.display()))?;
+    let mut resolve = wit_parser::Resolve::default();
+    let (package, _) = resolve
+        .push_dir(root.join("wit"))
+        .map_err(|e| format!("reading wit/: {e:#}"))?;
+    let world = resolve
+        .select_world(&[package], Some("agent"))
+        .map_err(|e| format!("wit/ has no world `agent`: {e:#}"))?;
+    wit_component::embed_component_metadata(
+        &mut module,
+        &resolve,
+        world,
+        wit_component::StringEncoding::UTF8,
+    )
+    .map_err(|e| format!("embedding the world in {}: {e:#}", source.display()))?;
+    let component = wit_component::ComponentEncoder::default()
+        .validate(true)
+        .module(&module)
+        .and_then(|encoder| encoder.encode())
+        .map_err(|e| format!("making {} a component: {e:#}", source.display()))?;
+    let path = out_dir.join("multimem.wasm");
+    std::fs::write(&path, component).map_err(|e| format!("{}: {e}", path.display()))?;
+    path.to_str()
+        .map(str::to_owned)
+        .ok_or_else(|| format!("{} is not UTF-8", path.display()))
 }
 
 /// Names what the guests are built from, so that cargo reruns this script (and the
@@ -152,6 +194,7 @@ fn watch(root: &Path) {
     for guest in GUESTS {
         paths.push(root.join(guest.workspace).join(guest.package));
     }
+    paths.push(root.join("tests/guests/multimem"));
     for path in paths {
         println!("cargo:rerun-if-changed={}", path.display());
     }

@@ -1,8 +1,9 @@
 //! A hostile agent meets every limit of the host: the run ends with an error that names
 //! the limit (and a hint that names its flag), the host survives, the store stays intact, and the run
-//! resumes once the limit allows it.
+//! resumes once the limit allows it. The memory limit sums every linear memory of an
+//! instance: a guest with two memories cannot fit twice the limit into them.
 
-use idem_test_artifacts::HOSTILE;
+use idem_test_artifacts::{HOSTILE, MULTIMEM};
 use serde_json::{Value, json};
 
 use crate::util::{CliDir, integrity_ok, read_log, stderr, stdout};
@@ -196,4 +197,51 @@ fn a_key_reused_with_other_input_is_refused_by_name() {
     );
     let (_, doc, _) = case.run("again", json!({ "mode": "bound-key", "n": 1 }), &[]);
     assert_eq!(doc["output"], "1");
+}
+
+/// `multimem` has two memories (the engine takes multi-memory components, wasmtime's
+/// default): 10 MiB in each fits a 16 MiB limit one memory at a time, not together.
+/// The run fails on the second memory's growth, naming both memories' bytes
+/// (161 + 161 pages: each starts with one), and succeeds once the limit holds the sum.
+#[test]
+fn the_memory_limit_sums_every_memory_of_the_instance() {
+    let case = Case::new();
+    let run = |run_id: &str, input: &str, limit: &str| {
+        let out = case
+            .cli
+            .run(MULTIMEM, run_id, input, &["--json", "--max-memory", limit]);
+        let doc: Value = serde_json::from_str(&stdout(&out)).unwrap_or(Value::Null);
+        (out.status.code(), doc, stderr(&out))
+    };
+    let over = "memory limit exceeded: the agent's linear memory and host resources would \
+                take 21102592 bytes, over the limit of 16777216 bytes";
+
+    // Each memory alone fits: the exported one, then the hidden one.
+    for (run_id, input) in [("abi-only", "[10,0]"), ("hoard-only", "[0,10]")] {
+        let (code, doc, err) = run(run_id, input, "16MiB");
+        assert_eq!(code, Some(0), "{doc} {err}");
+        assert_eq!(doc["output"], serde_json::from_str::<Value>(input).unwrap());
+    }
+    // Both together do not: the point of the test.
+    let (code, doc, err) = run("both", "[10,10]", "16MiB");
+    assert_eq!(
+        (code, doc["status"].as_str()),
+        (Some(1), Some("failed")),
+        "{err}"
+    );
+    assert_eq!(doc["error"], over);
+    assert!(
+        doc["hint"].as_str().unwrap().contains("--max-memory"),
+        "{doc}"
+    );
+    // The hidden memory alone past the limit.
+    let (code, doc, err) = run("hoard", "[0,20]", "16MiB");
+    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(doc["error"], over);
+    // A limit that holds the sum lets the same run resume and complete.
+    let (code, doc, err) = run("both", "[10,10]", "32MiB");
+    assert_eq!(code, Some(0), "{doc} {err}");
+    assert_eq!(doc["status"], "completed");
+    assert_eq!(doc["output"], json!([10, 10]));
+    integrity_ok(std::path::Path::new(&case.db()));
 }

@@ -10,6 +10,7 @@ mod cache;
 mod cli;
 mod crash_sweep;
 mod dedupe;
+mod fuzz_abi;
 mod grants;
 mod heartbeat;
 mod http;

@@ -12,10 +12,12 @@
 //! # Layout
 //!
 //! - `build.rs`: runs a nested `cargo build --release --target wasm32-wasip2` over
-//!   `examples/` and `tests/guests/`, with one target dir under `OUT_DIR`.
+//!   `examples/` and `tests/guests/`, with one target dir under `OUT_DIR`; turns
+//!   `guests/multimem/agent.wat` into a component with `wat` and `wit-component`.
 //! - `src/lib.rs`: one constant per guest, and [`ALL`].
 //! - `guests/`: the test-only guests' own workspace (`steps`, `command`, `hostile`,
-//!   `fetcher`, `bench`, `rogue`, `sloppy`).
+//!   `fetcher`, `bench`, `rogue`, `sloppy`, `rawabi`), and `multimem/agent.wat`, which
+//!   `build.rs` makes a component itself.
 
 /// `examples/ledger`: appends one log line per item, resuming from its checkpoint.
 ///
@@ -112,13 +114,41 @@ pub const ROGUE: &str = env!("IDEM_GUEST_ROGUE");
 /// ```
 pub const SLOPPY: &str = env!("IDEM_GUEST_SLOPPY");
 
+/// `tests/guests/rawabi`: calls every idem import through hand-declared core imports,
+/// with raw canonical-ABI arguments (pointers, lengths, handles, discriminants) taken
+/// from a small program in its input, for the fuzz test of the host's boundary.
+///
+/// Input `{"ops": [{"op": "write" | "grow" | "call" | "dump" | "fail", ..}, ..]}`;
+/// output a JSON array with what each call returned and each dump read.
+///
+/// ```
+/// assert!(idem_test_artifacts::RAWABI.ends_with("rawabi.wasm"));
+/// ```
+pub const RAWABI: &str = env!("IDEM_GUEST_RAWABI");
+
+/// `tests/guests/multimem/agent.wat`: an agent with two linear memories, made a
+/// component by `build.rs` (no Rust guest has a second memory); it grows the exported
+/// one and the one no import or export names, so a memory limit that does not sum all
+/// of an instance's memories lets it through.
+///
+/// Input `[A, H]`: grow the exported memory by A MiB, the other by H MiB; output the
+/// input.
+///
+/// ```
+/// assert!(idem_test_artifacts::MULTIMEM.ends_with("multimem.wasm"));
+/// ```
+pub const MULTIMEM: &str = env!("IDEM_GUEST_MULTIMEM");
+
 /// Every guest as `(name, path)`, for tests that go over them all.
 ///
 /// ```
 /// let names: Vec<&str> = idem_test_artifacts::ALL.iter().map(|(name, _)| *name).collect();
 /// assert_eq!(
 ///     names,
-///     ["ledger", "dedupe", "steps", "command", "hostile", "fetcher", "bench", "rogue", "sloppy"]
+///     [
+///         "ledger", "dedupe", "steps", "command", "hostile", "fetcher", "bench", "rogue",
+///         "sloppy", "rawabi", "multimem"
+///     ]
 /// );
 /// ```
 pub const ALL: &[(&str, &str)] = &[
@@ -131,6 +161,8 @@ pub const ALL: &[(&str, &str)] = &[
     ("bench", BENCH),
     ("rogue", ROGUE),
     ("sloppy", SLOPPY),
+    ("rawabi", RAWABI),
+    ("multimem", MULTIMEM),
 ];
 
 #[cfg(test)]

@@ -26,7 +26,9 @@ pub struct ProveCommand {
     /// The agent: a WebAssembly component of the idem:agent world.
     agent: PathBuf,
     /// The input, as JSON, or `@FILE` to read it from a file.
-    #[arg(long, default_value = "null")]
+    // A negative number is JSON too: without `allow_negative_numbers`, clap takes the
+    // value of `--input -1` for a flag.
+    #[arg(long, default_value = "null", allow_negative_numbers = true)]
     input: String,
     /// The run id every scenario uses. Defaults to what `idem run` would use.
     #[arg(long)]

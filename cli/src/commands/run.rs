@@ -29,7 +29,9 @@ pub struct RunCommand {
     #[arg(long)]
     run_id: Option<String>,
     /// The input, as JSON, or `@FILE` to read it from a file.
-    #[arg(long, default_value = "null")]
+    // A negative number is JSON too: without `allow_negative_numbers`, clap takes the
+    // value of `--input -1` for a flag.
+    #[arg(long, default_value = "null", allow_negative_numbers = true)]
     input: String,
     #[command(flatten)]
     authority: AuthorityArgs,

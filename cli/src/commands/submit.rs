@@ -17,7 +17,9 @@ pub struct SubmitCommand {
     #[command(flatten)]
     db: DbArgs,
     /// The input, as JSON, or `@FILE` to read it from a file.
-    #[arg(long, default_value = "null")]
+    // A negative number is JSON too: without `allow_negative_numbers`, clap takes the
+    // value of `--input -1` for a flag.
+    #[arg(long, default_value = "null", allow_negative_numbers = true)]
     input: String,
     /// The run's id. Defaults to the agent's name and a hash of the input.
     #[arg(long)]
