@@ -124,7 +124,7 @@ pub struct AuthorityArgs {
     /// Largest output the agent may return [default: 1MiB].
     #[arg(long, value_parser = size, value_name = "SIZE")]
     pub max_output_bytes: Option<usize>,
-    /// Most memory an instance may make the host hold: its linear memory plus 128 KiB
+    /// Most memory an instance may make the host hold: all its linear memories plus 128 KiB
     /// per live resource handle [default: 256MiB].
     #[arg(long, value_parser = size, value_name = "SIZE")]
     pub max_memory: Option<usize>,
