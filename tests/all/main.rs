@@ -20,6 +20,7 @@ mod limits;
 mod multi_process;
 mod operator_text;
 mod pinning;
+mod postgres;
 mod prove;
 mod recycle;
 mod rogue;

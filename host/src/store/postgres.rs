@@ -60,6 +60,7 @@ use super::{Clock, DatabaseFault, StoreError, SyncMode};
 ///     pool_size: 32,
 ///     connect_timeout: Duration::from_secs(2),
 ///     clock: Clock::system(),
+///     existing_only: false,
 /// };
 /// assert_eq!(options.pool_size, 32);
 /// ```
@@ -77,6 +78,9 @@ pub struct PostgresOptions {
     /// The store's time: [`Clock::system`] reads the server's `now()`; a manual clock
     /// (tests) is passed to the server instead.
     pub clock: Clock,
+    /// Refuse a database (or schema) without an idem store instead of creating one:
+    /// looking at a store never creates it.
+    pub existing_only: bool,
 }
 
 impl Default for PostgresOptions {
@@ -86,6 +90,7 @@ impl Default for PostgresOptions {
             pool_size: 16,
             connect_timeout: Duration::from_secs(5),
             clock: Clock::system(),
+            existing_only: false,
         }
     }
 }
@@ -190,7 +195,7 @@ impl PostgresStore {
             clock: options.clock.clone(),
             runtime: Some(runtime),
         };
-        schema::migrate(&store).await?;
+        schema::migrate(&store, options.existing_only).await?;
         Ok(store)
     }
 

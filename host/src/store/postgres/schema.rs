@@ -18,7 +18,7 @@ const MIGRATIONS: &[&str] = &[include_str!("../migrations/postgres/0001_init.sql
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// Brings the store's schema up to date, or refuses one that is newer.
-pub(super) async fn migrate(store: &PostgresStore) -> Result<(), StoreError> {
+pub(super) async fn migrate(store: &PostgresStore, existing_only: bool) -> Result<(), StoreError> {
     // The first connection tells apart the faults an operator fixes before anything
     // can work: the server down, the user or password refused, no such database.
     let probe = store.pool.get().await.map_err(|e| {
@@ -66,6 +66,13 @@ pub(super) async fn migrate(store: &PostgresStore) -> Result<(), StoreError> {
                     )
                     .await?
                     .try_get(0)?;
+                if existing_only {
+                    return Err(TxError::Store(StoreError::Open {
+                        location: store.location.clone(),
+                        reason: "no idem store is there (`idem run` or `idem deploy` creates one)"
+                            .to_owned(),
+                    }));
+                }
                 if tables > 0 {
                     return Err(TxError::Store(StoreError::Open {
                         location: store.location.clone(),
