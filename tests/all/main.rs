@@ -26,4 +26,4 @@ mod recycle;
 mod rogue;
 mod store_faults;
 mod util;
-mod workers;
+pub mod workers;

@@ -389,3 +389,46 @@ fn a_missing_database_and_a_wrong_password_are_named_with_exit_3() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(count(&server.url(), "SELECT count(*) FROM steps"), 2);
 }
+
+/// Three `idem worker` processes on one private PostgreSQL server, 200 runs of a
+/// three-step HTTP agent, seeded SIGKILLs of workers, every backend connection of the
+/// workers killed once (`pg_terminate_backend`), and the server restarted once under
+/// them: every run completes, every key reaches the HTTP server once except
+/// retakes in doubt (each counted in its run), and the tokens a key arrives with only
+/// grow, so no zombie's request came after its successor's.
+#[test]
+fn three_workers_on_postgres_complete_200_runs_through_kills_and_a_server_restart() {
+    let Some(server) = PrivateServer::start("workers through a restart") else {
+        return;
+    };
+    let service = crate::workers::Service::on_postgres(server.url());
+    let (mut restarted, mut terminated) = (false, 0);
+    let url = server.url();
+    crate::workers::workers_through_kills_on(&service, 200, 20, 0x9_0000_0200, |kills| {
+        if kills == 5 && terminated == 0 {
+            terminated = count(
+                &url,
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+                 WHERE application_name = 'idem' AND pid <> pg_backend_pid()",
+            );
+        }
+        if kills == 10 && !restarted {
+            server.pg_ctl(&["restart"]);
+            restarted = true;
+        }
+    });
+    assert!(restarted, "the server was restarted during the test");
+    assert!(
+        terminated > 0,
+        "backend connections were terminated during the test"
+    );
+    eprintln!("{terminated} backend connections terminated");
+    assert_eq!(
+        count(&url, "SELECT count(*) FROM runs WHERE status = 'completed'"),
+        200
+    );
+    assert_eq!(
+        count(&url, "SELECT count(*) FROM steps WHERE result IS NOT NULL"),
+        600
+    );
+}
