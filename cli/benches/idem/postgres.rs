@@ -87,6 +87,9 @@ fn measure(bed: &Bed, plan: &Plan, table: &mut Table, url: &str) -> anyhow::Resu
         );
     }
 
+    // The store's schema must hold nothing but the store.
+    bed.tokio.block_on(db.batch_execute("DROP TABLE floor"))?;
+
     for (sync, floor_us) in floor {
         progress(&format!("  durable step on PostgreSQL, sync {sync}"));
         let host = host(bed, url, sync)?;
