@@ -130,7 +130,12 @@ impl PrivateServer {
         std::fs::write(server.root().join("pw"), PASSWORD).unwrap();
         std::fs::create_dir(server.root().join("sock")).unwrap();
         // Run as the `postgres` user: the server refuses to run as root.
-        server.chown(&["chown", "-R", "postgres:postgres"], &[server.root()]);
+        let chown = Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(server.root())
+            .status()
+            .unwrap();
+        assert!(chown.success());
         let initdb = server.bin.join("initdb");
         server.run_as_postgres(
             initdb.to_str().unwrap(),
@@ -158,15 +163,6 @@ impl PrivateServer {
 
     fn data(&self) -> PathBuf {
         self.root().join("data")
-    }
-
-    fn chown(&self, cmd: &[&str], paths: &[&Path]) {
-        let status = Command::new(cmd[0])
-            .args(&cmd[1..])
-            .args(paths)
-            .status()
-            .unwrap();
-        assert!(status.success(), "{cmd:?}");
     }
 
     fn run_as_postgres(&self, program: &str, args: &[&str]) {
@@ -236,8 +232,7 @@ impl Drop for PrivateServer {
     }
 }
 
-fn ledger_input(data: &Path, items: &[&str]) -> String {
-    let _ = data;
+fn ledger_input(items: &[&str]) -> String {
     serde_json::json!({ "items": items, "log": "/data/ledger.log" }).to_string()
 }
 
@@ -255,7 +250,7 @@ fn run_ledger(db: &str, data: &Path, run_id: &str, items: &[&str]) -> Output {
         "--sync",
         "full",
         "--input",
-        &ledger_input(data, items),
+        &ledger_input(items),
     ])
 }
 

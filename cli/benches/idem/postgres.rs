@@ -179,9 +179,8 @@ async fn lease_rate(bed: &Bed, url: &str, queued: usize) -> anyhow::Result<f64> 
             .await?;
     }
     let mut workers = Vec::new();
-    for w in 0..3 {
+    for _ in 0..3 {
         workers.push(Arc::new(PostgresStore::connect(url, SyncMode::Normal).await?));
-        let _ = w;
     }
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
