@@ -48,9 +48,8 @@ fn measure(bed: &Bed, plan: &Plan, table: &mut Table, url: &str) -> anyhow::Resu
 
     progress("  PostgreSQL floor");
     let db = bed.tokio.block_on(client(url))?;
-    bed.tokio.block_on(db.batch_execute(
-        "CREATE TABLE floor (id int8 PRIMARY KEY, v bytea NOT NULL)",
-    ))?;
+    bed.tokio
+        .block_on(db.batch_execute("CREATE TABLE floor (id int8 PRIMARY KEY, v bytea NOT NULL)"))?;
     let select = bed.tokio.block_on(db.prepare("SELECT 1"))?;
     let mut samples = Vec::with_capacity(floor_n);
     for _ in 0..floor_n {
@@ -180,7 +179,9 @@ async fn lease_rate(bed: &Bed, url: &str, queued: usize) -> anyhow::Result<f64> 
     }
     let mut workers = Vec::new();
     for _ in 0..3 {
-        workers.push(Arc::new(PostgresStore::connect(url, SyncMode::Normal).await?));
+        workers.push(Arc::new(
+            PostgresStore::connect(url, SyncMode::Normal).await?,
+        ));
     }
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
