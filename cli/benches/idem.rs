@@ -1,7 +1,7 @@
 //! The idem benchmark: one run measures what a durable step costs, the floor under it,
 //! and how it scales, and prints one markdown table (`cargo bench -p idem-host --bench
 //! idem`, `-- --quick` for a short check that it works; name sections to run only
-//! those: `-- steps calls resume cold throughput scaling workers prove`).
+//! those: `-- steps calls resume cold throughput scaling workers prove postgres`).
 //!
 //! Everything goes through idem's public API and the real `idem` binary, on a temp dir
 //! under cargo's target dir: a real disk, so that an fsync costs what it costs there.
@@ -24,6 +24,8 @@ use serde_json::json;
 
 // The report lives in a folder of its own: a file next to this one would be taken by
 // cargo for another bench target.
+#[path = "idem/postgres.rs"]
+mod postgres;
 #[path = "idem/prove.rs"]
 mod prove;
 #[path = "idem/report.rs"]
@@ -75,6 +77,9 @@ struct Plan {
     service: service::ServicePlan,
     /// Per turn: one `idem prove` of the ledger over 5 phases × 10 steps.
     prove: Turns,
+    /// The PostgreSQL rows: per turn, a run of `n` timed steps per sync mode, and 1, 8
+    /// and 64 concurrent runs of `n / 2` steps; `4 n` floor samples.
+    postgres: Turns,
 }
 
 const fn turns(max: usize, n: u64, budget_secs: u64) -> Turns {
@@ -105,6 +110,7 @@ const FULL_PLAN: Plan = Plan {
         takeover_runs: 20,
     },
     prove: turns(5, 0, 60),
+    postgres: turns(10, 200, 20),
 };
 
 const QUICK_PLAN: Plan = Plan {
@@ -127,6 +133,7 @@ const QUICK_PLAN: Plan = Plan {
         takeover_runs: 4,
     },
     prove: turns(1, 0, 1),
+    postgres: turns(1, 20, 1),
 };
 
 /// A part of the bench: its name on the command line, its heading, and what it runs.
@@ -137,7 +144,7 @@ type Section = (
 );
 
 /// Every section, in the order of the table.
-const SECTIONS: [Section; 8] = [
+const SECTIONS: [Section; 9] = [
     ("steps", "floor and durable steps", floor_and_steps),
     ("calls", "host-call round trip", host_calls),
     ("resume", "resume after recycle", resume),
@@ -150,6 +157,7 @@ const SECTIONS: [Section; 8] = [
     ("scaling", "scaling with committed rows", scaling),
     ("workers", "the service: workers", service::service),
     ("prove", "idem prove", prove::prove),
+    ("postgres", "PostgreSQL", postgres::postgres),
 ];
 
 /// Concurrent runs in one host for the throughput rows.

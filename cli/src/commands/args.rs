@@ -10,45 +10,79 @@ use idem::runtime::{
     Authority, DirGrant, HttpDestination, LoadedAgent, Protected, Runtime, check_grants,
     default_cache_dir,
 };
-use idem::store::{OpenOptions, SqliteStore, Store, SyncMode};
+use idem::store::{
+    OpenOptions, PostgresOptions, PostgresStore, SqliteStore, Store, SyncMode, is_postgres_url,
+};
 
 use super::BadInput;
 
 /// Where the store is: `--db`.
 #[derive(Debug, Clone, Args)]
 pub struct DbArgs {
-    /// The store: a SQLite file.
-    #[arg(long, default_value = "idem.db", value_name = "PATH")]
-    pub db: PathBuf,
+    /// The store: a SQLite file, or a PostgreSQL database as a URL
+    /// (`postgres://USER[:PASSWORD]@HOST[:PORT]/DB`) that processes on many machines
+    /// share.
+    #[arg(long, default_value = "idem.db", value_name = "PATH|URL")]
+    pub db: String,
+    /// PostgreSQL only: most connections this process opens (each in-flight write of a
+    /// run holds one).
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    pub db_pool: usize,
 }
 
 impl DbArgs {
     /// Opens (creating and migrating if needed) the store for writing.
-    pub fn open(&self) -> anyhow::Result<Arc<dyn Store>> {
-        let store = SqliteStore::open_with(&self.db, &OpenOptions::default())?;
-        Ok(Arc::new(store))
+    pub async fn open(&self) -> anyhow::Result<Arc<dyn Store>> {
+        match self.path() {
+            Some(path) => Ok(Arc::new(SqliteStore::open_with(
+                path,
+                &OpenOptions::default(),
+            )?)),
+            None => self.connect(false).await,
+        }
     }
 
     /// Opens an existing store for reading only: looking never changes it.
-    pub fn open_read_only(&self) -> anyhow::Result<Arc<dyn Store>> {
-        self.must_exist()?;
-        Ok(Arc::new(SqliteStore::open_read_only(&self.db)?))
+    pub async fn open_read_only(&self) -> anyhow::Result<Arc<dyn Store>> {
+        match self.path() {
+            Some(path) => {
+                self.must_exist(path)?;
+                Ok(Arc::new(SqliteStore::open_read_only(path)?))
+            }
+            None => self.connect(true).await,
+        }
     }
 
     /// Opens an existing store for writing; a missing one is a mistake, not a new store.
-    pub fn open_existing(&self) -> anyhow::Result<Arc<dyn Store>> {
-        self.must_exist()?;
-        self.open()
+    pub async fn open_existing(&self) -> anyhow::Result<Arc<dyn Store>> {
+        match self.path() {
+            Some(path) => {
+                self.must_exist(path)?;
+                self.open().await
+            }
+            None => self.connect(true).await,
+        }
     }
 
-    /// The store's path.
-    pub fn path(&self) -> &std::path::Path {
-        &self.db
+    /// The store's file, or `None` for a PostgreSQL URL.
+    pub fn path(&self) -> Option<&std::path::Path> {
+        (!is_postgres_url(&self.db)).then(|| std::path::Path::new(&self.db))
     }
 
-    fn must_exist(&self) -> anyhow::Result<()> {
-        if !self.db.exists() {
-            return Err(BadInput(format!("no store at {}", self.db.display())).into());
+    async fn connect(&self, existing_only: bool) -> anyhow::Result<Arc<dyn Store>> {
+        let options = PostgresOptions {
+            pool_size: self.db_pool.max(1),
+            existing_only,
+            ..PostgresOptions::default()
+        };
+        Ok(Arc::new(
+            PostgresStore::connect_with(&self.db, &options).await?,
+        ))
+    }
+
+    fn must_exist(&self, path: &std::path::Path) -> anyhow::Result<()> {
+        if !path.exists() {
+            return Err(BadInput(format!("no store at {}", path.display())).into());
         }
         Ok(())
     }
@@ -57,8 +91,11 @@ impl DbArgs {
 /// What no directory grant may expose: the store, the cache in use, and the default
 /// cache even for a command that does not use it, since its key seals what later runs
 /// load.
-pub fn protected(db: &std::path::Path, cache: Option<&std::path::Path>) -> Vec<Protected> {
-    let mut protected = vec![Protected::Store(db.to_path_buf())];
+pub fn protected(db: Option<&std::path::Path>, cache: Option<&std::path::Path>) -> Vec<Protected> {
+    let mut protected: Vec<Protected> = db
+        .map(|db| Protected::Store(db.to_path_buf()))
+        .into_iter()
+        .collect();
     protected.extend(cache.map(|dir| Protected::Cache(dir.to_path_buf())));
     protected.extend(
         default_cache_dir()

@@ -17,7 +17,7 @@ pub struct CancelCommand {
 
 impl CancelCommand {
     pub async fn execute(self) -> anyhow::Result<Exit> {
-        let store = self.db.open_existing()?;
+        let store = self.db.open_existing().await?;
         match store.cancel_run(&self.run_id).await? {
             Cancelled::Now => println!("cancelled run {}", display::name(&self.run_id)),
             Cancelled::Requested { lease } => println!(

@@ -46,7 +46,7 @@ impl DeployCommand {
             None => agent.name().to_string(),
         };
         check_namespace(&name)?;
-        let store = self.db.open()?;
+        let store = self.db.open().await?;
         let new = store.put_component(agent.digest(), agent.bytes()).await?;
         let record = store
             .deploy(&Deployment {

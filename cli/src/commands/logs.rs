@@ -19,7 +19,7 @@ pub struct LogsCommand {
 
 impl LogsCommand {
     pub async fn execute(self) -> anyhow::Result<Exit> {
-        let store = self.db.open_read_only()?;
+        let store = self.db.open_read_only().await?;
         if store.run(&self.run_id).await?.is_none() {
             return Err(StoreError::UnknownRun {
                 run_id: self.run_id.clone(),

@@ -31,7 +31,7 @@ fn parse_status(s: &str) -> Result<RunStatus, String> {
 
 impl LsCommand {
     pub async fn execute(self) -> anyhow::Result<Exit> {
-        let store = self.db.open_read_only()?;
+        let store = self.db.open_read_only().await?;
         let runs = store
             .runs(&RunFilter {
                 status: self.status,

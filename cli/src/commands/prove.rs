@@ -147,7 +147,10 @@ impl ProveCommand {
             self.cache_dir.clone().or_else(default_cache_dir)
         };
         let scratch = self.scratch.clone().unwrap_or_else(std::env::temp_dir);
-        check_grants(&authority.dirs, &protected(&scratch, cache.as_deref()))?;
+        check_grants(
+            &authority.dirs,
+            &protected(Some(&scratch), cache.as_deref()),
+        )?;
         let runtime = Arc::new(Runtime::new(cache.clone())?);
         let agent = runtime.load(&self.agent)?;
         let run_id = match &self.run_id {

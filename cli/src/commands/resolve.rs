@@ -33,7 +33,7 @@ impl ResolveCommand {
             serde_json::from_str::<serde_json::Value>(result)
                 .map_err(|e| BadInput(format!("--result is not valid JSON: {e}")))?;
         }
-        let store = self.db.open_existing()?;
+        let store = self.db.open_existing().await?;
         let parked = ParkedKeys::of(store.as_ref(), &self.run_id)
             .await?
             .ok_or_else(|| StoreError::UnknownRun {

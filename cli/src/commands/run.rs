@@ -108,7 +108,7 @@ impl RunCommand {
             },
         };
         opts.check()?;
-        let store = self.db.open()?;
+        let store = self.db.open().await?;
         let host = Host::new(Arc::new(runtime), store)?;
         // Ctrl-C (or SIGTERM) stops the run the way a worker drains: side effects in
         // flight end at their commit, and the lease is given back, so the next `idem

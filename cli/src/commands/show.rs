@@ -20,7 +20,7 @@ pub struct ShowCommand {
 
 impl ShowCommand {
     pub async fn execute(self) -> anyhow::Result<Exit> {
-        let store = self.db.open_read_only()?;
+        let store = self.db.open_read_only().await?;
         let run = store
             .run(&self.run_id)
             .await?

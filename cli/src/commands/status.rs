@@ -20,7 +20,7 @@ pub struct StatusCommand {
 
 impl StatusCommand {
     pub async fn execute(self) -> anyhow::Result<Exit> {
-        let store = self.db.open_read_only()?;
+        let store = self.db.open_read_only().await?;
         let runs = match &self.run_id {
             Some(id) => vec![
                 store

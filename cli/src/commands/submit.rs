@@ -39,7 +39,7 @@ pub struct SubmitCommand {
 impl SubmitCommand {
     pub async fn execute(self) -> anyhow::Result<Exit> {
         let input = json_or_file("--input", &self.input)?;
-        let store = self.db.open_existing()?;
+        let store = self.db.open_existing().await?;
         let deployment = find_deployment(store.as_ref(), &self.agent).await?;
         let base = Authority::decode(&deployment.authority).map_err(HostError::from)?;
         let authority = self.authority.apply(&base);

@@ -44,7 +44,7 @@ pub struct WorkerCommand {
 impl WorkerCommand {
     pub async fn execute(self) -> anyhow::Result<Exit> {
         check_namespace(&self.name)?;
-        let store = self.db.open_existing()?;
+        let store = self.db.open_existing().await?;
         let cache = if self.no_cache {
             None
         } else {

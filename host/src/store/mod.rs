@@ -22,12 +22,14 @@
 //! - `error.rs`: [`StoreError`] and [`DatabaseFault`], in no backend's words.
 //! - `parked.rs`: the keys a run parked in doubt, as an operator names them.
 //! - `sqlite/`: the SQLite backend; `migrations/sqlite/`: its numbered schema.
+//! - `postgres/`: the PostgreSQL backend; `migrations/postgres/`: its numbered schema.
 
 mod clock;
 mod error;
 #[cfg(test)]
 mod model_tests;
 mod parked;
+mod postgres;
 mod sqlite;
 #[cfg(test)]
 mod tests;
@@ -35,6 +37,7 @@ mod tests;
 pub use clock::Clock;
 pub use error::{DatabaseFault, StoreError};
 pub use parked::{ParkedKeys, ParkedMatch, qualified_key};
+pub use postgres::{PostgresOptions, PostgresStore, is_postgres_url};
 pub use sqlite::{OpenOptions, SqliteStore};
 
 use std::fmt;

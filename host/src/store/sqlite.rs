@@ -375,7 +375,7 @@ fn check_range(what: &'static str, value: u64, max: u64) -> Result<(), StoreErro
 }
 
 /// Refuses counts a store cannot keep, before anything is written.
-fn check_counts(counts: &Counts) -> Result<(), StoreError> {
+pub(in crate::store) fn check_counts(counts: &Counts) -> Result<(), StoreError> {
     check_range("count executed", counts.executed, SQL_MAX)?;
     check_range("count skipped", counts.skipped, SQL_MAX)?;
     check_range("count awaited", counts.awaited, SQL_MAX)?;
@@ -384,6 +384,6 @@ fn check_counts(counts: &Counts) -> Result<(), StoreError> {
 }
 
 /// Refuses a checkpoint a store cannot keep, before anything is written.
-fn check_checkpoint(checkpoint: &Checkpoint) -> Result<(), StoreError> {
+pub(in crate::store) fn check_checkpoint(checkpoint: &Checkpoint) -> Result<(), StoreError> {
     check_range("checkpoint step", checkpoint.step, MAX_STEP)
 }

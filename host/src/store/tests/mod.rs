@@ -11,10 +11,13 @@
 //! - `leases.rs`: run leases and fences.
 //! - `deploy.rs`: components, deployments and namespaces.
 //! - `shared.rs`: what takes more than one handle: reopening, races between handles.
+//! - `postgres_harness.rs`: a schema of its own per test on a real PostgreSQL server
+//!   (`IDEM_TEST_POSTGRES`).
 
 mod claims;
 mod deploy;
 mod leases;
+pub(crate) mod postgres_harness;
 mod runs;
 mod shared;
 
@@ -37,9 +40,10 @@ pub(crate) fn block_on<F: Future>(future: F) -> F::Output {
 }
 
 /// A fresh, empty database of one backend, owned for the length of a test.
-pub(super) trait Harness {
-    /// Creates the database and opens a handle on it whose time is `clock`.
-    fn create(clock: &Clock) -> Self
+pub(crate) trait Harness {
+    /// Creates the database and opens a handle on it whose time is `clock`; `None`
+    /// when the backend is not available here and its tests are skipped (they say so).
+    fn create(clock: &Clock) -> Option<Self>
     where
         Self: Sized;
     /// The open handle.
@@ -129,7 +133,7 @@ macro_rules! store_tests {
                 #[test]
                 fn $store_test() {
                     let clock = super::Clock::manual(super::T0);
-                    let harness = super::$harness::create(&clock);
+                    let Some(harness) = super::$harness::create(&clock) else { return };
                     let store = harness.store();
                     let env = super::Env { store: store.as_ref(), clock: &clock };
                     super::block_on(super::$module::$store_test(&env));
@@ -139,7 +143,7 @@ macro_rules! store_tests {
                 #[test]
                 fn $harness_test() {
                     let clock = super::Clock::manual(super::T0);
-                    let mut harness = super::$harness::create(&clock);
+                    let Some(mut harness) = super::$harness::create(&clock) else { return };
                     super::block_on(super::$hmodule::$harness_test(&mut harness, &clock));
                 }
             )*
@@ -148,9 +152,12 @@ macro_rules! store_tests {
 }
 
 store_tests!(sqlite: SqliteHarness);
+store_tests!(postgres: PostgresHarness);
+
+pub(crate) use postgres_harness::PostgresHarness;
 
 /// A SQLite store in a file of its own temporary directory: real WAL, real locks.
-pub(super) struct SqliteHarness {
+pub(crate) struct SqliteHarness {
     dir: tempfile::TempDir,
     clock: Clock,
     store: Option<Arc<SqliteStore>>,
@@ -167,14 +174,14 @@ impl SqliteHarness {
 }
 
 impl Harness for SqliteHarness {
-    fn create(clock: &Clock) -> Self {
+    fn create(clock: &Clock) -> Option<Self> {
         let mut harness = SqliteHarness {
             dir: tempfile::tempdir().unwrap(),
             clock: clock.clone(),
             store: None,
         };
         harness.store = Some(harness.open());
-        harness
+        Some(harness)
     }
 
     fn store(&self) -> Arc<dyn Store> {
@@ -193,7 +200,7 @@ impl Harness for SqliteHarness {
 }
 
 pub(super) const T0: Millis = 1_700_000_000_000;
-pub(super) const LEASE: Duration = Duration::from_secs(10);
+pub(crate) const LEASE: Duration = Duration::from_secs(10);
 pub(super) const LEASE_MS: Millis = 10_000;
 /// Run leases outlast every claim lease in these tests unless a test says otherwise.
 pub(super) const RUN_LEASE: Duration = Duration::from_secs(3600);

@@ -1,0 +1,414 @@
+//! The [`Store`] methods of [`PostgresStore`]: which transaction each opens (how
+//! durable, with which fence and lock) and which statements run in it. Values a store
+//! cannot keep are refused here, before anything is sent.
+
+use std::time::Duration;
+
+use super::conn::{Fenced, Lock, write_tx};
+use super::{PostgresStore, TxError, claims, components, leases, logs, runs};
+use crate::store::clock::lease_expiry;
+use crate::store::sqlite::{check_checkpoint, check_counts};
+use crate::store::{
+    Acquired, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
+    Deployment, DeploymentRecord, LeaseState, LeasedRun, Millis, OpenClaim, Resolution, RunEnd,
+    RunFence, RunFilter, RunRecord, StepRecord, Store, StoreError, Submission, Submitted, SyncMode,
+};
+
+/// Refuses a write whose fence did not hold.
+fn held(fenced: &Fenced, fence: &RunFence) -> Result<(), TxError> {
+    match fenced {
+        Fenced::Lost => Err(TxError::Store(StoreError::LeaseLost {
+            run_id: fence.run_id.clone(),
+            token: fence.token,
+        })),
+        Fenced::Holds | Fenced::None => Ok(()),
+    }
+}
+
+impl PostgresStore {
+    /// Runs `f` on a pooled connection outside any transaction.
+    async fn read<T>(
+        &self,
+        op: &'static str,
+        f: impl AsyncFnOnce(&super::conn::Conn) -> Result<T, TxError>,
+    ) -> Result<T, StoreError> {
+        let conn = self.reader(op).await?;
+        f(&conn).await.map_err(|e| self.tx_error(op, e))
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for PostgresStore {
+    async fn now(&self) -> Result<Millis, StoreError> {
+        if self.clock.is_manual() {
+            return Ok(self.clock.now());
+        }
+        self.read("read the time", async |conn| self.server_now(conn).await)
+            .await
+    }
+
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        let fence = Some((req.fence, Lock::Share));
+        write_tx!(
+            self,
+            "claim a key",
+            req.fence.sync,
+            fence,
+            |conn, fenced| {
+                held(fenced, req.fence)?;
+                claims::claim(conn, req, None).await
+            }
+        )
+    }
+
+    async fn take_over(
+        &self,
+        req: &ClaimRequest<'_>,
+        stale_token: u64,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let fence = Some((req.fence, Lock::Share));
+        write_tx!(
+            self,
+            "take over a claim",
+            req.fence.sync,
+            fence,
+            |conn, fenced| {
+                held(fenced, req.fence)?;
+                claims::claim(conn, req, Some(stale_token)).await
+            }
+        )
+    }
+
+    async fn commit(&self, commit: &Commit<'_>) -> Result<(), StoreError> {
+        if let Some(checkpoint) = commit.checkpoint {
+            check_checkpoint(checkpoint)?;
+        }
+        if let Some(counts) = commit.counts {
+            check_counts(counts)?;
+        }
+        let op = match commit.checkpoint {
+            Some(_) => "commit a result and save progress",
+            None => "commit a result",
+        };
+        let lock = if commit.counts.is_some() {
+            Lock::Update
+        } else {
+            Lock::Share
+        };
+        let fence = commit.claim.fence;
+        write_tx!(self, op, fence.sync, Some((fence, lock)), |conn, fenced| {
+            held(fenced, fence)?;
+            claims::commit(conn, commit).await
+        })
+    }
+
+    async fn release(&self, claim: &ClaimRef<'_>) -> Result<bool, StoreError> {
+        let fence = Some((claim.fence, Lock::Share));
+        write_tx!(
+            self,
+            "release a claim",
+            claim.fence.sync,
+            fence,
+            |conn, fenced| {
+                match fenced {
+                    Fenced::Lost => Ok(false),
+                    _ => claims::release(conn, claim).await,
+                }
+            }
+        )
+    }
+
+    async fn renew(
+        &self,
+        claims: &[ClaimRef<'_>],
+        lease: Duration,
+    ) -> Result<Vec<bool>, StoreError> {
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sync = strongest(claims.iter().map(|c| c.fence.sync));
+        write_tx!(self, "renew claims", sync, None, |conn, _fenced| {
+            let expires = lease_expiry(conn.now, lease);
+            // Claims come in runs: each run's fence is read (and locked) once.
+            let mut fences: Vec<(&RunFence, bool)> = Vec::new();
+            let mut renewed = Vec::with_capacity(claims.len());
+            for claim in claims {
+                let holds = match fences.iter().find(|(f, _)| *f == claim.fence) {
+                    Some((_, holds)) => *holds,
+                    None => {
+                        let holds = conn.fence_holds(claim.fence, Lock::Share).await?;
+                        fences.push((claim.fence, holds));
+                        holds
+                    }
+                };
+                renewed.push(holds && claims::renew_one(conn, claim, expires).await?);
+            }
+            Ok(renewed)
+        })
+    }
+
+    async fn park(&self, claim: &ClaimRef<'_>, reason: &str) -> Result<(), StoreError> {
+        let fence = Some((claim.fence, Lock::Update));
+        write_tx!(
+            self,
+            "park a claim in doubt",
+            claim.fence.sync,
+            fence,
+            |conn, fenced| {
+                held(fenced, claim.fence)?;
+                claims::park(conn, claim, reason).await
+            }
+        )
+    }
+
+    async fn resolve(
+        &self,
+        run_id: &str,
+        key: &str,
+        resolution: Resolution<'_>,
+    ) -> Result<(), StoreError> {
+        write_tx!(
+            self,
+            "resolve an in-doubt key",
+            self.sync,
+            None,
+            |conn, _f| { claims::resolve(conn, run_id, key, resolution).await }
+        )
+    }
+
+    async fn committed(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.read("read a result", async |conn| {
+            claims::committed(conn, key).await
+        })
+        .await
+    }
+
+    async fn open_claims(&self, run_id: Option<&str>) -> Result<Vec<OpenClaim>, StoreError> {
+        self.read("list open claims", async |conn| {
+            claims::open_claims(conn, run_id).await
+        })
+        .await
+    }
+
+    async fn steps(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
+        self.read("list a run's steps", async |conn| {
+            claims::steps(conn, run_id).await
+        })
+        .await
+    }
+
+    async fn put_component(&self, digest: &str, bytes: &[u8]) -> Result<bool, StoreError> {
+        write_tx!(self, "store a component", self.sync, None, |conn, _f| {
+            components::put_component(conn, digest, bytes).await
+        })
+    }
+
+    async fn component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.read("read a component", async |conn| {
+            components::component(conn, digest).await
+        })
+        .await
+    }
+
+    async fn deploy(&self, deployment: &Deployment<'_>) -> Result<DeploymentRecord, StoreError> {
+        write_tx!(self, "deploy a component", self.sync, None, |conn, _f| {
+            components::deploy(conn, deployment).await
+        })
+    }
+
+    async fn deployment(&self, name: &str) -> Result<Option<DeploymentRecord>, StoreError> {
+        self.read("read a deployment", async |conn| {
+            components::deployment(conn, name).await
+        })
+        .await
+    }
+
+    async fn deployments(&self) -> Result<Vec<DeploymentRecord>, StoreError> {
+        self.read("list deployments", async |conn| {
+            components::deployments(conn).await
+        })
+        .await
+    }
+
+    async fn admitted(&self, namespace: &str, digest: &str) -> Result<Option<bool>, StoreError> {
+        self.read("read a namespace's members", async |conn| {
+            components::admitted(conn, namespace, digest).await
+        })
+        .await
+    }
+
+    async fn submit(&self, submission: &Submission<'_>) -> Result<Submitted, StoreError> {
+        write_tx!(self, "submit a run", self.sync, None, |conn, _f| {
+            runs::submit(conn, submission).await
+        })
+    }
+
+    async fn run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
+        self.read("read a run", async |conn| runs::run(conn, run_id).await)
+            .await
+    }
+
+    async fn runs(&self, filter: &RunFilter<'_>) -> Result<Vec<RunRecord>, StoreError> {
+        self.read("list runs", async |conn| runs::runs(conn, filter).await)
+            .await
+    }
+
+    async fn upgrade_run(&self, run_id: &str, from: &str, to: &str) -> Result<(), StoreError> {
+        write_tx!(self, "upgrade a run", self.sync, None, |conn, _f| {
+            runs::upgrade_run(conn, run_id, from, to).await
+        })
+    }
+
+    async fn acquire_runs(
+        &self,
+        worker: &str,
+        max: usize,
+        lease: Duration,
+        skip: &[String],
+    ) -> Result<Vec<LeasedRun>, StoreError> {
+        write_tx!(self, "acquire runs", self.sync, None, |conn, _f| {
+            leases::acquire_runs(conn, worker, max, lease, skip).await
+        })
+    }
+
+    async fn acquire_run(
+        &self,
+        run_id: &str,
+        worker: &str,
+        lease: Duration,
+    ) -> Result<Acquired, StoreError> {
+        write_tx!(self, "acquire a run", self.sync, None, |conn, _f| {
+            leases::acquire_run(conn, run_id, worker, lease).await
+        })
+    }
+
+    async fn renew_runs(
+        &self,
+        fences: &[RunFence],
+        lease: Duration,
+    ) -> Result<Vec<LeaseState>, StoreError> {
+        if fences.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sync = strongest(fences.iter().map(|f| f.sync));
+        write_tx!(self, "renew run leases", sync, None, |conn, _f| {
+            leases::renew_runs(conn, fences, lease_expiry(conn.now, lease)).await
+        })
+    }
+
+    async fn release_run(
+        &self,
+        fence: &RunFence,
+        counts: &Counts,
+        note: Option<&str>,
+    ) -> Result<(), StoreError> {
+        check_counts(counts)?;
+        let with = Some((fence, Lock::Update));
+        write_tx!(self, "release a run", fence.sync, with, |conn, fenced| {
+            held(fenced, fence)?;
+            leases::release_run(conn, fence, counts, note).await
+        })
+    }
+
+    async fn finish_run(
+        &self,
+        fence: &RunFence,
+        end: RunEnd<'_>,
+        counts: &Counts,
+    ) -> Result<(), StoreError> {
+        check_counts(counts)?;
+        let with = Some((fence, Lock::Update));
+        write_tx!(self, "finish a run", fence.sync, with, |conn, fenced| {
+            held(fenced, fence)?;
+            leases::finish_run(conn, fence, end, counts).await
+        })
+    }
+
+    async fn cancel_run(&self, run_id: &str) -> Result<Cancelled, StoreError> {
+        write_tx!(self, "cancel a run", self.sync, None, |conn, _f| {
+            runs::cancel_run(conn, run_id).await
+        })
+    }
+
+    async fn load_progress(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
+        self.read("load progress", async |conn| {
+            runs::load_progress(conn, run_id).await
+        })
+        .await
+    }
+
+    async fn save_progress(
+        &self,
+        fence: &RunFence,
+        checkpoint: &Checkpoint,
+        counts: Option<&Counts>,
+    ) -> Result<(), StoreError> {
+        check_checkpoint(checkpoint)?;
+        if let Some(counts) = counts {
+            check_counts(counts)?;
+        }
+        let lock = if counts.is_some() {
+            Lock::Update
+        } else {
+            Lock::Share
+        };
+        write_tx!(
+            self,
+            "save progress",
+            fence.sync,
+            Some((fence, lock)),
+            |conn, fenced| {
+                held(fenced, fence)?;
+                if let Some(counts) = counts {
+                    runs::save_counts(conn, &fence.run_id, counts).await?;
+                }
+                runs::save_checkpoint(conn, &fence.run_id, checkpoint).await
+            }
+        )
+    }
+
+    async fn save_counts(&self, fence: &RunFence, counts: &Counts) -> Result<(), StoreError> {
+        check_counts(counts)?;
+        let with = Some((fence, Lock::Update));
+        write_tx!(self, "save counts", fence.sync, with, |conn, fenced| {
+            held(fenced, fence)?;
+            runs::save_counts(conn, &fence.run_id, counts).await
+        })
+    }
+
+    async fn append_log(
+        &self,
+        fence: &RunFence,
+        bytes: &[u8],
+        keep: usize,
+    ) -> Result<(), StoreError> {
+        // Appends of one run take turns: each reads the newest chunk it extends.
+        let with = Some((fence, Lock::Update));
+        write_tx!(
+            self,
+            "append to a run's log",
+            fence.sync,
+            with,
+            |conn, fenced| {
+                held(fenced, fence)?;
+                logs::append(conn, &fence.run_id, bytes, keep).await
+            }
+        )
+    }
+
+    async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError> {
+        self.read("read a run's log", async |conn| {
+            logs::read(conn, run_id).await
+        })
+        .await
+    }
+}
+
+/// [`SyncMode::Full`] if any of the writes asks for it.
+fn strongest(modes: impl IntoIterator<Item = SyncMode>) -> SyncMode {
+    if modes.into_iter().any(|mode| mode == SyncMode::Full) {
+        SyncMode::Full
+    } else {
+        SyncMode::Normal
+    }
+}

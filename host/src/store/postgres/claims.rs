@@ -1,0 +1,406 @@
+//! Claims and committed results on PostgreSQL: the claim → commit protocol, each
+//! function run inside the transaction `begin` opened (whose fence check already
+//! locked the run's row).
+//!
+//! A key has one row in `steps` for its whole life, as on SQLite. A claim that finds
+//! the row locks it (`FOR UPDATE`) before deciding, so two claimants of one key, on
+//! any machines, are served one after the other; the database refuses a token that
+//! does not grow and any change to a committed row (`steps_rules`).
+
+use super::conn::Conn;
+use super::{TxError, to_sql_int, u32_col, u64_col};
+use crate::store::clock::lease_expiry;
+use crate::store::{
+    ClaimOutcome, ClaimRef, ClaimRequest, Commit, Grant, HeldClaim, OpenClaim, Resolution,
+    RunStatus, StepRecord, StoreError,
+};
+
+/// A key's claim row as it stands.
+struct Current {
+    run_id: String,
+    holder: Option<String>,
+    token: u64,
+    attempt: u32,
+    lease_expires: i64,
+    parked: Option<String>,
+    fingerprint: Option<String>,
+    result: Option<Vec<u8>>,
+}
+
+/// The key's row, if any, locked until the transaction ends.
+async fn current(conn: &Conn, key: &str) -> Result<Option<Current>, TxError> {
+    let Some(row) = conn
+        .query_opt(
+            "SELECT run_id, holder, token, attempt, lease_expires, parked, fingerprint, result
+             FROM steps WHERE key = $1 FOR UPDATE",
+            &[&key],
+        )
+        .await?
+    else {
+        return Ok(None);
+    };
+    Ok(Some(Current {
+        run_id: row.try_get(0)?,
+        holder: row.try_get(1)?,
+        token: u64_col(&row, 2)?,
+        attempt: u32_col(&row, 3)?,
+        lease_expires: row.try_get(4)?,
+        parked: row.try_get(5)?,
+        fingerprint: row.try_get(6)?,
+        result: row.try_get(7)?,
+    }))
+}
+
+/// Claims `req.key` by the rules of `Store::claim`; with `stale_token`, also takes a
+/// live claim held by that token (`Store::take_over`). The caller checked the fence.
+pub(super) async fn claim(
+    conn: &Conn,
+    req: &ClaimRequest<'_>,
+    stale_token: Option<u64>,
+) -> Result<ClaimOutcome, TxError> {
+    let now = conn.now;
+    let run_id = req.fence.run_id.as_str();
+    let lease_expires = lease_expiry(now, req.lease);
+    // Most claims are of keys never seen: try the insert first. A concurrent insert of
+    // the same key makes this one wait for it, then do nothing.
+    let inserted = conn
+        .execute(
+            "INSERT INTO steps
+                 (key, run_id, holder, token, attempt, claimed_at, lease_expires, fingerprint)
+             VALUES ($1, $2, $3, 1, 1, $4, $5, $6)
+             ON CONFLICT (key) DO NOTHING",
+            &[
+                &req.key,
+                &run_id,
+                &req.holder,
+                &now,
+                &lease_expires,
+                &req.fingerprint,
+            ],
+        )
+        .await?;
+    if inserted == 1 {
+        return Ok(ClaimOutcome::Granted(Grant {
+            token: 1,
+            attempt: 1,
+            in_doubt: false,
+        }));
+    }
+    let Some(current) = current(conn, req.key).await? else {
+        // Keys are never deleted, so the row the insert met is there.
+        return Err(TxError::Store(StoreError::Backend {
+            op: "claim a key",
+            source: format!("key {:?} vanished while being claimed", req.key).into(),
+        }));
+    };
+    if let Some(conflict) = conflict(current.fingerprint.clone(), req.fingerprint) {
+        return Ok(conflict);
+    }
+    if let Some(result) = current.result {
+        return Ok(ClaimOutcome::Committed(result));
+    }
+    if let Some(reason) = current.parked {
+        return Ok(ClaimOutcome::Parked {
+            run_id: current.run_id,
+            reason,
+        });
+    }
+    let in_doubt = match current.holder {
+        None => false,
+        Some(_) if current.lease_expires <= now || stale_token == Some(current.token) => true,
+        Some(holder) => {
+            return Ok(ClaimOutcome::Held(HeldClaim {
+                holder,
+                token: current.token,
+                lease_expires: current.lease_expires,
+            }));
+        }
+    };
+    let token = next_token(current.token)?;
+    let attempt = current.attempt.saturating_add(1);
+    conn.execute(
+        "UPDATE steps
+         SET run_id = $2, holder = $3, token = $4, attempt = $5, claimed_at = $6,
+             lease_expires = $7, fingerprint = coalesce(fingerprint, $8)
+         WHERE key = $1",
+        &[
+            &req.key,
+            &run_id,
+            &req.holder,
+            &to_sql_int(token)?,
+            &i32::try_from(attempt).unwrap_or(i32::MAX),
+            &now,
+            &lease_expires,
+            &req.fingerprint,
+        ],
+    )
+    .await?;
+    if in_doubt {
+        // In the claim's own transaction, so `reclaimed` stays exact across crashes.
+        conn.execute(
+            "UPDATE runs SET reclaimed = reclaimed + 1 WHERE run_id = $1",
+            &[&run_id],
+        )
+        .await?;
+    }
+    Ok(ClaimOutcome::Granted(Grant {
+        token,
+        attempt,
+        in_doubt,
+    }))
+}
+
+/// A conflict if the key is bound to a fingerprint and the request names another.
+fn conflict(bound: Option<String>, asked: Option<&str>) -> Option<ClaimOutcome> {
+    match (bound, asked) {
+        (Some(bound), Some(asked)) if bound != asked => {
+            Some(ClaimOutcome::Conflict { fingerprint: bound })
+        }
+        _ => None,
+    }
+}
+
+/// The token of the key's next grant: one more than its last.
+fn next_token(last: u64) -> Result<u64, TxError> {
+    match last
+        .checked_add(1)
+        .filter(|&next| i64::try_from(next).is_ok())
+    {
+        Some(next) => Ok(next),
+        None => Err(TxError::Store(StoreError::OutOfRange {
+            what: "fencing token",
+            value: last.saturating_add(1),
+            max: super::SQL_MAX,
+        })),
+    }
+}
+
+fn lost(key: &str, token: u64) -> TxError {
+    TxError::Store(StoreError::ClaimLost {
+        key: key.to_owned(),
+        token,
+    })
+}
+
+/// Writes the result into the key's row if the claim's token still holds it, with the
+/// checkpoint and counts if given. The caller checked the fence.
+pub(super) async fn commit(conn: &Conn, commit: &Commit<'_>) -> Result<(), TxError> {
+    let claim = &commit.claim;
+    let Ok(token) = i64::try_from(claim.token) else {
+        return Err(lost(claim.key, claim.token));
+    };
+    let changed = conn
+        .execute(
+            "UPDATE steps SET run_id = $3, holder = NULL, result = $4, committed_at = $5
+             WHERE key = $1 AND token = $2 AND holder IS NOT NULL",
+            &[
+                &claim.key,
+                &token,
+                &claim.fence.run_id,
+                &commit.result,
+                &conn.now,
+            ],
+        )
+        .await?;
+    if changed != 1 {
+        return Err(lost(claim.key, claim.token));
+    }
+    let run_id = claim.fence.run_id.as_str();
+    if let Some(counts) = commit.counts {
+        super::runs::save_counts(conn, run_id, counts).await?;
+    }
+    if let Some(checkpoint) = commit.checkpoint {
+        super::runs::save_checkpoint(conn, run_id, checkpoint).await?;
+    }
+    Ok(())
+}
+
+/// Releases the claim if its token still holds it; whether it did. The caller checked
+/// the fence.
+pub(super) async fn release(conn: &Conn, claim: &ClaimRef<'_>) -> Result<bool, TxError> {
+    let Ok(token) = i64::try_from(claim.token) else {
+        return Ok(false);
+    };
+    let changed = conn
+        .execute(
+            "UPDATE steps SET holder = NULL
+             WHERE key = $1 AND token = $2 AND holder IS NOT NULL",
+            &[&claim.key, &token],
+        )
+        .await?;
+    Ok(changed == 1)
+}
+
+/// Moves the lease of one claim its token still holds to `expires`; whether it did.
+pub(super) async fn renew_one(
+    conn: &Conn,
+    claim: &ClaimRef<'_>,
+    expires: i64,
+) -> Result<bool, TxError> {
+    let Ok(token) = i64::try_from(claim.token) else {
+        return Ok(false);
+    };
+    let changed = conn
+        .execute(
+            "UPDATE steps SET lease_expires = $3
+             WHERE key = $1 AND token = $2 AND holder IS NOT NULL",
+            &[&claim.key, &token, &expires],
+        )
+        .await?;
+    Ok(changed == 1)
+}
+
+/// The committed result of `key`, if any.
+pub(super) async fn committed(conn: &Conn, key: &str) -> Result<Option<Vec<u8>>, TxError> {
+    let row = conn
+        .query_opt(
+            "SELECT result FROM steps WHERE key = $1 AND result IS NOT NULL",
+            &[&key],
+        )
+        .await?;
+    Ok(match row {
+        Some(row) => Some(row.try_get(0)?),
+        None => None,
+    })
+}
+
+/// Claims not committed yet, of one run or of all, ordered by key.
+pub(super) async fn open_claims(
+    conn: &Conn,
+    run_id: Option<&str>,
+) -> Result<Vec<OpenClaim>, TxError> {
+    let rows = conn
+        .query(
+            "SELECT key, run_id, holder, token, attempt, lease_expires, parked FROM steps
+             WHERE result IS NULL AND ($1::text IS NULL OR run_id = $1) ORDER BY key COLLATE \"C\"",
+            &[&run_id],
+        )
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(OpenClaim {
+                key: row.try_get(0)?,
+                run_id: row.try_get(1)?,
+                holder: row.try_get(2)?,
+                token: u64_col(row, 3)?,
+                attempt: u32_col(row, 4)?,
+                lease_expires: row.try_get(5)?,
+                parked: row.try_get(6)?,
+            })
+        })
+        .collect()
+}
+
+/// The keys of a run, in the order their latest claims were granted.
+pub(super) async fn steps(conn: &Conn, run_id: &str) -> Result<Vec<StepRecord>, TxError> {
+    let rows = conn
+        .query(
+            "SELECT key, token, attempt, claimed_at, committed_at, holder, parked FROM steps
+             WHERE run_id = $1 ORDER BY claimed_at, key COLLATE \"C\"",
+            &[&run_id],
+        )
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(StepRecord {
+                key: row.try_get(0)?,
+                token: u64_col(row, 1)?,
+                attempt: u32_col(row, 2)?,
+                claimed_at: row.try_get(3)?,
+                committed_at: row.try_get(4)?,
+                holder: row.try_get(5)?,
+                parked: row.try_get(6)?,
+            })
+        })
+        .collect()
+}
+
+/// Parks the claim its token holds in doubt and marks its run in doubt. The caller
+/// checked the fence (locking the run's row for update).
+pub(super) async fn park(conn: &Conn, claim: &ClaimRef<'_>, reason: &str) -> Result<(), TxError> {
+    let Ok(token) = i64::try_from(claim.token) else {
+        return Err(lost(claim.key, claim.token));
+    };
+    let changed = conn
+        .execute(
+            "UPDATE steps SET holder = NULL, parked = $3
+             WHERE key = $1 AND token = $2 AND holder IS NOT NULL",
+            &[&claim.key, &token, &reason],
+        )
+        .await?;
+    if changed != 1 {
+        return Err(lost(claim.key, claim.token));
+    }
+    let run_id = claim.fence.run_id.as_str();
+    conn.execute(
+        "UPDATE runs SET status = $2, updated = $3 WHERE run_id = $1",
+        &[&run_id, &RunStatus::InDoubt.as_str(), &conn.now],
+    )
+    .await?;
+    let outcome = format!("in doubt at key {}: {reason}", claim.key);
+    super::runs::set_outcome(conn, run_id, Some(outcome.as_bytes())).await
+}
+
+/// Settles a key parked by `run_id`; the run resumes, with no lease, once nothing of it
+/// is parked.
+pub(super) async fn resolve(
+    conn: &Conn,
+    run_id: &str,
+    key: &str,
+    resolution: Resolution<'_>,
+) -> Result<(), TxError> {
+    let not_parked = || {
+        TxError::Store(StoreError::NotInDoubt {
+            run_id: run_id.to_owned(),
+            key: key.to_owned(),
+        })
+    };
+    // The run's row first, as every fenced write locks it: no deadlock with them.
+    conn.query_opt(
+        "SELECT 1 FROM runs WHERE run_id = $1 FOR NO KEY UPDATE",
+        &[&run_id],
+    )
+    .await?;
+    let current = current(conn, key).await?.ok_or_else(not_parked)?;
+    if current.parked.is_none() || current.run_id != run_id {
+        return Err(not_parked());
+    }
+    let now = conn.now;
+    match resolution {
+        Resolution::Commit(result) => {
+            let token = to_sql_int(next_token(current.token)?)?;
+            conn.execute(
+                "UPDATE steps
+                 SET holder = NULL, parked = NULL, token = $2, result = $3, committed_at = $4
+                 WHERE key = $1",
+                &[&key, &token, &result, &now],
+            )
+            .await?;
+        }
+        Resolution::Retry => {
+            conn.execute(
+                "UPDATE steps SET parked = NULL, holder = NULL WHERE key = $1",
+                &[&key],
+            )
+            .await?;
+        }
+    }
+    let resumed = conn
+        .execute(
+            "UPDATE runs
+             SET status = $2, lease_holder = NULL, lease_expires = NULL, updated = $3
+             WHERE run_id = $1 AND status = $4
+               AND NOT EXISTS (SELECT 1 FROM steps WHERE run_id = $1 AND parked IS NOT NULL)",
+            &[
+                &run_id,
+                &RunStatus::Running.as_str(),
+                &now,
+                &RunStatus::InDoubt.as_str(),
+            ],
+        )
+        .await?;
+    if resumed == 1 {
+        super::runs::set_outcome(conn, run_id, None).await?;
+    }
+    Ok(())
+}

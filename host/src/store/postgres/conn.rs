@@ -1,0 +1,289 @@
+//! A pooled connection as the statements use it: cached prepared statements, the
+//! store's time, and transactions that begin with the fence check pipelined.
+
+use deadpool_postgres::Object;
+use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
+
+use super::{PostgresStore, TxError, is_race};
+use crate::store::{Millis, RunFence, StoreError, SyncMode};
+
+/// The store's time in milliseconds: the manual clock's when one is passed (`$1`),
+/// else the server's, as of the transaction's start.
+const NOW: &str = "SELECT coalesce($1::int8, (extract(epoch FROM now()) * 1000)::int8)";
+
+/// How a transaction locks its run's row while it checks the fence.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Lock {
+    /// The write leaves the run's row alone: other writes of the run go on beside it,
+    /// and only a new lease (an update of the row) waits for it.
+    Share,
+    /// The write updates the run's row too (counts, status): taken at once, so two
+    /// writes of one run never both hold a share and wait for each other to update.
+    Update,
+}
+
+/// A pooled connection, in a transaction or not. One in a transaction that is dropped
+/// before it ended (its caller stopped waiting) is closed, not returned to the pool:
+/// the server rolls its transaction back.
+pub(super) struct Conn {
+    conn: Option<Object>,
+    in_tx: bool,
+    /// The store's time, read in the transaction's first round trip (zero outside one).
+    pub(super) now: Millis,
+}
+
+impl Conn {
+    pub(super) fn client(&self) -> &Object {
+        // Taken only in `drop`.
+        self.conn.as_ref().unwrap_or_else(|| unreachable!())
+    }
+
+    /// Runs statements given as text, without parameters (a migration).
+    pub(super) async fn batch(&self, sql: &str) -> Result<(), TxError> {
+        Ok(self.client().batch_execute(sql).await?)
+    }
+
+    /// Runs a statement; the rows it changed.
+    pub(super) async fn execute(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, TxError> {
+        let client = self.client();
+        let stmt = client.prepare_cached(sql).await?;
+        Ok(client.execute(&stmt, params).await?)
+    }
+
+    /// Runs a query; its rows.
+    pub(super) async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, TxError> {
+        let client = self.client();
+        let stmt = client.prepare_cached(sql).await?;
+        Ok(client.query(&stmt, params).await?)
+    }
+
+    /// Runs a query that returns at most one row.
+    pub(super) async fn query_opt(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, TxError> {
+        let client = self.client();
+        let stmt = client.prepare_cached(sql).await?;
+        Ok(client.query_opt(&stmt, params).await?)
+    }
+
+    /// Runs a query that returns exactly one row.
+    pub(super) async fn query_one(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, TxError> {
+        let client = self.client();
+        let stmt = client.prepare_cached(sql).await?;
+        Ok(client.query_one(&stmt, params).await?)
+    }
+
+    /// Whether `fence` is its run's current lease, locking the run's row as `lock`
+    /// says until the transaction ends.
+    pub(super) async fn fence_holds(&self, fence: &RunFence, lock: Lock) -> Result<bool, TxError> {
+        // A token beyond the server's range was never handed out: it holds nothing.
+        let Ok(token) = i64::try_from(fence.token) else {
+            return Ok(false);
+        };
+        let sql = match lock {
+            Lock::Share => {
+                "SELECT 1 FROM runs
+                 WHERE run_id = $1 AND lease_token = $2 AND lease_holder IS NOT NULL
+                 FOR SHARE"
+            }
+            Lock::Update => {
+                "SELECT 1 FROM runs
+                 WHERE run_id = $1 AND lease_token = $2 AND lease_holder IS NOT NULL
+                 FOR NO KEY UPDATE"
+            }
+        };
+        Ok(self
+            .query_opt(sql, &[&fence.run_id, &token])
+            .await?
+            .is_some())
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if self.in_tx
+            && let Some(conn) = self.conn.take()
+        {
+            // Detached from the pool and dropped: the connection closes.
+            drop(Object::take(conn));
+        }
+    }
+}
+
+/// What a transaction's first round trip found about its fence.
+pub(super) enum Fenced {
+    /// The write carries no fence.
+    None,
+    /// The fence holds, and the run's row is locked.
+    Holds,
+    /// Another lease was granted since: the write must change nothing.
+    Lost,
+}
+
+impl PostgresStore {
+    /// A pooled connection for a read outside any transaction.
+    pub(super) async fn reader(&self, op: &'static str) -> Result<Conn, StoreError> {
+        let conn = self.pool.get().await.map_err(|e| self.pool_failed(op, e))?;
+        Ok(Conn {
+            conn: Some(conn),
+            in_tx: false,
+            now: 0,
+        })
+    }
+
+    /// The manual clock's time, passed to the server in place of its own.
+    fn manual_now(&self) -> Option<Millis> {
+        self.clock.is_manual().then(|| self.clock.now())
+    }
+
+    /// The store's time, outside any transaction.
+    pub(super) async fn server_now(&self, conn: &Conn) -> Result<Millis, TxError> {
+        Ok(conn
+            .query_one(NOW, &[&self.manual_now()])
+            .await?
+            .try_get(0)?)
+    }
+
+    /// Begins a transaction as durable as `sync` asks, reads the time, and checks the
+    /// fence if there is one: one round trip.
+    pub(super) async fn begin(
+        &self,
+        op: &'static str,
+        sync: SyncMode,
+        fence: Option<(&RunFence, Lock)>,
+    ) -> Result<(Conn, Fenced), StoreError> {
+        let conn = self.pool.get().await.map_err(|e| self.pool_failed(op, e))?;
+        let mut conn = Conn {
+            conn: Some(conn),
+            in_tx: true,
+            now: 0,
+        };
+        let begin = match sync {
+            SyncMode::Full => "BEGIN; SET LOCAL synchronous_commit TO on",
+            SyncMode::Normal => "BEGIN; SET LOCAL synchronous_commit TO off",
+        };
+        let manual = self.manual_now();
+        let client = conn.client();
+        // Prepared first (a round trip only on a connection's first use), so that the
+        // three below go out together.
+        let now_stmt = client
+            .prepare_cached(NOW)
+            .await
+            .map_err(|e| self.failed(op, e))?;
+        let started = async { client.batch_execute(begin).await.map_err(TxError::Pg) };
+        let now = async { Ok::<_, TxError>(client.query_one(&now_stmt, &[&manual]).await?) };
+        let fenced = async {
+            match fence {
+                Some((fence, lock)) => Ok(if conn.fence_holds(fence, lock).await? {
+                    Fenced::Holds
+                } else {
+                    Fenced::Lost
+                }),
+                None => Ok(Fenced::None),
+            }
+        };
+        let joined = tokio::try_join!(started, now, fenced);
+        let (now_row, fenced) = match joined {
+            Ok(((), now_row, fenced)) => (now_row, fenced),
+            Err(e) => return Err(self.tx_error(op, e)),
+        };
+        conn.now = now_row.try_get(0).map_err(|e| self.failed(op, e))?;
+        Ok((conn, fenced))
+    }
+
+    /// Ends the transaction: commits it if `result` is a success, rolls it back
+    /// otherwise. `Err(None)` asks the caller to run the transaction again: the server
+    /// aborted it for racing another.
+    pub(super) async fn end<T>(
+        &self,
+        mut conn: Conn,
+        op: &'static str,
+        result: Result<T, TxError>,
+    ) -> Result<T, Option<StoreError>> {
+        match result {
+            Ok(value) => {
+                conn.client()
+                    .batch_execute("COMMIT")
+                    .await
+                    .map_err(|e| self.race_or(op, e))?;
+                conn.in_tx = false;
+                Ok(value)
+            }
+            Err(e) => {
+                // A connection that cannot even roll back is closed when `conn` drops.
+                if conn.client().batch_execute("ROLLBACK").await.is_ok() {
+                    conn.in_tx = false;
+                }
+                match e {
+                    TxError::Pg(e) => Err(self.race_or(op, e)),
+                    TxError::Store(e) => Err(Some(e)),
+                }
+            }
+        }
+    }
+
+    fn race_or(&self, op: &'static str, e: tokio_postgres::Error) -> Option<StoreError> {
+        if is_race(&e) {
+            None
+        } else {
+            Some(self.failed(op, e))
+        }
+    }
+
+    /// The store's error for a failure during `op`.
+    pub(super) fn tx_error(&self, op: &'static str, e: TxError) -> StoreError {
+        match e {
+            TxError::Pg(e) => self.failed(op, e),
+            TxError::Store(e) => e,
+        }
+    }
+}
+
+/// Runs a write transaction: `$body` (an expression that may use `$conn`, `$fenced`
+/// and `?` on [`TxError`]s) inside a transaction begun by `begin`, committed if it
+/// succeeds. A transaction the server aborted for racing another (a deadlock) is run
+/// again, a few times.
+macro_rules! write_tx {
+    ($store:expr, $op:expr, $sync:expr, $fence:expr, |$conn:ident, $fenced:ident| $body:expr) => {{
+        let store: &$crate::store::postgres::PostgresStore = $store;
+        let mut tries = 0u32;
+        loop {
+            let ($conn, $fenced) = store.begin($op, $sync, $fence).await?;
+            #[allow(unused_variables, unused_braces)]
+            let result = async {
+                let $conn = &$conn;
+                let $fenced = &$fenced;
+                $body
+            }
+            .await;
+            match store.end($conn, $op, result).await {
+                Ok(value) => break Ok(value),
+                Err(Some(e)) => break Err(e),
+                Err(None) if tries < 5 => tries += 1,
+                Err(None) => {
+                    break Err($crate::store::StoreError::Backend {
+                        op: $op,
+                        source: "the server kept aborting the transaction as deadlocked".into(),
+                    });
+                }
+            }
+        }
+    }};
+}
+
+pub(super) use write_tx;

@@ -1,0 +1,221 @@
+//! Run leases on PostgreSQL: which worker drives a run.
+//!
+//! As on SQLite, a run's lease is its row's holder, expiry and token. Workers poll the
+//! queue with `FOR UPDATE SKIP LOCKED`: each locks the free runs it takes and passes
+//! over those another worker is taking at that moment, so workers on many machines
+//! never queue behind each other and never take the same run.
+
+use std::time::Duration;
+
+use super::conn::Conn;
+use super::runs::{self, end_as_cancelled, lease_from, set_outcome, status_from, unknown_run};
+use super::{TxError, u64_col};
+use crate::store::clock::lease_expiry;
+use crate::store::{
+    Acquired, Counts, LeaseState, LeasedRun, RunEnd, RunFence, RunStatus, StoreError,
+};
+
+/// Leases up to `max` runs nobody holds a live lease on, oldest first.
+pub(super) async fn acquire_runs(
+    conn: &Conn,
+    worker: &str,
+    max: usize,
+    lease: Duration,
+    skip: &[String],
+) -> Result<Vec<LeasedRun>, TxError> {
+    if max == 0 {
+        return Ok(Vec::new());
+    }
+    let now = conn.now;
+    let limit = i64::try_from(max).unwrap_or(i64::MAX);
+    let rows = conn
+        .query(
+            "SELECT run_id, lease_token, lease_holder IS NOT NULL FROM runs
+             WHERE status IN ('queued', 'running')
+               AND (lease_holder IS NULL OR lease_expires <= $1)
+               AND lease_token < 9223372036854775807
+               AND NOT (run_id = ANY ($2))
+             ORDER BY created, seq
+             LIMIT $3
+             FOR UPDATE SKIP LOCKED",
+            &[&now, &skip, &limit],
+        )
+        .await?;
+    let expires = lease_expiry(now, lease);
+    let mut leased = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let run_id: String = row.try_get(0)?;
+        let (last, taken_over) = (u64_col(row, 1)?, row.try_get(2)?);
+        leased.push(grant(conn, &run_id, last, worker, expires, taken_over).await?);
+    }
+    Ok(leased)
+}
+
+/// Leases one run, unless another worker's live lease is on it or it is finished.
+pub(super) async fn acquire_run(
+    conn: &Conn,
+    run_id: &str,
+    worker: &str,
+    lease: Duration,
+) -> Result<Acquired, TxError> {
+    let row = conn
+        .query_opt(
+            "SELECT status, lease_holder, lease_token, lease_expires FROM runs
+             WHERE run_id = $1 FOR NO KEY UPDATE",
+            &[&run_id],
+        )
+        .await?;
+    let Some(row) = row else {
+        return Err(unknown_run(run_id));
+    };
+    let (status, lease_now, last) = (
+        status_from(&row, 0)?,
+        lease_from(&row, 1)?,
+        u64_col(&row, 2)?,
+    );
+    if status.is_finished() {
+        let record = runs::run(conn, run_id)
+            .await?
+            .ok_or_else(|| unknown_run(run_id))?;
+        return Ok(Acquired::Finished(record));
+    }
+    let taken_over = lease_now.is_some();
+    if let Some(held) = lease_now.filter(|held| held.expires > conn.now && held.worker != worker) {
+        return Ok(Acquired::Held(held));
+    }
+    let expires = lease_expiry(conn.now, lease);
+    grant(conn, run_id, last, worker, expires, taken_over)
+        .await
+        .map(Acquired::Leased)
+}
+
+/// Grants the run's next lease to `worker` and sets it running.
+async fn grant(
+    conn: &Conn,
+    run_id: &str,
+    last: u64,
+    worker: &str,
+    expires: i64,
+    taken_over: bool,
+) -> Result<LeasedRun, TxError> {
+    let token = match last.checked_add(1).map(i64::try_from) {
+        Some(Ok(token)) => token,
+        _ => {
+            return Err(TxError::Store(StoreError::OutOfRange {
+                what: "run lease token",
+                value: last.saturating_add(1),
+                max: super::SQL_MAX,
+            }));
+        }
+    };
+    conn.execute(
+        "UPDATE runs
+         SET status = $2, lease_holder = $3, lease_token = $4, lease_expires = $5, updated = $6
+         WHERE run_id = $1",
+        &[
+            &run_id,
+            &RunStatus::Running.as_str(),
+            &worker,
+            &token,
+            &expires,
+            &conn.now,
+        ],
+    )
+    .await?;
+    let record = runs::run(conn, run_id)
+        .await?
+        .ok_or_else(|| unknown_run(run_id))?;
+    let row = conn
+        .query_one(
+            "SELECT input, authority FROM run_inputs WHERE run_id = $1",
+            &[&run_id],
+        )
+        .await?;
+    Ok(LeasedRun {
+        record,
+        token: token.unsigned_abs(),
+        input: row.try_get(0)?,
+        authority: row.try_get(1)?,
+        taken_over,
+    })
+}
+
+/// Extends each lease its fence still holds to `expires`.
+pub(super) async fn renew_runs(
+    conn: &Conn,
+    fences: &[RunFence],
+    expires: i64,
+) -> Result<Vec<LeaseState>, TxError> {
+    let mut states = Vec::with_capacity(fences.len());
+    for fence in fences {
+        let Ok(token) = i64::try_from(fence.token) else {
+            states.push(LeaseState::Lost);
+            continue;
+        };
+        let row = conn
+            .query_opt(
+                "UPDATE runs SET lease_expires = $3
+                 WHERE run_id = $1 AND lease_token = $2 AND lease_holder IS NOT NULL
+                 RETURNING cancel_requested",
+                &[&fence.run_id, &token, &expires],
+            )
+            .await?;
+        states.push(match row {
+            Some(row) => LeaseState::Held {
+                expires,
+                cancel_requested: row.try_get(0)?,
+            },
+            None => LeaseState::Lost,
+        });
+    }
+    Ok(states)
+}
+
+/// Gives the lease back, with the run's counts and why. The caller checked the fence.
+pub(super) async fn release_run(
+    conn: &Conn,
+    fence: &RunFence,
+    counts: &Counts,
+    note: Option<&str>,
+) -> Result<(), TxError> {
+    runs::save_counts(conn, &fence.run_id, counts).await?;
+    conn.execute(
+        "UPDATE runs SET lease_holder = NULL, lease_expires = NULL, note = $2 WHERE run_id = $1",
+        &[&fence.run_id, &note],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Records how the run ended and ends its lease (keeping its token). The caller
+/// checked the fence.
+pub(super) async fn finish_run(
+    conn: &Conn,
+    fence: &RunFence,
+    end: RunEnd<'_>,
+    counts: &Counts,
+) -> Result<(), TxError> {
+    let run_id = fence.run_id.as_str();
+    runs::save_counts(conn, run_id, counts).await?;
+    let status = match end {
+        RunEnd::Completed(output) => {
+            set_outcome(conn, run_id, Some(output)).await?;
+            RunStatus::Completed
+        }
+        RunEnd::Failed(error) => {
+            set_outcome(conn, run_id, Some(error.as_bytes())).await?;
+            RunStatus::Failed
+        }
+        RunEnd::InDoubt => RunStatus::InDoubt,
+        RunEnd::Cancelled => return end_as_cancelled(conn, run_id).await,
+    };
+    conn.execute(
+        "UPDATE runs
+         SET status = $2, lease_holder = NULL, lease_expires = NULL, cancel_requested = false,
+             updated = $3
+         WHERE run_id = $1",
+        &[&run_id, &status.as_str(), &conn.now],
+    )
+    .await?;
+    Ok(())
+}
