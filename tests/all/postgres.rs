@@ -333,11 +333,7 @@ fn an_unreachable_server_is_named_with_the_cause_and_exit_3() {
     }
     let port = free_port();
     let url = format!("postgres://root@127.0.0.1:{port}/test");
-    for args in [
-        vec!["ls", "--db", &url],
-        vec!["show", "--db", &url, "r"],
-        vec!["worker", "--db", &url],
-    ] {
+    for args in [vec!["ls", "--db", &url], vec!["show", "--db", &url, "r"]] {
         let out = run_cli(&args);
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(3), "{args:?}: {err}");
@@ -426,4 +422,79 @@ fn three_workers_on_postgres_complete_200_runs_through_kills_and_a_server_restar
         count(&url, "SELECT count(*) FROM steps WHERE result IS NOT NULL"),
         600
     );
+}
+
+/// A worker started while its server is down says so once and waits for it (a command
+/// exits 3 instead, above); once the server is up it starts and drives a run to the end.
+#[test]
+fn a_worker_started_while_the_server_is_down_waits_for_it() {
+    let Some(server) = PrivateServer::start("worker waits for the server") else {
+        return;
+    };
+    let url = server.url();
+    let data = tempfile::tempdir().unwrap();
+    let grant = format!("{}::/data", data.path().display());
+    let deployed = run_cli(&[
+        "deploy", LEDGER, "--db", &url, "--name", "ledger", "--dir", &grant,
+    ]);
+    assert!(deployed.status.success(), "{}", stderr(&deployed));
+    server.pg_ctl(&["stop"]);
+
+    let log = data.path().join("worker.log");
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["worker", "--db", &url, "--poll", "50ms"])
+        .env("IDEM_LOG", "warn")
+        .env("XDG_CACHE_HOME", env!("CARGO_TARGET_TMPDIR"))
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    assert!(worker.try_wait().unwrap().is_none(), "the worker gave up");
+    let waiting = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        waiting.matches("cannot reach the server").count(),
+        1,
+        "said once, whatever the retries: {waiting}"
+    );
+    assert!(
+        waiting.contains(&format!("127.0.0.1:{}", server.port)),
+        "{waiting}"
+    );
+    assert!(!waiting.contains(PASSWORD), "{waiting}");
+
+    server.pg_ctl(&["start"]);
+    let submitted = run_cli(&[
+        "submit",
+        "ledger",
+        "--db",
+        &url,
+        "--run-id",
+        "after-wait",
+        "--input",
+        &ledger_input(&["a", "b"]),
+    ]);
+    assert!(submitted.status.success(), "{}", stderr(&submitted));
+    let ledger = data.path().join("ledger.log");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::fs::read_to_string(&ledger).map_or(0, |l| l.lines().count()) < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run never ran: {}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let term = Command::new("kill")
+        .args(["-TERM", &worker.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let status = worker.wait().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    assert_eq!(std::fs::read_to_string(&ledger).unwrap().lines().count(), 2);
 }

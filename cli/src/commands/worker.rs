@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use idem::runtime::{Host, Runtime, check_namespace, default_cache_dir};
+use idem::store::{DatabaseFault, Store, StoreError};
 use idem::worker::{Worker, WorkerOptions};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -44,7 +45,7 @@ pub struct WorkerCommand {
 impl WorkerCommand {
     pub async fn execute(self) -> anyhow::Result<Exit> {
         check_namespace(&self.name)?;
-        let store = self.db.open_existing().await?;
+        let store = open_when_reachable(&self.db).await?;
         let cache = if self.no_cache {
             None
         } else {
@@ -94,4 +95,41 @@ impl WorkerCommand {
         );
         Ok(Exit::Done)
     }
+}
+
+/// Opens the store. While its server cannot be reached, says so once and tries again
+/// with backoff: a worker started with its database (or during a restart of it) waits
+/// for it, as a running worker does. Every other failure (a refused password, a
+/// missing database or store, a newer schema) ends the worker at once: waiting would
+/// not mend it. A signal meanwhile ends the process; it holds nothing yet.
+async fn open_when_reachable(db: &DbArgs) -> anyhow::Result<Arc<dyn Store>> {
+    const MOST: Duration = Duration::from_secs(5);
+    let mut backoff = Duration::from_millis(200);
+    let mut told = false;
+    loop {
+        match db.open_existing().await {
+            Ok(store) => return Ok(store),
+            Err(e) if unreachable(&e) => {
+                if !told {
+                    eprintln!("idem worker: {e:#}; trying again until it answers");
+                    told = true;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MOST);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn unreachable(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<StoreError>(),
+            Some(StoreError::Database {
+                fault: DatabaseFault::Unreachable,
+                ..
+            })
+        )
+    })
 }

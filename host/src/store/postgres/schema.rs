@@ -8,8 +8,8 @@
 //! migrates and the others find it done.
 
 use super::conn::write_tx;
-use super::{PostgresStore, TxError, connect_reason};
-use crate::store::{StoreError, SyncMode};
+use super::{PostgresStore, TxError, connect_reason, fault};
+use crate::store::{DatabaseFault, StoreError, SyncMode};
 
 /// `MIGRATIONS[i]` brings the schema from version `i` to version `i + 1`.
 const MIGRATIONS: &[&str] = &[include_str!("../migrations/postgres/0001_init.sql")];
@@ -22,15 +22,27 @@ pub(super) async fn migrate(store: &PostgresStore, existing_only: bool) -> Resul
     // The first connection tells apart the faults an operator fixes before anything
     // can work: the server down, the user or password refused, no such database.
     let probe = store.pool.get().await.map_err(|e| {
-        let reason = match &e {
-            deadpool_postgres::PoolError::Backend(e) => {
-                connect_reason(e, store.user.as_deref(), &store.dbname)
-            }
-            other => format!("cannot reach the server: {other}"),
+        let (reason, unreachable) = match &e {
+            deadpool_postgres::PoolError::Backend(e) => (
+                connect_reason(e, store.user.as_deref(), &store.dbname),
+                fault(e) == Some(DatabaseFault::Unreachable),
+            ),
+            other => (format!("cannot reach the server: {other}"), true),
         };
-        StoreError::Open {
-            location: store.location.clone(),
-            reason,
+        if unreachable {
+            // A fault that may pass by itself (the server restarting): typed, so that a
+            // caller that can wait (a worker) tells it from one an operator must fix.
+            StoreError::Database {
+                location: store.location.clone(),
+                op: "connect",
+                fault: DatabaseFault::Unreachable,
+                detail: reason,
+            }
+        } else {
+            StoreError::Open {
+                location: store.location.clone(),
+                reason,
+            }
         }
     })?;
     drop(probe);
