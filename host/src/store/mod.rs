@@ -21,6 +21,7 @@
 //! - `clock.rs`: the store's time, and a manual clock tests drive.
 //! - `error.rs`: [`StoreError`] and [`DatabaseFault`], in no backend's words.
 //! - `parked.rs`: the keys a run parked in doubt, as an operator names them.
+//! - `rules.rs`: the decisions both backends make alike (claims, tokens, run leases).
 //! - `sqlite/`: the SQLite backend; `migrations/sqlite/`: its numbered schema.
 //! - `postgres/`: the PostgreSQL backend; `migrations/postgres/`: its numbered schema.
 
@@ -30,6 +31,7 @@ mod error;
 mod model_tests;
 mod parked;
 mod postgres;
+mod rules;
 mod sqlite;
 #[cfg(test)]
 mod tests;

@@ -39,6 +39,7 @@ mod schema;
 #[cfg(test)]
 mod tests;
 
+use super::rules::SQL_MAX;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -425,9 +426,6 @@ impl From<StoreError> for TxError {
 // PostgreSQL integers are signed; the API counts in u64/u32. Values a caller passes are
 // checked before anything is sent (`check_*` in the SQLite backend, shared here); values
 // read back that are out of range are refused rather than wrapped.
-
-/// The largest integer PostgreSQL keeps in an `int8`.
-const SQL_MAX: u64 = i64::MAX as u64;
 
 fn to_sql_int(value: u64) -> Result<i64, TxError> {
     i64::try_from(value).map_err(|_| {

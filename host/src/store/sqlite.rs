@@ -33,6 +33,7 @@ mod schema;
 mod tests;
 mod thread;
 
+use super::rules::SQL_MAX;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -348,9 +349,6 @@ impl From<StoreError> for TxError {
 // checked before anything is sent to the thread (`check_*`); values read back that are
 // out of range are refused rather than wrapped, so a corrupt row cannot turn into a
 // plausible token.
-
-/// The largest integer SQLite keeps.
-const SQL_MAX: u64 = i64::MAX as u64;
 
 fn to_sql_int(value: u64) -> rusqlite::Result<i64> {
     i64::try_from(value).map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))

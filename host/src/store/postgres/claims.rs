@@ -10,25 +10,16 @@
 use super::conn::Conn;
 use super::{TxError, to_sql_int, u32_col, u64_col};
 use crate::store::clock::lease_expiry;
+use crate::store::rules::{
+    ClaimDecision, FIRST_GRANT, KeyRow, claim_lost, decide_claim, next_token,
+};
 use crate::store::{
-    ClaimOutcome, ClaimRef, ClaimRequest, Commit, Grant, HeldClaim, OpenClaim, Resolution,
-    RunStatus, StepRecord, StoreError,
+    ClaimOutcome, ClaimRef, ClaimRequest, Commit, OpenClaim, Resolution, RunStatus, StepRecord,
+    StoreError,
 };
 
-/// A key's claim row as it stands.
-struct Current {
-    run_id: String,
-    holder: Option<String>,
-    token: u64,
-    attempt: u32,
-    lease_expires: i64,
-    parked: Option<String>,
-    fingerprint: Option<String>,
-    result: Option<Vec<u8>>,
-}
-
 /// The key's row, if any, locked until the transaction ends.
-async fn current(conn: &Conn, key: &str) -> Result<Option<Current>, TxError> {
+async fn current(conn: &Conn, key: &str) -> Result<Option<KeyRow>, TxError> {
     let Some(row) = conn
         .query_opt(
             "SELECT run_id, holder, token, attempt, lease_expires, parked, fingerprint, result
@@ -39,7 +30,7 @@ async fn current(conn: &Conn, key: &str) -> Result<Option<Current>, TxError> {
     else {
         return Ok(None);
     };
-    Ok(Some(Current {
+    Ok(Some(KeyRow {
         run_id: row.try_get(0)?,
         holder: row.try_get(1)?,
         token: u64_col(&row, 2)?,
@@ -80,11 +71,7 @@ pub(super) async fn claim(
         )
         .await?;
     if inserted == 1 {
-        return Ok(ClaimOutcome::Granted(Grant {
-            token: 1,
-            attempt: 1,
-            in_doubt: false,
-        }));
+        return Ok(ClaimOutcome::Granted(FIRST_GRANT));
     }
     let Some(current) = current(conn, req.key).await? else {
         // Keys are never deleted, so the row the insert met is there.
@@ -93,31 +80,10 @@ pub(super) async fn claim(
             source: format!("key {:?} vanished while being claimed", req.key).into(),
         }));
     };
-    if let Some(conflict) = conflict(current.fingerprint.clone(), req.fingerprint) {
-        return Ok(conflict);
-    }
-    if let Some(result) = current.result {
-        return Ok(ClaimOutcome::Committed(result));
-    }
-    if let Some(reason) = current.parked {
-        return Ok(ClaimOutcome::Parked {
-            run_id: current.run_id,
-            reason,
-        });
-    }
-    let in_doubt = match current.holder {
-        None => false,
-        Some(_) if current.lease_expires <= now || stale_token == Some(current.token) => true,
-        Some(holder) => {
-            return Ok(ClaimOutcome::Held(HeldClaim {
-                holder,
-                token: current.token,
-                lease_expires: current.lease_expires,
-            }));
-        }
+    let grant = match decide_claim(current, req.fingerprint, stale_token, now)? {
+        ClaimDecision::Answer(outcome) => return Ok(outcome),
+        ClaimDecision::Grant(grant) => grant,
     };
-    let token = next_token(current.token)?;
-    let attempt = current.attempt.saturating_add(1);
     conn.execute(
         "UPDATE steps
          SET run_id = $2, holder = $3, token = $4, attempt = $5, claimed_at = $6,
@@ -127,15 +93,15 @@ pub(super) async fn claim(
             &req.key,
             &run_id,
             &req.holder,
-            &to_sql_int(token)?,
-            &i32::try_from(attempt).unwrap_or(i32::MAX),
+            &to_sql_int(grant.token)?,
+            &i32::try_from(grant.attempt).unwrap_or(i32::MAX),
             &now,
             &lease_expires,
             &req.fingerprint,
         ],
     )
     .await?;
-    if in_doubt {
+    if grant.in_doubt {
         // In the claim's own transaction, so `reclaimed` stays exact across crashes.
         conn.execute(
             "UPDATE runs SET reclaimed = reclaimed + 1 WHERE run_id = $1",
@@ -143,43 +109,11 @@ pub(super) async fn claim(
         )
         .await?;
     }
-    Ok(ClaimOutcome::Granted(Grant {
-        token,
-        attempt,
-        in_doubt,
-    }))
-}
-
-/// A conflict if the key is bound to a fingerprint and the request names another.
-fn conflict(bound: Option<String>, asked: Option<&str>) -> Option<ClaimOutcome> {
-    match (bound, asked) {
-        (Some(bound), Some(asked)) if bound != asked => {
-            Some(ClaimOutcome::Conflict { fingerprint: bound })
-        }
-        _ => None,
-    }
-}
-
-/// The token of the key's next grant: one more than its last.
-fn next_token(last: u64) -> Result<u64, TxError> {
-    match last
-        .checked_add(1)
-        .filter(|&next| i64::try_from(next).is_ok())
-    {
-        Some(next) => Ok(next),
-        None => Err(TxError::Store(StoreError::OutOfRange {
-            what: "fencing token",
-            value: last.saturating_add(1),
-            max: super::SQL_MAX,
-        })),
-    }
+    Ok(ClaimOutcome::Granted(grant))
 }
 
 fn lost(key: &str, token: u64) -> TxError {
-    TxError::Store(StoreError::ClaimLost {
-        key: key.to_owned(),
-        token,
-    })
+    TxError::Store(claim_lost(key, token))
 }
 
 /// Writes the result into the key's row if the claim's token still holds it, with the
@@ -368,7 +302,7 @@ pub(super) async fn resolve(
     let now = conn.now;
     match resolution {
         Resolution::Commit(result) => {
-            let token = to_sql_int(next_token(current.token)?)?;
+            let token = to_sql_int(next_token("fencing token", current.token)?)?;
             conn.execute(
                 "UPDATE steps
                  SET holder = NULL, parked = NULL, token = $2, result = $3, committed_at = $4

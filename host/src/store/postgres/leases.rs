@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use super::conn::Conn;
 use super::runs::{self, end_as_cancelled, lease_from, set_outcome, status_from, unknown_run};
-use super::{TxError, u64_col};
+use super::{TxError, to_sql_int, u64_col};
 use crate::store::clock::lease_expiry;
+use crate::store::rules::{LeaseDecision, decide_run_lease, next_token};
 use crate::store::{
     Acquired, Counts, LeaseState, LeasedRun, RunEnd, RunFence, RunStatus, StoreError,
 };
@@ -46,7 +47,8 @@ pub(super) async fn acquire_runs(
     for row in &rows {
         let run_id: String = row.try_get(0)?;
         let (last, taken_over) = (u64_col(row, 1)?, row.try_get(2)?);
-        leased.push(grant(conn, &run_id, last, worker, expires, taken_over).await?);
+        let token = next_token("run lease token", last)?;
+        leased.push(grant(conn, &run_id, token, worker, expires, taken_over).await?);
     }
     Ok(leased)
 }
@@ -73,41 +75,33 @@ pub(super) async fn acquire_run(
         lease_from(&row, 1)?,
         u64_col(&row, 2)?,
     );
-    if status.is_finished() {
-        let record = runs::run(conn, run_id)
-            .await?
-            .ok_or_else(|| unknown_run(run_id))?;
-        return Ok(Acquired::Finished(record));
+    match decide_run_lease(status, lease_now, last, worker, conn.now)? {
+        LeaseDecision::Finished => {
+            let record = runs::run(conn, run_id)
+                .await?
+                .ok_or_else(|| unknown_run(run_id))?;
+            Ok(Acquired::Finished(record))
+        }
+        LeaseDecision::Held(held) => Ok(Acquired::Held(held)),
+        LeaseDecision::Grant { token, taken_over } => {
+            let expires = lease_expiry(conn.now, lease);
+            grant(conn, run_id, token, worker, expires, taken_over)
+                .await
+                .map(Acquired::Leased)
+        }
     }
-    let taken_over = lease_now.is_some();
-    if let Some(held) = lease_now.filter(|held| held.expires > conn.now && held.worker != worker) {
-        return Ok(Acquired::Held(held));
-    }
-    let expires = lease_expiry(conn.now, lease);
-    grant(conn, run_id, last, worker, expires, taken_over)
-        .await
-        .map(Acquired::Leased)
 }
 
-/// Grants the run's next lease to `worker` and sets it running.
+/// Grants the run's lease to `worker` under `token` and sets it running.
 async fn grant(
     conn: &Conn,
     run_id: &str,
-    last: u64,
+    token: u64,
     worker: &str,
     expires: i64,
     taken_over: bool,
 ) -> Result<LeasedRun, TxError> {
-    let token = match last.checked_add(1).map(i64::try_from) {
-        Some(Ok(token)) => token,
-        _ => {
-            return Err(TxError::Store(StoreError::OutOfRange {
-                what: "run lease token",
-                value: last.saturating_add(1),
-                max: super::SQL_MAX,
-            }));
-        }
-    };
+    let token = to_sql_int(token)?;
     conn.execute(
         "UPDATE runs
          SET status = $2, lease_holder = $3, lease_token = $4, lease_expires = $5, updated = $6

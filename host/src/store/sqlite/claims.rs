@@ -15,33 +15,23 @@ use super::leases::{check_fence, fence_holds};
 use super::runs::{self, set_outcome};
 use super::{TxError, to_sql_int, u32_column, u64_column};
 use crate::store::clock::lease_expiry;
+use crate::store::rules::{
+    ClaimDecision, FIRST_GRANT, KeyRow, claim_lost, decide_claim, next_token,
+};
 use crate::store::{
-    ClaimOutcome, ClaimRef, ClaimRequest, Commit, Grant, HeldClaim, Millis, OpenClaim, Resolution,
-    RunStatus, StepRecord, StoreError,
+    ClaimOutcome, ClaimRef, ClaimRequest, Commit, Millis, OpenClaim, Resolution, RunStatus,
+    StepRecord, StoreError,
 };
 
-/// A key's claim row as it stands.
-struct Current {
-    run_id: String,
-    holder: Option<String>,
-    token: u64,
-    attempt: u32,
-    lease_expires: Millis,
-    parked: Option<String>,
-    fingerprint: Option<String>,
-    /// The committed result, once there is one.
-    result: Option<Vec<u8>>,
-}
-
 /// The key's row, if any.
-fn current(conn: &Connection, key: &str) -> Result<Option<Current>, TxError> {
+fn current(conn: &Connection, key: &str) -> Result<Option<KeyRow>, TxError> {
     let current = conn
         .prepare_cached(
             "SELECT run_id, holder, token, attempt, lease_expires, parked, fingerprint, result
              FROM steps WHERE key = ?1",
         )?
         .query_row([key], |row| {
-            Ok(Current {
+            Ok(KeyRow {
                 run_id: row.get(0)?,
                 holder: row.get(1)?,
                 token: u64_column(row, 2)?,
@@ -85,47 +75,16 @@ pub(super) fn claim(
             req.fingerprint
         ])?;
     if inserted == 1 {
-        return Ok(ClaimOutcome::Granted(Grant {
-            token: 1,
-            attempt: 1,
-            in_doubt: false,
-        }));
+        return Ok(ClaimOutcome::Granted(FIRST_GRANT));
     }
     let Some(current) = current(conn, req.key)? else {
         // The insert met a row that is not there: only a corrupt index would do that.
         return Err(TxError::Sql(rusqlite::Error::QueryReturnedNoRows));
     };
-
-    if let Some(conflict) = conflict(current.fingerprint.clone(), req.fingerprint) {
-        return Ok(conflict);
-    }
-    if let Some(result) = current.result {
-        return Ok(ClaimOutcome::Committed(result));
-    }
-    if let Some(reason) = current.parked {
-        return Ok(ClaimOutcome::Parked {
-            run_id: current.run_id,
-            reason,
-        });
-    }
-    let in_doubt = match current.holder {
-        // Released: the holder gave up before starting, or knows it did not finish.
-        None => false,
-        Some(_) if current.lease_expires <= now || stale_token == Some(current.token) => {
-            // The holder vanished without committing or releasing: it may have begun
-            // the side effect.
-            true
-        }
-        Some(holder) => {
-            return Ok(ClaimOutcome::Held(HeldClaim {
-                holder,
-                token: current.token,
-                lease_expires: current.lease_expires,
-            }));
-        }
+    let grant = match decide_claim(current, req.fingerprint, stale_token, now)? {
+        ClaimDecision::Answer(outcome) => return Ok(outcome),
+        ClaimDecision::Grant(grant) => grant,
     };
-    let token = next_token(current.token)?;
-    let attempt = current.attempt.saturating_add(1);
     conn.prepare_cached(
         "UPDATE steps
          SET run_id = ?2, holder = ?3, token = ?4, attempt = ?5, claimed_at = ?6,
@@ -136,31 +95,16 @@ pub(super) fn claim(
         req.key,
         run_id,
         req.holder,
-        to_sql_int(token)?,
-        attempt,
+        to_sql_int(grant.token)?,
+        grant.attempt,
         now,
         lease_expires,
         req.fingerprint
     ])?;
-    if in_doubt {
+    if grant.in_doubt {
         count_reclaim(conn, run_id)?;
     }
-    Ok(ClaimOutcome::Granted(Grant {
-        token,
-        attempt,
-        in_doubt,
-    }))
-}
-
-/// A conflict if the key is bound to a fingerprint and the request names another. A
-/// side without a fingerprint binds nothing: the agent did not say what the step does.
-fn conflict(bound: Option<String>, asked: Option<&str>) -> Option<ClaimOutcome> {
-    match (bound, asked) {
-        (Some(bound), Some(asked)) if bound != asked => {
-            Some(ClaimOutcome::Conflict { fingerprint: bound })
-        }
-        _ => None,
-    }
+    Ok(ClaimOutcome::Granted(grant))
 }
 
 /// Counts a claim retaken in doubt in its run's record, in the claim's own
@@ -173,25 +117,8 @@ fn count_reclaim(conn: &Connection, run_id: &str) -> Result<(), TxError> {
     Ok(())
 }
 
-/// The token of the key's next grant: one more than its last. Tokens only fence the
-/// holders of one key against each other, so per-key order is all they need.
-fn next_token(last: u64) -> Result<u64, TxError> {
-    match last.checked_add(1).filter(|&next| to_sql_int(next).is_ok()) {
-        Some(next) => Ok(next),
-        None => Err(TxError::Store(StoreError::OutOfRange {
-            what: "fencing token",
-            value: last.saturating_add(1),
-            max: super::SQL_MAX,
-        })),
-    }
-}
-
-/// The error for a commit or park by a token that no longer holds the key.
 fn lost(key: &str, token: u64) -> TxError {
-    TxError::Store(StoreError::ClaimLost {
-        key: key.to_owned(),
-        token,
-    })
+    TxError::Store(claim_lost(key, token))
 }
 
 /// Writes the result into the key's row, if the claim's token still holds it, with the
@@ -396,7 +323,7 @@ pub(super) fn resolve(
         Resolution::Commit(result) => {
             // A fresh token: the resolution is a commit of its own, after every
             // holder that ever had the key.
-            let token = to_sql_int(next_token(current.token)?)?;
+            let token = to_sql_int(next_token("fencing token", current.token)?)?;
             conn.prepare_cached(
                 "UPDATE steps
                  SET holder = NULL, parked = NULL, token = ?2, result = ?3, committed_at = ?4

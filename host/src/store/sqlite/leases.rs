@@ -16,6 +16,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::runs::{self, end_as_cancelled, lease_from, set_outcome, status_from, unknown_run};
 use super::{TxError, to_sql_int, u64_column};
 use crate::store::clock::lease_expiry;
+use crate::store::rules::{LeaseDecision, decide_run_lease, next_token};
 use crate::store::{
     Acquired, Counts, LeaseState, LeasedRun, Millis, RunEnd, RunFence, RunLeaseInfo, RunStatus,
     StoreError,
@@ -91,7 +92,8 @@ pub(super) fn acquire_runs(
     chosen
         .into_iter()
         .map(|(run_id, last, taken_over)| {
-            grant(conn, &run_id, last, worker, expires, now, taken_over)
+            let token = next_token("run lease token", last)?;
+            grant(conn, &run_id, token, worker, expires, now, taken_over)
         })
         .collect()
 }
@@ -122,40 +124,30 @@ pub(super) fn acquire_run(
     let Some((status, lease_now, last)) = row else {
         return Err(unknown_run(run_id));
     };
-    if status.is_finished() {
-        let record = runs::run(conn, run_id)?.ok_or_else(|| unknown_run(run_id))?;
-        return Ok(Acquired::Finished(record));
+    match decide_run_lease(status, lease_now, last, worker, now)? {
+        LeaseDecision::Finished => {
+            let record = runs::run(conn, run_id)?.ok_or_else(|| unknown_run(run_id))?;
+            Ok(Acquired::Finished(record))
+        }
+        LeaseDecision::Held(held) => Ok(Acquired::Held(held)),
+        LeaseDecision::Grant { token, taken_over } => {
+            let expires = lease_expiry(now, lease);
+            grant(conn, run_id, token, worker, expires, now, taken_over).map(Acquired::Leased)
+        }
     }
-    // A lease still recorded was not given back: its holder died (or stopped without
-    // finishing), and counts it had not written yet are lost.
-    let taken_over = lease_now.is_some();
-    if let Some(held) = lease_now.filter(|held| held.expires > now && held.worker != worker) {
-        return Ok(Acquired::Held(held));
-    }
-    let expires = lease_expiry(now, lease);
-    grant(conn, run_id, last, worker, expires, now, taken_over).map(Acquired::Leased)
 }
 
-/// Grants the run's next lease to `worker` and sets it running.
+/// Grants the run's lease to `worker` under `token` and sets it running.
 fn grant(
     conn: &Connection,
     run_id: &str,
-    last: u64,
+    token: u64,
     worker: &str,
     expires: Millis,
     now: Millis,
     taken_over: bool,
 ) -> Result<LeasedRun, TxError> {
-    let token = match last.checked_add(1).map(to_sql_int) {
-        Some(Ok(token)) => token,
-        _ => {
-            return Err(TxError::Store(StoreError::OutOfRange {
-                what: "run lease token",
-                value: last.saturating_add(1),
-                max: super::SQL_MAX,
-            }));
-        }
-    };
+    let token = to_sql_int(token)?;
     conn.prepare_cached(
         "UPDATE runs
          SET status = ?2, lease_holder = ?3, lease_token = ?4, lease_expires = ?5, updated = ?6

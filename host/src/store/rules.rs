@@ -1,0 +1,263 @@
+//! The decisions every backend makes the same way, in one place: what a claim of a key
+//! gets given the key's row, which token a grant takes, and whether a run's lease may
+//! be granted. A backend reads the row (locking it as its database needs), asks here,
+//! and writes what the answer says; so the two backends cannot drift apart on a rule,
+//! and the store suite, which runs on both, checks one implementation.
+
+use super::{ClaimOutcome, Grant, HeldClaim, Millis, RunLeaseInfo, RunStatus, StoreError};
+
+/// The largest token, count or step a store keeps: both backends store them as signed
+/// 64-bit integers.
+pub(crate) const SQL_MAX: u64 = i64::MAX as u64;
+
+/// The grant of a key nobody claimed before.
+pub(crate) const FIRST_GRANT: Grant = Grant {
+    token: 1,
+    attempt: 1,
+    in_doubt: false,
+};
+
+/// A key's row as it stands, as the claim rules need it.
+pub(crate) struct KeyRow {
+    /// The run that last claimed (or parked) the key.
+    pub run_id: String,
+    /// The live claim's holder; `None` when released, parked or committed.
+    pub holder: Option<String>,
+    /// The token of the key's latest grant.
+    pub token: u64,
+    /// The number of the key's latest grant.
+    pub attempt: u32,
+    /// When the latest grant's lease runs out, on the store's clock.
+    pub lease_expires: Millis,
+    /// Why the key is parked in doubt, if it is.
+    pub parked: Option<String>,
+    /// The fingerprint the key is bound to, if any.
+    pub fingerprint: Option<String>,
+    /// The committed result, once there is one.
+    pub result: Option<Vec<u8>>,
+}
+
+/// What a claim of a key that has a row gets.
+#[derive(Debug)]
+pub(crate) enum ClaimDecision {
+    /// Answer the claimant with this and write nothing.
+    Answer(ClaimOutcome),
+    /// Grant the key: write this grant (token, attempt) to the key's row, and count a
+    /// retake in doubt in the run's record when it is one.
+    Grant(Grant),
+}
+
+/// Decides a claim of a key whose row is `row`, asked with fingerprint `asked`, at
+/// `now`; `stale_token` names a live claim the claimant may take over
+/// (`Store::take_over`).
+///
+/// In order: another fingerprint is a conflict; a committed result is handed back; a
+/// parked key stays parked; a released claim is granted afresh; a claim whose holder
+/// vanished (lease expired, or the stale token) is retaken in doubt, since its side
+/// effect may have begun; a live claim is held.
+pub(crate) fn decide_claim(
+    row: KeyRow,
+    asked: Option<&str>,
+    stale_token: Option<u64>,
+    now: Millis,
+) -> Result<ClaimDecision, StoreError> {
+    // A side without a fingerprint binds nothing: the agent did not say what the step
+    // does.
+    if let (Some(bound), Some(asked)) = (&row.fingerprint, asked)
+        && bound != asked
+    {
+        return Ok(ClaimDecision::Answer(ClaimOutcome::Conflict {
+            fingerprint: row.fingerprint.unwrap_or_default(),
+        }));
+    }
+    if let Some(result) = row.result {
+        return Ok(ClaimDecision::Answer(ClaimOutcome::Committed(result)));
+    }
+    if let Some(reason) = row.parked {
+        return Ok(ClaimDecision::Answer(ClaimOutcome::Parked {
+            run_id: row.run_id,
+            reason,
+        }));
+    }
+    let in_doubt = match row.holder {
+        // Released: the holder gave up before starting, or knows it did not finish.
+        None => false,
+        Some(_) if row.lease_expires <= now || stale_token == Some(row.token) => true,
+        Some(holder) => {
+            return Ok(ClaimDecision::Answer(ClaimOutcome::Held(HeldClaim {
+                holder,
+                token: row.token,
+                lease_expires: row.lease_expires,
+            })));
+        }
+    };
+    Ok(ClaimDecision::Grant(Grant {
+        token: next_token("fencing token", row.token)?,
+        attempt: row.attempt.saturating_add(1),
+        in_doubt,
+    }))
+}
+
+/// The token after `last` (of a key, or of a run's lease). Tokens only fence the
+/// holders of one key (or one run) against each other, so per-key order is all they
+/// need; one past what a store keeps is refused rather than wrapped.
+pub(crate) fn next_token(what: &'static str, last: u64) -> Result<u64, StoreError> {
+    last.checked_add(1)
+        .filter(|&next| next <= SQL_MAX)
+        .ok_or(StoreError::OutOfRange {
+            what,
+            value: last.saturating_add(1),
+            max: SQL_MAX,
+        })
+}
+
+/// The error for a commit, release or park by a token that no longer holds the key.
+pub(crate) fn claim_lost(key: &str, token: u64) -> StoreError {
+    StoreError::ClaimLost {
+        key: key.to_owned(),
+        token,
+    }
+}
+
+/// What a request for one run's lease gets.
+#[derive(Debug)]
+pub(crate) enum LeaseDecision {
+    /// The run has ended: answer with its record.
+    Finished,
+    /// Another worker's lease is live.
+    Held(RunLeaseInfo),
+    /// Grant the lease under `token`. `taken_over`: a lease was still recorded, so its
+    /// holder died or stopped without giving it back, and counts it had not written
+    /// are lost.
+    Grant { token: u64, taken_over: bool },
+}
+
+/// Decides a request by `worker` for the lease of a run in `status`, whose recorded
+/// lease is `lease` and latest lease token `last`, at `now`. A lease the same worker
+/// holds is granted again: the worker knows it is not driving the run (a host keeps
+/// that to itself), so it may take it back at once.
+pub(crate) fn decide_run_lease(
+    status: RunStatus,
+    lease: Option<RunLeaseInfo>,
+    last: u64,
+    worker: &str,
+    now: Millis,
+) -> Result<LeaseDecision, StoreError> {
+    if status.is_finished() {
+        return Ok(LeaseDecision::Finished);
+    }
+    let taken_over = lease.is_some();
+    if let Some(held) = lease.filter(|held| held.expires > now && held.worker != worker) {
+        return Ok(LeaseDecision::Held(held));
+    }
+    Ok(LeaseDecision::Grant {
+        token: next_token("run lease token", last)?,
+        taken_over,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row() -> KeyRow {
+        KeyRow {
+            run_id: "r".into(),
+            holder: Some("h".into()),
+            token: 4,
+            attempt: 2,
+            lease_expires: 100,
+            parked: None,
+            fingerprint: Some("f".into()),
+            result: None,
+        }
+    }
+
+    fn granted(d: ClaimDecision) -> Grant {
+        match d {
+            ClaimDecision::Grant(g) => g,
+            other => panic!("expected a grant, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_live_claim_is_held_until_its_lease_ends_then_retaken_in_doubt() {
+        let held = decide_claim(row(), Some("f"), None, 99).unwrap();
+        assert!(matches!(
+            held,
+            ClaimDecision::Answer(ClaimOutcome::Held(HeldClaim { token: 4, .. }))
+        ));
+        let g = granted(decide_claim(row(), Some("f"), None, 100).unwrap());
+        assert_eq!((g.token, g.attempt, g.in_doubt), (5, 3, true));
+        let g = granted(decide_claim(row(), None, Some(4), 0).unwrap());
+        assert!(g.in_doubt, "the stale token's claim is taken over in doubt");
+    }
+
+    #[test]
+    fn a_released_claim_is_granted_afresh_and_a_result_wins_over_everything_but_a_conflict() {
+        let released = KeyRow {
+            holder: None,
+            ..row()
+        };
+        let g = granted(decide_claim(released, Some("f"), None, 0).unwrap());
+        assert_eq!((g.token, g.in_doubt), (5, false));
+        let committed = KeyRow {
+            holder: None,
+            result: Some(b"r".to_vec()),
+            parked: Some("p".into()),
+            ..row()
+        };
+        assert!(matches!(
+            decide_claim(committed, None, None, 0).unwrap(),
+            ClaimDecision::Answer(ClaimOutcome::Committed(r)) if r == b"r"
+        ));
+        let other = decide_claim(row(), Some("g"), None, 1_000).unwrap();
+        assert!(matches!(
+            other,
+            ClaimDecision::Answer(ClaimOutcome::Conflict { fingerprint }) if fingerprint == "f"
+        ));
+    }
+
+    #[test]
+    fn tokens_stop_at_what_a_store_keeps() {
+        assert_eq!(next_token("t", SQL_MAX - 1).unwrap(), SQL_MAX);
+        assert!(matches!(
+            next_token("t", SQL_MAX),
+            Err(StoreError::OutOfRange { value, .. }) if value == SQL_MAX + 1
+        ));
+        assert!(next_token("t", u64::MAX).is_err());
+    }
+
+    #[test]
+    fn a_run_lease_is_refused_only_while_another_workers_lease_lives() {
+        let lease = |worker: &str, expires| {
+            Some(RunLeaseInfo {
+                worker: worker.into(),
+                token: 7,
+                expires,
+            })
+        };
+        assert!(matches!(
+            decide_run_lease(RunStatus::Running, lease("a", 10), 7, "b", 9).unwrap(),
+            LeaseDecision::Held(_)
+        ));
+        assert!(matches!(
+            decide_run_lease(RunStatus::Running, lease("a", 10), 7, "a", 9).unwrap(),
+            LeaseDecision::Grant {
+                token: 8,
+                taken_over: true
+            }
+        ));
+        assert!(matches!(
+            decide_run_lease(RunStatus::Queued, None, 0, "b", 9).unwrap(),
+            LeaseDecision::Grant {
+                token: 1,
+                taken_over: false
+            }
+        ));
+        assert!(matches!(
+            decide_run_lease(RunStatus::Completed, lease("a", 10), 7, "b", 9).unwrap(),
+            LeaseDecision::Finished
+        ));
+    }
+}
