@@ -78,6 +78,11 @@ const GUESTS: &[Guest] = &[
         package: "rawabi",
         constant: "RAWABI",
     },
+    Guest {
+        workspace: "tests/guests",
+        package: "waiter",
+        constant: "WAITER",
+    },
 ];
 
 fn main() -> ExitCode {

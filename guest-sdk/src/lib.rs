@@ -68,6 +68,8 @@
 //! - `key.rs`: [`Key`], how a side effect is named.
 //! - `progress.rs`: [`load`], [`save`] and [`Checkpoint`].
 //! - `run_info.rs`: [`run_id`] and [`generation`].
+//! - `waits.rs`: [`sleep`], [`sleep_until`] and [`wait_for_signal`]: durable waits that
+//!   hold no instance.
 //! - `http.rs`: [`http::Request`], a blocking client on `wasi:http` whose requests
 //!   inside [`run_once`] carry the step's key and token.
 //! - `error.rs`: [`Error`].
@@ -89,6 +91,7 @@ mod key;
 mod once;
 mod progress;
 mod run_info;
+mod waits;
 
 pub use agent::Agent;
 pub use bindings::idem::agent::types::StepError;
@@ -96,7 +99,9 @@ pub use error::Error;
 pub use key::Key;
 pub use once::{InDoubt, Once, Outcome, Step, run_once, run_once_with};
 pub use progress::{Checkpoint, load, save};
+pub use bindings::idem::agent::waits::WaitError;
 pub use run_info::{generation, run_id};
+pub use waits::{sleep, sleep_until, wait_for_signal};
 
 /// Runtime support for the generated bindings, reached by path from agent crates.
 #[doc(hidden)]
