@@ -95,11 +95,11 @@ mod waits;
 
 pub use agent::Agent;
 pub use bindings::idem::agent::types::StepError;
+pub use bindings::idem::agent::waits::WaitError;
 pub use error::Error;
 pub use key::Key;
 pub use once::{InDoubt, Once, Outcome, Step, run_once, run_once_with};
 pub use progress::{Checkpoint, load, save};
-pub use bindings::idem::agent::waits::WaitError;
 pub use run_info::{generation, run_id};
 pub use waits::{sleep, sleep_until, wait_for_signal};
 

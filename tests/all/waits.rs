@@ -231,7 +231,11 @@ fn a_run_sleeping_one_hour_resumes_in_the_foreground_when_the_clock_passes() {
         let record = w.record("nap");
         assert_eq!(record.wake_at, Some(T0 + 3_600_000));
         assert_eq!(record.waiting_for, None);
-        assert_eq!(w.host.live_instances(), 0, "a sleeping run holds no instance");
+        assert_eq!(
+            w.host.live_instances(),
+            0,
+            "a sleeping run holds no instance"
+        );
         assert_eq!(w.log("w.log"), ["start gen=0"]);
 
         // A minute short of the hour: nothing wakes it.
@@ -390,7 +394,11 @@ fn a_sleeping_run_whose_worker_was_sigkilled_is_woken_by_another_worker() {
             .unwrap()
             .is_some_and(|r| suspended(&r))
     });
-    let wake_at = block_on(reader.run("k1")).unwrap().unwrap().wake_at.unwrap();
+    let wake_at = block_on(reader.run("k1"))
+        .unwrap()
+        .unwrap()
+        .wake_at
+        .unwrap();
     worker.kill().unwrap();
     worker.wait().unwrap();
 
@@ -436,7 +444,11 @@ fn a_signal_sent_before_during_and_after_a_crash_is_received_exactly_once() {
         assert_eq!(report.status, RunStatus::Completed);
         assert_eq!(
             w.log("before.log"),
-            ["start gen=0", r#"after 0 {"n":1} gen=0"#, r#"after 1 {"n":2} gen=0"#]
+            [
+                "start gen=0",
+                r#"after 0 {"n":1} gen=0"#,
+                r#"after 1 {"n":2} gen=0"#
+            ]
         );
 
         // During: the run waits holding no instance; each signal wakes it at once.
@@ -454,7 +466,11 @@ fn a_signal_sent_before_during_and_after_a_crash_is_received_exactly_once() {
         assert_eq!(block_on(run).unwrap().status, RunStatus::Completed);
         assert_eq!(
             w.log("during.log"),
-            ["start gen=0", r#"after 0 "one" gen=1"#, r#"after 1 "two" gen=2"#]
+            [
+                "start gen=0",
+                r#"after 0 "one" gen=1"#,
+                r#"after 1 "two" gen=2"#
+            ]
         );
 
         // After a crash: the instance is dropped right after the first receipt (before
@@ -476,7 +492,11 @@ fn a_signal_sent_before_during_and_after_a_crash_is_received_exactly_once() {
         );
         assert_eq!(
             w.log("crash.log"),
-            ["start gen=0", r#"after 0 "first" gen=1"#, r#"after 1 "second" gen=2"#]
+            [
+                "start gen=0",
+                r#"after 0 "first" gen=1"#,
+                r#"after 1 "second" gen=2"#
+            ]
         );
         // A third signal after the run completed is refused, and nothing is kept.
         assert!(matches!(
@@ -614,14 +634,21 @@ fn idem_signal_refuses_unknown_and_finished_runs_bad_names_and_large_payloads() 
         (vec!["done", "go"], "already completed"),
         (vec!["open", ""], "must not be empty"),
         (vec!["open", "go", "--payload", "{nope"], "not valid JSON"),
-        (vec!["open", "go", "--payload", &big_arg], "over the state limit"),
+        (
+            vec!["open", "go", "--payload", &big_arg],
+            "over the state limit",
+        ),
     ] {
         let mut all = vec!["signal"];
         all.extend_from_slice(&args);
         all.extend_from_slice(&["--db", db]);
         let out = run_cli(&all);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
-        assert!(stderr(&out).contains(expected), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains(expected),
+            "{args:?}: {}",
+            stderr(&out)
+        );
     }
     std::fs::remove_file(&big).unwrap();
     // Nothing was kept for any of them.

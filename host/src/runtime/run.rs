@@ -16,11 +16,11 @@ use super::faults::{FaultPlan, Faults};
 use super::limits::{LimitExceeded, Limits, cut};
 use super::output::LogSink;
 use super::run_ctx::{RunCtx, RunSignals, Stop};
+use crate::store::StoreError;
 use crate::store::{
     Acquired, Admission, Counts, Deployment, LeasedRun, Millis, RunEnd, RunFence, RunRecord,
     RunStatus, Submission, Suspension,
 };
-use crate::store::StoreError;
 use crate::text;
 
 /// How to drive one run in the foreground.
@@ -332,22 +332,20 @@ impl Host {
         submitted: &RunRecord,
         signals: &Arc<RunSignals>,
     ) -> Result<RunReport, HostError> {
-        let mut suspended = submitted
-            .wake_at
-            .map(|due| RunReport {
-                run_id: opts.run_id.clone(),
-                status: RunStatus::Running,
-                outcome: Vec::new(),
-                counts: submitted.counts,
-                counts_exact: true,
-                instances_now: 0,
-                already_finished: false,
-                failure: None,
-                waiting: Some(Waiting {
-                    due: (due != Millis::MAX).then_some(due),
-                    signal: submitted.waiting_for.clone(),
-                }),
-            });
+        let mut suspended = submitted.wake_at.map(|due| RunReport {
+            run_id: opts.run_id.clone(),
+            status: RunStatus::Running,
+            outcome: Vec::new(),
+            counts: submitted.counts,
+            counts_exact: true,
+            instances_now: 0,
+            already_finished: false,
+            failure: None,
+            waiting: Some(Waiting {
+                due: (due != Millis::MAX).then_some(due),
+                signal: submitted.waiting_for.clone(),
+            }),
+        });
         loop {
             if let Some(report) = suspended.take() {
                 match self.until_due(&opts.run_id, signals).await? {

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::runtime::bindings::idem::agent::waits::{Host, Received, Wake as WitWake, WaitError};
+use crate::runtime::bindings::idem::agent::waits::{Host, Received, WaitError, Wake as WitWake};
 use crate::runtime::end::{Suspend, trap_store};
 use crate::runtime::view::IdemCtxView;
 use crate::store::{StoreError, WaitKind, WaitRequest, WaitState, Wake};
@@ -92,16 +92,15 @@ impl IdemCtxView<'_> {
         };
         match run.store.wait(&req).await {
             Ok(state) => Ok(state),
-            Err(StoreError::WaitRefused { reason, .. }) => Err(WaitFailure::Wait(
-                if reason.contains("was used for") {
+            Err(StoreError::WaitRefused { reason, .. }) => {
+                Err(WaitFailure::Wait(if reason.contains("was used for") {
                     WaitError::KeyReused(reason)
-                } else if reason.starts_with("signal name") || reason.starts_with("a signal name")
-                {
+                } else if reason.starts_with("signal name") || reason.starts_with("a signal name") {
                     WaitError::InvalidKey(reason)
                 } else {
                     WaitError::InvalidTime(reason)
-                },
-            )),
+                }))
+            }
             Err(e) => Err(WaitFailure::Trap(trap_store(e))),
         }
     }

@@ -7,8 +7,8 @@ use super::conn::Conn;
 use super::runs::{save_counts, status_from, unknown_run};
 use crate::store::waits::{due_at, reused};
 use crate::store::{
-    Counts, Millis, RunFence, RunStatus, SignalSent, StoreError, Suspension, WaitKind,
-    WaitRecord, WaitState, check_signal_name,
+    Counts, Millis, RunFence, RunStatus, SignalSent, StoreError, Suspension, WaitKind, WaitRecord,
+    WaitState, check_signal_name,
 };
 
 /// Records the wait if new and says where it stands; a signal wait takes its signal

@@ -423,8 +423,10 @@ impl Store for SqliteStore {
 
     async fn waits(&self, run_id: &str) -> Result<Vec<WaitRecord>, StoreError> {
         let run_id = run_id.to_owned();
-        self.read("read a run's waits", move |conn| waits::waits(conn, &run_id))
-            .await
+        self.read("read a run's waits", move |conn| {
+            waits::waits(conn, &run_id)
+        })
+        .await
     }
 }
 

@@ -4,13 +4,13 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::TxError;
 use super::leases::check_fence;
 use super::runs::{save_counts, status_from, unknown_run};
-use super::TxError;
 use crate::store::waits::due_at;
 use crate::store::{
-    Counts, Millis, RunFence, RunStatus, SignalSent, StoreError, Suspension, WaitKind,
-    WaitRecord, WaitState, check_signal_name,
+    Counts, Millis, RunFence, RunStatus, SignalSent, StoreError, Suspension, WaitKind, WaitRecord,
+    WaitState, check_signal_name,
 };
 
 /// Records the wait if new and says where it stands; a signal wait takes its signal
@@ -38,7 +38,12 @@ pub(super) fn wait(
             Some(*name)
         }
     };
-    type Row = (Option<String>, Option<Millis>, Option<String>, Option<Vec<u8>>);
+    type Row = (
+        Option<String>,
+        Option<Millis>,
+        Option<String>,
+        Option<Vec<u8>>,
+    );
     let row: Option<Row> = conn
         .prepare_cached(
             "SELECT signal, due, outcome, payload FROM waits WHERE run_id = ?1 AND key = ?2",
@@ -82,7 +87,9 @@ pub(super) fn wait(
             "SELECT id, payload FROM signals
              WHERE run_id = ?1 AND name = ?2 AND taken_by IS NULL ORDER BY id LIMIT 1",
         )?
-        .query_row(params![fence.run_id, name], |row| Ok((row.get(0)?, row.get(1)?)))
+        .query_row(params![fence.run_id, name], |row| {
+            Ok((row.get(0)?, row.get(1)?))
+        })
         .optional()?;
     if let Some((id, payload)) = signal {
         conn.prepare_cached("UPDATE signals SET taken_by = ?2 WHERE id = ?1")?
