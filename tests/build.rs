@@ -39,6 +39,11 @@ const GUESTS: &[Guest] = &[
         constant: "DEDUPE",
     },
     Guest {
+        workspace: "examples",
+        package: "approval",
+        constant: "APPROVAL",
+    },
+    Guest {
         workspace: "tests/guests",
         package: "steps",
         constant: "STEPS",

@@ -668,3 +668,107 @@ fn idem_signal_refuses_unknown_and_finished_runs_bad_names_and_large_payloads() 
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
 }
+
+#[test]
+fn the_approval_example_pays_once_after_idem_signal_through_submit_and_a_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let db = dir.path().join("idem.db");
+    let db_s = db.to_str().unwrap();
+    let grant = format!("{}::/data", data.display());
+    let ok = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend_from_slice(&["--db", db_s]);
+        let out = run_cli(&all);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        crate::util::stdout(&out)
+    };
+    ok(&[
+        "deploy",
+        idem_test_artifacts::APPROVAL,
+        "--name",
+        "payments",
+        "--dir",
+        &grant,
+    ]);
+    let input = |id: &str| {
+        format!(
+            r#"{{"payment": {{"id": "{id}", "to": "acme", "cents": 12500}},
+                "log": "/data/payments.log", "timeout_s": 86400}}"#
+        )
+    };
+    for id in ["p-1", "p-2"] {
+        ok(&["submit", "payments", "--input", &input(id), "--run-id", id]);
+    }
+    // Approved before the run even reaches its wait: kept for it.
+    ok(&[
+        "signal",
+        "p-2",
+        "approval",
+        "--payload",
+        r#"{"approved": false, "by": "bob"}"#,
+    ]);
+    let mut worker = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["worker", "--db", db_s, "--name", "w", "--poll", "20ms"])
+        .env("IDEM_LOG", "error")
+        .env("XDG_CACHE_HOME", env!("CARGO_TARGET_TMPDIR"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let reader = crate::util::open_store_read_only(&db);
+    let run = |id: &str| block_on(reader.run(id)).unwrap().unwrap();
+    wait_until(
+        "p-1 waits for its approval",
+        Duration::from_secs(60),
+        || suspended(&run("p-1")) && run("p-2").status == RunStatus::Completed,
+    );
+    let shown = ok(&["show", "p-1"]);
+    assert!(shown.contains("waiting for approval until"), "{shown}");
+    let listed = ok(&["ls"]);
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.starts_with("p-1") && l.contains("waiting"))
+    );
+    let sent = ok(&[
+        "signal",
+        "p-1",
+        "approval",
+        "--payload",
+        r#"{"approved": true, "by": "alice"}"#,
+    ]);
+    assert!(sent.contains("is due now"), "{sent}");
+    wait_until("p-1 completes", Duration::from_secs(60), || {
+        run("p-1").status == RunStatus::Completed
+    });
+    worker.kill().unwrap();
+    worker.wait().unwrap();
+    assert_eq!(
+        run("p-1").outcome.unwrap(),
+        br#"{"payment":"p-1","status":"paid","by":"alice"}"#
+    );
+    assert_eq!(
+        run("p-2").outcome.unwrap(),
+        br#"{"payment":"p-2","status":"refused","by":"bob"}"#
+    );
+    let log = std::fs::read_to_string(data.join("payments.log")).unwrap();
+    let count = |prefix: &str| log.lines().filter(|l| l.starts_with(prefix)).count();
+    assert_eq!(count("prepared p-1 to acme 12500 cents"), 1, "{log}");
+    assert_eq!(count("prepared p-2 to acme 12500 cents"), 1, "{log}");
+    assert_eq!(count("paid "), 1, "{log}");
+    assert_eq!(
+        count("paid p-1 to acme 12500 cents approved by alice"),
+        1,
+        "{log}"
+    );
+    // A second approval after it paid is refused: the run is finished.
+    let out = run_cli(&["signal", "p-1", "approval", "--db", db_s]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("already completed"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -39,6 +39,18 @@ pub const LEDGER: &str = env!("IDEM_GUEST_LEDGER");
 /// ```
 pub const DEDUPE: &str = env!("IDEM_GUEST_DEDUPE");
 
+/// `examples/approval`: prepares a payment, waits for an `approval` signal (with a
+/// timeout), then pays once.
+///
+/// Input `{"payment": {"id", "to", "cents"}, "log": "/data/payments.log",
+/// "timeout_s": n}`; output `{"payment": id, "status": "paid" | "refused" |
+/// "expired", "by": name}`.
+///
+/// ```
+/// assert!(idem_test_artifacts::APPROVAL.ends_with("approval.wasm"));
+/// ```
+pub const APPROVAL: &str = env!("IDEM_GUEST_APPROVAL");
+
 /// `tests/guests/steps`: N checkpointed, logged steps with knobs for faults.
 ///
 /// Input `{"steps": n, "log": "/data/log.txt", "spin": 0, "fail_at": null,
@@ -158,14 +170,15 @@ pub const MULTIMEM: &str = env!("IDEM_GUEST_MULTIMEM");
 /// assert_eq!(
 ///     names,
 ///     [
-///         "ledger", "dedupe", "steps", "command", "hostile", "fetcher", "bench", "rogue",
-///         "sloppy", "rawabi", "waiter", "multimem"
+///         "ledger", "dedupe", "approval", "steps", "command", "hostile", "fetcher",
+///         "bench", "rogue", "sloppy", "rawabi", "waiter", "multimem"
 ///     ]
 /// );
 /// ```
 pub const ALL: &[(&str, &str)] = &[
     ("ledger", LEDGER),
     ("dedupe", DEDUPE),
+    ("approval", APPROVAL),
     ("steps", STEPS),
     ("command", COMMAND),
     ("hostile", HOSTILE),

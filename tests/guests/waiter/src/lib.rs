@@ -53,7 +53,9 @@ fn append(log: &str, line: &str) -> Result<(), String> {
         .append(true)
         .open(log)
         .map_err(|e| e.to_string())?;
-    writeln!(file, "{line}").map_err(|e| e.to_string())
+    // One write per line: runs appending at once never interleave their lines.
+    file.write_all(format!("{line}\n").as_bytes())
+        .map_err(|e| e.to_string())
 }
 
 impl Agent for Waiter {
