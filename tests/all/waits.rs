@@ -772,3 +772,123 @@ fn the_approval_example_pays_once_after_idem_signal_through_submit_and_a_worker(
         stderr(&out)
     );
 }
+
+#[test]
+fn a_step_failing_twice_then_succeeding_shows_attempts_1_2_3_with_its_backoff_recorded() {
+    Waits::both("retry_backoff", |w| {
+        let retry = serde_json::json!({"retry": {
+            "fail": 2, "max_attempts": 5, "initial_ms": 1000, "jitter": false}});
+        let input = serde_json::json!({"log": "/data/retry.log", "waits": [retry]});
+        let run = w.spawn_run("flaky", input.clone());
+        // Attempt 1 failed: the run backs off 1 s, holding no instance.
+        wait_until("the first backoff", Duration::from_secs(30), || {
+            w.suspended("flaky")
+        });
+        assert_eq!(w.record("flaky").wake_at, Some(T0 + 1000));
+        assert_eq!(w.host.live_instances(), 0);
+        w.clock.advance(Duration::from_millis(1000));
+        // Attempt 2 failed: 2 s more.
+        wait_until("the second backoff", Duration::from_secs(30), || {
+            w.suspended("flaky") && w.record("flaky").wake_at == Some(T0 + 3000)
+        });
+        w.clock.advance(Duration::from_millis(2000));
+        let report = block_on(run).unwrap();
+        assert_eq!(report.status, RunStatus::Completed);
+        assert_eq!(
+            String::from_utf8(report.outcome).unwrap(),
+            r#"{"results":["ok-3"]}"#
+        );
+        assert_eq!(
+            w.log("retry.log"),
+            [
+                "start gen=0",
+                "try 0 attempt=1 gen=0",
+                "try 0 attempt=2 gen=1",
+                "try 0 attempt=3 gen=2",
+                "after 0 ok-3 gen=2",
+            ]
+        );
+        // The backoff, as the store recorded it: one sleep per failed attempt.
+        let waits = block_on(w.store().waits("flaky")).unwrap();
+        let backoff: Vec<(i64, i64)> = waits
+            .iter()
+            .map(|wait| (wait.created - T0, wait.due.unwrap() - wait.created))
+            .collect();
+        assert_eq!(backoff, [(0, 1000), (1000, 2000)]);
+        assert!(waits.iter().all(|wait| wait.key.starts_with("retry-")));
+        let steps = block_on(w.store().steps("flaky")).unwrap();
+        let flaky = steps.iter().find(|s| s.key.contains("/flaky/")).unwrap();
+        assert_eq!(flaky.attempt, 3);
+        assert!(flaky.committed_at.is_some());
+        let logs = String::from_utf8(block_on(w.store().logs("flaky")).unwrap()).unwrap();
+        assert!(
+            logs.contains("failed: flaky 1; retrying in 1000 ms"),
+            "{logs}"
+        );
+        assert!(
+            logs.contains("failed: flaky 2; retrying in 2000 ms"),
+            "{logs}"
+        );
+    });
+}
+
+#[test]
+fn a_permanent_error_or_the_last_attempts_error_is_committed_and_returned_on_replay() {
+    Waits::both("retry_permanent", |w| {
+        // Permanent: committed at the first attempt, no backoff.
+        let permanent = serde_json::json!({"retry": {
+            "fail": 9, "permanent": true, "max_attempts": 5, "initial_ms": 1000}});
+        let mut opts = w.options(
+            "refused",
+            serde_json::json!({"log": "/data/p.log", "waits": [permanent]}),
+        );
+        // Dropped right after the error was committed (before the next step): the
+        // next instance gets the error back from the store without a second attempt.
+        opts.faults.crash_at = vec!["before-claim:3".parse().unwrap()];
+        let report = block_on(w.spawn_with(opts)).unwrap();
+        let expected = r#"{"results":["error: refused 1 (permanent, at attempt 1)"]}"#;
+        assert_eq!(String::from_utf8(report.outcome).unwrap(), expected);
+        assert!(block_on(w.store().waits("refused")).unwrap().is_empty());
+        assert_eq!(
+            w.log("p.log"),
+            [
+                "start gen=0",
+                "try 0 attempt=1 gen=0",
+                "after 0 error: refused 1 (permanent, at attempt 1) gen=1"
+            ]
+        );
+
+        // Transient to the end: two attempts, then the error is committed; the replay
+        // (the instance dropped right after, before the next step) returns it without
+        // a third attempt.
+        let spent = serde_json::json!({"retry": {
+            "fail": 9, "max_attempts": 2, "initial_ms": 500, "jitter": true}});
+        let mut opts = w.options(
+            "spent",
+            serde_json::json!({"log": "/data/s.log", "waits": [spent]}),
+        );
+        opts.faults.crash_at = vec!["before-claim:3".parse().unwrap()];
+        let run = w.spawn_with(opts);
+        wait_until("the backoff", Duration::from_secs(30), || {
+            w.suspended("spent")
+        });
+        let due = w.record("spent").wake_at.unwrap();
+        assert!(
+            (T0 + 250..=T0 + 500).contains(&due),
+            "jittered: {}",
+            due - T0
+        );
+        w.clock.set(due);
+        let report = block_on(run).unwrap();
+        let expected = r#"{"results":["error: flaky 2 (gave up after attempt 2)"]}"#;
+        assert_eq!(String::from_utf8(report.outcome).unwrap(), expected);
+        let log = w.log("s.log");
+        assert_eq!(
+            log.iter().filter(|l| l.starts_with("try ")).count(),
+            2,
+            "{log:?}"
+        );
+        assert_eq!(log.iter().filter(|l| l.starts_with("after ")).count(), 1);
+        assert!(report.counts.instances >= 3, "{:?}", report.counts);
+    });
+}

@@ -9,6 +9,11 @@
 //!            {"signal": "approval", "timeout_ms": 60000}]}
 //! ```
 //!
+//! A wait may instead be `{"retry": {"fail": 2, "permanent": false, "max_attempts": 3,
+//! "initial_ms": 1000, "jitter": false}}`: a `run_once_retry` step (key `flaky/{i}`)
+//! whose first `fail` attempts fail, each attempt appending `try {i} attempt={n}
+//! gen={generation}`; its `what` is `ok-{attempt}` or `error: {message}`.
+//!
 //! Wait `i` has the key `wait-{i}`. The agent first appends `start gen={generation}`
 //! (once, under a key), then per wait, after it is over, appends
 //! `after {i} {what} gen={generation}` where `what` is `slept`, `timed-out`, or the
@@ -19,7 +24,7 @@ use std::fs::OpenOptions;
 use std::io::Write;
 use std::time::{Duration, UNIX_EPOCH};
 
-use idem_sdk::{Agent, Error, Key, generation, run_once};
+use idem_sdk::{Agent, Error, Failure, Key, RetryPolicy, generation, run_once, run_once_retry};
 use serde::{Deserialize, Serialize};
 
 #[derive(Deserialize)]
@@ -38,6 +43,20 @@ struct Wait {
     signal: Option<String>,
     #[serde(default)]
     timeout_ms: Option<u64>,
+    #[serde(default)]
+    retry: Option<Retry>,
+}
+
+/// A step run with `run_once_retry` whose first `fail` attempts fail.
+#[derive(Deserialize)]
+struct Retry {
+    fail: u32,
+    #[serde(default)]
+    permanent: bool,
+    max_attempts: u32,
+    initial_ms: u64,
+    #[serde(default)]
+    jitter: bool,
 }
 
 #[derive(Serialize)]
@@ -70,7 +89,29 @@ impl Agent for Waiter {
         let mut results = Vec::new();
         for (i, wait) in input.waits.iter().enumerate() {
             let key = format!("wait-{i}");
-            let what = if let Some(name) = &wait.signal {
+            let what = if let Some(retry) = &wait.retry {
+                let policy = RetryPolicy {
+                    max_attempts: retry.max_attempts,
+                    initial_delay: Duration::from_millis(retry.initial_ms),
+                    jitter: retry.jitter,
+                    ..RetryPolicy::default()
+                };
+                let result = run_once_retry(&Key::for_run("flaky", &i)?, &policy, |step| {
+                    let attempt = step.attempt();
+                    append(log, &format!("try {i} attempt={attempt} gen={}", generation()))
+                        .map_err(Failure::Transient)?;
+                    match (attempt <= retry.fail, retry.permanent) {
+                        (false, _) => Ok(attempt),
+                        (true, false) => Err(Failure::Transient(format!("flaky {attempt}"))),
+                        (true, true) => Err(Failure::Permanent(format!("refused {attempt}"))),
+                    }
+                });
+                match result {
+                    Ok((attempt, _)) => format!("ok-{attempt}"),
+                    Err(Error::Effect(message)) => format!("error: {message}"),
+                    Err(e) => return Err(e),
+                }
+            } else if let Some(name) = &wait.signal {
                 let timeout = wait.timeout_ms.map(Duration::from_millis);
                 match idem_sdk::wait_for_signal::<serde_json::Value>(&key, name, timeout) {
                     Ok(payload) => payload.to_string(),
