@@ -109,7 +109,7 @@ enum Due {
     /// The foreground was told to stop.
     Stopped,
     /// It finished meanwhile.
-    Finished(RunRecord),
+    Finished(Box<RunRecord>),
 }
 
 /// The default namespace of an agent: its name, with anything but letters, digits,
@@ -404,7 +404,7 @@ impl Host {
                     run_id: run_id.to_string(),
                 })?;
             if record.status.is_finished() {
-                return Ok(Due::Finished(record));
+                return Ok(Due::Finished(Box::new(record)));
             }
             let now = self.store.now().await?;
             let left = match record.wake_at {

@@ -98,8 +98,11 @@ impl Agent for Waiter {
                 };
                 let result = run_once_retry(&Key::for_run("flaky", &i)?, &policy, |step| {
                     let attempt = step.attempt();
-                    append(log, &format!("try {i} attempt={attempt} gen={}", generation()))
-                        .map_err(Failure::Transient)?;
+                    append(
+                        log,
+                        &format!("try {i} attempt={attempt} gen={}", generation()),
+                    )
+                    .map_err(Failure::Transient)?;
                     match (attempt <= retry.fail, retry.permanent) {
                         (false, _) => Ok(attempt),
                         (true, false) => Err(Failure::Transient(format!("flaky {attempt}"))),
