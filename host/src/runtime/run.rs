@@ -370,6 +370,23 @@ impl Host {
                         .ok_or_else(|| HostError::Engine("a finished run has no report".into()));
                 }
             };
+            // Signals of this drive only: the heartbeat may still report the lease the
+            // last drive gave back as lost, which must not stop the next one. The
+            // foreground's stop is relayed to it.
+            let drive_signals = Arc::new(RunSignals::default());
+            let relay = tokio::spawn({
+                let (outer, inner) = (Arc::clone(signals), Arc::clone(&drive_signals));
+                async move {
+                    loop {
+                        let changed = outer.changed();
+                        if let Some(stop) = outer.stop() {
+                            inner.raise(stop);
+                            return;
+                        }
+                        changed.await;
+                    }
+                }
+            });
             let report = self
                 .drive_leased(
                     agent,
@@ -377,10 +394,12 @@ impl Host {
                     &opts.authority,
                     &opts.faults,
                     LogSink::new(echo),
-                    Arc::clone(signals),
+                    drive_signals,
                     opts.capture.clone(),
                 )
-                .await?;
+                .await;
+            relay.abort();
+            let report = report?;
             if report.waiting.is_none() {
                 return Ok(report);
             }
