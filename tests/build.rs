@@ -39,6 +39,11 @@ const GUESTS: &[Guest] = &[
         constant: "DEDUPE",
     },
     Guest {
+        workspace: "examples",
+        package: "approval",
+        constant: "APPROVAL",
+    },
+    Guest {
         workspace: "tests/guests",
         package: "steps",
         constant: "STEPS",
@@ -77,6 +82,11 @@ const GUESTS: &[Guest] = &[
         workspace: "tests/guests",
         package: "rawabi",
         constant: "RAWABI",
+    },
+    Guest {
+        workspace: "tests/guests",
+        package: "waiter",
+        constant: "WAITER",
     },
 ];
 

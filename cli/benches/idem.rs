@@ -32,6 +32,8 @@ mod prove;
 mod report;
 #[path = "idem/service.rs"]
 mod service;
+#[path = "idem/sleepers.rs"]
+mod sleepers;
 
 use report::{Table, count, median, micros, millis, print_machine, progress, sorted};
 
@@ -75,6 +77,8 @@ struct Plan {
     scale: Turns,
     /// The worker rows.
     service: service::ServicePlan,
+    /// The sleepers rows.
+    sleepers: sleepers::SleepersPlan,
     /// Per turn: one `idem prove` of the ledger over 5 phases × 10 steps.
     prove: Turns,
     /// The PostgreSQL rows: per turn, a run of `n` timed steps per sync mode, and 1, 8
@@ -109,6 +113,10 @@ const FULL_PLAN: Plan = Plan {
         short_runs: 500,
         takeover_runs: 20,
     },
+    sleepers: sleepers::SleepersPlan {
+        sleepers: 10_000,
+        samples: 100,
+    },
     prove: turns(5, 0, 60),
     postgres: turns(10, 200, 20),
 };
@@ -132,6 +140,10 @@ const QUICK_PLAN: Plan = Plan {
         short_runs: 50,
         takeover_runs: 4,
     },
+    sleepers: sleepers::SleepersPlan {
+        sleepers: 200,
+        samples: 10,
+    },
     prove: turns(1, 0, 1),
     postgres: turns(1, 20, 1),
 };
@@ -144,7 +156,7 @@ type Section = (
 );
 
 /// Every section, in the order of the table.
-const SECTIONS: [Section; 9] = [
+const SECTIONS: [Section; 10] = [
     ("steps", "floor and durable steps", floor_and_steps),
     ("calls", "host-call round trip", host_calls),
     ("resume", "resume after recycle", resume),
@@ -156,6 +168,11 @@ const SECTIONS: [Section; 9] = [
     ("throughput", "throughput", throughput),
     ("scaling", "scaling with committed rows", scaling),
     ("workers", "the service: workers", service::service),
+    (
+        "sleepers",
+        "durable sleeps: wake-ups and memory",
+        sleepers::sleepers,
+    ),
     ("prove", "idem prove", prove::prove),
     ("postgres", "PostgreSQL", postgres::postgres),
 ];

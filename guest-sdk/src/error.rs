@@ -1,6 +1,6 @@
 //! The SDK's one error type, and the readable text of the WIT `step-error`.
 
-use crate::StepError;
+use crate::{StepError, WaitError};
 
 /// Why an SDK call, or the agent itself, failed.
 ///
@@ -28,6 +28,14 @@ pub enum Error {
     /// A durable call (`run-once`, `commit`, `save`) was refused by the host.
     #[error("{}", step_error_text(.0))]
     Step(StepError),
+    /// A durable wait ([`sleep`](crate::sleep), [`wait_for_signal`](crate::wait_for_signal))
+    /// was refused by the host.
+    #[error("{}", wait_error_text(.0))]
+    Wait(WaitError),
+    /// [`wait_for_signal`](crate::wait_for_signal) timed out before the signal (named
+    /// here) came.
+    #[error("timed out waiting for signal {0:?}")]
+    TimedOut(String),
     /// The side effect passed to [`run_once`](crate::run_once) failed; its claim was
     /// released, so running the agent again retries it under the same key.
     #[error("side effect failed: {0}")]
@@ -79,6 +87,12 @@ impl From<StepError> for Error {
     }
 }
 
+impl From<WaitError> for Error {
+    fn from(err: WaitError) -> Self {
+        Error::Wait(err)
+    }
+}
+
 impl From<String> for Error {
     fn from(text: String) -> Self {
         Error::Agent(text)
@@ -109,6 +123,15 @@ fn step_error_text(err: &StepError) -> String {
         StepError::AwaitTimeout(key) => format!("await timeout: {key}"),
         StepError::InDoubt(key) => format!("in doubt, waiting for idem resolve: {key}"),
         StepError::KeyReused(detail) => format!("key reused with other input: {detail}"),
+    }
+}
+
+fn wait_error_text(err: &WaitError) -> String {
+    match err {
+        WaitError::InvalidKey(reason) => format!("invalid wait: {reason}"),
+        WaitError::InvalidTime(reason) => format!("invalid wait time: {reason}"),
+        WaitError::KeyReused(detail) => format!("wait key reused: {detail}"),
+        WaitError::ClaimsHeld(detail) => format!("cannot wait while holding claims: {detail}"),
     }
 }
 

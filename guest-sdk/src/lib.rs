@@ -66,8 +66,11 @@
 //! - `agent.rs`: the [`Agent`] trait and [`export_agent!`].
 //! - `once.rs`: [`run_once`], [`Step`] and [`Outcome`].
 //! - `key.rs`: [`Key`], how a side effect is named.
+//! - `retry.rs`: [`run_once_retry`] and [`RetryPolicy`]: retries with durable backoff.
 //! - `progress.rs`: [`load`], [`save`] and [`Checkpoint`].
 //! - `run_info.rs`: [`run_id`] and [`generation`].
+//! - `waits.rs`: [`sleep`], [`sleep_until`] and [`wait_for_signal`]: durable waits that
+//!   hold no instance.
 //! - `http.rs`: [`http::Request`], a blocking client on `wasi:http` whose requests
 //!   inside [`run_once`] carry the step's key and token.
 //! - `error.rs`: [`Error`].
@@ -88,15 +91,20 @@ pub mod http;
 mod key;
 mod once;
 mod progress;
+mod retry;
 mod run_info;
+mod waits;
 
 pub use agent::Agent;
 pub use bindings::idem::agent::types::StepError;
+pub use bindings::idem::agent::waits::WaitError;
 pub use error::Error;
 pub use key::Key;
 pub use once::{InDoubt, Once, Outcome, Step, run_once, run_once_with};
 pub use progress::{Checkpoint, load, save};
+pub use retry::{Failure, RetryPolicy, run_once_retry};
 pub use run_info::{generation, run_id};
+pub use waits::{sleep, sleep_until, wait_for_signal};
 
 /// Runtime support for the generated bindings, reached by path from agent crates.
 #[doc(hidden)]

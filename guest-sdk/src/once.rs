@@ -329,6 +329,24 @@ impl<T> From<Error> for Failed<'_, T> {
     }
 }
 
+/// The [`Outcome`] of a result another call committed.
+pub(crate) fn obtained(obtained: Obtained) -> Outcome {
+    match obtained {
+        Obtained::Skipped => Outcome::Skipped,
+        Obtained::Awaited => Outcome::Awaited,
+    }
+}
+
+/// What the side effect may know about `claim`.
+pub(crate) fn step_of(claim: &Claim) -> Step {
+    Step {
+        key: claim.key(),
+        attempt: claim.attempt(),
+        token: claim.token(),
+        in_doubt: claim.in_doubt(),
+    }
+}
+
 fn decode<T: DeserializeOwned>(
     key: &Key,
     committed: once::Committed,

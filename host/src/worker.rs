@@ -58,6 +58,9 @@ pub struct WorkerReport {
     pub finished: u64,
     /// Runs it gave back unfinished (drained, or not servable here).
     pub released: u64,
+    /// Times a run it drove suspended in a wait (a sleep, a wait for a signal) and was
+    /// given back until due; the same run counts once per wait.
+    pub suspended: u64,
     /// Runs it lost to another holder, or could not drive because the store failed.
     pub lost: u64,
 }
@@ -194,6 +197,7 @@ impl Worker {
                 tracing::info!(run_id = %run_id_shown, status = %run.status, "run ended");
                 report.finished += 1;
             }
+            Outcome::Driven(run) if run.waiting.is_some() => report.suspended += 1,
             Outcome::Driven(_) => report.released += 1,
             Outcome::NotServable(why) => {
                 tracing::warn!(run_id = %run_id_shown, %why, "run given back: this worker cannot serve it");

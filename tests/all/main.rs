@@ -27,4 +27,5 @@ mod recycle;
 mod rogue;
 mod store_faults;
 mod util;
+mod waits;
 pub mod workers;

@@ -16,7 +16,7 @@
 //!   `guests/multimem/agent.wat` into a component with `wat` and `wit-component`.
 //! - `src/lib.rs`: one constant per guest, and [`ALL`].
 //! - `guests/`: the test-only guests' own workspace (`steps`, `command`, `hostile`,
-//!   `fetcher`, `bench`, `rogue`, `sloppy`, `rawabi`), and `multimem/agent.wat`, which
+//!   `fetcher`, `bench`, `rogue`, `sloppy`, `rawabi`, `waiter`), and `multimem/agent.wat`, which
 //!   `build.rs` makes a component itself.
 
 /// `examples/ledger`: appends one log line per item, resuming from its checkpoint.
@@ -38,6 +38,18 @@ pub const LEDGER: &str = env!("IDEM_GUEST_LEDGER");
 /// assert!(idem_test_artifacts::DEDUPE.ends_with("dedupe.wasm"));
 /// ```
 pub const DEDUPE: &str = env!("IDEM_GUEST_DEDUPE");
+
+/// `examples/approval`: prepares a payment, waits for an `approval` signal (with a
+/// timeout), then pays once.
+///
+/// Input `{"payment": {"id", "to", "cents"}, "log": "/data/payments.log",
+/// "timeout_s": n}`; output `{"payment": id, "status": "paid" | "refused" |
+/// "expired", "by": name}`.
+///
+/// ```
+/// assert!(idem_test_artifacts::APPROVAL.ends_with("approval.wasm"));
+/// ```
+pub const APPROVAL: &str = env!("IDEM_GUEST_APPROVAL");
 
 /// `tests/guests/steps`: N checkpointed, logged steps with knobs for faults.
 ///
@@ -126,6 +138,18 @@ pub const SLOPPY: &str = env!("IDEM_GUEST_SLOPPY");
 /// ```
 pub const RAWABI: &str = env!("IDEM_GUEST_RAWABI");
 
+/// `tests/guests/waiter`: durable sleeps and signal waits, each followed by a logged
+/// step.
+///
+/// Input `{"log": "/data/waiter.log", "waits": [{"sleep_ms": n} | {"until_ms": t} |
+/// {"signal": "name", "timeout_ms": n}, ..]}`; output `{"results": ["slept" |
+/// "timed-out" | payload JSON, ..]}`.
+///
+/// ```
+/// assert!(idem_test_artifacts::WAITER.ends_with("waiter.wasm"));
+/// ```
+pub const WAITER: &str = env!("IDEM_GUEST_WAITER");
+
 /// `tests/guests/multimem/agent.wat`: an agent with two linear memories, made a
 /// component by `build.rs` (no Rust guest has a second memory); it grows the exported
 /// one and the one no import or export names, so a memory limit that does not sum all
@@ -146,14 +170,15 @@ pub const MULTIMEM: &str = env!("IDEM_GUEST_MULTIMEM");
 /// assert_eq!(
 ///     names,
 ///     [
-///         "ledger", "dedupe", "steps", "command", "hostile", "fetcher", "bench", "rogue",
-///         "sloppy", "rawabi", "multimem"
+///         "ledger", "dedupe", "approval", "steps", "command", "hostile", "fetcher",
+///         "bench", "rogue", "sloppy", "rawabi", "waiter", "multimem"
 ///     ]
 /// );
 /// ```
 pub const ALL: &[(&str, &str)] = &[
     ("ledger", LEDGER),
     ("dedupe", DEDUPE),
+    ("approval", APPROVAL),
     ("steps", STEPS),
     ("command", COMMAND),
     ("hostile", HOSTILE),
@@ -162,6 +187,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("rogue", ROGUE),
     ("sloppy", SLOPPY),
     ("rawabi", RAWABI),
+    ("waiter", WAITER),
     ("multimem", MULTIMEM),
 ];
 

@@ -50,6 +50,44 @@ pub fn until(now: Millis, at: Millis) -> String {
     }
 }
 
+/// A time on the store's clock as UTC, to the second: `2026-12-03T22:00:00Z`.
+pub fn utc(at: Millis) -> String {
+    let secs = at.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's civil-from-days: the proleptic Gregorian date of a day number.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// What a suspended run waits for: `sleeping until T (in 59m)`, `waiting for NAME`
+/// (`until T` if it times out); `None` for a run that is not suspended.
+pub fn waiting(run: &RunRecord, now: Millis) -> Option<String> {
+    if run.status.is_finished() || run.lease.is_some() {
+        return None;
+    }
+    let wake = run.wake_at?;
+    let when = (wake != Millis::MAX).then(|| format!("{} ({})", utc(wake), until(now, wake)));
+    Some(match (&run.waiting_for, when) {
+        (Some(signal), Some(when)) => format!("waiting for {} until {when}", name(signal)),
+        (Some(signal), None) => format!("waiting for {}", name(signal)),
+        (None, Some(when)) => format!("sleeping until {when}"),
+        (None, None) => "sleeping".to_string(),
+    })
+}
+
 /// The header of the runs table.
 pub fn runs_header() -> String {
     format!(
@@ -74,10 +112,17 @@ pub fn run_row(run: &RunRecord, now: Millis) -> String {
         .map(|s| s.to_string())
         .unwrap_or_else(|| "-".into());
     let c = &run.counts;
+    // The table's column is narrow: a suspended run shows what kind of wait it is in;
+    // `idem show` says until when.
+    let status = match waiting(run, now) {
+        Some(_) if run.waiting_for.is_some() => "waiting",
+        Some(_) => "sleeping",
+        None => run.status.as_str(),
+    };
     format!(
         "{:<32} {:<10} {:>6} {:>8} {:>8} {:>8} {:>9} {:>9}  {:<20} {:>5}",
         name(&run.run_id),
-        run.status.as_str(),
+        status,
         step,
         c.executed,
         c.skipped,
@@ -92,6 +137,13 @@ pub fn run_row(run: &RunRecord, now: Millis) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn utc_names_the_civil_date() {
+        assert_eq!(utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc(951_782_400_000), "2000-02-29T00:00:00Z");
+        assert_eq!(utc(1_796_342_400_000 + 3_723_000), "2026-12-04T01:02:03Z");
+    }
 
     #[test]
     fn json_escapes_hidden_characters_and_stays_json() {

@@ -11,6 +11,7 @@ mod prove;
 mod resolve;
 mod run;
 mod show;
+mod signal;
 mod status;
 mod submit;
 mod worker;
@@ -47,6 +48,8 @@ pub enum Command {
     Show(show::ShowCommand),
     /// Cancel a run.
     Cancel(cancel::CancelCommand),
+    /// Send a signal to a run (one waiting for it wakes at once).
+    Signal(signal::SignalCommand),
     /// Print a run's log (what its agent wrote to stderr and stdout).
     Logs(logs::LogsCommand),
     /// Show runs, their progress, counts and open claims (`ls` and `show` in one).
@@ -67,6 +70,7 @@ impl Command {
             Command::Ls(cmd) => cmd.execute().await,
             Command::Show(cmd) => cmd.execute().await,
             Command::Cancel(cmd) => cmd.execute().await,
+            Command::Signal(cmd) => cmd.execute().await,
             Command::Logs(cmd) => cmd.execute().await,
             Command::Status(cmd) => cmd.execute().await,
             Command::Resolve(cmd) => cmd.execute().await,
@@ -153,7 +157,9 @@ impl Exit {
             | StoreError::UnknownRun { .. }
             | StoreError::RunFinished { .. }
             | StoreError::UnknownComponent { .. }
-            | StoreError::NamespaceTaken { .. } => Exit::BadInput,
+            | StoreError::NamespaceTaken { .. }
+            | StoreError::WaitRefused { .. }
+            | StoreError::SignalRefused { .. } => Exit::BadInput,
             StoreError::LeaseLost { .. } => Exit::Host,
             _ => Exit::Store,
         }

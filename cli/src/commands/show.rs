@@ -28,6 +28,7 @@ impl ShowCommand {
                 run_id: self.run_id.clone(),
             })?;
         let steps = store.steps(&self.run_id).await?;
+        let waits = store.waits(&self.run_id).await?;
         let claims = store.open_claims(Some(&self.run_id)).await?;
         let now = store.now().await?;
         if self.json {
@@ -35,6 +36,7 @@ impl ShowCommand {
                 "run": run,
                 "outcome": run.outcome.as_deref().map(display::payload_value),
                 "steps": steps,
+                "waits": waits,
                 "open_claims": claims,
                 "now": now,
             });
@@ -42,7 +44,10 @@ impl ShowCommand {
             return Ok(Exit::Done);
         }
         println!("run       {}", display::name(&run.run_id));
-        println!("status    {}", run.status);
+        match display::waiting(&run, now) {
+            Some(waiting) => println!("status    {} ({waiting})", run.status),
+            None => println!("status    {}", run.status),
+        }
         println!("agent     {} ({})", display::name(&run.agent), run.digest);
         println!("namespace {}", display::name(&run.namespace));
         println!("created   {} ago", display::age(now, run.created));
@@ -99,6 +104,27 @@ impl ShowCommand {
                 step.token,
                 outcome
             );
+        }
+        if !waits.is_empty() {
+            println!("waits ({}):", waits.len());
+            for wait in &waits {
+                let what = match &wait.signal {
+                    Some(signal) => format!("signal {}", display::name(signal)),
+                    None => "sleep".to_string(),
+                };
+                let due = wait.due.map_or_else(
+                    || "no timeout".to_string(),
+                    |due| format!("due {}", display::utc(due)),
+                );
+                let state = match (&wait.outcome, wait.settled) {
+                    (Some(outcome), Some(at)) => format!("{outcome} at {}", display::utc(at)),
+                    _ if wait.signal.is_none() && wait.due.is_some_and(|d| d <= now) => {
+                        "elapsed".to_string()
+                    }
+                    _ => "pending".to_string(),
+                };
+                println!("  {}  {what}  {due}  {state}", display::name(&wait.key));
+            }
         }
         if !claims.is_empty() {
             println!("open claims ({}):", claims.len());

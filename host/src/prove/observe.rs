@@ -8,7 +8,8 @@ use std::time::Duration;
 use crate::store::{
     Acquired, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
     Deployment, DeploymentRecord, LeaseState, LeasedRun, Millis, OpenClaim, Resolution, RunEnd,
-    RunFence, RunFilter, RunRecord, StepRecord, Store, StoreError, Submission, Submitted,
+    RunFence, RunFilter, RunRecord, SignalSent, StepRecord, Store, StoreError, Submission,
+    Submitted, Suspension, WaitRecord, WaitRequest, WaitState,
 };
 
 /// What one `run-once` call got from the store. A wait on a live holder is not an
@@ -283,5 +284,34 @@ impl Store for ObservedStore {
 
     async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError> {
         self.inner.logs(run_id).await
+    }
+
+    async fn wait(&self, req: &WaitRequest<'_>) -> Result<WaitState, StoreError> {
+        self.inner.wait(req).await
+    }
+
+    async fn suspend_run(
+        &self,
+        fence: &RunFence,
+        counts: &Counts,
+        suspension: &Suspension<'_>,
+    ) -> Result<(), StoreError> {
+        self.inner.suspend_run(fence, counts, suspension).await
+    }
+
+    async fn send_signal(
+        &self,
+        run_id: &str,
+        name: &str,
+        payload: &[u8],
+        max_payload: usize,
+    ) -> Result<SignalSent, StoreError> {
+        self.inner
+            .send_signal(run_id, name, payload, max_payload)
+            .await
+    }
+
+    async fn waits(&self, run_id: &str) -> Result<Vec<WaitRecord>, StoreError> {
+        self.inner.waits(run_id).await
     }
 }

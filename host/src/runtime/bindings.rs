@@ -12,6 +12,7 @@ wasmtime::component::bindgen!({
     // agent's error value or a trap through one `?`.
     trappable_error_type: {
         "idem:agent/types.step-error" => crate::runtime::imports::StepFailure,
+        "idem:agent/waits.wait-error" => crate::runtime::imports::WaitFailure,
     },
     with: {
         "idem:agent/once.claim": crate::runtime::claim::ClaimHandle,

@@ -5,7 +5,7 @@
 use super::faults::Recycle;
 use super::limits::LimitExceeded;
 use super::run_ctx::Stop;
-use crate::store::StoreError;
+use crate::store::{Millis, StoreError};
 
 /// A failure inside a host call that must end the instance (a trap), as opposed to a
 /// `step-error` value the guest handles.
@@ -31,6 +31,17 @@ pub(crate) fn trap_store(e: StoreError) -> wasmtime::Error {
     }
 }
 
+/// The agent reached a wait that is not over: the instance ends, and the run holds no
+/// instance and no lease until the wait is due.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the run waits{}{}", .signal.as_ref().map(|s| format!(" for signal {s:?}")).unwrap_or_default(), .due.map(|d| format!(" until {d}")).unwrap_or_default())]
+pub(crate) struct Suspend {
+    /// When the wait is due without a signal (`None`: never).
+    pub(crate) due: Option<Millis>,
+    /// The signal it waits for, if any.
+    pub(crate) signal: Option<String>,
+}
+
 /// Why an instance ended.
 #[derive(Debug)]
 pub(crate) enum InstanceEnd {
@@ -52,6 +63,8 @@ pub(crate) enum InstanceEnd {
     Trapped(String),
     /// A signal from outside stopped it.
     Stopped(Stop),
+    /// The agent waits: the run suspends until the wait is due.
+    Suspended(Suspend),
     /// The store failed.
     Store(StoreError),
 }
@@ -101,6 +114,9 @@ impl InstanceEnd {
         }
         if let Some(stop) = trap.downcast_ref::<Stop>() {
             return InstanceEnd::Stopped(*stop);
+        }
+        if let Some(suspend) = trap.downcast_ref::<Suspend>() {
+            return InstanceEnd::Suspended(suspend.clone());
         }
         match trap.downcast::<HostTrap>() {
             Ok(HostTrap::Store(e)) => InstanceEnd::Store(e),

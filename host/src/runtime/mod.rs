@@ -54,7 +54,7 @@ pub use http::{
 };
 pub use limits::{InvalidLimit, LimitExceeded, Limits};
 pub use output::LOG_KEEP;
-pub use run::{RunFailure, RunOptions, RunReport, check_namespace, check_run_id};
+pub use run::{RunFailure, RunOptions, RunReport, Waiting, check_namespace, check_run_id};
 pub use run_ctx::Stop;
 pub use view::{IdemCtx, IdemCtxView, IdemView};
 
@@ -129,6 +129,12 @@ impl Host {
     /// The name this host's run leases and claims carry.
     pub fn id(&self) -> &str {
         self.live.host_id()
+    }
+
+    /// Instances of this host alive now, over all the runs it drives. A run suspended
+    /// in a wait has none.
+    pub fn live_instances(&self) -> usize {
+        self.live.count()
     }
 
     /// Renews the lease of a run this host holds until the guard is dropped (a run it

@@ -16,9 +16,10 @@ use super::faults::{FaultPlan, Faults};
 use super::limits::{LimitExceeded, Limits, cut};
 use super::output::LogSink;
 use super::run_ctx::{RunCtx, RunSignals, Stop};
+use crate::store::StoreError;
 use crate::store::{
-    Acquired, Admission, Counts, Deployment, LeasedRun, RunEnd, RunFence, RunRecord, RunStatus,
-    Submission,
+    Acquired, Admission, Counts, Deployment, LeasedRun, Millis, RunEnd, RunFence, RunRecord,
+    RunStatus, Submission, Suspension,
 };
 use crate::text;
 
@@ -69,6 +70,18 @@ pub struct RunReport {
     pub already_finished: bool,
     /// Why the run failed, when it failed for a reason the host can name.
     pub failure: Option<RunFailure>,
+    /// What the run waits for, when it was given back suspended in a wait (its status
+    /// is then [`RunStatus::Running`]).
+    pub waiting: Option<Waiting>,
+}
+
+/// What a suspended run waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    /// When it is due without a signal, on the store's clock (`None`: never).
+    pub due: Option<Millis>,
+    /// The signal that wakes it, if it waits for one.
+    pub signal: Option<String>,
 }
 
 /// Why a run failed, beyond its error text.
@@ -87,6 +100,16 @@ pub enum RunFailure {
         /// The keys, as the agent wrote them.
         keys: Vec<String>,
     },
+}
+
+/// What waiting for a suspended run found.
+enum Due {
+    /// It is due: drive it.
+    Now,
+    /// The foreground was told to stop.
+    Stopped,
+    /// It finished meanwhile.
+    Finished(Box<RunRecord>),
 }
 
 /// The default namespace of an agent: its name, with anything but letters, digits,
@@ -283,18 +306,6 @@ impl Host {
         if let Some(report) = self.finished_report(&submitted.record).await? {
             return Ok(report);
         }
-        let leased = self
-            .acquire_foreground(&opts.run_id, opts.authority.limits.lease)
-            .await?;
-        let leased = match leased {
-            Ok(leased) => leased,
-            Err(record) => {
-                return self
-                    .finished_report(&record)
-                    .await?
-                    .ok_or_else(|| HostError::Engine("a finished run has no report".into()));
-            }
-        };
         let signals = Arc::new(RunSignals::default());
         let stopper = tokio::spawn({
             let signals = Arc::clone(&signals);
@@ -304,18 +315,133 @@ impl Host {
             }
         });
         let report = self
-            .drive_leased(
-                agent,
-                leased,
-                &opts.authority,
-                &opts.faults,
-                LogSink::new(echo),
-                signals,
-                opts.capture.clone(),
-            )
+            .drive_foreground(agent, opts, echo, &submitted.record, &signals)
             .await;
         stopper.abort();
         report
+    }
+
+    /// Drives the run in the foreground until it ends or is stopped: a run suspended in
+    /// a wait is waited for here, holding no instance and no lease, and driven again
+    /// when it is due (by whoever takes it: another worker may).
+    async fn drive_foreground(
+        &self,
+        agent: &LoadedAgent,
+        opts: &RunOptions,
+        echo: bool,
+        submitted: &RunRecord,
+        signals: &Arc<RunSignals>,
+    ) -> Result<RunReport, HostError> {
+        let mut suspended = submitted.wake_at.map(|due| RunReport {
+            run_id: opts.run_id.clone(),
+            status: RunStatus::Running,
+            outcome: Vec::new(),
+            counts: submitted.counts,
+            counts_exact: true,
+            instances_now: 0,
+            already_finished: false,
+            failure: None,
+            waiting: Some(Waiting {
+                due: (due != Millis::MAX).then_some(due),
+                signal: submitted.waiting_for.clone(),
+            }),
+        });
+        loop {
+            if let Some(report) = suspended.take() {
+                match self.until_due(&opts.run_id, signals).await? {
+                    Due::Now => {}
+                    Due::Stopped => return Ok(report),
+                    Due::Finished(record) => {
+                        return self.finished_report(&record).await?.ok_or_else(|| {
+                            HostError::Engine("a finished run has no report".into())
+                        });
+                    }
+                }
+            }
+            let leased = match self
+                .acquire_foreground(&opts.run_id, opts.authority.limits.lease)
+                .await?
+            {
+                Ok(leased) => leased,
+                Err(record) => {
+                    return self
+                        .finished_report(&record)
+                        .await?
+                        .ok_or_else(|| HostError::Engine("a finished run has no report".into()));
+                }
+            };
+            // Signals of this drive only: the heartbeat may still report the lease the
+            // last drive gave back as lost, which must not stop the next one. The
+            // foreground's stop is relayed to it.
+            let drive_signals = Arc::new(RunSignals::default());
+            let relay = tokio::spawn({
+                let (outer, inner) = (Arc::clone(signals), Arc::clone(&drive_signals));
+                async move {
+                    loop {
+                        let changed = outer.changed();
+                        if let Some(stop) = outer.stop() {
+                            inner.raise(stop);
+                            return;
+                        }
+                        changed.await;
+                    }
+                }
+            });
+            let report = self
+                .drive_leased(
+                    agent,
+                    leased,
+                    &opts.authority,
+                    &opts.faults,
+                    LogSink::new(echo),
+                    drive_signals,
+                    opts.capture.clone(),
+                )
+                .await;
+            relay.abort();
+            let report = report?;
+            if report.waiting.is_none() {
+                return Ok(report);
+            }
+            suspended = Some(report);
+        }
+    }
+
+    /// Waits, holding nothing, until the suspended run is due on the store's clock (its
+    /// time came, its signal was sent, or another holder took it), it finished (an
+    /// operator cancelled it), or the foreground is told to stop.
+    async fn until_due(&self, run_id: &str, signals: &RunSignals) -> Result<Due, HostError> {
+        loop {
+            if signals.stop().is_some() {
+                return Ok(Due::Stopped);
+            }
+            let record = self
+                .store
+                .run(run_id)
+                .await?
+                .ok_or_else(|| StoreError::UnknownRun {
+                    run_id: run_id.to_string(),
+                })?;
+            if record.status.is_finished() {
+                return Ok(Due::Finished(Box::new(record)));
+            }
+            let now = self.store.now().await?;
+            let left = match record.wake_at {
+                Some(due) if due > now => due - now,
+                _ => return Ok(Due::Now),
+            };
+            // Looked at again at least every quarter second: a signal, a cancel or a
+            // test's clock may make the run due sooner than its time.
+            let pause = u64::try_from(left).unwrap_or(u64::MAX).clamp(5, 250);
+            let changed = signals.changed();
+            if signals.stop().is_some() {
+                return Ok(Due::Stopped);
+            }
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(pause)) => {}
+                () = changed => {}
+            }
+        }
     }
 
     /// Takes the lease of a run for the foreground, waiting while another live holder
@@ -378,6 +504,7 @@ impl Host {
                 instances_now: 0,
                 already_finished: true,
                 failure: None,
+                waiting: None,
             })),
         }
     }
@@ -475,6 +602,7 @@ impl Host {
                 instances_now: run.counts.instances - first_instance,
                 already_finished: false,
                 failure,
+                waiting: None,
             };
             let (status, outcome, failure) = match end {
                 InstanceEnd::Dropped(reason) => {
@@ -555,6 +683,21 @@ impl Host {
                         None,
                         &run,
                     ));
+                }
+                InstanceEnd::Suspended(suspend) => {
+                    let suspension = Suspension {
+                        due: suspend.due,
+                        signal: suspend.signal.as_deref(),
+                    };
+                    store
+                        .suspend_run(&run.fence, &run.counts, &suspension)
+                        .await?;
+                    let mut report = report(RunStatus::Running, Vec::new(), None, &run);
+                    report.waiting = Some(Waiting {
+                        due: suspend.due,
+                        signal: suspend.signal,
+                    });
+                    return Ok(report);
                 }
                 InstanceEnd::Stopped(Stop::LeaseLost) => {
                     return Err(HostError::LeaseLost {

@@ -49,6 +49,11 @@ impl LiveHolders {
         self.lock().remove(holder);
     }
 
+    /// How many instances of this process are alive.
+    pub(crate) fn count(&self) -> usize {
+        self.lock().len()
+    }
+
     /// Whether `holder` was an instance of this process that no longer lives.
     pub(crate) fn is_orphan(&self, holder: &str) -> bool {
         holder

@@ -52,6 +52,26 @@ pub enum StoreError {
         /// How it finished.
         status: super::RunStatus,
     },
+    /// A wait the run asked for cannot be kept: its time is absurd, or its key was
+    /// used by another kind of wait. Nothing was written.
+    #[error("wait {key:?} of run {run_id:?} refused: {reason}")]
+    WaitRefused {
+        /// The run.
+        run_id: String,
+        /// The wait's key.
+        key: String,
+        /// Why.
+        reason: String,
+    },
+    /// A signal cannot be sent: its name or payload is not one a run can receive.
+    /// Nothing was written.
+    #[error("signal to run {run_id:?} refused: {reason}")]
+    SignalRefused {
+        /// The run.
+        run_id: String,
+        /// Why.
+        reason: String,
+    },
     /// No component with this digest is in the store.
     #[error("no component with digest {digest} is in the store")]
     UnknownComponent {

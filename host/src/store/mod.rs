@@ -22,6 +22,7 @@
 //! - `error.rs`: [`StoreError`] and [`DatabaseFault`], in no backend's words.
 //! - `parked.rs`: the keys a run parked in doubt, as an operator names them.
 //! - `rules.rs`: the decisions both backends make alike (claims, tokens, run leases).
+//! - `waits.rs`: the values of durable sleeps and signals.
 //! - `sqlite/`: the SQLite backend; `migrations/sqlite/`: its numbered schema.
 //! - `postgres/`: the PostgreSQL backend; `migrations/postgres/`: its numbered schema.
 
@@ -35,12 +36,17 @@ mod rules;
 mod sqlite;
 #[cfg(test)]
 mod tests;
+mod waits;
 
 pub use clock::Clock;
 pub use error::{DatabaseFault, StoreError};
 pub use parked::{ParkedKeys, ParkedMatch, qualified_key};
 pub use postgres::{PostgresOptions, PostgresStore, is_postgres_url};
 pub use sqlite::{OpenOptions, SqliteStore};
+pub use waits::{
+    MAX_SIGNAL_NAME_BYTES, MAX_WAIT, SignalSent, Suspension, WaitKind, WaitRecord, WaitRequest,
+    WaitState, Wake, check_signal_name,
+};
 
 use std::fmt;
 use std::str::FromStr;
@@ -386,6 +392,12 @@ pub struct RunRecord {
     /// Why the last worker that held the run gave it back without finishing it (it
     /// could not provide what the run needs, say), if it said.
     pub note: Option<String>,
+    /// The run is suspended in a wait ([`Store::suspend_run`]), holding no lease: no
+    /// worker takes it before this time on the store's clock, unless its signal comes.
+    /// `Some(Millis::MAX)` for a wait only a signal ends.
+    pub wake_at: Option<Millis>,
+    /// The signal the suspended run waits for, if it waits for one.
+    pub waiting_for: Option<String>,
     /// When the run was submitted.
     pub created: Millis,
     /// When the run's record last changed.
@@ -754,4 +766,41 @@ pub trait Store: Send + Sync + fmt::Debug {
 
     /// The run's log (the last bytes its agent wrote to stderr and stdout).
     async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError>;
+
+    // ----- waits -----
+
+    /// Records the wait `req.key` of the run if it is new (its due time from the
+    /// store's clock now), and says where it stands. A signal wait that is not over
+    /// takes the oldest signal of its name sent to the run and not yet received, in
+    /// this transaction, and records its payload under the key: asked again, the same
+    /// key answers the same payload, and no other wait receives that signal. Fails with
+    /// [`StoreError::WaitRefused`] for an absurd time or a key used by another kind of
+    /// wait, and [`StoreError::LeaseLost`] if the fence is stale; nothing is written.
+    async fn wait(&self, req: &WaitRequest<'_>) -> Result<WaitState, StoreError>;
+
+    /// Gives the run's lease back while it waits: with its counts, the run stays
+    /// running but no worker takes it before `suspension.due`, unless the signal it
+    /// waits for is sent (or already was: the run is then due at once).
+    async fn suspend_run(
+        &self,
+        fence: &RunFence,
+        counts: &Counts,
+        suspension: &Suspension<'_>,
+    ) -> Result<(), StoreError>;
+
+    /// Sends signal `name` with `payload` to run `run_id`; if the run is suspended
+    /// waiting for it, the run is due at once. Fails with [`StoreError::UnknownRun`],
+    /// [`StoreError::RunFinished`] for a run that completed, failed or was cancelled,
+    /// and [`StoreError::SignalRefused`] for an invalid name or a payload over
+    /// `max_payload` bytes.
+    async fn send_signal(
+        &self,
+        run_id: &str,
+        name: &str,
+        payload: &[u8],
+        max_payload: usize,
+    ) -> Result<SignalSent, StoreError>;
+
+    /// The run's waits, in the order they were first reached.
+    async fn waits(&self, run_id: &str) -> Result<Vec<WaitRecord>, StoreError>;
 }

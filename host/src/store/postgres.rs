@@ -26,7 +26,8 @@
 //! - `api.rs`: the [`Store`](super::Store) methods.
 //! - `schema.rs`: the numbered migrations, applied on open.
 //! - `tests.rs`: what only this backend has (the store tests are `store/tests/`).
-//! - `claims.rs`, `runs.rs`, `leases.rs`, `components.rs`, `logs.rs`: the statements.
+//! - `claims.rs`, `runs.rs`, `leases.rs`, `components.rs`, `logs.rs`, `waits.rs`: the
+//!   statements.
 
 mod api;
 mod claims;
@@ -38,6 +39,7 @@ mod runs;
 mod schema;
 #[cfg(test)]
 mod tests;
+mod waits;
 
 use super::rules::SQL_MAX;
 use std::future::Future;

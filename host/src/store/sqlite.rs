@@ -15,8 +15,8 @@
 //! - `api.rs`: the [`Store`] methods: what each hands the thread, and how durable.
 //! - `thread.rs`: the database thread and group commit.
 //! - `schema.rs`: opening a file, refusing what is not ours, migrations.
-//! - `claims.rs`, `runs.rs`, `leases.rs`, `components.rs`, `logs.rs`: the statements,
-//!   each run inside the transaction the thread opened.
+//! - `claims.rs`, `runs.rs`, `leases.rs`, `components.rs`, `logs.rs`, `waits.rs`: the
+//!   statements, each run inside the transaction the thread opened.
 
 mod api;
 mod claims;
@@ -32,6 +32,7 @@ mod schema;
 #[cfg(test)]
 mod tests;
 mod thread;
+mod waits;
 
 use super::rules::SQL_MAX;
 use std::path::{Path, PathBuf};

@@ -6,6 +6,9 @@ mod once;
 mod outbound;
 mod progress;
 mod run_info;
+mod waits;
+
+pub(crate) use waits::WaitFailure;
 
 use super::bindings::StepError;
 use super::bindings::idem::agent::types::Host as TypesHost;

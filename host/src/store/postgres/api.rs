@@ -5,13 +5,14 @@
 use std::time::Duration;
 
 use super::conn::{Fenced, Lock, write_tx};
-use super::{PostgresStore, TxError, claims, components, leases, logs, runs};
+use super::{PostgresStore, TxError, claims, components, leases, logs, runs, waits};
 use crate::store::clock::lease_expiry;
 use crate::store::sqlite::{check_checkpoint, check_counts};
 use crate::store::{
     Acquired, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
     Deployment, DeploymentRecord, LeaseState, LeasedRun, Millis, OpenClaim, Resolution, RunEnd,
-    RunFence, RunFilter, RunRecord, StepRecord, Store, StoreError, Submission, Submitted, SyncMode,
+    RunFence, RunFilter, RunRecord, SignalSent, StepRecord, Store, StoreError, Submission,
+    Submitted, Suspension, SyncMode, WaitRecord, WaitRequest, WaitState,
 };
 
 /// Refuses a write whose fence did not hold.
@@ -399,6 +400,48 @@ impl Store for PostgresStore {
     async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError> {
         self.read("read a run's log", async |conn| {
             logs::read(conn, run_id).await
+        })
+        .await
+    }
+
+    async fn wait(&self, req: &WaitRequest<'_>) -> Result<WaitState, StoreError> {
+        let fence = req.fence;
+        let with = Some((fence, Lock::Update));
+        write_tx!(self, "record a wait", fence.sync, with, |conn, fenced| {
+            held(fenced, fence)?;
+            waits::wait(conn, fence, req.key, &req.kind).await
+        })
+    }
+
+    async fn suspend_run(
+        &self,
+        fence: &RunFence,
+        counts: &Counts,
+        suspension: &Suspension<'_>,
+    ) -> Result<(), StoreError> {
+        check_counts(counts)?;
+        let with = Some((fence, Lock::Update));
+        write_tx!(self, "suspend a run", fence.sync, with, |conn, fenced| {
+            held(fenced, fence)?;
+            waits::suspend_run(conn, fence, counts, suspension).await
+        })
+    }
+
+    async fn send_signal(
+        &self,
+        run_id: &str,
+        name: &str,
+        payload: &[u8],
+        max_payload: usize,
+    ) -> Result<SignalSent, StoreError> {
+        write_tx!(self, "send a signal", self.sync, None, |conn, _f| {
+            waits::send_signal(conn, run_id, name, payload, max_payload).await
+        })
+    }
+
+    async fn waits(&self, run_id: &str) -> Result<Vec<WaitRecord>, StoreError> {
+        self.read("read a run's waits", async |conn| {
+            waits::waits(conn, run_id).await
         })
         .await
     }

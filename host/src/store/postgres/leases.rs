@@ -33,10 +33,11 @@ pub(super) async fn acquire_runs(
         .query(
             "SELECT run_id, lease_token, lease_holder IS NOT NULL FROM runs
              WHERE status IN ('queued', 'running')
+               AND coalesce(wake_at, created) <= $1
                AND (lease_holder IS NULL OR lease_expires <= $1)
                AND lease_token < 9223372036854775807
                AND NOT (run_id = ANY ($2))
-             ORDER BY created, seq
+             ORDER BY coalesce(wake_at, created), seq
              LIMIT $3
              FOR UPDATE SKIP LOCKED",
             &[&now, &skip, &limit],
@@ -104,7 +105,8 @@ async fn grant(
     let token = to_sql_int(token)?;
     conn.execute(
         "UPDATE runs
-         SET status = $2, lease_holder = $3, lease_token = $4, lease_expires = $5, updated = $6
+         SET status = $2, lease_holder = $3, lease_token = $4, lease_expires = $5, updated = $6,
+             wake_at = NULL, waiting_for = NULL
          WHERE run_id = $1",
         &[
             &run_id,

@@ -12,7 +12,10 @@ use super::{PostgresStore, TxError, connect_reason, fault};
 use crate::store::{DatabaseFault, StoreError, SyncMode};
 
 /// `MIGRATIONS[i]` brings the schema from version `i` to version `i + 1`.
-const MIGRATIONS: &[&str] = &[include_str!("../migrations/postgres/0001_init.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../migrations/postgres/0001_init.sql"),
+    include_str!("../migrations/postgres/0002_waits.sql"),
+];
 
 /// The schema version this build writes and understands.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -5,12 +5,16 @@
 
 use std::time::Duration;
 
-use super::{SqliteStore, check_checkpoint, check_counts, claims, components, leases, logs, runs};
+use super::{
+    SqliteStore, check_checkpoint, check_counts, claims, components, leases, logs, runs, waits,
+};
 use crate::store::clock::lease_expiry;
+use crate::store::waits::OwnedWaitKind;
 use crate::store::{
     Acquired, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
     Deployment, DeploymentRecord, LeaseState, LeasedRun, Millis, OpenClaim, Resolution, RunEnd,
-    RunFence, RunFilter, RunRecord, StepRecord, Store, StoreError, Submission, Submitted, SyncMode,
+    RunFence, RunFilter, RunRecord, SignalSent, StepRecord, Store, StoreError, Submission,
+    Submitted, Suspension, SyncMode, WaitRecord, WaitRequest, WaitState,
 };
 
 #[async_trait::async_trait]
@@ -373,6 +377,56 @@ impl Store for SqliteStore {
         let run_id = run_id.to_owned();
         self.read("read a run's log", move |conn| logs::read(conn, &run_id))
             .await
+    }
+
+    async fn wait(&self, req: &WaitRequest<'_>) -> Result<WaitState, StoreError> {
+        let (fence, key) = (req.fence.clone(), req.key.to_owned());
+        let kind = OwnedWaitKind::new(&req.kind);
+        self.write("record a wait", fence.sync, move |conn, now| {
+            waits::wait(conn, &fence, &key, &kind.borrow(), now)
+        })
+        .await
+    }
+
+    async fn suspend_run(
+        &self,
+        fence: &RunFence,
+        counts: &Counts,
+        suspension: &Suspension<'_>,
+    ) -> Result<(), StoreError> {
+        check_counts(counts)?;
+        let (fence, counts) = (fence.clone(), *counts);
+        let (due, signal) = (suspension.due, suspension.signal.map(str::to_owned));
+        self.write("suspend a run", fence.sync, move |conn, now| {
+            let suspension = Suspension {
+                due,
+                signal: signal.as_deref(),
+            };
+            waits::suspend_run(conn, &fence, &counts, &suspension, now)
+        })
+        .await
+    }
+
+    async fn send_signal(
+        &self,
+        run_id: &str,
+        name: &str,
+        payload: &[u8],
+        max_payload: usize,
+    ) -> Result<SignalSent, StoreError> {
+        let (run_id, name, payload) = (run_id.to_owned(), name.to_owned(), payload.to_vec());
+        self.write("send a signal", self.sync, move |conn, now| {
+            waits::send_signal(conn, &run_id, &name, &payload, max_payload, now)
+        })
+        .await
+    }
+
+    async fn waits(&self, run_id: &str) -> Result<Vec<WaitRecord>, StoreError> {
+        let run_id = run_id.to_owned();
+        self.read("read a run's waits", move |conn| {
+            waits::waits(conn, &run_id)
+        })
+        .await
     }
 }
 

@@ -72,9 +72,10 @@ pub(super) fn acquire_runs(
         let mut stmt = conn.prepare_cached(
             "SELECT run_id, lease_token, lease_holder IS NOT NULL FROM runs
              WHERE status IN ('queued', 'running')
+               AND coalesce(wake_at, created) <= ?1
                AND (lease_holder IS NULL OR lease_expires <= ?1)
                AND lease_token < 9223372036854775807
-             ORDER BY created, rowid",
+             ORDER BY coalesce(wake_at, created), rowid",
         )?;
         let mut rows = stmt.query([now])?;
         while let Some(row) = rows.next()? {
@@ -150,7 +151,8 @@ fn grant(
     let token = to_sql_int(token)?;
     conn.prepare_cached(
         "UPDATE runs
-         SET status = ?2, lease_holder = ?3, lease_token = ?4, lease_expires = ?5, updated = ?6
+         SET status = ?2, lease_holder = ?3, lease_token = ?4, lease_expires = ?5, updated = ?6,
+             wake_at = NULL, waiting_for = NULL
          WHERE run_id = ?1",
     )?
     .execute(params![

@@ -88,7 +88,9 @@ fn version_2_store_migrates_with_runs_results_and_checkpoints_intact() {
             "run_outcomes",
             "run_upgrades",
             "runs",
+            "signals",
             "steps",
+            "waits",
         ]
     );
     block_on(async {

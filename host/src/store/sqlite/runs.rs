@@ -20,7 +20,7 @@ macro_rules! select_records {
             "SELECT r.run_id, r.agent, r.digest, r.namespace, r.status, o.outcome,
                     r.executed, r.skipped, r.awaited, r.reclaimed, r.instances,
                     r.lease_holder, r.lease_token, r.lease_expires, r.cancel_requested,
-                    r.note, r.created, r.updated, p.step
+                    r.note, r.created, r.updated, p.step, r.wake_at, r.waiting_for
              FROM runs r
              LEFT JOIN progress p ON p.run_id = r.run_id
              LEFT JOIN run_outcomes o ON o.run_id = r.run_id ",
@@ -170,7 +170,7 @@ pub(super) fn end_as_cancelled(
     conn.prepare_cached(
         "UPDATE runs
          SET status = ?2, lease_holder = NULL, lease_expires = NULL, cancel_requested = 0,
-             updated = ?3
+             wake_at = NULL, waiting_for = NULL, updated = ?3
          WHERE run_id = ?1",
     )?
     .execute(params![run_id, RunStatus::Cancelled.as_str(), now])?;
@@ -344,6 +344,8 @@ pub(super) fn record(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
         created: row.get(16)?,
         updated: row.get(17)?,
         step,
+        wake_at: row.get(19)?,
+        waiting_for: row.get(20)?,
     })
 }
 

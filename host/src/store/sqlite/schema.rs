@@ -20,6 +20,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0001_init.sql"),
     include_str!("../migrations/sqlite/0002_steps.sql"),
     include_str!("../migrations/sqlite/0003_leases.sql"),
+    include_str!("../migrations/sqlite/0004_waits.sql"),
 ];
 
 /// The schema version this build writes and understands.

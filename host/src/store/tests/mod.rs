@@ -10,6 +10,7 @@
 //! - `runs.rs`: submitting, progress, counts, outcomes, cancel, logs.
 //! - `leases.rs`: run leases and fences.
 //! - `deploy.rs`: components, deployments and namespaces.
+//! - `waits.rs`: sleeps, signals and suspended runs.
 //! - `shared.rs`: what takes more than one handle: reopening, races between handles.
 //! - `postgres_harness.rs`: a schema of its own per test on a real PostgreSQL server
 //!   (`IDEM_TEST_POSTGRES`).
@@ -20,6 +21,7 @@ mod leases;
 pub(crate) mod postgres_harness;
 mod runs;
 mod shared;
+mod waits;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -115,6 +117,11 @@ macro_rules! store_tests {
                 deploy::deployments_lists_what_each_name_points_at,
                 deploy::first_use_admission_keeps_namespaces_apart,
                 deploy::runs_make_their_components_members,
+                waits::a_sleep_keeps_its_first_wake_time_and_elapses_on_the_clock,
+                waits::a_suspended_run_is_leased_only_when_due_in_due_order,
+                waits::a_signal_is_taken_once_by_the_wait_that_records_it,
+                waits::a_signal_sent_between_a_wait_and_its_suspension_is_not_missed,
+                waits::bad_signals_and_waits_are_refused_and_write_nothing,
             ];
             harness: [
                 shared::reopening_keeps_everything,

@@ -1,0 +1,54 @@
+//! `idem signal`: send a signal to a run. A run waiting for it (`wait_for_signal`) is
+//! due at once; one that has not reached its wait yet finds the signal kept for it.
+
+use clap::Parser;
+use idem::runtime::Limits;
+
+use super::args::{DbArgs, json_or_file};
+use super::{Exit, display};
+
+#[derive(Debug, Parser)]
+pub struct SignalCommand {
+    /// The run.
+    run_id: String,
+    /// The signal's name, as the agent waits for it.
+    name: String,
+    /// The payload, as JSON, or `@FILE` to read it from a file (default `null`). At most
+    /// the default state limit (1 MiB).
+    #[arg(long, value_name = "JSON|@FILE")]
+    payload: Option<String>,
+    #[command(flatten)]
+    db: DbArgs,
+}
+
+impl SignalCommand {
+    pub async fn execute(self) -> anyhow::Result<Exit> {
+        let payload = match &self.payload {
+            Some(value) => json_or_file("--payload", value)?,
+            None => b"null".to_vec(),
+        };
+        let store = self.db.open_existing().await?;
+        let sent = store
+            .send_signal(
+                &self.run_id,
+                &self.name,
+                &payload,
+                Limits::default().max_state_bytes,
+            )
+            .await?;
+        if sent.woke {
+            println!(
+                "signal {} sent: run {} was waiting for it and is due now",
+                display::name(&self.name),
+                display::name(&self.run_id)
+            );
+        } else {
+            println!(
+                "signal {} sent: kept for run {} until it waits for it",
+                display::name(&self.name),
+                display::name(&self.run_id)
+            );
+        }
+        Ok(Exit::Done)
+    }
+}

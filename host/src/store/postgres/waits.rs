@@ -1,0 +1,239 @@
+//! Durable waits on PostgreSQL: a run's sleeps and signal waits, its suspension while
+//! it waits, and the signals sent to it. The same statements as SQLite's, each inside
+//! the transaction its caller began (the run's row locked by the fence check).
+
+use super::TxError;
+use super::conn::Conn;
+use super::runs::{save_counts, status_from, unknown_run};
+use crate::store::waits::{due_at, reused};
+use crate::store::{
+    Counts, Millis, RunFence, RunStatus, SignalSent, StoreError, Suspension, WaitKind, WaitRecord,
+    WaitState, check_signal_name,
+};
+
+/// Records the wait if new and says where it stands; a signal wait takes its signal
+/// here, in the caller's transaction. The caller checked the fence.
+pub(super) async fn wait(
+    conn: &Conn,
+    fence: &RunFence,
+    key: &str,
+    kind: &WaitKind<'_>,
+) -> Result<WaitState, TxError> {
+    let now = conn.now;
+    let refused = |reason: String| {
+        TxError::Store(StoreError::WaitRefused {
+            run_id: fence.run_id.clone(),
+            key: key.to_owned(),
+            reason,
+        })
+    };
+    let due_now = due_at(now, kind).map_err(refused)?;
+    let wanted = match kind {
+        WaitKind::Sleep(_) => None,
+        WaitKind::Signal { name, .. } => {
+            check_signal_name(name).map_err(refused)?;
+            Some(*name)
+        }
+    };
+    let row = conn
+        .query_opt(
+            "SELECT signal, due, outcome, payload FROM waits WHERE run_id = $1 AND key = $2",
+            &[&fence.run_id, &key],
+        )
+        .await?;
+    let due = match row {
+        Some(row) => {
+            let signal: Option<String> = row.try_get(0)?;
+            if signal.as_deref() != wanted {
+                return Err(refused(reused(key, signal.as_deref(), wanted)));
+            }
+            let outcome: Option<String> = row.try_get(2)?;
+            match outcome.as_deref() {
+                Some("received") => {
+                    let payload: Option<Vec<u8>> = row.try_get(3)?;
+                    return Ok(WaitState::Received(payload.unwrap_or_default()));
+                }
+                Some(_) => return Ok(WaitState::TimedOut),
+                None => {}
+            }
+            row.try_get::<_, Option<i64>>(1)?
+        }
+        None => {
+            conn.execute(
+                "INSERT INTO waits (run_id, key, signal, due, created) VALUES ($1, $2, $3, $4, $5)",
+                &[&fence.run_id, &key, &wanted, &due_now, &now],
+            )
+            .await?;
+            due_now
+        }
+    };
+    let Some(name) = wanted else {
+        return Ok(match due {
+            Some(due) if due > now => WaitState::Pending { due: Some(due) },
+            _ => WaitState::Elapsed,
+        });
+    };
+    let signal = conn
+        .query_opt(
+            "SELECT id, payload FROM signals
+             WHERE run_id = $1 AND name = $2 AND taken_by IS NULL ORDER BY id LIMIT 1
+             FOR UPDATE",
+            &[&fence.run_id, &name],
+        )
+        .await?;
+    if let Some(signal) = signal {
+        let (id, payload): (i64, Vec<u8>) = (signal.try_get(0)?, signal.try_get(1)?);
+        conn.execute(
+            "UPDATE signals SET taken_by = $2 WHERE id = $1",
+            &[&id, &key],
+        )
+        .await?;
+        settle(conn, &fence.run_id, key, "received", Some(&payload)).await?;
+        return Ok(WaitState::Received(payload));
+    }
+    match due {
+        Some(due) if due <= now => {
+            settle(conn, &fence.run_id, key, "timed-out", None).await?;
+            Ok(WaitState::TimedOut)
+        }
+        due => Ok(WaitState::Pending { due }),
+    }
+}
+
+async fn settle(
+    conn: &Conn,
+    run_id: &str,
+    key: &str,
+    outcome: &str,
+    payload: Option<&[u8]>,
+) -> Result<(), TxError> {
+    conn.execute(
+        "UPDATE waits SET outcome = $3, payload = $4, settled = $5 WHERE run_id = $1 AND key = $2",
+        &[&run_id, &key, &outcome, &payload, &conn.now],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Ends the run's lease while it waits, with its counts and its wake time. The caller
+/// checked the fence.
+pub(super) async fn suspend_run(
+    conn: &Conn,
+    fence: &RunFence,
+    counts: &Counts,
+    suspension: &Suspension<'_>,
+) -> Result<(), TxError> {
+    save_counts(conn, &fence.run_id, counts).await?;
+    // A signal sent between the wait's look and this suspension is not missed: the
+    // run is due at once.
+    let arrived = match suspension.signal {
+        Some(name) => conn
+            .query_opt(
+                "SELECT 1 FROM signals WHERE run_id = $1 AND name = $2 AND taken_by IS NULL
+                 LIMIT 1",
+                &[&fence.run_id, &name],
+            )
+            .await?
+            .is_some(),
+        None => false,
+    };
+    let wake_at = if arrived {
+        conn.now
+    } else {
+        suspension.due.unwrap_or(Millis::MAX)
+    };
+    conn.execute(
+        "UPDATE runs
+         SET lease_holder = NULL, lease_expires = NULL, note = NULL, wake_at = $2,
+             waiting_for = $3, updated = $4
+         WHERE run_id = $1",
+        &[&fence.run_id, &wake_at, &suspension.signal, &conn.now],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Sends a signal; a run suspended waiting for it is due now.
+pub(super) async fn send_signal(
+    conn: &Conn,
+    run_id: &str,
+    name: &str,
+    payload: &[u8],
+    max_payload: usize,
+) -> Result<SignalSent, TxError> {
+    let refused = |reason: String| {
+        TxError::Store(StoreError::SignalRefused {
+            run_id: run_id.to_owned(),
+            reason,
+        })
+    };
+    check_signal_name(name).map_err(refused)?;
+    if payload.len() > max_payload {
+        return Err(refused(format!(
+            "its payload is {} bytes, over the state limit of {max_payload} bytes",
+            payload.len()
+        )));
+    }
+    // Locked, so that a suspension of the run sees this signal or is seen by it.
+    let row = conn
+        .query_opt(
+            "SELECT status, waiting_for, lease_holder IS NULL FROM runs
+             WHERE run_id = $1 FOR NO KEY UPDATE",
+            &[&run_id],
+        )
+        .await?;
+    let Some(row) = row else {
+        return Err(unknown_run(run_id));
+    };
+    let status = status_from(&row, 0)?;
+    let (waiting_for, free): (Option<String>, bool) = (row.try_get(1)?, row.try_get(2)?);
+    if matches!(status, RunStatus::Completed | RunStatus::Cancelled) {
+        return Err(TxError::Store(StoreError::RunFinished {
+            run_id: run_id.to_owned(),
+            status,
+        }));
+    }
+    let id: i64 = conn
+        .query_one(
+            "INSERT INTO signals (run_id, name, payload, sent) VALUES ($1, $2, $3, $4)
+             RETURNING id",
+            &[&run_id, &name, &payload, &conn.now],
+        )
+        .await?
+        .try_get(0)?;
+    let woke = free && waiting_for.as_deref() == Some(name);
+    if woke {
+        conn.execute(
+            "UPDATE runs SET wake_at = $2, updated = $2 WHERE run_id = $1",
+            &[&run_id, &conn.now],
+        )
+        .await?;
+    }
+    Ok(SignalSent {
+        id: id.unsigned_abs(),
+        woke,
+    })
+}
+
+/// The run's waits, in the order they were first reached.
+pub(super) async fn waits(conn: &Conn, run_id: &str) -> Result<Vec<WaitRecord>, TxError> {
+    let rows = conn
+        .query(
+            "SELECT key, signal, due, created, outcome, settled FROM waits
+             WHERE run_id = $1 ORDER BY created, key",
+            &[&run_id],
+        )
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(WaitRecord {
+                key: row.try_get(0)?,
+                signal: row.try_get(1)?,
+                due: row.try_get(2)?,
+                created: row.try_get(3)?,
+                outcome: row.try_get(4)?,
+                settled: row.try_get(5)?,
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,236 @@
+//! Durable waits on SQLite: a run's sleeps and signal waits, its suspension while it
+//! waits, and the signals sent to it. Each function runs inside the transaction of the
+//! database thread.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::TxError;
+use super::leases::check_fence;
+use super::runs::{save_counts, status_from, unknown_run};
+use crate::store::waits::due_at;
+use crate::store::{
+    Counts, Millis, RunFence, RunStatus, SignalSent, StoreError, Suspension, WaitKind, WaitRecord,
+    WaitState, check_signal_name,
+};
+
+/// Records the wait if new and says where it stands; a signal wait takes its signal
+/// here, in the caller's transaction.
+pub(super) fn wait(
+    conn: &Connection,
+    fence: &RunFence,
+    key: &str,
+    kind: &WaitKind<'_>,
+    now: Millis,
+) -> Result<WaitState, TxError> {
+    check_fence(conn, fence)?;
+    let refused = |reason: String| {
+        TxError::Store(StoreError::WaitRefused {
+            run_id: fence.run_id.clone(),
+            key: key.to_owned(),
+            reason,
+        })
+    };
+    let due_now = due_at(now, kind).map_err(refused)?;
+    let wanted = match kind {
+        WaitKind::Sleep(_) => None,
+        WaitKind::Signal { name, .. } => {
+            check_signal_name(name).map_err(refused)?;
+            Some(*name)
+        }
+    };
+    type Row = (
+        Option<String>,
+        Option<Millis>,
+        Option<String>,
+        Option<Vec<u8>>,
+    );
+    let row: Option<Row> = conn
+        .prepare_cached(
+            "SELECT signal, due, outcome, payload FROM waits WHERE run_id = ?1 AND key = ?2",
+        )?
+        .query_row(params![fence.run_id, key], |row| {
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+        })
+        .optional()?;
+    let due = match row {
+        Some((signal, due, outcome, payload)) => {
+            if signal.as_deref() != wanted {
+                return Err(refused(super::super::waits::reused(
+                    key,
+                    signal.as_deref(),
+                    wanted,
+                )));
+            }
+            match outcome.as_deref() {
+                Some("received") => return Ok(WaitState::Received(payload.unwrap_or_default())),
+                Some(_) => return Ok(WaitState::TimedOut),
+                None => {}
+            }
+            due
+        }
+        None => {
+            conn.prepare_cached(
+                "INSERT INTO waits (run_id, key, signal, due, created) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![fence.run_id, key, wanted, due_now, now])?;
+            due_now
+        }
+    };
+    let Some(name) = wanted else {
+        return Ok(match due {
+            Some(due) if due > now => WaitState::Pending { due: Some(due) },
+            _ => WaitState::Elapsed,
+        });
+    };
+    let signal: Option<(i64, Vec<u8>)> = conn
+        .prepare_cached(
+            "SELECT id, payload FROM signals
+             WHERE run_id = ?1 AND name = ?2 AND taken_by IS NULL ORDER BY id LIMIT 1",
+        )?
+        .query_row(params![fence.run_id, name], |row| {
+            Ok((row.get(0)?, row.get(1)?))
+        })
+        .optional()?;
+    if let Some((id, payload)) = signal {
+        conn.prepare_cached("UPDATE signals SET taken_by = ?2 WHERE id = ?1")?
+            .execute(params![id, key])?;
+        settle(conn, &fence.run_id, key, "received", Some(&payload), now)?;
+        return Ok(WaitState::Received(payload));
+    }
+    match due {
+        Some(due) if due <= now => {
+            settle(conn, &fence.run_id, key, "timed-out", None, now)?;
+            Ok(WaitState::TimedOut)
+        }
+        due => Ok(WaitState::Pending { due }),
+    }
+}
+
+fn settle(
+    conn: &Connection,
+    run_id: &str,
+    key: &str,
+    outcome: &str,
+    payload: Option<&[u8]>,
+    now: Millis,
+) -> Result<(), TxError> {
+    conn.prepare_cached(
+        "UPDATE waits SET outcome = ?3, payload = ?4, settled = ?5 WHERE run_id = ?1 AND key = ?2",
+    )?
+    .execute(params![run_id, key, outcome, payload, now])?;
+    Ok(())
+}
+
+/// Ends the run's lease while it waits, with its counts and its wake time.
+pub(super) fn suspend_run(
+    conn: &Connection,
+    fence: &RunFence,
+    counts: &Counts,
+    suspension: &Suspension<'_>,
+    now: Millis,
+) -> Result<(), TxError> {
+    check_fence(conn, fence)?;
+    save_counts(conn, &fence.run_id, counts, now)?;
+    // A signal sent between the wait's look and this suspension is not missed: the
+    // run is due at once.
+    let arrived = match suspension.signal {
+        Some(name) => conn
+            .prepare_cached(
+                "SELECT 1 FROM signals WHERE run_id = ?1 AND name = ?2 AND taken_by IS NULL",
+            )?
+            .query_row(params![fence.run_id, name], |_| Ok(()))
+            .optional()?
+            .is_some(),
+        None => false,
+    };
+    let wake_at = if arrived {
+        now
+    } else {
+        suspension.due.unwrap_or(Millis::MAX)
+    };
+    conn.prepare_cached(
+        "UPDATE runs
+         SET lease_holder = NULL, lease_expires = NULL, note = NULL, wake_at = ?2,
+             waiting_for = ?3, updated = ?4
+         WHERE run_id = ?1",
+    )?
+    .execute(params![fence.run_id, wake_at, suspension.signal, now])?;
+    Ok(())
+}
+
+/// Sends a signal; a run suspended waiting for it is due now.
+pub(super) fn send_signal(
+    conn: &Connection,
+    run_id: &str,
+    name: &str,
+    payload: &[u8],
+    max_payload: usize,
+    now: Millis,
+) -> Result<SignalSent, TxError> {
+    let refused = |reason: String| {
+        TxError::Store(StoreError::SignalRefused {
+            run_id: run_id.to_owned(),
+            reason,
+        })
+    };
+    check_signal_name(name).map_err(refused)?;
+    if payload.len() > max_payload {
+        return Err(refused(format!(
+            "its payload is {} bytes, over the state limit of {max_payload} bytes",
+            payload.len()
+        )));
+    }
+    let row: Option<(RunStatus, Option<String>, bool)> = conn
+        .prepare_cached(
+            "SELECT status, waiting_for, lease_holder IS NULL FROM runs WHERE run_id = ?1",
+        )?
+        .query_row([run_id], |row| {
+            Ok((status_from(row, 0)?, row.get(1)?, row.get(2)?))
+        })
+        .optional()?;
+    let Some((status, waiting_for, free)) = row else {
+        return Err(unknown_run(run_id));
+    };
+    if matches!(status, RunStatus::Completed | RunStatus::Cancelled) {
+        return Err(TxError::Store(StoreError::RunFinished {
+            run_id: run_id.to_owned(),
+            status,
+        }));
+    }
+    let id: i64 = conn
+        .prepare_cached(
+            "INSERT INTO signals (run_id, name, payload, sent) VALUES (?1, ?2, ?3, ?4)
+             RETURNING id",
+        )?
+        .query_row(params![run_id, name, payload, now], |row| row.get(0))?;
+    let woke = free && waiting_for.as_deref() == Some(name);
+    if woke {
+        conn.prepare_cached("UPDATE runs SET wake_at = ?2, updated = ?2 WHERE run_id = ?1")?
+            .execute(params![run_id, now])?;
+    }
+    Ok(SignalSent {
+        id: id.unsigned_abs(),
+        woke,
+    })
+}
+
+/// The run's waits, in the order they were first reached.
+pub(super) fn waits(conn: &Connection, run_id: &str) -> Result<Vec<WaitRecord>, TxError> {
+    let records = conn
+        .prepare_cached(
+            "SELECT key, signal, due, created, outcome, settled FROM waits
+             WHERE run_id = ?1 ORDER BY created, key",
+        )?
+        .query_map([run_id], |row| {
+            Ok(WaitRecord {
+                key: row.get(0)?,
+                signal: row.get(1)?,
+                due: row.get(2)?,
+                created: row.get(3)?,
+                outcome: row.get(4)?,
+                settled: row.get(5)?,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(records)
+}

@@ -1,0 +1,258 @@
+//! Durable waits: sleeps recorded once under their key, signals taken exactly once,
+//! suspended runs that no worker takes before they are due, and refused waits that
+//! write nothing.
+
+use std::time::Duration;
+
+use super::{Env, RUN_LEASE, T0};
+use crate::store::{
+    Counts, RunStatus, StoreError, Suspension, WaitKind, WaitRequest, WaitState, Wake,
+};
+
+fn sleep(ms: u64) -> WaitKind<'static> {
+    WaitKind::Sleep(Wake::After(Duration::from_millis(ms)))
+}
+
+pub(super) async fn a_sleep_keeps_its_first_wake_time_and_elapses_on_the_clock(env: &Env<'_>) {
+    let store = env.store;
+    env.submit("r", b"in").await;
+    let fence = env.lease("r").await;
+    let wait = |kind| WaitRequest {
+        fence: &fence,
+        key: "nap",
+        kind,
+    };
+    let pending = WaitState::Pending {
+        due: Some(T0 + 60_000),
+    };
+    assert_eq!(store.wait(&wait(sleep(60_000))).await.unwrap(), pending);
+    env.advance(30_000);
+    // Reached again (a replay) with another duration: the first wake time stands.
+    assert_eq!(store.wait(&wait(sleep(1))).await.unwrap(), pending);
+    env.advance(30_000);
+    assert_eq!(
+        store.wait(&wait(sleep(60_000))).await.unwrap(),
+        WaitState::Elapsed
+    );
+    // Another kind of wait under the same key is refused.
+    let signal = WaitKind::Signal {
+        name: "go",
+        timeout: None,
+    };
+    assert!(matches!(
+        store.wait(&wait(signal)).await,
+        Err(StoreError::WaitRefused { .. })
+    ));
+    let waits = store.waits("r").await.unwrap();
+    assert_eq!(waits.len(), 1);
+    assert_eq!((waits[0].due, waits[0].created), (Some(T0 + 60_000), T0));
+}
+
+pub(super) async fn a_suspended_run_is_leased_only_when_due_in_due_order(env: &Env<'_>) {
+    let store = env.store;
+    for (run, due_s) in [("late", 30), ("early", 10), ("middle", 20)] {
+        let fence = env.lease(run).await;
+        let req = WaitRequest {
+            fence: &fence,
+            key: "nap",
+            kind: sleep(due_s * 1000),
+        };
+        let WaitState::Pending { due } = store.wait(&req).await.unwrap() else {
+            panic!("a sleep in the future is pending");
+        };
+        let suspension = Suspension { due, signal: None };
+        store
+            .suspend_run(&fence, &Counts::default(), &suspension)
+            .await
+            .unwrap();
+        // The old fence holds nothing now.
+        assert!(matches!(
+            store
+                .suspend_run(&fence, &Counts::default(), &suspension)
+                .await,
+            Err(StoreError::LeaseLost { .. })
+        ));
+        let record = store.run(run).await.unwrap().unwrap();
+        assert_eq!(
+            (record.status, record.lease, record.wake_at),
+            (RunStatus::Running, None, due)
+        );
+    }
+    assert!(
+        store
+            .acquire_runs("w", 10, RUN_LEASE, &[])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    env.advance(30_000);
+    let got = store.acquire_runs("w", 10, RUN_LEASE, &[]).await.unwrap();
+    let ids: Vec<&str> = got.iter().map(|r| r.record.run_id.as_str()).collect();
+    assert_eq!(ids, ["early", "middle", "late"]);
+    assert!(got.iter().all(|r| r.record.wake_at.is_none()));
+}
+
+pub(super) async fn a_signal_is_taken_once_by_the_wait_that_records_it(env: &Env<'_>) {
+    let store = env.store;
+    env.submit("r", b"in").await;
+    // Sent before anything waits: kept.
+    let sent = store.send_signal("r", "go", b"1", 100).await.unwrap();
+    assert!(!sent.woke);
+    store.send_signal("r", "go", b"2", 100).await.unwrap();
+    let fence = env.lease("r").await;
+    let wait = |key| WaitRequest {
+        fence: &fence,
+        key,
+        kind: WaitKind::Signal {
+            name: "go",
+            timeout: Some(Duration::from_secs(60)),
+        },
+    };
+    let first = WaitState::Received(b"1".to_vec());
+    assert_eq!(store.wait(&wait("w1")).await.unwrap(), first);
+    // Asked again (a replay), the same wait answers the same payload.
+    assert_eq!(store.wait(&wait("w1")).await.unwrap(), first);
+    assert_eq!(
+        store.wait(&wait("w2")).await.unwrap(),
+        WaitState::Received(b"2".to_vec())
+    );
+    let pending = WaitState::Pending {
+        due: Some(T0 + 60_000),
+    };
+    assert_eq!(store.wait(&wait("w3")).await.unwrap(), pending);
+    let suspension = Suspension {
+        due: Some(T0 + 60_000),
+        signal: Some("go"),
+    };
+    store
+        .suspend_run(&fence, &Counts::default(), &suspension)
+        .await
+        .unwrap();
+    assert!(
+        store
+            .acquire_runs("w", 1, RUN_LEASE, &[])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Sent while it waits: the run is due at once.
+    assert!(store.send_signal("r", "go", b"3", 100).await.unwrap().woke);
+    assert_eq!(store.run("r").await.unwrap().unwrap().wake_at, Some(T0));
+    let got = store.acquire_runs("w", 1, RUN_LEASE, &[]).await.unwrap();
+    let fence = crate::store::RunFence {
+        run_id: "r".into(),
+        token: got[0].token,
+        sync: crate::store::SyncMode::Normal,
+    };
+    let w3 = WaitRequest {
+        fence: &fence,
+        key: "w3",
+        kind: WaitKind::Signal {
+            name: "go",
+            timeout: Some(Duration::from_secs(60)),
+        },
+    };
+    assert_eq!(
+        store.wait(&w3).await.unwrap(),
+        WaitState::Received(b"3".to_vec())
+    );
+    // A wait whose timeout passed with no signal times out, and stays timed out even
+    // if a signal comes after.
+    let w4 = WaitRequest {
+        key: "w4",
+        ..w3.clone()
+    };
+    assert!(matches!(
+        store.wait(&w4).await.unwrap(),
+        WaitState::Pending { .. }
+    ));
+    env.advance(60_000);
+    assert_eq!(store.wait(&w4).await.unwrap(), WaitState::TimedOut);
+    store.send_signal("r", "go", b"4", 100).await.unwrap();
+    assert_eq!(store.wait(&w4).await.unwrap(), WaitState::TimedOut);
+}
+
+pub(super) async fn a_signal_sent_between_a_wait_and_its_suspension_is_not_missed(env: &Env<'_>) {
+    let store = env.store;
+    env.submit("r", b"in").await;
+    let fence = env.lease("r").await;
+    let req = WaitRequest {
+        fence: &fence,
+        key: "w",
+        kind: WaitKind::Signal {
+            name: "go",
+            timeout: None,
+        },
+    };
+    assert_eq!(
+        store.wait(&req).await.unwrap(),
+        WaitState::Pending { due: None }
+    );
+    // The run still holds its lease: the signal is kept, not a wake-up.
+    assert!(!store.send_signal("r", "go", b"x", 100).await.unwrap().woke);
+    let suspension = Suspension {
+        due: None,
+        signal: Some("go"),
+    };
+    store
+        .suspend_run(&fence, &Counts::default(), &suspension)
+        .await
+        .unwrap();
+    assert_eq!(store.run("r").await.unwrap().unwrap().wake_at, Some(T0));
+    assert_eq!(
+        store
+            .acquire_runs("w", 1, RUN_LEASE, &[])
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
+pub(super) async fn bad_signals_and_waits_are_refused_and_write_nothing(env: &Env<'_>) {
+    let store = env.store;
+    assert!(matches!(
+        store.send_signal("nobody", "go", b"1", 100).await,
+        Err(StoreError::UnknownRun { .. })
+    ));
+    env.submit("r", b"in").await;
+    for (name, payload) in [
+        ("", &b"1"[..]),
+        ("go", &[0_u8; 101][..]),
+        ("a\u{202e}b", b"1"),
+    ] {
+        assert!(matches!(
+            store.send_signal("r", name, payload, 100).await,
+            Err(StoreError::SignalRefused { .. })
+        ));
+    }
+    let fence = env.lease("r").await;
+    for kind in [
+        WaitKind::Sleep(Wake::After(Duration::MAX)),
+        WaitKind::Sleep(Wake::At(-1)),
+        WaitKind::Sleep(Wake::At(i64::MAX)),
+        WaitKind::Signal {
+            name: "go",
+            timeout: Some(Duration::from_secs(200 * 365 * 24 * 3600)),
+        },
+    ] {
+        let req = WaitRequest {
+            fence: &fence,
+            key: "bad",
+            kind,
+        };
+        assert!(matches!(
+            store.wait(&req).await,
+            Err(StoreError::WaitRefused { .. })
+        ));
+    }
+    assert!(store.waits("r").await.unwrap().is_empty());
+    let record = store.run("r").await.unwrap().unwrap();
+    assert_eq!((record.wake_at, record.waiting_for), (None, None));
+    env.submit("gone", b"in").await;
+    store.cancel_run("gone").await.unwrap();
+    assert!(matches!(
+        store.send_signal("gone", "go", b"1", 100).await,
+        Err(StoreError::RunFinished { .. })
+    ));
+}
