@@ -181,3 +181,11 @@ mod tests {
         Ok(())
     }
 }
+
+/// `tests/guests-python/steps`: the Python twin of [`STEPS`] (same input, log lines,
+/// keys and output), built with componentize-py; empty when Python is not set up.
+pub const PY_STEPS: &str = env!("IDEM_GUEST_PY_STEPS");
+
+/// `examples/python-ledger`: the Python twin of [`LEDGER`]; empty when Python is not
+/// set up.
+pub const PY_LEDGER: &str = env!("IDEM_GUEST_PY_LEDGER");
