@@ -154,11 +154,23 @@ mod tests {
         let vectors = vectors["vectors"].as_array().cloned().unwrap_or_default();
         assert!(vectors.len() >= 10, "the vectors file lost its vectors");
         for v in &vectors {
-            let (step, content, note) = (v["step"].as_str().unwrap_or_default(), &v["content"], &v["note"]);
-            assert_eq!(serde_json::to_string(content).ok().as_ref(), v["json"].as_str().map(str::to_owned).as_ref(), "{note}");
+            let (step, content, note) = (
+                v["step"].as_str().unwrap_or_default(),
+                &v["content"],
+                &v["note"],
+            );
+            assert_eq!(
+                serde_json::to_string(content).ok().as_ref(),
+                v["json"].as_str().map(str::to_owned).as_ref(),
+                "{note}"
+            );
             let shared = Key::shared(step, content)?;
             assert_eq!(Some(shared.as_str()), v["shared"].as_str(), "{note}");
-            assert_eq!(Some(format!("{run_id}/{shared}").as_str()), v["for_run"].as_str(), "{note}");
+            assert_eq!(
+                Some(format!("{run_id}/{shared}").as_str()),
+                v["for_run"].as_str(),
+                "{note}"
+            );
             let bound = Key::new("k").with_input(content)?;
             assert_eq!(bound.fingerprint(), v["fingerprint"].as_str(), "{note}");
         }

@@ -28,8 +28,7 @@ fn every_crash_point_of_every_step_with_folded_saves() {
 pub(crate) fn sweep(guest: &str, n: u32, fold: bool) {
     let t = TestHost::new();
     let steps = agent(guest);
-    let input =
-        |log: &str| json!({ "steps": n, "log": format!("/data/{log}"), "fold": fold });
+    let input = |log: &str| json!({ "steps": n, "log": format!("/data/{log}"), "fold": fold });
 
     let clean = t.run(&steps, "clean", input("clean.log"), FaultPlan::default());
     assert_eq!(clean.counts.executed, u64::from(n));
@@ -106,11 +105,7 @@ pub(crate) fn sweep(guest: &str, n: u32, fold: bool) {
                     assert_eq!(report.counts.executed, u64::from(n), "{ctx}");
                 }
                 Phase::BeforeClaim | Phase::AfterCommit | Phase::AfterSave => {
-                    assert_eq!(
-                        lines.len(),
-                        n as usize,
-                        "{ctx}: no side effect repeats"
-                    );
+                    assert_eq!(lines.len(), n as usize, "{ctx}: no side effect repeats");
                     assert!(lines.iter().all(|l| l.attempt() == 1), "{ctx}");
                     assert_eq!(report.counts.reclaimed, 0, "{ctx}");
                     assert_eq!(report.counts.executed, u64::from(n), "{ctx}");

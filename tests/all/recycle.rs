@@ -86,11 +86,7 @@ pub(crate) fn chaos(guest: &str, n: u64, spin: u64, seeds: u64) {
 
         let lines = t.log(&log);
         let counts = key_counts(&lines);
-        assert_eq!(
-            counts.len(),
-            n as usize,
-            "seed {seed}: every step ran"
-        );
+        assert_eq!(counts.len(), n as usize, "seed {seed}: every step ran");
         // A key repeats only when a drop fell inside its side effect: the repeat is a
         // retaken claim (higher attempt, in doubt), and each is counted as reclaimed.
         let repeats: u64 = counts.values().map(|&c| c as u64 - 1).sum();
