@@ -139,6 +139,14 @@ pub const RAWABI: &str = env!("IDEM_GUEST_RAWABI");
 /// ```
 pub const MULTIMEM: &str = env!("IDEM_GUEST_MULTIMEM");
 
+/// `tests/guests-python/steps`: the Python twin of [`STEPS`] (same input, log lines,
+/// keys and output), built with componentize-py; empty when Python is not set up.
+pub const PY_STEPS: &str = env!("IDEM_GUEST_PY_STEPS");
+
+/// `examples/python-ledger`: the Python twin of [`LEDGER`]; empty when Python is not
+/// set up.
+pub const PY_LEDGER: &str = env!("IDEM_GUEST_PY_LEDGER");
+
 /// Every guest as `(name, path)`, for tests that go over them all.
 ///
 /// ```
@@ -181,11 +189,3 @@ mod tests {
         Ok(())
     }
 }
-
-/// `tests/guests-python/steps`: the Python twin of [`STEPS`] (same input, log lines,
-/// keys and output), built with componentize-py; empty when Python is not set up.
-pub const PY_STEPS: &str = env!("IDEM_GUEST_PY_STEPS");
-
-/// `examples/python-ledger`: the Python twin of [`LEDGER`]; empty when Python is not
-/// set up.
-pub const PY_LEDGER: &str = env!("IDEM_GUEST_PY_LEDGER");
