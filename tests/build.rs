@@ -10,6 +10,9 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+#[path = "build_python.rs"]
+mod python;
+
 const TARGET: &str = "wasm32-wasip2";
 
 /// The first 8 bytes of a component binary: the `\0asm` magic, version 0x0d, layer 1.
@@ -140,6 +143,11 @@ fn build() -> Result<(), String> {
     let multimem = build_multimem(&root, &PathBuf::from(var("OUT_DIR")?))?;
     println!("cargo:rustc-env=IDEM_GUEST_MULTIMEM={multimem}");
 
+    let python = python::build_all(&root, &PathBuf::from(var("OUT_DIR")?))?;
+    for (constant, path) in python {
+        println!("cargo:rustc-env=IDEM_GUEST_{constant}={path}");
+    }
+
     let release = target_dir.join(TARGET).join("release");
     for guest in GUESTS {
         let path = release.join(format!("{}.wasm", guest.package));
@@ -205,6 +213,7 @@ fn watch(root: &Path) {
         paths.push(root.join(guest.workspace).join(guest.package));
     }
     paths.push(root.join("tests/guests/multimem"));
+    paths.extend(python::watched(root));
     for path in paths {
         println!("cargo:rerun-if-changed={}", path.display());
     }

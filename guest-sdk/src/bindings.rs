@@ -16,4 +16,15 @@ wit_bindgen::generate!({
     default_bindings_module: "idem_sdk::bindings",
     // Agents depend on `idem-sdk` alone: the runtime support is reached through it.
     runtime_path: "idem_sdk::__rt",
+    // The world imports wasi:http (for every language's bindings); Rust agents reach it
+    // through the bytecodealliance `wasi` crate, which binds the same 0.2.12 interfaces,
+    // so its types are the ones `http.rs` uses.
+    with: {
+        "wasi:http/types@0.2.12": wasi::http::types,
+        "wasi:http/outgoing-handler@0.2.12": wasi::http::outgoing_handler,
+        "wasi:io/error@0.2.12": wasi::io::error,
+        "wasi:io/poll@0.2.12": wasi::io::poll,
+        "wasi:io/streams@0.2.12": wasi::io::streams,
+        "wasi:clocks/monotonic-clock@0.2.12": wasi::clocks::monotonic_clock,
+    },
 });

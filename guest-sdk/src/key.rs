@@ -143,6 +143,40 @@ mod tests {
         Ok(())
     }
 
+    /// The shared vectors of `wit/keys.md`, which every SDK's tests check: the Python
+    /// SDK's too, so that agents in either language compute the same keys.
+    #[test]
+    fn the_shared_key_vectors_hold() -> Result<(), Error> {
+        let vectors: serde_json::Value =
+            serde_json::from_str(include_str!("../wit/key-vectors.json"))
+                .map_err(|err| Error::codec("key-vectors.json", err))?;
+        let run_id = vectors["run_id"].as_str().unwrap_or_default();
+        let vectors = vectors["vectors"].as_array().cloned().unwrap_or_default();
+        assert!(vectors.len() >= 10, "the vectors file lost its vectors");
+        for v in &vectors {
+            let (step, content, note) = (
+                v["step"].as_str().unwrap_or_default(),
+                &v["content"],
+                &v["note"],
+            );
+            assert_eq!(
+                serde_json::to_string(content).ok().as_ref(),
+                v["json"].as_str().map(str::to_owned).as_ref(),
+                "{note}"
+            );
+            let shared = Key::shared(step, content)?;
+            assert_eq!(Some(shared.as_str()), v["shared"].as_str(), "{note}");
+            assert_eq!(
+                Some(format!("{run_id}/{shared}").as_str()),
+                v["for_run"].as_str(),
+                "{note}"
+            );
+            let bound = Key::new("k").with_input(content)?;
+            assert_eq!(bound.fingerprint(), v["fingerprint"].as_str(), "{note}");
+        }
+        Ok(())
+    }
+
     #[test]
     fn different_content_gives_different_keys() -> Result<(), Error> {
         assert_ne!(Key::shared("s", &1)?, Key::shared("s", &2)?);

@@ -13,30 +13,31 @@ const STEPS_N: u32 = 20;
 
 #[test]
 fn every_crash_point_of_every_step() {
-    sweep(false);
+    sweep(STEPS, STEPS_N, false);
 }
 
 /// The same sweep for an agent that saves each checkpoint in its step's commit
 /// transaction (`Once::run_and_save`).
 #[test]
 fn every_crash_point_of_every_step_with_folded_saves() {
-    sweep(true);
+    sweep(STEPS, STEPS_N, true);
 }
 
-fn sweep(fold: bool) {
+/// Drops `guest` (the `steps` protocol: the Rust guest or its Python twin) at every
+/// crash point of every one of `n` steps.
+pub(crate) fn sweep(guest: &str, n: u32, fold: bool) {
     let t = TestHost::new();
-    let steps = agent(STEPS);
-    let input =
-        |log: &str| json!({ "steps": STEPS_N, "log": format!("/data/{log}"), "fold": fold });
+    let steps = agent(guest);
+    let input = |log: &str| json!({ "steps": n, "log": format!("/data/{log}"), "fold": fold });
 
     let clean = t.run(&steps, "clean", input("clean.log"), FaultPlan::default());
-    assert_eq!(clean.counts.executed, u64::from(STEPS_N));
+    assert_eq!(clean.counts.executed, u64::from(n));
     assert_eq!(clean.counts.instances, 1);
     let clean_log = t.log("clean.log");
-    assert_eq!(clean_log.len(), STEPS_N as usize);
+    assert_eq!(clean_log.len(), n as usize);
 
     for phase in Phase::ALL {
-        for step in 1..=STEPS_N {
+        for step in 1..=n {
             let run_id = format!("sweep-{phase}-{step}");
             let log = format!("{run_id}.log");
             let faults = FaultPlan {
@@ -55,7 +56,7 @@ fn sweep(fold: bool) {
             let counts = key_counts(&lines);
             assert_eq!(
                 counts.len(),
-                STEPS_N as usize,
+                n as usize,
                 "{ctx}: every step's key is in the log"
             );
             let mut order: Vec<&str> = Vec::new();
@@ -70,7 +71,7 @@ fn sweep(fold: bool) {
                 Phase::InEffect => {
                     // The side effect ran, the commit did not: it runs again, same key,
                     // next attempt, flagged in doubt.
-                    assert_eq!(lines.len(), STEPS_N as usize + 1, "{ctx}");
+                    assert_eq!(lines.len(), n as usize + 1, "{ctx}");
                     let repeated: Vec<_> = lines.iter().filter(|l| l.key == crashed_key).collect();
                     assert_eq!(repeated.len(), 2, "{ctx}");
                     assert_eq!(
@@ -87,13 +88,13 @@ fn sweep(fold: bool) {
                         "{ctx}: fencing token grows"
                     );
                     assert_eq!(report.counts.reclaimed, 1, "{ctx}");
-                    assert_eq!(report.counts.executed, u64::from(STEPS_N) + 1, "{ctx}");
+                    assert_eq!(report.counts.executed, u64::from(n) + 1, "{ctx}");
                 }
                 Phase::AfterClaim => {
                     // The claim was taken but never reached the guest: the host gave it
                     // back, so the retake is the next attempt and, truthfully, not in
                     // doubt: no side effect could have begun.
-                    assert_eq!(lines.len(), STEPS_N as usize, "{ctx}");
+                    assert_eq!(lines.len(), n as usize, "{ctx}");
                     let line = lines.iter().find(|l| l.key == crashed_key).unwrap();
                     assert_eq!(line.attempt(), 2, "{ctx}");
                     assert!(
@@ -101,17 +102,13 @@ fn sweep(fold: bool) {
                         "{ctx}: flagged in doubt for nothing"
                     );
                     assert_eq!(report.counts.reclaimed, 0, "{ctx}");
-                    assert_eq!(report.counts.executed, u64::from(STEPS_N), "{ctx}");
+                    assert_eq!(report.counts.executed, u64::from(n), "{ctx}");
                 }
                 Phase::BeforeClaim | Phase::AfterCommit | Phase::AfterSave => {
-                    assert_eq!(
-                        lines.len(),
-                        STEPS_N as usize,
-                        "{ctx}: no side effect repeats"
-                    );
+                    assert_eq!(lines.len(), n as usize, "{ctx}: no side effect repeats");
                     assert!(lines.iter().all(|l| l.attempt() == 1), "{ctx}");
                     assert_eq!(report.counts.reclaimed, 0, "{ctx}");
-                    assert_eq!(report.counts.executed, u64::from(STEPS_N), "{ctx}");
+                    assert_eq!(report.counts.executed, u64::from(n), "{ctx}");
                 }
             }
             // Only a drop between commit and checkpoint makes the next instance replay

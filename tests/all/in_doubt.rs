@@ -59,13 +59,25 @@ fn retry_repeats_the_effect_under_the_same_key() {
     assert!(repeats[1].flag("in_doubt"));
 }
 
-struct CliRun {
+pub(crate) struct CliRun {
     cli: CliDir,
+    guest: &'static str,
+    /// The namespace the guest runs under: its file name.
+    ns: &'static str,
 }
 
 impl CliRun {
     fn new() -> CliRun {
-        CliRun { cli: CliDir::new() }
+        CliRun::of(STEPS, "steps")
+    }
+
+    /// A run of `guest` (the `steps` protocol), deployed under `ns`.
+    pub(crate) fn of(guest: &'static str, ns: &'static str) -> CliRun {
+        CliRun {
+            cli: CliDir::new(),
+            guest,
+            ns,
+        }
     }
 
     fn db(&self) -> String {
@@ -74,7 +86,7 @@ impl CliRun {
 
     fn run(&self, run_id: &str, extra: &[&str]) -> std::process::Output {
         let input = json!({ "steps": 5, "log": "/data/log.txt", "policy": "fail" }).to_string();
-        self.cli.run(STEPS, run_id, &input, extra)
+        self.cli.run(self.guest, run_id, &input, extra)
     }
 
     fn status(&self, run_id: &str) -> Value {
@@ -116,7 +128,7 @@ fn stopped_in_doubt(cli: &CliRun) -> String {
     assert!(claims[0]["parked"].is_string());
     // Status shows the key as the store keeps it: in the agent's namespace.
     let key = claims[0]["key"].as_str().unwrap().to_string();
-    assert_eq!(key, format!("steps:{}", cli.log()[2].key));
+    assert_eq!(key, format!("{}:{}", cli.ns, cli.log()[2].key));
 
     // Running it again does not guess: it names the key and how to settle it.
     let again = cli.run("wire", &[]);
@@ -132,7 +144,12 @@ fn stopped_in_doubt(cli: &CliRun) -> String {
 
 #[test]
 fn fail_stops_the_run_and_resolve_with_a_result_completes_it() {
-    let cli = CliRun::new();
+    resolve_with_a_result(CliRun::new, CliRun::new);
+}
+
+/// `policy: fail`, stopped in doubt, settled with `idem resolve --result`, run on.
+pub(crate) fn resolve_with_a_result(make: impl Fn() -> CliRun, clean: impl Fn() -> CliRun) {
+    let cli = make();
     let key = stopped_in_doubt(&cli);
     let db = cli.db();
 
@@ -161,7 +178,7 @@ fn fail_stops_the_run_and_resolve_with_a_result_completes_it() {
     assert_eq!(lines.len(), 5, "the resolved step was not executed again");
     assert!(key_counts(&lines).values().all(|&c| c == 1));
 
-    let clean = CliRun::new();
+    let clean = clean();
     let out = clean.run("wire", &["--json"]);
     let clean_doc: Value = serde_json::from_str(&stdout(&out)).unwrap();
     let out = cli.run("wire", &["--json"]);
@@ -171,8 +188,12 @@ fn fail_stops_the_run_and_resolve_with_a_result_completes_it() {
 
 #[test]
 fn fail_stops_the_run_and_resolve_retry_runs_the_effect_again() {
-    let cli = CliRun::new();
-    let key = stopped_in_doubt(&cli);
+    resolve_retry(&CliRun::new());
+}
+
+/// `policy: fail`, stopped in doubt, settled with `idem resolve --retry`, run on.
+pub(crate) fn resolve_retry(cli: &CliRun) {
+    let key = stopped_in_doubt(cli);
     let out = run_cli(&["resolve", "wire", &key, "--retry", "--db", &cli.db()]);
     assert!(out.status.success(), "{}", stderr(&out));
 
@@ -182,7 +203,7 @@ fn fail_stops_the_run_and_resolve_retry_runs_the_effect_again() {
     assert_eq!(lines.len(), 6);
     let repeats: Vec<_> = lines
         .iter()
-        .filter(|l| format!("steps:{}", l.key) == key)
+        .filter(|l| format!("{}:{}", cli.ns, l.key) == key)
         .collect();
     assert_eq!(repeats.len(), 2);
     // Attempt 2 was the in-doubt claim that stopped; the operator's retry is attempt 3,

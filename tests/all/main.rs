@@ -23,6 +23,7 @@ mod operator_text;
 mod pinning;
 mod postgres;
 mod prove;
+mod python;
 mod recycle;
 mod rogue;
 mod store_faults;

@@ -53,10 +53,16 @@ fn recycle_every_n_keeps_output_and_effects() {
 
 #[test]
 fn seeded_chaos_mid_computation_keeps_output_and_effects() {
+    chaos(STEPS, STEPS_N, 200_000, 12);
+}
+
+/// Runs `guest` (the `steps` protocol) under `seeds` chaos seeds, `spin` iterations of
+/// computation per step, and checks each run against a clean one.
+pub(crate) fn chaos(guest: &str, n: u64, spin: u64, seeds: u64) {
     let t = TestHost::new();
-    let steps = agent(STEPS);
+    let steps = agent(guest);
     // Enough guest computation per step that random fuel budgets run out inside it.
-    let input = |log: &str, fold: bool| json!({ "steps": STEPS_N, "spin": 200_000, "log": format!("/data/{log}"), "fold": fold });
+    let input = |log: &str, fold: bool| json!({ "steps": n, "spin": spin, "log": format!("/data/{log}"), "fold": fold });
     let clean = t.run(
         &steps,
         "clean",
@@ -65,7 +71,7 @@ fn seeded_chaos_mid_computation_keeps_output_and_effects() {
     );
 
     let mut total_instances = 0;
-    for seed in 1..=12u64 {
+    for seed in 1..=seeds {
         // Even seeds save checkpoints in the commit transaction, odd ones separately.
         let fold = seed % 2 == 0;
         let run_id = format!("chaos-{seed}");
@@ -80,11 +86,7 @@ fn seeded_chaos_mid_computation_keeps_output_and_effects() {
 
         let lines = t.log(&log);
         let counts = key_counts(&lines);
-        assert_eq!(
-            counts.len(),
-            STEPS_N as usize,
-            "seed {seed}: every step ran"
-        );
+        assert_eq!(counts.len(), n as usize, "seed {seed}: every step ran");
         // A key repeats only when a drop fell inside its side effect: the repeat is a
         // retaken claim (higher attempt, in doubt), and each is counted as reclaimed.
         let repeats: u64 = counts.values().map(|&c| c as u64 - 1).sum();
@@ -116,14 +118,14 @@ fn seeded_chaos_mid_computation_keeps_output_and_effects() {
         assert_eq!(in_doubt, report.counts.reclaimed, "seed {seed}");
         assert_eq!(
             report.counts.executed,
-            STEPS_N + report.counts.reclaimed,
+            n + report.counts.reclaimed,
             "seed {seed}: every extra execution is a reclaim"
         );
     }
     // The seeds must actually have dropped instances, or this test proves nothing.
     assert!(
-        total_instances > 12 * 3,
-        "chaos made only {total_instances} instances over 12 runs"
+        total_instances > seeds * 3,
+        "chaos made only {total_instances} instances over {seeds} runs"
     );
 }
 

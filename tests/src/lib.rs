@@ -163,6 +163,14 @@ pub const WAITER: &str = env!("IDEM_GUEST_WAITER");
 /// ```
 pub const MULTIMEM: &str = env!("IDEM_GUEST_MULTIMEM");
 
+/// `tests/guests-python/steps`: the Python twin of [`STEPS`] (same input, log lines,
+/// keys and output), built with componentize-py; empty when Python is not set up.
+pub const PY_STEPS: &str = env!("IDEM_GUEST_PY_STEPS");
+
+/// `examples/python-ledger`: the Python twin of [`LEDGER`]; empty when Python is not
+/// set up.
+pub const PY_LEDGER: &str = env!("IDEM_GUEST_PY_LEDGER");
+
 /// Every guest as `(name, path)`, for tests that go over them all.
 ///
 /// ```

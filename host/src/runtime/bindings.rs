@@ -16,6 +16,11 @@ wasmtime::component::bindgen!({
     },
     with: {
         "idem:agent/once.claim": crate::runtime::claim::ClaimHandle,
+        // wasi:http and what it uses are wasmtime's: linked by `engine.rs` from their
+        // own crates, behind the gate in `http.rs`.
+        "wasi:http": wasmtime_wasi_http::p2::bindings::http,
+        "wasi:io": wasmtime_wasi::p2::bindings::io,
+        "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
     },
 });
 

@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine};
 
-use super::bindings::{Agent as AgentBindings, AgentPre};
+use super::bindings::{AgentPre, idem as idem_wit};
 use super::cache::{ComponentCache, hex};
 use super::error::HostError;
 use super::state::InstanceState;
@@ -132,10 +132,9 @@ impl Runtime {
         // every request the run's policy does not grant.
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
             .map_err(|e| HostError::Engine(format!("{e:#}")))?;
-        AgentBindings::add_to_linker::<_, HasIdem>(&mut linker, |s| {
-            crate::runtime::view::IdemView::idem(s)
-        })
-        .map_err(|e| HostError::Engine(format!("{e:#}")))?;
+        // idem's own interfaces one by one: the world also imports wasi:http, which is
+        // linked above from wasmtime's crates.
+        add_idem_to_linker(&mut linker).map_err(|e| HostError::Engine(format!("{e:#}")))?;
 
         let cache = cache_dir
             .map(|dir| ComponentCache::open(dir, &engine))
@@ -222,4 +221,18 @@ impl Runtime {
             bytes: Arc::from(bytes),
         })
     }
+}
+
+/// Links idem's own interfaces of the world, each for the store's [`IdemView`](super::view::IdemView).
+fn add_idem_to_linker(linker: &mut Linker<InstanceState>) -> wasmtime::Result<()> {
+    fn view(s: &mut InstanceState) -> crate::runtime::view::IdemCtxView<'_> {
+        crate::runtime::view::IdemView::idem(s)
+    }
+    idem_wit::agent::types::add_to_linker::<_, HasIdem>(linker, view)?;
+    idem_wit::agent::once::add_to_linker::<_, HasIdem>(linker, view)?;
+    idem_wit::agent::progress::add_to_linker::<_, HasIdem>(linker, view)?;
+    idem_wit::agent::run_info::add_to_linker::<_, HasIdem>(linker, view)?;
+    idem_wit::agent::outbound::add_to_linker::<_, HasIdem>(linker, view)?;
+    idem_wit::agent::waits::add_to_linker::<_, HasIdem>(linker, view)?;
+    Ok(())
 }

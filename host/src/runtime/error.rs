@@ -32,7 +32,8 @@ pub enum HostError {
     /// The file is a core module, which cannot import the idem interfaces.
     #[error(
         "{} is a core WebAssembly module, not a component; build the agent as a component \
-         (for Rust, `cargo build --target wasm32-wasip2`)",
+         (Rust: `cargo build --target wasm32-wasip2`; Python: `componentize-py componentize \
+         app`)",
         path.display()
     )]
     CoreModule {

@@ -12,9 +12,7 @@ use super::runs::{self, end_as_cancelled, lease_from, set_outcome, status_from, 
 use super::{TxError, to_sql_int, u64_col};
 use crate::store::clock::lease_expiry;
 use crate::store::rules::{LeaseDecision, decide_run_lease, next_token};
-use crate::store::{
-    Acquired, Counts, LeaseState, LeasedRun, RunEnd, RunFence, RunStatus, StoreError,
-};
+use crate::store::{Acquired, Counts, LeaseState, LeasedRun, RunEnd, RunFence, RunStatus};
 
 /// Leases up to `max` runs nobody holds a live lease on, oldest first.
 pub(super) async fn acquire_runs(

@@ -29,6 +29,8 @@ use serde_json::Value;
 wit_bindgen::generate!({
     path: "../../../wit",
     world: "agent",
+    // The world's wasi:http import is bound too; this guest never calls it.
+    generate_all,
 });
 
 /// Bytes the program can write into and point the host at.

@@ -1,0 +1,73 @@
+"""The SDK's exceptions: one class per way a durable call or the agent can fail."""
+
+from __future__ import annotations
+
+
+class IdemError(Exception):
+    """Base of every exception the SDK raises."""
+
+
+class StepError(IdemError):
+    """The host refused a durable call (``run_once``, ``commit``, ``save``)."""
+
+    prefix = "step error"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"{self.prefix}: {detail}")
+        self.detail = detail
+
+
+class InvalidKey(StepError):
+    """The key is empty, too long, or holds control or invisible characters."""
+
+    prefix = "invalid key"
+
+
+class TooLarge(StepError):
+    """A result or checkpoint state is over the host's limit."""
+
+    prefix = "too large"
+
+
+class ClaimLost(StepError):
+    """Another holder took the claim over before this commit; nothing was written."""
+
+    prefix = "claim lost"
+
+
+class AwaitTimeout(StepError):
+    """Another live holder kept the key past the host's await limit."""
+
+    prefix = "await timeout"
+
+
+class InDoubt(StepError):
+    """The key's claim is parked in doubt, waiting for ``idem resolve``."""
+
+    prefix = "in doubt, waiting for idem resolve"
+
+
+class KeyReused(StepError):
+    """The key was committed for other input (a different fingerprint)."""
+
+    prefix = "key reused with other input"
+
+
+class CodecError(IdemError):
+    """A value could not be encoded to, or decoded from, JSON."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"JSON: {detail}")
+
+
+class ClaimSettled(IdemError):
+    """A step's claim was used after it was committed, released or stopped."""
+
+
+class HttpError(IdemError):
+    """An outbound request could not be made; a response with any status is not this."""
+
+
+class HttpDenied(HttpError):
+    """The host refused the request: the destination is not granted, or the request
+    was made outside a claim where that is not allowed."""

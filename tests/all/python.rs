@@ -1,0 +1,364 @@
+//! Python agents (built with componentize-py against `guest-sdk-python`) under the same
+//! assertions as the Rust guests: the crash sweep, seeded chaos, the in-doubt policies
+//! with `idem resolve`, HTTP to a loopback server, keys shared with a Rust agent, and
+//! the Python ledger's side-effect log against the Rust ledger's.
+//!
+//! Where componentize-py is not set up (`scripts/test` does it), each test prints
+//! `SKIPPED: Python ...` and returns.
+
+use idem::runtime::{CrashPoint, FaultPlan, HttpPolicy, Phase};
+use idem::store::RunStatus;
+use idem_test_artifacts::{LEDGER, PY_LEDGER, PY_STEPS, STEPS};
+use serde_json::json;
+
+use crate::http::TestServer;
+use crate::util::{TestHost, agent, key_counts};
+
+/// The Python guest's path, or `None` (with a loud note) when it was not built.
+fn built(path: &'static str, test: &str) -> Option<&'static str> {
+    if path.is_empty() {
+        eprintln!(
+            "SKIPPED: Python agents were not built (no componentize-py): {test}; \
+             run scripts/test, which installs it"
+        );
+        return None;
+    }
+    Some(path)
+}
+
+#[test]
+fn python_crash_sweep_every_phase_every_step() {
+    let Some(guest) = built(PY_STEPS, "crash sweep") else {
+        return;
+    };
+    crate::crash_sweep::sweep(guest, 8, false);
+}
+
+#[test]
+fn python_crash_sweep_with_folded_saves() {
+    let Some(guest) = built(PY_STEPS, "crash sweep, folded") else {
+        return;
+    };
+    crate::crash_sweep::sweep(guest, 8, true);
+}
+
+/// The `with idem.once(key) as step:` form under the same sweep: correct after its
+/// commit (a second commit raises `ClaimSettled` inside the guest, never a trap).
+#[test]
+fn python_crash_sweep_of_the_with_block() {
+    let Some(guest) = built(PY_STEPS, "crash sweep, with") else {
+        return;
+    };
+    sweep_with(guest);
+}
+
+fn sweep_with(guest: &str) {
+    let t = TestHost::new();
+    let a = agent(guest);
+    let n = 6_u32;
+    let input = |log: &str| json!({ "steps": n, "log": format!("/data/{log}"), "with": true, "fold": true });
+    let clean = t.run(&a, "clean", input("clean.log"), FaultPlan::default());
+    assert_eq!(
+        clean.status,
+        RunStatus::Completed,
+        "{}",
+        String::from_utf8_lossy(&clean.outcome)
+    );
+    assert_eq!(clean.counts.executed, u64::from(n));
+    for phase in Phase::ALL {
+        for step in 1..=n {
+            let run_id = format!("with-{phase}-{step}");
+            let log = format!("{run_id}.log");
+            let faults = FaultPlan {
+                crash_at: vec![CrashPoint { phase, step }],
+                ..FaultPlan::default()
+            };
+            let report = t.run(&a, &run_id, input(&log), faults);
+            let ctx = format!("with, crash at {phase}:{step}");
+            assert_eq!(report.outcome, clean.outcome, "{ctx}");
+            let lines = t.log(&log);
+            let extra = usize::from(phase == Phase::InEffect);
+            assert_eq!(lines.len(), n as usize + extra, "{ctx}");
+            assert_eq!(key_counts(&lines).len(), n as usize, "{ctx}");
+            assert_eq!(report.counts.reclaimed, extra as u64, "{ctx}");
+        }
+    }
+}
+
+#[test]
+fn python_seeded_chaos_keeps_output_and_effects() {
+    let Some(guest) = built(PY_STEPS, "chaos") else {
+        return;
+    };
+    crate::recycle::chaos(guest, 10, 2_000, 6);
+}
+
+/// The Rust guest and its Python twin run the same steps with `Key::shared` keys in
+/// one namespace: whichever runs second executes nothing and returns the same output.
+#[test]
+fn rust_and_python_runs_share_keys_and_dedupe() {
+    let Some(py) = built(PY_STEPS, "shared keys") else {
+        return;
+    };
+    let t = TestHost::new();
+    let input = |log: &str| json!({ "steps": 6, "log": format!("/data/{log}"), "shared": true });
+
+    let mut opts = t.options("rust-run", input("rust.log"), FaultPlan::default());
+    opts.namespace = Some("orders".into());
+    let rust = t.run_with(&agent(STEPS), &opts).unwrap();
+    assert_eq!(rust.counts.executed, 6);
+
+    let mut opts = t.options("python-run", input("python.log"), FaultPlan::default());
+    opts.namespace = Some("orders".into());
+    opts.upgrade = true;
+    let python = t.run_with(&agent(py), &opts).unwrap();
+    assert_eq!(
+        python.status,
+        RunStatus::Completed,
+        "{}",
+        String::from_utf8_lossy(&python.outcome)
+    );
+    assert_eq!((python.counts.executed, python.counts.skipped), (0, 6));
+    assert_eq!(
+        python.outcome, rust.outcome,
+        "the same results, read back from Rust's commits"
+    );
+    assert!(
+        !t.data().join("python.log").exists(),
+        "the Python run repeated an effect"
+    );
+    assert_eq!(t.log("rust.log").len(), 6);
+
+    // And the other way round, on fresh keys: Python first, Rust skips.
+    let input = |log: &str| json!({ "steps": 9, "log": format!("/data/{log}"), "shared": true });
+    let mut opts = t.options("python-run-2", input("python2.log"), FaultPlan::default());
+    opts.namespace = Some("orders".into());
+    let python = t.run_with(&agent(py), &opts).unwrap();
+    assert_eq!((python.counts.executed, python.counts.skipped), (3, 6));
+    let mut opts = t.options("rust-run-2", input("rust2.log"), FaultPlan::default());
+    opts.namespace = Some("orders".into());
+    opts.upgrade = true;
+    let rust = t.run_with(&agent(STEPS), &opts).unwrap();
+    assert_eq!((rust.counts.executed, rust.counts.skipped), (0, 9));
+    assert_eq!(python.outcome, rust.outcome);
+}
+
+/// The Python ledger and the Rust ledger, same input and run id, separate stores:
+/// byte-identical side-effect logs and outputs, also across a crash and resume.
+#[test]
+fn python_ledger_log_is_the_rust_ledgers() {
+    let Some(py) = built(PY_LEDGER, "ledger twin") else {
+        return;
+    };
+    let items = ["apples", "pears", "café", "apples", "🍐 x2"];
+    for crash in [
+        None,
+        Some(CrashPoint {
+            phase: Phase::InEffect,
+            step: 3,
+        }),
+    ] {
+        let mut logs = Vec::new();
+        let mut outputs = Vec::new();
+        for guest in [LEDGER, py] {
+            let t = TestHost::new();
+            let faults = FaultPlan {
+                crash_at: crash.into_iter().collect(),
+                ..FaultPlan::default()
+            };
+            let report = t.run(
+                &agent(guest),
+                "ledger-1",
+                json!({ "items": items, "log": "/data/ledger.log" }),
+                faults,
+            );
+            assert_eq!(
+                report.status,
+                RunStatus::Completed,
+                "{}",
+                String::from_utf8_lossy(&report.outcome)
+            );
+            logs.push(std::fs::read_to_string(t.data().join("ledger.log")).unwrap());
+            outputs.push(report.outcome);
+        }
+        assert_eq!(logs[0], logs[1], "crash {crash:?}");
+        assert_eq!(outputs[0], outputs[1], "crash {crash:?}");
+        assert_eq!(
+            logs[0].lines().count(),
+            items.len() + usize::from(crash.is_some())
+        );
+    }
+}
+
+/// An exception escaping the agent fails the run with its type, text and traceback
+/// (not a trap); the failed effect's claim was released, and running again retries it.
+#[test]
+fn python_exceptions_fail_the_run_with_a_traceback_and_release_the_claim() {
+    let Some(py) = built(PY_STEPS, "exceptions") else {
+        return;
+    };
+    let t = TestHost::new();
+    let input = json!({ "steps": 4, "log": "/data/log.txt", "fail_at": 2 });
+    let failed = t.run(&agent(py), "fails", input.clone(), FaultPlan::default());
+    assert_eq!(failed.status, RunStatus::Failed);
+    let text = String::from_utf8_lossy(&failed.outcome).into_owned();
+    assert!(
+        text.starts_with("RuntimeError: step 2 fails on its first attempt"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Traceback (most recent call last)") && text.contains("in effect"),
+        "{text}"
+    );
+    assert_eq!(t.log("log.txt").len(), 2);
+
+    let again = t.run(&agent(py), "fails", input, FaultPlan::default());
+    assert_eq!(
+        again.status,
+        RunStatus::Completed,
+        "{}",
+        String::from_utf8_lossy(&again.outcome)
+    );
+    let lines = t.log("log.txt");
+    assert_eq!(lines.len(), 4);
+    assert_eq!(
+        lines[2].attempt(),
+        2,
+        "the released claim is retaken at attempt 2"
+    );
+    assert!(!lines[2].flag("in_doubt"));
+}
+
+/// Each step POSTs through `idem.http` to a real server on 127.0.0.1: every request
+/// arrives once, with its body, stamped with the key and token the log recorded; a crash
+/// inside the effect resends the step under the same key with a higher token.
+#[test]
+fn python_http_reaches_the_loopback_server_once_per_step() {
+    let Some(py) = built(PY_STEPS, "HTTP") else {
+        return;
+    };
+    let server = TestServer::start();
+    let t = TestHost::new();
+    let mut opts = t.options(
+        "fetch",
+        json!({ "steps": 4, "log": "/data/log.txt", "url": server.url() }),
+        FaultPlan {
+            crash_at: vec![CrashPoint {
+                phase: Phase::InEffect,
+                step: 2,
+            }],
+            ..FaultPlan::default()
+        },
+    );
+    opts.authority.http = HttpPolicy {
+        allow: vec![format!("127.0.0.1:{}", server.port()).parse().unwrap()],
+        outside_claims: false,
+    };
+    let report = t.run_with(&agent(py), &opts).unwrap();
+    assert_eq!(
+        report.status,
+        RunStatus::Completed,
+        "{}",
+        String::from_utf8_lossy(&report.outcome)
+    );
+    let lines = t.log("log.txt");
+    let by_step = server.steps();
+    assert_eq!(by_step.len(), 4);
+    for (i, seen) in &by_step {
+        let expected = if *i == 1 { 2 } else { 1 };
+        assert_eq!(seen.len(), expected, "step {i}");
+        for (s, line) in seen.iter().zip(
+            lines
+                .iter()
+                .filter(|l| l.key == seen[0].header("idempotency-key")),
+        ) {
+            assert_eq!(s.method, "POST");
+            assert_eq!(s.body, i.to_string().into_bytes(), "the body arrived whole");
+            assert_eq!(s.header("content-length"), i.to_string().len().to_string());
+            assert_eq!(s.token("idempotency-token"), line.token(), "step {i}");
+        }
+    }
+    let resent = &by_step[&1];
+    assert_eq!(
+        resent[0].header("idempotency-key"),
+        resent[1].header("idempotency-key")
+    );
+    assert!(resent[1].token("idempotency-token") > resent[0].token("idempotency-token"));
+
+    // Not granted: refused by the host, raised as HttpDenied, nothing arrives.
+    let before = server.seen().len();
+    let t = TestHost::new();
+    let report = t.run(
+        &agent(py),
+        "denied",
+        json!({ "steps": 1, "log": "/data/log.txt", "url": server.url() }),
+        FaultPlan::default(),
+    );
+    let text = String::from_utf8_lossy(&report.outcome).into_owned();
+    assert_eq!(report.status, RunStatus::Failed, "{text}");
+    assert!(
+        text.starts_with("HttpDenied: HTTP request to 127.0.0.1:"),
+        "{text}"
+    );
+    assert_eq!(server.seen().len(), before);
+}
+
+/// `in_doubt=idem.FAIL`: a crash inside step 3's effect stops the run in doubt; the
+/// operator settles the key with `idem resolve --result`, and the run completes
+/// without running the effect again, with the clean run's output.
+#[test]
+fn python_in_doubt_fail_then_resolve_with_a_result() {
+    let Some(py) = built(PY_STEPS, "in doubt, resolve --result") else {
+        return;
+    };
+    let make = || crate::in_doubt::CliRun::of(py, "py-steps");
+    crate::in_doubt::resolve_with_a_result(make, make);
+}
+
+/// The same, settled with `idem resolve --retry`: the effect runs once more, not in doubt.
+#[test]
+fn python_in_doubt_fail_then_resolve_retry() {
+    let Some(py) = built(PY_STEPS, "in doubt, resolve --retry") else {
+        return;
+    };
+    crate::in_doubt::resolve_retry(&crate::in_doubt::CliRun::of(py, "py-steps"));
+}
+
+/// `in_doubt=probe`: the probe finds the applied effect in the log and commits its
+/// value without appending again.
+#[test]
+fn python_in_doubt_probe_does_not_repeat_the_effect() {
+    let Some(py) = built(PY_STEPS, "in doubt, probe") else {
+        return;
+    };
+    let t = TestHost::new();
+    let faults = FaultPlan {
+        crash_at: vec![CrashPoint {
+            phase: Phase::InEffect,
+            step: 3,
+        }],
+        ..FaultPlan::default()
+    };
+    let report = t.run(
+        &agent(py),
+        "probe",
+        json!({ "steps": 5, "log": "/data/log.txt", "policy": "probe" }),
+        faults,
+    );
+    assert_eq!(
+        report.status,
+        RunStatus::Completed,
+        "{}",
+        String::from_utf8_lossy(&report.outcome)
+    );
+    let lines = t.log("log.txt");
+    assert_eq!(lines.len(), 5, "the probed effect was not appended again");
+    assert!(key_counts(&lines).values().all(|&c| c == 1));
+    let clean = t.run(
+        &agent(py),
+        "probe-clean",
+        json!({ "steps": 5, "log": "/data/clean.log" }),
+        FaultPlan::default(),
+    );
+    assert_eq!(report.outcome, clean.outcome);
+}
