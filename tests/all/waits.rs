@@ -651,6 +651,29 @@ fn idem_signal_refuses_unknown_and_finished_runs_bad_names_and_large_payloads() 
         );
     }
     std::fs::remove_file(&big).unwrap();
+    // The limit is the run's own: a run submitted with a 1 KiB state limit refuses a
+    // 2 KiB payload that a run with the default limit takes.
+    let out = run_cli(&[
+        "submit",
+        "waiter",
+        "--run-id",
+        "small",
+        "--max-state-bytes",
+        "1024",
+        "--input",
+        r#"{"log": "/data/s.log", "waits": []}"#,
+        "--db",
+        db,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let payload = format!("\"{}\"", "y".repeat(2048));
+    let out = run_cli(&["signal", "small", "go", "--payload", &payload, "--db", db]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("over the state limit of 1024 bytes"),
+        "{}",
+        stderr(&out)
+    );
     // Nothing was kept for any of them.
     let conn = crate::util::raw_db(std::path::Path::new(db));
     let signals: i64 = conn
@@ -667,6 +690,12 @@ fn idem_signal_refuses_unknown_and_finished_runs_bad_names_and_large_payloads() 
         db,
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
+    let out = run_cli(&["signal", "open", "go", "--payload", &payload, "--db", db]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let signals: i64 = conn
+        .query_row("SELECT count(*) FROM signals", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(signals, 2);
 }
 
 #[test]

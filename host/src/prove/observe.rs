@@ -191,6 +191,10 @@ impl Store for ObservedStore {
         self.inner.run(run_id).await
     }
 
+    async fn run_authority(&self, run_id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.run_authority(run_id).await
+    }
+
     async fn runs(&self, filter: &RunFilter<'_>) -> Result<Vec<RunRecord>, StoreError> {
         self.inner.runs(filter).await
     }

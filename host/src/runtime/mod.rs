@@ -34,6 +34,7 @@ mod limits;
 mod output;
 mod run;
 mod run_ctx;
+mod signal;
 mod state;
 mod view;
 
@@ -56,6 +57,7 @@ pub use limits::{InvalidLimit, LimitExceeded, Limits};
 pub use output::LOG_KEEP;
 pub use run::{RunFailure, RunOptions, RunReport, Waiting, check_namespace, check_run_id};
 pub use run_ctx::Stop;
+pub use signal::send_signal;
 pub use view::{IdemCtx, IdemCtxView, IdemView};
 
 pub(crate) use limits::cut;

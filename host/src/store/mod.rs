@@ -681,6 +681,9 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// The run's record, if it exists.
     async fn run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError>;
 
+    /// The authority the run was submitted with (encoded), if the run exists.
+    async fn run_authority(&self, run_id: &str) -> Result<Option<Vec<u8>>, StoreError>;
+
     /// Runs, newest first.
     async fn runs(&self, filter: &RunFilter<'_>) -> Result<Vec<RunRecord>, StoreError>;
 

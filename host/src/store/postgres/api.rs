@@ -249,6 +249,13 @@ impl Store for PostgresStore {
             .await
     }
 
+    async fn run_authority(&self, run_id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.read("read a run's authority", async |conn| {
+            runs::authority(conn, run_id).await
+        })
+        .await
+    }
+
     async fn runs(&self, filter: &RunFilter<'_>) -> Result<Vec<RunRecord>, StoreError> {
         self.read("list runs", async |conn| runs::runs(conn, filter).await)
             .await
