@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use super::conn::{Fenced, Lock, write_tx};
+use super::one_trip::OneTrip;
 use super::{PostgresStore, TxError, claims, components, leases, logs, runs, waits};
 use crate::store::clock::lease_expiry;
 use crate::store::sqlite::{check_checkpoint, check_counts};
@@ -49,6 +50,9 @@ impl Store for PostgresStore {
     }
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        if let OneTrip::Done(outcome) = self.claim_in_one_trip(req).await? {
+            return Ok(outcome);
+        }
         let fence = Some((req.fence, Lock::Share));
         write_tx!(
             self,
@@ -87,20 +91,7 @@ impl Store for PostgresStore {
         if let Some(counts) = commit.counts {
             check_counts(counts)?;
         }
-        let op = match commit.checkpoint {
-            Some(_) => "commit a result and save progress",
-            None => "commit a result",
-        };
-        let lock = if commit.counts.is_some() {
-            Lock::Update
-        } else {
-            Lock::Share
-        };
-        let fence = commit.claim.fence;
-        write_tx!(self, op, fence.sync, Some((fence, lock)), |conn, fenced| {
-            held(fenced, fence)?;
-            claims::commit(conn, commit).await
-        })
+        self.commit_in_one_trip(commit).await
     }
 
     async fn release(&self, claim: &ClaimRef<'_>) -> Result<bool, StoreError> {
