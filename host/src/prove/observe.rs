@@ -203,6 +203,10 @@ impl Store for ObservedStore {
         self.inner.upgrade_run(run_id, from, to).await
     }
 
+    async fn next_due(&self, after: Millis) -> Result<Option<Millis>, StoreError> {
+        self.inner.next_due(after).await
+    }
+
     async fn acquire_runs(
         &self,
         worker: &str,

@@ -692,6 +692,11 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// digest `from`.
     async fn upgrade_run(&self, run_id: &str, from: &str, to: &str) -> Result<(), StoreError>;
 
+    /// The earliest time after `after` at which a run nobody holds becomes due (a sleep
+    /// ends, a wait times out), if any: a worker with nothing due sleeps until then
+    /// instead of a whole poll.
+    async fn next_due(&self, after: Millis) -> Result<Option<Millis>, StoreError>;
+
     /// Leases up to `max` runs that are queued or running with no live lease (and not
     /// cancelled, not among `skip`) to `worker` for `lease`, oldest first, each with a
     /// new token. Workers calling at once get disjoint runs.

@@ -258,6 +258,13 @@ impl Store for PostgresStore {
         })
     }
 
+    async fn next_due(&self, after: Millis) -> Result<Option<Millis>, StoreError> {
+        self.read("find the next due run", async |conn| {
+            leases::next_due(conn, after).await
+        })
+        .await
+    }
+
     async fn acquire_runs(
         &self,
         worker: &str,

@@ -249,6 +249,13 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn next_due(&self, after: Millis) -> Result<Option<Millis>, StoreError> {
+        self.read("find the next due run", move |conn| {
+            leases::next_due(conn, after)
+        })
+        .await
+    }
+
     async fn acquire_runs(
         &self,
         worker: &str,
