@@ -74,8 +74,9 @@ pub struct LoadedAgent {
     pub(crate) digest: String,
     pub(crate) pre: AgentPre<InstanceState>,
     pub(crate) from_cache: bool,
-    /// The component's bytes, for the store: runs are made from what is deployed.
-    pub(crate) bytes: Arc<[u8]>,
+    /// The component's bytes, for the store: runs are made from what is deployed. A
+    /// `Vec` inside, so that the bytes read from the file are kept, not copied again.
+    pub(crate) bytes: Arc<Vec<u8>>,
 }
 
 impl std::fmt::Debug for LoadedAgent {
@@ -161,7 +162,7 @@ impl Runtime {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "agent".to_string());
-        self.load_bytes(path, &name, &bytes)
+        self.load_owned(path, &name, bytes)
     }
 
     /// Like [`Runtime::load`] for bytes already in memory; `path` only names them in
@@ -171,6 +172,16 @@ impl Runtime {
         path: &Path,
         name: &str,
         bytes: &[u8],
+    ) -> Result<LoadedAgent, HostError> {
+        self.load_owned(path, name, bytes.to_vec())
+    }
+
+    /// Like [`Runtime::load_bytes`], keeping `bytes` rather than a copy.
+    pub(crate) fn load_owned(
+        &self,
+        path: &Path,
+        name: &str,
+        bytes: Vec<u8>,
     ) -> Result<LoadedAgent, HostError> {
         if !bytes.starts_with(b"\0asm") {
             return Err(HostError::NotWasm {
@@ -182,7 +193,7 @@ impl Runtime {
                 path: path.to_path_buf(),
             });
         }
-        let raw_digest: [u8; 32] = Sha256::digest(bytes).into();
+        let raw_digest: [u8; 32] = Sha256::digest(&bytes).into();
         let digest = hex(&raw_digest);
         let cached = self
             .cache
@@ -192,7 +203,7 @@ impl Runtime {
         let component = match cached {
             Some(component) => component,
             None => {
-                let component = Component::new(&self.engine, bytes).map_err(|e| {
+                let component = Component::new(&self.engine, &bytes).map_err(|e| {
                     HostError::InvalidComponent {
                         path: path.to_path_buf(),
                         reason: format!("{e:#}"),
@@ -218,7 +229,7 @@ impl Runtime {
             digest,
             pre,
             from_cache,
-            bytes: Arc::from(bytes),
+            bytes: Arc::new(bytes),
         })
     }
 }
