@@ -74,7 +74,9 @@ pub(crate) fn sleepers(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Res
             ..Authority::default()
         }
         .encode();
-        store.put_component(waiter.digest(), waiter.bytes()).await?;
+        store
+            .put_component(waiter.digest(), waiter.bytes()?)
+            .await?;
         store
             .deploy(&Deployment {
                 name: "waiter",

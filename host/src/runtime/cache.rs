@@ -10,7 +10,7 @@
 //! deserialized: idem warns, recompiles, and rewrites it.
 //!
 //! A verified entry is not read into memory: the MAC is computed over the open file,
-//! and wasmtime maps that same open file (through `/proc/self/fd`, so the same inode
+//! mapped, and wasmtime maps that same open file (through `/proc/self/fd`, so the same inode
 //! whatever happens to the name meanwhile). Its contents cannot change in between
 //! either: only the user can write the file or the directory (checked below), and whoever
 //! runs as the user can read the key anyway.
@@ -39,10 +39,13 @@ use wasmtime::Engine;
 use wasmtime::component::Component;
 
 use entry::Seal;
+use mapped::Mapped;
 use private_dir::{Walk, check_private_dir};
 
+mod digests;
 mod entry;
 mod evict;
+mod mapped;
 mod private_dir;
 #[cfg(test)]
 mod tests;
@@ -54,7 +57,7 @@ const MAX_ENTRY_BYTES: u64 = 1 << 30;
 const KEY_FILE: &str = "key";
 /// The entries a cache keeps in all before it evicts the least recently used: a few
 /// dozen Python agents (about 40 MB of code each), thousands of Rust ones.
-pub const DEFAULT_MAX_BYTES: u64 = 2 << 30;
+pub(crate) const DEFAULT_MAX_BYTES: u64 = 2 << 30;
 /// A hit refreshes its entry's modification time (the eviction order) when it is older
 /// than this: often enough for an order by use, rarely enough not to write the file's
 /// metadata at every start.
@@ -173,6 +176,8 @@ pub(crate) struct ComponentCache {
     user: u32,
     /// Entries beyond this many bytes in all are evicted after a store.
     max_bytes: u64,
+    /// How old a component file's times must be for its digest to be remembered.
+    settled_after: Duration,
 }
 
 impl std::fmt::Debug for ComponentCache {
@@ -285,6 +290,7 @@ impl ComponentCache {
             mac_key,
             user,
             max_bytes: DEFAULT_MAX_BYTES,
+            settled_after: digests::SETTLED,
         })
     }
 
@@ -353,10 +359,12 @@ impl ComponentCache {
         engine: &Engine,
         file: &File,
         digest: &[u8; 32],
-    ) -> Result<(wasmtime::Result<Component>, u64, Duration), Rejected> {
+    ) -> Result<(wasmtime::Result<Component>, usize, Duration), Rejected> {
         let started = Instant::now();
         if let Some(fd_path) = fd_path(file) {
-            let code_len = self.seal().verify(file, digest)?;
+            let mapped = Mapped::new(file).map_err(Rejected::Io)?;
+            let code_len = self.seal().verify(mapped.bytes(), digest)?;
+            drop(mapped);
             let verified = started.elapsed();
             // SAFETY: `fd_path` reopens the very file whose MAC was just verified, under
             // a key only this user can read, over a trailer naming this component and
@@ -372,12 +380,11 @@ impl ComponentCache {
         file.take(MAX_ENTRY_BYTES + 1)
             .read_to_end(&mut bytes)
             .map_err(Rejected::Io)?;
-        let code_len = self.seal().verify(&bytes[..], digest)?;
+        let code_len = self.seal().verify(&bytes, digest)?;
         let verified = started.elapsed();
-        let code = &bytes[..usize::try_from(code_len).map_err(|_| Rejected::Length)?];
-        // SAFETY: as above, and `code` is the very bytes whose MAC was verified.
+        // SAFETY: as above, and the code is the very bytes whose MAC was verified.
         #[allow(unsafe_code)]
-        let loaded = unsafe { Component::deserialize(engine, code) };
+        let loaded = unsafe { Component::deserialize(engine, &bytes[..code_len]) };
         Ok((loaded, code_len, verified))
     }
 

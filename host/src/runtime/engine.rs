@@ -2,6 +2,7 @@
 //! compiled once (or loaded precompiled from the cache), one `InstancePre` per
 //! component digest.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,6 +12,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine};
 
+use super::agent_bytes::AgentBytes;
 use super::bindings::{AgentPre, idem as idem_wit};
 use super::cache::{ComponentCache, hex};
 use super::error::HostError;
@@ -74,9 +76,8 @@ pub struct LoadedAgent {
     pub(crate) digest: String,
     pub(crate) pre: AgentPre<InstanceState>,
     pub(crate) from_cache: bool,
-    /// The component's bytes, for the store: runs are made from what is deployed. A
-    /// `Vec` inside, so that the bytes read from the file are kept, not copied again.
-    pub(crate) bytes: Arc<Vec<u8>>,
+    /// The component's bytes, for the store: runs are made from what is deployed.
+    pub(crate) bytes: Arc<AgentBytes>,
 }
 
 impl std::fmt::Debug for LoadedAgent {
@@ -105,9 +106,10 @@ impl LoadedAgent {
         self.from_cache
     }
 
-    /// The component's bytes.
-    pub fn bytes(&self) -> &[u8] {
-        &self.bytes
+    /// The component's bytes. Read from the agent file now if loading did not need to
+    /// (the cache knew the file); an error if the file changed since.
+    pub fn bytes(&self) -> Result<&[u8], HostError> {
+        self.bytes.get()
     }
 }
 
@@ -153,16 +155,36 @@ impl Runtime {
     }
 
     /// Reads, checks and compiles (or loads from the cache) the agent at `path`.
+    ///
+    /// With a cache that remembers this file's digest (the file unchanged since it was
+    /// last hashed) and holds its compiled code, the file is not read at all.
     pub fn load(&self, path: &Path) -> Result<LoadedAgent, HostError> {
-        let bytes = std::fs::read(path).map_err(|source| HostError::ReadAgent {
+        let failed = |source| HostError::ReadAgent {
             path: path.to_path_buf(),
             source,
-        })?;
+        };
         let name = path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "agent".to_string());
-        self.load_owned(path, &name, bytes)
+        let mut file = std::fs::File::open(path).map_err(failed)?;
+        // Taken before reading: a write during the read changes the file's times, so a
+        // digest remembered under these is never the digest of other bytes.
+        let meta = file.metadata().map_err(failed)?;
+        if let Some(cache) = &self.cache
+            && let Some(digest) = cache.known_digest(&meta)
+            && let Some(component) = cache.load(&self.engine, &digest)
+        {
+            let bytes = AgentBytes::unread(file, path.to_path_buf(), digest);
+            return self.prepare(path, &name, digest, component, true, bytes);
+        }
+        let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+        file.read_to_end(&mut bytes).map_err(failed)?;
+        let agent = self.load_owned(path, &name, bytes)?;
+        if let Some(cache) = &self.cache {
+            cache.remember_digest(&meta, &agent.bytes.digest());
+        }
+        Ok(agent)
     }
 
     /// Like [`Runtime::load`] for bytes already in memory; `path` only names them in
@@ -194,7 +216,6 @@ impl Runtime {
             });
         }
         let raw_digest: [u8; 32] = Sha256::digest(&bytes).into();
-        let digest = hex(&raw_digest);
         let cached = self
             .cache
             .as_ref()
@@ -215,6 +236,20 @@ impl Runtime {
                 component
             }
         };
+        let bytes = AgentBytes::read(bytes, raw_digest);
+        self.prepare(path, name, raw_digest, component, from_cache, bytes)
+    }
+
+    /// Links `component` (the component `digest` names) for instantiation.
+    fn prepare(
+        &self,
+        path: &Path,
+        name: &str,
+        digest: [u8; 32],
+        component: Component,
+        from_cache: bool,
+        bytes: AgentBytes,
+    ) -> Result<LoadedAgent, HostError> {
         let wrong_world = |e: wasmtime::Error| HostError::WrongWorld {
             path: path.to_path_buf(),
             reason: format!("{e:#}"),
@@ -226,7 +261,7 @@ impl Runtime {
         let pre = AgentPre::new(instance_pre).map_err(wrong_world)?;
         Ok(LoadedAgent {
             name: name.to_string(),
-            digest,
+            digest: hex(&digest),
             pre,
             from_cache,
             bytes: Arc::new(bytes),

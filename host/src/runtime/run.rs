@@ -273,7 +273,9 @@ impl Host {
             _ => None,
         };
         let authority = opts.authority.encode();
-        store.put_component(&agent.digest, &agent.bytes).await?;
+        store
+            .put_component(&agent.digest, agent.bytes.get()?)
+            .await?;
         store
             .deploy(&Deployment {
                 name: &name,

@@ -60,7 +60,7 @@ fn entries_idem_did_not_seal_for_this_component_are_refused() {
     // Another component's entry under this one's name.
     std::fs::write(cache.entry_path(&[2; 32]), &sealed).unwrap();
     assert!(matches!(
-        cache.seal().verify(&sealed[..], &[2; 32]),
+        cache.seal().verify(&sealed, &[2; 32]),
         Err(Rejected::OtherComponent)
     ));
     assert!(cache.load(&engine, &[2; 32]).is_none());
@@ -78,17 +78,14 @@ fn entries_idem_did_not_seal_for_this_component_are_refused() {
     ] {
         let mut forged = sealed.clone();
         forged[at] ^= 0x40;
-        assert!(
-            cache.seal().verify(&forged[..], &[1; 32]).is_err(),
-            "byte {at}"
-        );
+        assert!(cache.seal().verify(&forged, &[1; 32]).is_err(), "byte {at}");
     }
 
     // Sealed under another key (another user's cache, or a guessed key).
     let mut other = ComponentCache::open(cache.dir.clone(), &engine).unwrap();
     other.mac_key = [7; 32];
     assert!(matches!(
-        other.seal().verify(&sealed[..], &[1; 32]),
+        other.seal().verify(&sealed, &[1; 32]),
         Err(Rejected::Mac)
     ));
 
@@ -96,7 +93,7 @@ fn entries_idem_did_not_seal_for_this_component_are_refused() {
     other.mac_key = cache.mac_key;
     other.engine_key = [9; 32];
     assert!(matches!(
-        other.seal().verify(&sealed[..], &[1; 32]),
+        other.seal().verify(&sealed, &[1; 32]),
         Err(Rejected::OtherEngine)
     ));
 
@@ -104,12 +101,12 @@ fn entries_idem_did_not_seal_for_this_component_are_refused() {
     let seal = cache.seal();
     assert!(seal.verify(&sealed[..sealed.len() - 1], &[1; 32]).is_err());
     assert!(
-        seal.verify(&[&sealed[..], b"x"].concat()[..], &[1; 32])
+        seal.verify(&[&sealed[..], b"x"].concat(), &[1; 32])
             .is_err()
     );
     assert_eq!(
-        seal.verify(&sealed[..], &[1; 32]).unwrap(),
-        (sealed.len() - TRAILER_LEN) as u64
+        seal.verify(&sealed, &[1; 32]).unwrap(),
+        sealed.len() - TRAILER_LEN
     );
 }
 
@@ -131,7 +128,7 @@ fn arbitrary_bytes_never_panic() {
             // A plausible old header.
             bytes[..12].copy_from_slice(&sealed_fields[..12]);
         }
-        assert!(cache.seal().verify(&bytes[..], &[1; 32]).is_err());
+        assert!(cache.seal().verify(&bytes, &[1; 32]).is_err());
     }
 }
 
@@ -288,7 +285,7 @@ fn entries_of_the_old_format_are_named_as_such_and_replaced() {
     old.extend_from_slice(&[0; 32]);
     old.extend_from_slice(code);
     assert!(matches!(
-        cache.seal().verify(&old[..], &[1; 32]),
+        cache.seal().verify(&old, &[1; 32]),
         Err(Rejected::Format(1))
     ));
     std::fs::write(&entry, &old).unwrap();
@@ -342,4 +339,43 @@ fn the_least_recently_used_entries_are_evicted_beyond_the_bound() {
     assert!(cache.entry_path(&[6; 32]).exists());
     assert!(!cache.entry_path(&[1; 32]).exists());
     assert!(cache.load(&engine, &[6; 32]).is_some());
+}
+
+#[test]
+fn a_files_digest_is_remembered_until_the_file_changes() {
+    let (dir, _engine, mut cache) = cache_with_entry();
+    let file = dir.path().join("agent.wasm");
+    std::fs::write(&file, b"\0asm one").unwrap();
+    let meta = || std::fs::metadata(&file).unwrap();
+
+    // Just written: a write in the same clock tick could leave its times unchanged.
+    cache.remember_digest(&meta(), &[1; 32]);
+    assert_eq!(cache.known_digest(&meta()), None);
+
+    cache.settled_after = Duration::ZERO;
+    cache.remember_digest(&meta(), &[1; 32]);
+    assert_eq!(cache.known_digest(&meta()), Some([1; 32]));
+    let record = std::fs::read_dir(&cache.dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| digests::is_record(p))
+        .unwrap();
+    assert_eq!(mode(&record), 0o600);
+
+    // Rewritten with bytes of the same length: its change time moved.
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(&file, b"\0asm two").unwrap();
+    assert_eq!(cache.known_digest(&meta()), None);
+
+    // A record that was not sealed with this cache's key says nothing.
+    cache.remember_digest(&meta(), &[2; 32]);
+    let mut forged = std::fs::read(&record).unwrap();
+    let at = forged.len() - 33;
+    forged[at] ^= 1;
+    std::fs::write(&record, &forged).unwrap();
+    assert_eq!(cache.known_digest(&meta()), None);
+    cache.remember_digest(&meta(), &[2; 32]);
+    assert_eq!(cache.known_digest(&meta()), Some([2; 32]));
+    chmod(&record, 0o666);
+    assert_eq!(cache.known_digest(&meta()), None, "writable by others");
 }
