@@ -171,8 +171,11 @@ impl Runtime {
         // Taken before reading: a write during the read changes the file's times, so a
         // digest remembered under these is never the digest of other bytes.
         let meta = file.metadata().map_err(failed)?;
-        if let Some(cache) = &self.cache
-            && let Some(digest) = cache.known_digest(&meta)
+        let remembered = self
+            .cache
+            .as_ref()
+            .and_then(|cache| Some((cache, cache.known_digest(&meta)?)));
+        if let Some((cache, digest)) = remembered
             && let Some(component) = cache.load(&self.engine, &digest)
         {
             let bytes = AgentBytes::unread(file, path.to_path_buf(), digest);
@@ -180,7 +183,9 @@ impl Runtime {
         }
         let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
         file.read_to_end(&mut bytes).map_err(failed)?;
-        let agent = self.load_owned(path, &name, bytes)?;
+        // The cache was just asked for the remembered digest: not twice.
+        let tried = remembered.map(|(_, digest)| digest);
+        let agent = self.load_checked(path, &name, bytes, tried)?;
         if let Some(cache) = &self.cache {
             cache.remember_digest(&meta, &agent.bytes.digest());
         }
@@ -205,6 +210,18 @@ impl Runtime {
         name: &str,
         bytes: Vec<u8>,
     ) -> Result<LoadedAgent, HostError> {
+        self.load_checked(path, name, bytes, None)
+    }
+
+    /// Checks, hashes and compiles `bytes`, or loads their code from the cache unless
+    /// the cache already missed for their digest (`tried`).
+    fn load_checked(
+        &self,
+        path: &Path,
+        name: &str,
+        bytes: Vec<u8>,
+        tried: Option<[u8; 32]>,
+    ) -> Result<LoadedAgent, HostError> {
         if !bytes.starts_with(b"\0asm") {
             return Err(HostError::NotWasm {
                 path: path.to_path_buf(),
@@ -219,6 +236,7 @@ impl Runtime {
         let cached = self
             .cache
             .as_ref()
+            .filter(|_| tried != Some(raw_digest))
             .and_then(|c| c.load(&self.engine, &raw_digest));
         let from_cache = cached.is_some();
         let component = match cached {

@@ -273,9 +273,13 @@ impl Host {
             _ => None,
         };
         let authority = opts.authority.encode();
-        store
-            .put_component(&agent.digest, agent.bytes.get()?)
-            .await?;
+        // Known components are not stored again, so their files need not be read (the
+        // cache may have loaded the agent without reading it).
+        if !store.has_component(&agent.digest).await? {
+            store
+                .put_component(&agent.digest, agent.bytes.get()?)
+                .await?;
+        }
         store
             .deploy(&Deployment {
                 name: &name,

@@ -147,16 +147,18 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn has_component(&self, digest: &str) -> Result<bool, StoreError> {
+        let digest = digest.to_owned();
+        self.read("look up a component", move |conn| {
+            components::known(conn, &digest)
+        })
+        .await
+    }
+
     async fn put_component(&self, digest: &str, bytes: &[u8]) -> Result<bool, StoreError> {
         // Most runs start with a component the store already holds: looking first spares
         // copying its bytes (19 MB for a Python agent) into a write that does nothing.
-        let known = digest.to_owned();
-        if self
-            .read("look up a component", move |conn| {
-                components::known(conn, &known)
-            })
-            .await?
-        {
+        if self.has_component(digest).await? {
             return Ok(false);
         }
         let large = bytes.len() >= components::CHECKPOINT_AFTER_BYTES;
