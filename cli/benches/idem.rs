@@ -1,7 +1,7 @@
 //! The idem benchmark: one run measures what a durable step costs, the floor under it,
 //! and how it scales, and prints one markdown table (`cargo bench -p idem-host --bench
 //! idem`, `-- --quick` for a short check that it works; name sections to run only
-//! those: `-- steps calls resume cold throughput scaling workers prove postgres`).
+//! those: `-- steps calls resume cold throughput scaling workers prove python postgres`).
 //!
 //! Everything goes through idem's public API and the real `idem` binary, on a temp dir
 //! under cargo's target dir: a real disk, so that an fsync costs what it costs there.
@@ -28,6 +28,8 @@ use serde_json::json;
 mod postgres;
 #[path = "idem/prove.rs"]
 mod prove;
+#[path = "idem/python.rs"]
+mod python;
 #[path = "idem/report.rs"]
 mod report;
 #[path = "idem/service.rs"]
@@ -81,6 +83,10 @@ struct Plan {
     sleepers: sleepers::SleepersPlan,
     /// Per turn: one `idem prove` of the ledger over 5 phases × 10 steps.
     prove: Turns,
+    /// Per turn: a cached `idem run` of the Rust and the Python `steps` agent.
+    py_cold: Turns,
+    /// Per turn, for each twin: runs of 1 and `n` steps, and of `n` steps recycled.
+    py_steps: Turns,
     /// The PostgreSQL rows: per turn, a run of `n` timed steps per sync mode, and 1, 8
     /// and 64 concurrent runs of `n / 2` steps; `4 n` floor samples.
     postgres: Turns,
@@ -118,6 +124,8 @@ const FULL_PLAN: Plan = Plan {
         samples: 100,
     },
     prove: turns(5, 0, 60),
+    py_cold: turns(40, 1, 20),
+    py_steps: turns(10, 50, 30),
     postgres: turns(10, 200, 20),
 };
 
@@ -145,6 +153,8 @@ const QUICK_PLAN: Plan = Plan {
         samples: 10,
     },
     prove: turns(1, 0, 1),
+    py_cold: turns(3, 1, 1),
+    py_steps: turns(3, 10, 1),
     postgres: turns(1, 20, 1),
 };
 
@@ -156,7 +166,7 @@ type Section = (
 );
 
 /// Every section, in the order of the table.
-const SECTIONS: [Section; 10] = [
+const SECTIONS: [Section; 11] = [
     ("steps", "floor and durable steps", floor_and_steps),
     ("calls", "host-call round trip", host_calls),
     ("resume", "resume after recycle", resume),
@@ -174,6 +184,11 @@ const SECTIONS: [Section; 10] = [
         sleepers::sleepers,
     ),
     ("prove", "idem prove", prove::prove),
+    (
+        "python",
+        "a Python agent beside its Rust twin",
+        python::python,
+    ),
     ("postgres", "PostgreSQL", postgres::postgres),
 ];
 

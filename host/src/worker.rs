@@ -331,7 +331,7 @@ impl Worker {
         // Compiling takes a core for a while: off the executor's threads.
         let agent = tokio::task::spawn_blocking(move || {
             let path = std::path::PathBuf::from(format!("component {digest_owned}"));
-            runtime.load_bytes(&path, &name, &bytes)
+            runtime.load_owned(&path, &name, bytes)
         })
         .await
         .map_err(|e| HostError::Engine(format!("compiling a component failed: {e}")))??;

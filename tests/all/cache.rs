@@ -383,3 +383,39 @@ fn a_cache_owned_by_another_user_is_refused() {
     assert_refused(&out, &cache, "owned by uid 65534");
     assert!(!bed.path("idem.db").exists(), "no store was created");
 }
+
+#[test]
+fn an_agent_file_changed_in_place_is_hashed_again() {
+    let bed = Bed::new();
+    let agent = bed.path("agent.wasm");
+    std::fs::copy(STEPS, &agent).unwrap();
+    // The cache remembers a file's digest only once its times are two seconds old.
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let agent = agent.to_str().unwrap();
+    let reference = output_line(&bed.run(agent, "one.db", STEPS_INPUT, &[]));
+    assert!(
+        std::fs::read_dir(bed.cache())
+            .unwrap()
+            .any(|e| e.unwrap().path().extension() == Some(OsStr::new("digest"))),
+        "the digest was remembered"
+    );
+
+    // Remembered: a fresh store still gets the component's own bytes.
+    let out = bed.run(agent, "two.db", STEPS_INPUT, &[]);
+    assert_eq!(output_line(&out), reference, "{}", stderr(&out));
+    assert_eq!(bed.recorded_digest("two.db"), digest_of(STEPS));
+    let stored: Vec<u8> = raw_db(&bed.path("two.db"))
+        .query_row(
+            "SELECT bytes FROM components WHERE digest = ?1",
+            [digest_of(STEPS)],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(stored, std::fs::read(STEPS).unwrap());
+
+    // Overwritten in place, same inode: the new bytes are what runs and is recorded.
+    std::fs::write(agent, std::fs::read(HOSTILE).unwrap()).unwrap();
+    let out = bed.run(agent, "three.db", r#"{"mode":"spin","n":1}"#, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(bed.recorded_digest("three.db"), digest_of(HOSTILE));
+}

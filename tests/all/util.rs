@@ -147,7 +147,10 @@ pub fn lease_by_hand(
 ) -> RunFence {
     let digest = agent.digest();
     block_on(async {
-        store.put_component(digest, agent.bytes()).await.unwrap();
+        store
+            .put_component(digest, agent.bytes().unwrap())
+            .await
+            .unwrap();
         store
             .submit(&Submission {
                 run_id,

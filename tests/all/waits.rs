@@ -121,7 +121,7 @@ impl Waits {
         block_on(async {
             let store = self.store();
             store
-                .put_component(waiter.digest(), waiter.bytes())
+                .put_component(waiter.digest(), waiter.bytes().unwrap())
                 .await
                 .unwrap();
             store

@@ -163,7 +163,7 @@ fn host(bed: &Bed, url: &str, sync: SyncMode) -> anyhow::Result<BenchHost> {
 async fn lease_rate(bed: &Bed, url: &str, queued: usize) -> anyhow::Result<f64> {
     let store = PostgresStore::connect(url, SyncMode::Normal).await?;
     let agent = &bed.agent;
-    store.put_component(agent.digest(), agent.bytes()).await?;
+    store.put_component(agent.digest(), agent.bytes()?).await?;
     for i in 0..queued {
         store
             .submit(&idem::store::Submission {

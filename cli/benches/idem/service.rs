@@ -109,7 +109,7 @@ async fn deployed(
         ..Authority::default()
     }
     .encode();
-    store.put_component(agent.digest(), agent.bytes()).await?;
+    store.put_component(agent.digest(), agent.bytes()?).await?;
     store
         .deploy(&Deployment {
             name,

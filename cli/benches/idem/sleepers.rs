@@ -74,7 +74,9 @@ pub(crate) fn sleepers(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Res
             ..Authority::default()
         }
         .encode();
-        store.put_component(waiter.digest(), waiter.bytes()).await?;
+        store
+            .put_component(waiter.digest(), waiter.bytes()?)
+            .await?;
         store
             .deploy(&Deployment {
                 name: "waiter",
@@ -218,7 +220,9 @@ fn on_time(bed: &Bed, waiter: &Arc<LoadedAgent>, samples: usize) -> anyhow::Resu
             ..Authority::default()
         }
         .encode();
-        store.put_component(waiter.digest(), waiter.bytes()).await?;
+        store
+            .put_component(waiter.digest(), waiter.bytes()?)
+            .await?;
         store
             .deploy(&Deployment {
                 name: "waiter",

@@ -47,7 +47,7 @@ impl DeployCommand {
         };
         check_namespace(&name)?;
         let store = self.db.open().await?;
-        let new = store.put_component(agent.digest(), agent.bytes()).await?;
+        let new = store.put_component(agent.digest(), agent.bytes()?).await?;
         let record = store
             .deploy(&Deployment {
                 name: &name,

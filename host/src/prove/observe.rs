@@ -167,6 +167,10 @@ impl Store for ObservedStore {
         self.inner.component(digest).await
     }
 
+    async fn has_component(&self, digest: &str) -> Result<bool, StoreError> {
+        self.inner.has_component(digest).await
+    }
+
     async fn deploy(&self, deployment: &Deployment<'_>) -> Result<DeploymentRecord, StoreError> {
         self.inner.deploy(deployment).await
     }

@@ -2,13 +2,18 @@
 //! recompile — without ever running native code that idem did not seal itself.
 //!
 //! A cache entry is native code that idem maps executable, so it is trusted only when it
-//! proves where it came from. Each entry is one file: a header naming the component's
-//! SHA-256 and the engine (wasmtime's compatibility hash and idem's version), a keyed
-//! BLAKE3 MAC over the header and the code, then the code. The key is 32 random bytes
-//! in the cache directory, readable by the user alone. An entry that names another
-//! component or engine, or whose MAC fails, is never deserialized: idem warns,
-//! recompiles, and rewrites it. The file is read once and the bytes that were verified
-//! are the bytes deserialized, so nothing can be swapped in between.
+//! proves where it came from. Each entry is one file: the code, then a trailer naming
+//! the component's SHA-256 and the engine (wasmtime's compatibility hash and idem's
+//! version) with a keyed BLAKE3 MAC over the trailer's fields and the code
+//! ([`entry`]). The key is 32 random bytes in the cache directory, readable by the user
+//! alone. An entry that names another component or engine, or whose MAC fails, is never
+//! deserialized: idem warns, recompiles, and rewrites it.
+//!
+//! A verified entry is not read into memory: the MAC is computed over the open file,
+//! mapped, and wasmtime maps that same open file (through `/proc/self/fd`, so the same inode
+//! whatever happens to the name meanwhile). Its contents cannot change in between
+//! either: only the user can write the file or the directory (checked below), and whoever
+//! runs as the user can read the key anyway.
 //!
 //! The MAC only helps while nobody else can read the key or replace the directory, so
 //! that is enforced rather than assumed ([`ComponentCache::open`]): the directory is
@@ -17,36 +22,46 @@
 //! writable by others unless sticky (as ssh's `StrictModes` checks `~/.ssh`). Entry
 //! files are opened without following symbolic links and must be the user's own
 //! regular files.
+//!
+//! The cache is bounded: after each entry it writes, entries beyond
+//! [`DEFAULT_MAX_BYTES`] in all are deleted, least recently used first (a hit refreshes
+//! its entry's modification time, at most once an hour).
 
 use std::fs::{File, OpenOptions};
 use std::hash::{Hash, Hasher};
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime};
 
 use rustix::fs::{Mode, OFlags};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
+use entry::Seal;
+use mapped::Mapped;
 use private_dir::{Walk, check_private_dir};
 
+mod digests;
+mod entry;
+mod evict;
+mod mapped;
 mod private_dir;
 #[cfg(test)]
 mod tests;
 
-/// The first bytes of every entry.
-const MAGIC: [u8; 8] = *b"idem-cw\0";
-/// The layout of the header below; another number is a miss, never a parse attempt.
-const FORMAT: u32 = 1;
-/// magic, format, component digest, engine key, code length.
-const HEADER_LEN: usize = 8 + 4 + 32 + 32 + 8;
-const MAC_LEN: usize = 32;
 /// Larger entries are not read: no component idem compiles comes near, and a file that
 /// large in the cache was not written by idem.
 const MAX_ENTRY_BYTES: u64 = 1 << 30;
 /// The MAC key's file in the cache directory.
 const KEY_FILE: &str = "key";
+/// The entries a cache keeps in all before it evicts the least recently used: a few
+/// dozen Python agents (about 40 MB of code each), thousands of Rust ones.
+pub(crate) const DEFAULT_MAX_BYTES: u64 = 2 << 30;
+/// A hit refreshes its entry's modification time (the eviction order) when it is older
+/// than this: often enough for an order by use, rarely enough not to write the file's
+/// metadata at every start.
+const TOUCH_AFTER: Duration = Duration::from_secs(3600);
 
 /// Why the component cache cannot be used. Returned by [`Runtime::new`] when it is given
 /// a cache directory: a cache that others could write to is refused, not ignored.
@@ -159,6 +174,10 @@ pub(crate) struct ComponentCache {
     engine_key: [u8; 32],
     mac_key: [u8; 32],
     user: u32,
+    /// Entries beyond this many bytes in all are evicted after a store.
+    max_bytes: u64,
+    /// How old a component file's times must be for its digest to be remembered.
+    settled_after: Duration,
 }
 
 impl std::fmt::Debug for ComponentCache {
@@ -213,7 +232,7 @@ impl std::fmt::Display for Rejected {
             }
             Rejected::TooLarge(len) => write!(f, "{len} bytes, too large to be an entry"),
             Rejected::NotAnEntry => write!(f, "not an idem cache entry"),
-            Rejected::Format(v) => write!(f, "entry format {v}, not {FORMAT}"),
+            Rejected::Format(v) => write!(f, "entry format {v}, not {}", entry::FORMAT),
             Rejected::OtherComponent => write!(f, "it holds another component's code"),
             Rejected::OtherEngine => write!(f, "it was compiled for another engine"),
             Rejected::Length => write!(f, "its length does not match its header"),
@@ -270,6 +289,8 @@ impl ComponentCache {
             engine_key: *hasher.0.finalize().as_bytes(),
             mac_key,
             user,
+            max_bytes: DEFAULT_MAX_BYTES,
+            settled_after: digests::SETTLED,
         })
     }
 
@@ -281,6 +302,13 @@ impl ComponentCache {
         ))
     }
 
+    fn seal(&self) -> Seal<'_> {
+        Seal {
+            mac_key: &self.mac_key,
+            engine_key: &self.engine_key,
+        }
+    }
+
     /// The cached component for `digest` (the component's SHA-256), if there is an entry
     /// that idem sealed for it and this engine.
     pub(crate) fn load(&self, engine: &Engine, digest: &[u8; 32]) -> Option<Component> {
@@ -289,38 +317,33 @@ impl ComponentCache {
         let untrusted = |why: Rejected| {
             tracing::warn!(path = %path.display(), reason = %why, "cached component not trusted; recompiling");
         };
-        let bytes = match self.read_entry(&path) {
-            Ok(Some(bytes)) => bytes,
+        let file = match self.open_entry(&path) {
+            Ok(Some(file)) => file,
             Ok(None) => return None,
             Err(why) => {
                 untrusted(why);
                 return None;
             }
         };
-        let read = started.elapsed();
-        let code = match self.verify(&bytes, digest) {
-            Ok(code) => code,
+        let (loaded, code_len, verified) = match self.deserialize_verified(engine, &file, digest) {
+            Ok(loaded) => loaded,
             Err(why) => {
                 untrusted(why);
                 return None;
             }
         };
-        let verified = started.elapsed();
-        // SAFETY: `code` is exactly the bytes whose MAC was just verified under a key
-        // only this user can read, over a header naming this component and this
-        // engine: `Component::serialize` of this engine wrote them (`store` below).
-        #[allow(unsafe_code)]
-        let loaded = unsafe { Component::deserialize(engine, code) };
         tracing::debug!(
             path = %path.display(),
-            bytes = bytes.len(),
-            read_us = read.as_micros() as u64,
-            verify_us = (verified - read).as_micros() as u64,
+            bytes = code_len,
+            verify_us = verified.as_micros() as u64,
             deserialize_us = (started.elapsed() - verified).as_micros() as u64,
             "cached component loaded"
         );
         match loaded {
-            Ok(component) => Some(component),
+            Ok(component) => {
+                touch(&file);
+                Some(component)
+            }
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "cached component unusable; recompiling");
                 None
@@ -328,9 +351,46 @@ impl ComponentCache {
         }
     }
 
-    /// The whole entry file, read once through a descriptor that did not follow a
-    /// symbolic link; `None` when there is no entry.
-    fn read_entry(&self, path: &Path) -> Result<Option<Vec<u8>>, Rejected> {
+    /// Verifies the entry open as `file` and deserializes the code it verified: mapped
+    /// from that same open file where `/proc/self/fd` reaches it, else from the one copy
+    /// read into memory. Also returns the code's length and the time spent verifying.
+    fn deserialize_verified(
+        &self,
+        engine: &Engine,
+        file: &File,
+        digest: &[u8; 32],
+    ) -> Result<(wasmtime::Result<Component>, usize, Duration), Rejected> {
+        let started = Instant::now();
+        if let Some(fd_path) = fd_path(file) {
+            let mapped = Mapped::new(file).map_err(Rejected::Io)?;
+            let code_len = self.seal().verify(mapped.bytes(), digest)?;
+            drop(mapped);
+            let verified = started.elapsed();
+            // SAFETY: `fd_path` reopens the very file whose MAC was just verified, under
+            // a key only this user can read, over a trailer naming this component and
+            // this engine: `Component::serialize` of this engine wrote the code
+            // (`store` below), and wasmtime reads only the ELF object at its start.
+            // Nobody but the user can change the file, which idem never rewrites in
+            // place (`write_new_private` renames a new file over it).
+            #[allow(unsafe_code)]
+            let loaded = unsafe { Component::deserialize_file(engine, &fd_path) };
+            return Ok((loaded, code_len, verified));
+        }
+        let mut bytes = Vec::new();
+        file.take(MAX_ENTRY_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(Rejected::Io)?;
+        let code_len = self.seal().verify(&bytes, digest)?;
+        let verified = started.elapsed();
+        // SAFETY: as above, and the code is the very bytes whose MAC was verified.
+        #[allow(unsafe_code)]
+        let loaded = unsafe { Component::deserialize(engine, &bytes[..code_len]) };
+        Ok((loaded, code_len, verified))
+    }
+
+    /// The entry file, opened through a descriptor that did not follow a symbolic link,
+    /// if it is the user's own regular file; `None` when there is no entry.
+    fn open_entry(&self, path: &Path) -> Result<Option<File>, Rejected> {
         // NONBLOCK: a FIFO planted under the entry's name must not hang the open.
         let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
         let file = match rustix::fs::open(path, flags, Mode::empty()) {
@@ -352,91 +412,51 @@ impl ComponentCache {
         if meta.len() > MAX_ENTRY_BYTES {
             return Err(Rejected::TooLarge(meta.len()));
         }
-        let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
-        file.take(MAX_ENTRY_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .map_err(Rejected::Io)?;
-        Ok(Some(bytes))
+        Ok(Some(file))
     }
 
-    /// The code in `entry`, if its header names `digest` and this engine and its MAC
-    /// verifies.
-    fn verify<'a>(&self, entry: &'a [u8], digest: &[u8; 32]) -> Result<&'a [u8], Rejected> {
-        let (header, rest) = entry
-            .split_at_checked(HEADER_LEN)
-            .ok_or(Rejected::NotAnEntry)?;
-        let (mac, code) = rest.split_at_checked(MAC_LEN).ok_or(Rejected::NotAnEntry)?;
-        let (magic, header_rest) = header.split_at(MAGIC.len());
-        if magic != MAGIC {
-            return Err(Rejected::NotAnEntry);
-        }
-        let (format, header_rest) = header_rest.split_at(4);
-        let format = u32::from_le_bytes([format[0], format[1], format[2], format[3]]);
-        if format != FORMAT {
-            return Err(Rejected::Format(format));
-        }
-        // The MAC first: fields of an unauthenticated header say nothing.
-        let mut expected = [0; MAC_LEN];
-        expected.copy_from_slice(mac);
-        if self.mac(header, code) != expected {
-            return Err(Rejected::Mac);
-        }
-        let (named, header_rest) = header_rest.split_at(32);
-        if named != digest {
-            return Err(Rejected::OtherComponent);
-        }
-        let (engine, length) = header_rest.split_at(32);
-        if engine != self.engine_key {
-            return Err(Rejected::OtherEngine);
-        }
-        let mut len = [0; 8];
-        len.copy_from_slice(length);
-        if u64::from_le_bytes(len) != code.len() as u64 {
-            return Err(Rejected::Length);
-        }
-        Ok(code)
-    }
-
-    /// Keyed BLAKE3 of `header` then `code`; compared in constant time by `Hash`'s `==`.
-    fn mac(&self, header: &[u8], code: &[u8]) -> blake3::Hash {
-        let mut mac = blake3::Hasher::new_keyed(&self.mac_key);
-        mac.update(header);
-        mac.update(code);
-        mac.finalize()
-    }
-
-    fn header(&self, digest: &[u8; 32], code_len: usize) -> [u8; HEADER_LEN] {
-        let mut header = [0; HEADER_LEN];
-        let fields: [&[u8]; 5] = [
-            &MAGIC,
-            &FORMAT.to_le_bytes(),
-            digest,
-            &self.engine_key,
-            &(code_len as u64).to_le_bytes(),
-        ];
-        let mut at = 0;
-        for field in fields {
-            header[at..at + field.len()].copy_from_slice(field);
-            at += field.len();
-        }
-        header
-    }
-
-    /// Writes `component` to the cache, sealed. Failures are logged, never fatal: the
-    /// cache is an optimisation.
+    /// Writes `component` to the cache, sealed, then evicts what exceeds the cache's
+    /// bound. Failures are logged, never fatal: the cache is an optimisation.
     pub(crate) fn store(&self, digest: &[u8; 32], component: &Component) {
         if let Err(e) = self.try_store(digest, component) {
             tracing::warn!(dir = %self.dir.display(), error = %e, "cannot cache the compiled component");
+            return;
         }
+        evict::evict(
+            &self.dir,
+            self.user,
+            self.max_bytes,
+            &self.entry_path(digest),
+        );
     }
 
     fn try_store(&self, digest: &[u8; 32], component: &Component) -> Result<(), String> {
         let code = component.serialize().map_err(|e| e.to_string())?;
-        let header = self.header(digest, code.len());
-        let mac = self.mac(&header, &code);
+        let trailer = self.seal().trailer(digest, &code);
         let path = self.entry_path(digest);
-        write_new_private(&path, &[&header, mac.as_bytes(), &code], true)
+        write_new_private(&path, &[&code, &trailer], true)
             .map_err(|e| format!("{}: {e}", path.display()))
+    }
+}
+
+/// A path that opens the very file `file` is, wherever its name now points: Linux's
+/// `/proc/self/fd/N`. `None` where there is no such directory.
+fn fd_path(file: &File) -> Option<PathBuf> {
+    use std::os::fd::AsRawFd;
+    let dir = Path::new("/proc/self/fd");
+    dir.is_dir().then(|| dir.join(file.as_raw_fd().to_string()))
+}
+
+/// Marks a hit as recent for eviction, unless it already is.
+fn touch(file: &File) {
+    let stale = file
+        .metadata()
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|modified| SystemTime::now().duration_since(modified).ok())
+        .is_some_and(|age| age > TOUCH_AFTER);
+    if stale && let Err(e) = file.set_modified(SystemTime::now()) {
+        tracing::debug!(error = %e, "cannot mark the cache entry as used");
     }
 }
 

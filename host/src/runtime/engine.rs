@@ -2,6 +2,7 @@
 //! compiled once (or loaded precompiled from the cache), one `InstancePre` per
 //! component digest.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,6 +12,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine};
 
+use super::agent_bytes::AgentBytes;
 use super::bindings::{AgentPre, idem as idem_wit};
 use super::cache::{ComponentCache, hex};
 use super::error::HostError;
@@ -46,9 +48,24 @@ impl EpochTicker {
             std::thread::Builder::new()
                 .name("idem-epoch".into())
                 .spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        std::thread::sleep(EPOCH_TICK);
+                    // Parked rather than asleep, so that dropping the ticker wakes it at
+                    // once: a sleep made every process exit wait up to a tick for the
+                    // join (5 ms on average, an eighth of a Python agent's cold start).
+                    let mut next = std::time::Instant::now() + EPOCH_TICK;
+                    while !stop.load(Ordering::Acquire) {
+                        let now = std::time::Instant::now();
+                        if now < next {
+                            std::thread::park_timeout(next - now);
+                            continue;
+                        }
                         engine.increment_epoch();
+                        // Late by more than a tick (a loaded or suspended machine): one
+                        // increment, as a sleep would have given, not a burst.
+                        next = if now > next + EPOCH_TICK {
+                            now + EPOCH_TICK
+                        } else {
+                            next + EPOCH_TICK
+                        };
                     }
                 })
                 .map_err(|e| tracing::error!(error = %e, "cannot start the epoch ticker; wall-clock limits are off"))
@@ -60,8 +77,9 @@ impl EpochTicker {
 
 impl Drop for EpochTicker {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::Release);
         if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
             let _ = thread.join();
         }
     }
@@ -75,7 +93,7 @@ pub struct LoadedAgent {
     pub(crate) pre: AgentPre<InstanceState>,
     pub(crate) from_cache: bool,
     /// The component's bytes, for the store: runs are made from what is deployed.
-    pub(crate) bytes: Arc<[u8]>,
+    pub(crate) bytes: Arc<AgentBytes>,
 }
 
 impl std::fmt::Debug for LoadedAgent {
@@ -104,9 +122,10 @@ impl LoadedAgent {
         self.from_cache
     }
 
-    /// The component's bytes.
-    pub fn bytes(&self) -> &[u8] {
-        &self.bytes
+    /// The component's bytes. Read from the agent file now if loading did not need to
+    /// (the cache knew the file); an error if the file changed since.
+    pub fn bytes(&self) -> Result<&[u8], HostError> {
+        self.bytes.get()
     }
 }
 
@@ -152,16 +171,41 @@ impl Runtime {
     }
 
     /// Reads, checks and compiles (or loads from the cache) the agent at `path`.
+    ///
+    /// With a cache that remembers this file's digest (the file unchanged since it was
+    /// last hashed) and holds its compiled code, the file is not read at all.
     pub fn load(&self, path: &Path) -> Result<LoadedAgent, HostError> {
-        let bytes = std::fs::read(path).map_err(|source| HostError::ReadAgent {
+        let failed = |source| HostError::ReadAgent {
             path: path.to_path_buf(),
             source,
-        })?;
+        };
         let name = path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "agent".to_string());
-        self.load_bytes(path, &name, &bytes)
+        let mut file = std::fs::File::open(path).map_err(failed)?;
+        // Taken before reading: a write during the read changes the file's times, so a
+        // digest remembered under these is never the digest of other bytes.
+        let meta = file.metadata().map_err(failed)?;
+        let remembered = self
+            .cache
+            .as_ref()
+            .and_then(|cache| Some((cache, cache.known_digest(&meta)?)));
+        if let Some((cache, digest)) = remembered
+            && let Some(component) = cache.load(&self.engine, &digest)
+        {
+            let bytes = AgentBytes::unread(file, path.to_path_buf(), digest);
+            return self.prepare(path, &name, digest, component, true, bytes);
+        }
+        let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+        file.read_to_end(&mut bytes).map_err(failed)?;
+        // The cache was just asked for the remembered digest: not twice.
+        let tried = remembered.map(|(_, digest)| digest);
+        let agent = self.load_checked(path, &name, bytes, tried)?;
+        if let Some(cache) = &self.cache {
+            cache.remember_digest(&meta, &agent.bytes.digest());
+        }
+        Ok(agent)
     }
 
     /// Like [`Runtime::load`] for bytes already in memory; `path` only names them in
@@ -171,6 +215,28 @@ impl Runtime {
         path: &Path,
         name: &str,
         bytes: &[u8],
+    ) -> Result<LoadedAgent, HostError> {
+        self.load_owned(path, name, bytes.to_vec())
+    }
+
+    /// Like [`Runtime::load_bytes`], keeping `bytes` rather than a copy.
+    pub(crate) fn load_owned(
+        &self,
+        path: &Path,
+        name: &str,
+        bytes: Vec<u8>,
+    ) -> Result<LoadedAgent, HostError> {
+        self.load_checked(path, name, bytes, None)
+    }
+
+    /// Checks, hashes and compiles `bytes`, or loads their code from the cache unless
+    /// the cache already missed for their digest (`tried`).
+    fn load_checked(
+        &self,
+        path: &Path,
+        name: &str,
+        bytes: Vec<u8>,
+        tried: Option<[u8; 32]>,
     ) -> Result<LoadedAgent, HostError> {
         if !bytes.starts_with(b"\0asm") {
             return Err(HostError::NotWasm {
@@ -182,17 +248,17 @@ impl Runtime {
                 path: path.to_path_buf(),
             });
         }
-        let raw_digest: [u8; 32] = Sha256::digest(bytes).into();
-        let digest = hex(&raw_digest);
+        let raw_digest: [u8; 32] = Sha256::digest(&bytes).into();
         let cached = self
             .cache
             .as_ref()
+            .filter(|_| tried != Some(raw_digest))
             .and_then(|c| c.load(&self.engine, &raw_digest));
         let from_cache = cached.is_some();
         let component = match cached {
             Some(component) => component,
             None => {
-                let component = Component::new(&self.engine, bytes).map_err(|e| {
+                let component = Component::new(&self.engine, &bytes).map_err(|e| {
                     HostError::InvalidComponent {
                         path: path.to_path_buf(),
                         reason: format!("{e:#}"),
@@ -204,6 +270,20 @@ impl Runtime {
                 component
             }
         };
+        let bytes = AgentBytes::read(bytes, raw_digest);
+        self.prepare(path, name, raw_digest, component, from_cache, bytes)
+    }
+
+    /// Links `component` (the component `digest` names) for instantiation.
+    fn prepare(
+        &self,
+        path: &Path,
+        name: &str,
+        digest: [u8; 32],
+        component: Component,
+        from_cache: bool,
+        bytes: AgentBytes,
+    ) -> Result<LoadedAgent, HostError> {
         let wrong_world = |e: wasmtime::Error| HostError::WrongWorld {
             path: path.to_path_buf(),
             reason: format!("{e:#}"),
@@ -215,10 +295,10 @@ impl Runtime {
         let pre = AgentPre::new(instance_pre).map_err(wrong_world)?;
         Ok(LoadedAgent {
             name: name.to_string(),
-            digest,
+            digest: hex(&digest),
             pre,
             from_cache,
-            bytes: Arc::from(bytes),
+            bytes: Arc::new(bytes),
         })
     }
 }

@@ -23,6 +23,17 @@ pub enum HostError {
         #[source]
         source: std::io::Error,
     },
+    /// The agent file changed after it was loaded, before its bytes were stored.
+    #[error(
+        "agent {} changed after idem loaded it (it no longer hashes to {digest}); start again",
+        path.display()
+    )]
+    AgentChanged {
+        /// The file.
+        path: PathBuf,
+        /// The digest it was loaded as.
+        digest: String,
+    },
     /// The file does not start with the WebAssembly magic number.
     #[error("{} is not a WebAssembly file (it does not start with \\0asm)", path.display())]
     NotWasm {

@@ -16,6 +16,7 @@
 //!   answer outbound requests itself and hear of refused ones;
 //!   `output.rs`: the guest's stderr and stdout, escaped, as the run's log.
 
+mod agent_bytes;
 mod authority;
 mod bindings;
 mod cache;

@@ -328,15 +328,19 @@ impl Host {
         report
     }
 
-    /// Puts the agent's component in the store unless this host already did.
-    async fn store_component(&self, agent: &LoadedAgent) -> Result<(), StoreError> {
+    /// Puts the agent's component in the store unless this host already did or the
+    /// store holds it; only then are the agent's bytes read (the cache may have loaded
+    /// the agent without reading its file).
+    async fn store_component(&self, agent: &LoadedAgent) -> Result<(), HostError> {
         let known = |stored: &std::collections::HashSet<String>| stored.contains(&agent.digest);
         if known(&self.stored.lock().unwrap_or_else(PoisonError::into_inner)) {
             return Ok(());
         }
-        self.store
-            .put_component(&agent.digest, &agent.bytes)
-            .await?;
+        if !self.store.has_component(&agent.digest).await? {
+            self.store
+                .put_component(&agent.digest, agent.bytes.get()?)
+                .await?;
+        }
         self.stored
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

@@ -663,6 +663,11 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// A component's bytes.
     async fn component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError>;
 
+    /// Whether the store holds the component `digest`: asked before
+    /// [`Store::put_component`] so that a start with a component the store already has
+    /// need not read the component's file at all.
+    async fn has_component(&self, digest: &str) -> Result<bool, StoreError>;
+
     /// Points `deployment.name` at a component (which must be in the store, else
     /// [`StoreError::UnknownComponent`]) with an authority, and admits the component
     /// to the name's namespace as `deployment.admission` allows. Deploying what the

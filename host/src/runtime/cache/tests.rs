@@ -3,6 +3,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 
+use super::entry::{FIELDS_LEN, TRAILER_LEN};
 use super::*;
 
 /// The smallest component: the magic, version 0x0d, layer 1, no sections.
@@ -59,23 +60,32 @@ fn entries_idem_did_not_seal_for_this_component_are_refused() {
     // Another component's entry under this one's name.
     std::fs::write(cache.entry_path(&[2; 32]), &sealed).unwrap();
     assert!(matches!(
-        cache.verify(&sealed, &[2; 32]),
+        cache.seal().verify(&sealed, &[2; 32]),
         Err(Rejected::OtherComponent)
     ));
     assert!(cache.load(&engine, &[2; 32]).is_none());
 
-    // Any byte changed, header or code.
-    for at in [0, 10, HEADER_LEN - 1, HEADER_LEN + 3, sealed.len() - 1] {
+    // Any byte changed, code or trailer.
+    let trailer = sealed.len() - TRAILER_LEN;
+    for at in [
+        0,
+        10,
+        trailer - 1,
+        trailer,
+        trailer + 10,
+        trailer + FIELDS_LEN - 1,
+        sealed.len() - 1,
+    ] {
         let mut forged = sealed.clone();
         forged[at] ^= 0x40;
-        assert!(cache.verify(&forged, &[1; 32]).is_err(), "byte {at}");
+        assert!(cache.seal().verify(&forged, &[1; 32]).is_err(), "byte {at}");
     }
 
     // Sealed under another key (another user's cache, or a guessed key).
     let mut other = ComponentCache::open(cache.dir.clone(), &engine).unwrap();
     other.mac_key = [7; 32];
     assert!(matches!(
-        other.verify(&sealed, &[1; 32]),
+        other.seal().verify(&sealed, &[1; 32]),
         Err(Rejected::Mac)
     ));
 
@@ -83,16 +93,20 @@ fn entries_idem_did_not_seal_for_this_component_are_refused() {
     other.mac_key = cache.mac_key;
     other.engine_key = [9; 32];
     assert!(matches!(
-        other.verify(&sealed, &[1; 32]),
+        other.seal().verify(&sealed, &[1; 32]),
         Err(Rejected::OtherEngine)
     ));
 
     // Truncated or padded.
-    assert!(cache.verify(&sealed[..sealed.len() - 1], &[1; 32]).is_err());
+    let seal = cache.seal();
+    assert!(seal.verify(&sealed[..sealed.len() - 1], &[1; 32]).is_err());
     assert!(
-        cache
-            .verify(&[&sealed[..], b"x"].concat(), &[1; 32])
+        seal.verify(&[&sealed[..], b"x"].concat(), &[1; 32])
             .is_err()
+    );
+    assert_eq!(
+        seal.verify(&sealed, &[1; 32]).unwrap(),
+        sealed.len() - TRAILER_LEN
     );
 }
 
@@ -101,15 +115,20 @@ fn arbitrary_bytes_never_panic() {
     let (_dir, _engine, cache) = cache_with_entry();
     let sealed = std::fs::read(cache.entry_path(&[1; 32])).unwrap();
     let mut rng = fastrand::Rng::with_seed(7);
+    let sealed_fields = &sealed[sealed.len() - TRAILER_LEN..][..FIELDS_LEN];
     for _ in 0..2000 {
-        let len = rng.usize(..HEADER_LEN + MAC_LEN + 64);
+        let len = rng.usize(..TRAILER_LEN + 64);
         let mut bytes: Vec<u8> = (0..len).map(|_| rng.u8(..)).collect();
-        if rng.bool() {
-            // Plausible headers, so that parsing goes past the magic.
-            let keep = len.min(HEADER_LEN);
-            bytes[..keep].copy_from_slice(&sealed[..keep]);
+        if rng.bool() && len >= TRAILER_LEN {
+            // A plausible trailer, so that parsing goes past the magic.
+            let at = len - TRAILER_LEN;
+            bytes[at..at + FIELDS_LEN].copy_from_slice(sealed_fields);
         }
-        assert!(cache.verify(&bytes, &[1; 32]).is_err());
+        if rng.bool() && len >= 12 {
+            // A plausible old header.
+            bytes[..12].copy_from_slice(&sealed_fields[..12]);
+        }
+        assert!(cache.seal().verify(&bytes, &[1; 32]).is_err());
     }
 }
 
@@ -121,7 +140,7 @@ fn entry_files_must_be_the_users_own_regular_files() {
     std::fs::rename(&entry, &elsewhere).unwrap();
     std::os::unix::fs::symlink(&elsewhere, &entry).unwrap();
     assert!(matches!(
-        cache.read_entry(&entry),
+        cache.open_entry(&entry),
         Err(Rejected::NotRegular)
     ));
     assert!(cache.load(&engine, &[1; 32]).is_none());
@@ -137,13 +156,13 @@ fn entry_files_must_be_the_users_own_regular_files() {
     )
     .unwrap();
     assert!(matches!(
-        cache.read_entry(&entry),
+        cache.open_entry(&entry),
         Err(Rejected::NotRegular)
     ));
     std::fs::remove_file(&entry).unwrap();
     std::fs::create_dir(&entry).unwrap();
     assert!(matches!(
-        cache.read_entry(&entry),
+        cache.open_entry(&entry),
         Err(Rejected::NotRegular)
     ));
     std::fs::remove_dir(&entry).unwrap();
@@ -151,7 +170,7 @@ fn entry_files_must_be_the_users_own_regular_files() {
     std::fs::copy(&elsewhere, &entry).unwrap();
     chmod(&entry, 0o666);
     assert!(matches!(
-        cache.read_entry(&entry),
+        cache.open_entry(&entry),
         Err(Rejected::WritableByOthers(0o666))
     ));
     // A refused entry is rewritten by the next store.
@@ -248,4 +267,115 @@ fn directories_others_can_change_are_refused() {
     open(&deep).unwrap();
     assert_eq!(mode(&root.join("a")), 0o700);
     assert_eq!(mode(&deep), 0o700);
+}
+
+#[test]
+fn entries_of_the_old_format_are_named_as_such_and_replaced() {
+    let (_dir, engine, cache) = cache_with_entry();
+    let entry = cache.entry_path(&[1; 32]);
+    let sealed = std::fs::read(&entry).unwrap();
+    let code = &sealed[..sealed.len() - TRAILER_LEN];
+    // Format 1: magic, format, digest, engine, length, MAC, then the code.
+    let mut old = Vec::new();
+    old.extend_from_slice(&entry::MAGIC);
+    old.extend_from_slice(&1u32.to_le_bytes());
+    old.extend_from_slice(&[1; 32]);
+    old.extend_from_slice(&cache.engine_key);
+    old.extend_from_slice(&(code.len() as u64).to_le_bytes());
+    old.extend_from_slice(&[0; 32]);
+    old.extend_from_slice(code);
+    assert!(matches!(
+        cache.seal().verify(&old, &[1; 32]),
+        Err(Rejected::Format(1))
+    ));
+    std::fs::write(&entry, &old).unwrap();
+    assert!(cache.load(&engine, &[1; 32]).is_none());
+    let component = Component::new(&engine, EMPTY_COMPONENT).unwrap();
+    cache.store(&[1; 32], &component);
+    assert!(cache.load(&engine, &[1; 32]).is_some());
+}
+
+/// Sets `path`'s modification time to `secs_ago` seconds before now.
+fn age(path: &Path, secs_ago: u64) {
+    let file = std::fs::File::options().write(true).open(path).unwrap();
+    file.set_modified(SystemTime::now() - Duration::from_secs(secs_ago))
+        .unwrap();
+}
+
+#[test]
+fn the_least_recently_used_entries_are_evicted_beyond_the_bound() {
+    let (_dir, engine, mut cache) = cache_with_entry();
+    let component = Component::new(&engine, EMPTY_COMPONENT).unwrap();
+    let one = std::fs::metadata(cache.entry_path(&[1; 32])).unwrap().len();
+    cache.store(&[2; 32], &component);
+    cache.store(&[3; 32], &component);
+    // Used long ago: 1, then 3; 2 most recently.
+    age(&cache.entry_path(&[1; 32]), 3 * 3600);
+    age(&cache.entry_path(&[3; 32]), 2 * 3600);
+    age(&cache.entry_path(&[2; 32]), 1800);
+    // A hit on an entry last used over an hour ago makes it the most recent.
+    assert!(cache.load(&engine, &[1; 32]).is_some());
+
+    // Room for four entries: nothing goes.
+    cache.max_bytes = 4 * one;
+    cache.store(&[4; 32], &component);
+    assert_eq!(std::fs::read_dir(&cache.dir).unwrap().count(), 1 + 4);
+    age(&cache.entry_path(&[4; 32]), 1200);
+    // Room for two: the new entry stays, and of the rest the most recently used.
+    cache.max_bytes = 2 * one;
+    cache.store(&[5; 32], &component);
+    let left: Vec<bool> = (1..=5u8)
+        .map(|d| cache.entry_path(&[d; 32]).exists())
+        .collect();
+    assert_eq!(left, [true, false, false, false, true]);
+    assert!(
+        cache.dir.join(KEY_FILE).exists(),
+        "the key is never evicted"
+    );
+
+    // Even alone over the bound, the entry just written stays.
+    cache.max_bytes = 1;
+    cache.store(&[6; 32], &component);
+    assert!(cache.entry_path(&[6; 32]).exists());
+    assert!(!cache.entry_path(&[1; 32]).exists());
+    assert!(cache.load(&engine, &[6; 32]).is_some());
+}
+
+#[test]
+fn a_files_digest_is_remembered_until_the_file_changes() {
+    let (dir, _engine, mut cache) = cache_with_entry();
+    let file = dir.path().join("agent.wasm");
+    std::fs::write(&file, b"\0asm one").unwrap();
+    let meta = || std::fs::metadata(&file).unwrap();
+
+    // Just written: a write in the same clock tick could leave its times unchanged.
+    cache.remember_digest(&meta(), &[1; 32]);
+    assert_eq!(cache.known_digest(&meta()), None);
+
+    cache.settled_after = Duration::ZERO;
+    cache.remember_digest(&meta(), &[1; 32]);
+    assert_eq!(cache.known_digest(&meta()), Some([1; 32]));
+    let record = std::fs::read_dir(&cache.dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| digests::is_record(p))
+        .unwrap();
+    assert_eq!(mode(&record), 0o600);
+
+    // Rewritten with bytes of the same length: its change time moved.
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(&file, b"\0asm two").unwrap();
+    assert_eq!(cache.known_digest(&meta()), None);
+
+    // A record that was not sealed with this cache's key says nothing.
+    cache.remember_digest(&meta(), &[2; 32]);
+    let mut forged = std::fs::read(&record).unwrap();
+    let at = forged.len() - 33;
+    forged[at] ^= 1;
+    std::fs::write(&record, &forged).unwrap();
+    assert_eq!(cache.known_digest(&meta()), None);
+    cache.remember_digest(&meta(), &[2; 32]);
+    assert_eq!(cache.known_digest(&meta()), Some([2; 32]));
+    chmod(&record, 0o666);
+    assert_eq!(cache.known_digest(&meta()), None, "writable by others");
 }

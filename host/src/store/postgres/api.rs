@@ -195,6 +195,13 @@ impl Store for PostgresStore {
         })
     }
 
+    async fn has_component(&self, digest: &str) -> Result<bool, StoreError> {
+        self.read("look up a component", async |conn| {
+            components::known(conn, digest).await
+        })
+        .await
+    }
+
     async fn component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.read("read a component", async |conn| {
             components::component(conn, digest).await

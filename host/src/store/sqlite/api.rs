@@ -149,12 +149,37 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn put_component(&self, digest: &str, bytes: &[u8]) -> Result<bool, StoreError> {
-        let (digest, bytes) = (digest.to_owned(), bytes.to_vec());
-        self.write("store a component", self.sync, move |conn, now| {
-            components::put_component(conn, &digest, &bytes, now)
+    async fn has_component(&self, digest: &str) -> Result<bool, StoreError> {
+        let digest = digest.to_owned();
+        self.read("look up a component", move |conn| {
+            components::known(conn, &digest)
         })
         .await
+    }
+
+    async fn put_component(&self, digest: &str, bytes: &[u8]) -> Result<bool, StoreError> {
+        // Most runs start with a component the store already holds: looking first spares
+        // copying its bytes (19 MB for a Python agent) into a write that does nothing.
+        if self.has_component(digest).await? {
+            return Ok(false);
+        }
+        let large = bytes.len() >= components::CHECKPOINT_AFTER_BYTES;
+        let (digest, bytes) = (digest.to_owned(), bytes.to_vec());
+        let inserted = self
+            .write("store a component", self.sync, move |conn, now| {
+                components::put_component(conn, &digest, &bytes, now)
+            })
+            .await?;
+        if inserted && large {
+            self.read("checkpoint after storing a component", |conn| {
+                components::checkpoint(conn)
+            })
+            .await
+            .unwrap_or_else(
+                |e| tracing::debug!(error = %e, "no checkpoint after storing a component"),
+            );
+        }
+        Ok(inserted)
     }
 
     async fn component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {

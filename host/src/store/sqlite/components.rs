@@ -28,6 +28,30 @@ pub(super) fn put_component(
     Ok(inserted == 1)
 }
 
+/// Components at least this large are moved out of the WAL as soon as they are stored.
+pub(super) const CHECKPOINT_AFTER_BYTES: usize = 1 << 20;
+
+/// Copies the WAL into the database and empties it. Called after storing a large
+/// component: a process that opens the store while no other has it open rebuilds the
+/// WAL's index by reading every frame, so a component left in the WAL would be read
+/// (19 MB for a Python agent) at every start until the next automatic checkpoint,
+/// 10 000 pages later.
+pub(super) fn checkpoint(conn: &Connection) -> Result<(), TxError> {
+    // The row says whether it finished; a checkpoint that another connection's reader
+    // held back is retried by SQLite's own later checkpoints.
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+    Ok(())
+}
+
+/// Whether the store holds the component `digest`.
+pub(super) fn known(conn: &Connection, digest: &str) -> Result<bool, TxError> {
+    Ok(conn
+        .prepare_cached("SELECT 1 FROM components WHERE digest = ?1")?
+        .query_row([digest], |_| Ok(()))
+        .optional()?
+        .is_some())
+}
+
 /// A component's bytes.
 pub(super) fn component(conn: &Connection, digest: &str) -> Result<Option<Vec<u8>>, TxError> {
     let bytes = conn
@@ -39,12 +63,7 @@ pub(super) fn component(conn: &Connection, digest: &str) -> Result<Option<Vec<u8
 
 /// Refuses a digest whose component is not in the store.
 pub(super) fn require(conn: &Connection, digest: &str) -> Result<(), TxError> {
-    let known = conn
-        .prepare_cached("SELECT 1 FROM components WHERE digest = ?1")?
-        .query_row([digest], |_| Ok(()))
-        .optional()?
-        .is_some();
-    if known {
+    if known(conn, digest)? {
         Ok(())
     } else {
         Err(TxError::Store(StoreError::UnknownComponent {

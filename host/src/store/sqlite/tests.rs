@@ -111,6 +111,31 @@ fn new_database_is_wal_with_our_pragmas() {
     }
 }
 
+/// A large component does not stay in the WAL, where every process that opens the
+/// store alone would read it again to rebuild the WAL's index; a small one may.
+#[test]
+fn a_large_component_is_checkpointed_out_of_the_wal() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.db");
+    let wal = dir.path().join("idem.db-wal");
+    let store = SqliteStore::open(&path, SyncMode::Normal).unwrap();
+    assert!(block_on(store.put_component("small", &[1; 1000])).unwrap());
+    assert!(std::fs::metadata(&wal).unwrap().len() > 0);
+    assert!(block_on(store.put_component("large", &vec![2; 2 << 20])).unwrap());
+    assert_eq!(
+        std::fs::metadata(&wal).unwrap().len(),
+        0,
+        "the WAL was emptied"
+    );
+    assert!(std::fs::metadata(&path).unwrap().len() > 2 << 20);
+    // Known: not stored again.
+    assert!(!block_on(store.put_component("small", &[3; 10])).unwrap());
+    assert_eq!(
+        block_on(store.component("small")).unwrap(),
+        Some(vec![1; 1000])
+    );
+}
+
 /// A batch runs as durably as its most demanding write asks: a fence's own mode, or
 /// the store's default for writes without one.
 #[test]

@@ -15,9 +15,15 @@ fn deployment<'a>(name: &'a str, digest: &'a str, admission: Admission) -> Deplo
 pub(super) async fn put_component_is_idempotent(env: &Env<'_>) {
     let store = env.store;
     assert_eq!(store.component("d1").await.unwrap(), None);
+    assert!(!store.has_component("d1").await.unwrap());
     assert!(store.put_component("d1", b"\0asm one").await.unwrap());
+    assert!(store.has_component("d1").await.unwrap());
     assert!(!store.put_component("d1", b"\0asm one").await.unwrap());
     assert!(store.put_component("d2", b"").await.unwrap());
+    // Large enough to be checkpointed out of the WAL (SQLite) right after it is stored.
+    let large = vec![7; 2 << 20];
+    assert!(store.put_component("d3", &large).await.unwrap());
+    assert_eq!(store.component("d3").await.unwrap(), Some(large));
     assert_eq!(
         store.component("d1").await.unwrap().as_deref(),
         Some(&b"\0asm one"[..])
