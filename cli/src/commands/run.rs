@@ -11,8 +11,6 @@ use idem::runtime::{
     CrashPoint, FaultPlan, Host, HttpCapture, RunFailure, RunOptions, RunReport, default_cache_dir,
 };
 use idem::store::RunStatus;
-use idem::text::hidden_char;
-use sha2::{Digest, Sha256};
 use tokio::signal::unix::{SignalKind, signal};
 
 use super::args::{AuthorityArgs, DbArgs, json_or_file, limit_flag, load_agent};
@@ -248,35 +246,11 @@ fn wasi_errno_hint(error: &str) -> Option<&'static str> {
     }
 }
 
-/// `<agent>-<first 12 hex digits of SHA-256(input)>`: stable for the same agent and
-/// input, so re-running a command resumes its run instead of starting another. A name
-/// with characters a run id may not hold has them replaced by `-`.
-pub fn default_run_id(agent: &str, input: &[u8]) -> String {
-    let digest = Sha256::digest(input);
-    let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
-    let agent: String = agent
-        .chars()
-        .map(|c| {
-            if hidden_char(c).is_some() || c == '/' {
-                '-'
-            } else {
-                c
-            }
-        })
-        .collect();
-    format!("{agent}-{hex}")
-}
+pub use idem::ops::default_run_id;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn default_run_ids_hold_no_hidden_characters() {
-        let id = default_run_id("evil\u{1b}[2J\u{202e}txt", b"null");
-        assert!(id.starts_with("evil-[2J-txt-"), "{id}");
-        assert!(idem::text::check_visible(&id).is_ok());
-    }
 
     #[test]
     fn wasi_errnos_get_a_hint_and_only_those() {
