@@ -26,6 +26,7 @@ mod prove;
 mod python;
 mod recycle;
 mod rogue;
+mod serve;
 mod store_faults;
 mod util;
 mod waits;
