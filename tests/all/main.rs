@@ -6,6 +6,7 @@
 
 mod bad_input;
 mod bench_guest;
+mod browser;
 mod cache;
 mod cli;
 mod crash_sweep;

@@ -130,9 +130,38 @@ pub fn request(
     stream.write_all(head.as_bytes()).unwrap();
     // A server may answer (413) and close before it has read a large body.
     let _ = stream.write_all(body);
+    // Read until the response is whole: some servers (chromedriver) keep the
+    // connection open whatever the request said.
     let mut raw = Vec::new();
-    let _ = stream.read_to_end(&mut raw);
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+        }
+        if response_complete(&raw) {
+            break;
+        }
+    }
     parse_response(&raw)
+}
+
+/// Whether `raw` holds a whole response: its headers and the body they announce.
+fn response_complete(raw: &[u8]) -> bool {
+    let Some(split) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&raw[..split]).to_ascii_lowercase();
+    let body = &raw[split + 4..];
+    for line in head.lines() {
+        if let Some(n) = line.strip_prefix("content-length:") {
+            return n.trim().parse::<usize>().is_ok_and(|n| body.len() >= n);
+        }
+        if line.starts_with("transfer-encoding:") && line.contains("chunked") {
+            return body.ends_with(b"0\r\n\r\n");
+        }
+    }
+    false
 }
 
 fn parse_response(raw: &[u8]) -> Reply {

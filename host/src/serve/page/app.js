@@ -255,7 +255,8 @@ function drawRun(runId, doc) {
     const marks = [];
     if (s.attempt > 1) marks.push(" ", badge("retaken", "retaken"));
     const took = s.committed_at != null ? duration(Math.max(0, s.committed_at - s.claimed_at))
-      : "running " + duration(Math.max(0, now - s.claimed_at));
+      : s.holder != null && s.parked == null ? "running " + duration(Math.max(0, now - s.claimed_at))
+      : "—";
     return el("tr", { "data-key": s.key },
       el("td", { class: "num", text: i + 1 }),
       el("td", {}, el("code", { text: s.key })),
