@@ -23,6 +23,7 @@ mod multi_process;
 mod operator_text;
 mod pinning;
 mod postgres;
+mod progress;
 mod prove;
 mod python;
 mod recycle;

@@ -7,6 +7,7 @@ mod deploy;
 mod display;
 mod logs;
 mod ls;
+mod progress;
 mod prove;
 mod resolve;
 mod run;

@@ -1,6 +1,7 @@
 //! `idem run`: the foreground form — load an agent, deploy it, submit the run and drive
 //! it to its end in this process, then print the output and the counts.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -14,6 +15,7 @@ use idem::store::RunStatus;
 use tokio::signal::unix::{SignalKind, signal};
 
 use super::args::{AuthorityArgs, DbArgs, json_or_file, limit_flag, load_agent};
+use super::progress::Progress;
 use super::{BadInput, Exit, display};
 
 #[derive(Debug, Parser)]
@@ -61,6 +63,9 @@ pub struct RunCommand {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Draw no progress line (it is drawn on stderr only when stderr is a terminal).
+    #[arg(long, short)]
+    quiet: bool,
     /// Answer the agent's HTTP from what `idem prove` recorded in DIR, and log its
     /// requests there, instead of sending them: how `idem prove --kills` runs its
     /// processes. Not for other use.
@@ -107,7 +112,7 @@ impl RunCommand {
         };
         opts.check()?;
         let store = self.db.open().await?;
-        let host = Host::new(Arc::new(runtime), store)?;
+        let host = Host::new(Arc::new(runtime), Arc::clone(&store))?;
         // Ctrl-C (or SIGTERM) stops the run the way a worker drains: side effects in
         // flight end at their commit, and the lease is given back, so the next `idem
         // run` (or a worker) resumes at once instead of waiting for the lease. A second
@@ -132,6 +137,8 @@ impl RunCommand {
             let _ = tokio::signal::ctrl_c().await;
             std::process::exit(130);
         });
+        let progress = (!self.quiet && !self.json && std::io::stderr().is_terminal())
+            .then(|| Progress::start(Arc::clone(&store), &run_id));
         let report = host
             .run_until(&agent, &opts, async move {
                 let _ = stop_rx.await;
@@ -139,6 +146,9 @@ impl RunCommand {
             .await
             .with_context(|| format!("run {}", display::name(&run_id)));
         watcher.abort();
+        if let Some(progress) = progress {
+            progress.finish();
+        }
         let report = report?;
         self.print(&report);
         Ok(match report.status {
