@@ -437,6 +437,10 @@ fn api_runs_submit_list_show_signal_cancel() {
     );
     assert_eq!(served.get("/api/runs?limit=0").code(), "bad_request");
     assert_eq!(served.get("/api/runs?limit=x").code(), "bad_request");
+    assert_eq!(
+        served.get("/api/runs?offset=18446744073709551615").code(),
+        "bad_request"
+    );
     assert_eq!(served.get("/api/runs?colour=red").code(), "bad_request");
 
     // One run, as `idem show --json` has it, with its log.
