@@ -12,6 +12,7 @@ use std::process::Command;
 /// (app folder from the repo root, output name, constant suffix)
 const APPS: &[(&str, &str, &str)] = &[
     ("tests/guests-python/steps", "py-steps", "PY_STEPS"),
+    ("tests/guests-python/waiter", "py-waiter", "PY_WAITER"),
     ("examples/python-ledger", "py-ledger", "PY_LEDGER"),
 ];
 

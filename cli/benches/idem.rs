@@ -361,6 +361,7 @@ fn floor_and_steps(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<
         (SyncMode::Full, plan.steps_full),
     ] {
         let floor = SqliteFloor::open(&bed.dir.join(format!("floor-{sync}.db")), sync)?;
+        let mut textbook = Textbook::open(&bed.dir.join(format!("textbook-{sync}.db")), sync)?;
         let mut sync_file = (sync == SyncMode::Full)
             .then(|| SyncFloor::create(&bed.dir.join("fdatasync.bin")))
             .transpose()?;
@@ -368,10 +369,13 @@ fn floor_and_steps(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<
         let empty = floor.batch(false, plan.empty_txs)?;
         // Warm-ups: statement caches, page cache, WAL.
         floor.batch(true, 100)?;
+        textbook.steps(100)?;
         bed.steps(&host, turns.n.min(50))?;
         let (mut one_row, mut folded, mut separate) = (Vec::new(), Vec::new(), Vec::new());
+        let mut reference = Vec::new();
         repeat(turns, || {
             one_row.extend(floor.batch(true, turns.n as usize)?);
+            reference.extend(textbook.steps(turns.n as usize)?);
             if let Some(file) = &mut sync_file {
                 fdatasync.extend(file.batch(turns.n as usize)?);
             }
@@ -379,39 +383,54 @@ fn floor_and_steps(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<
             separate.extend(bed.timed_run(&host, turns.n, false)?);
             Ok(())
         })?;
-        floors.push((sync, empty, one_row));
+        floors.push((sync, empty, one_row, reference));
         steps.push((sync, folded, separate));
     }
     let mut floor_medians = Vec::new();
-    for (sync, empty, one_row) in floors {
+    for (sync, empty, one_row, reference) in floors {
         table.row(
             format!("floor: empty `BEGIN IMMEDIATE; COMMIT`, WAL, sync {sync}"),
             "µs",
             empty,
         );
-        floor_medians.push(median(&sorted(one_row.clone())));
+        let floor = median(&sorted(one_row.clone()));
         table.row(
             format!("floor: one-row UPDATE transaction, WAL, sync {sync}"),
             "µs",
             one_row,
         );
+        let textbook = median(&sorted(reference.clone()));
+        table.row_with_ratio(
+            format!(
+                "reference: textbook step on rusqlite (claim; result + claim delete; \
+                 progress upsert: 3 tx, no wasm), sync {sync}"
+            ),
+            "µs",
+            reference,
+            format!("{:.1}× one-row tx", textbook / floor),
+        );
+        floor_medians.push((floor, textbook));
     }
     table.row(
         "floor: 4 KiB pwrite + fdatasync (`File::sync_data`)",
         "µs",
         fdatasync,
     );
-    for ((sync, folded, separate), floor) in steps.into_iter().zip(floor_medians) {
+    for ((sync, folded, separate), (floor, textbook)) in steps.into_iter().zip(floor_medians) {
         for (samples, how) in [
             (folded, "save folded into commit: 2 tx"),
             (separate, "separate save: 3 tx"),
         ] {
-            let ratio = median(&sorted(samples.clone())) / floor;
+            let step = median(&sorted(samples.clone()));
             table.row_with_ratio(
                 format!("durable step (claim + commit + save, no-op effect; {how}), sync {sync}"),
                 "µs",
                 samples,
-                format!("{ratio:.1}× one-row tx"),
+                format!(
+                    "{:.1}× one-row tx, {:.2}× textbook",
+                    step / floor,
+                    step / textbook
+                ),
             );
         }
     }
@@ -457,6 +476,66 @@ impl SqliteFloor {
             if write {
                 update.execute([])?;
             }
+            commit.execute([])?;
+            samples.push(micros(t.elapsed()));
+        }
+        Ok(samples)
+    }
+}
+
+/// The textbook durable step, straight on rusqlite, as a reference for idem's: claim
+/// the key (one transaction), write the result and delete the claim (a second), upsert
+/// the run's progress (a third); prepared statements, WAL, no wasm.
+struct Textbook {
+    conn: Connection,
+    next: i64,
+}
+
+impl Textbook {
+    fn open(db: &Path, sync: SyncMode) -> anyhow::Result<Textbook> {
+        let floor = SqliteFloor::open(db, sync)?;
+        floor.conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY, holder TEXT NOT NULL,
+                                                token INTEGER NOT NULL) WITHOUT ROWID;
+             CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, value BLOB NOT NULL)
+                 WITHOUT ROWID;
+             CREATE TABLE IF NOT EXISTS progress (run TEXT PRIMARY KEY, step INTEGER NOT NULL,
+                                                  state BLOB NOT NULL) WITHOUT ROWID;",
+        )?;
+        Ok(Textbook {
+            conn: floor.conn,
+            next: 0,
+        })
+    }
+
+    /// Times `n` steps on fresh keys, in µs.
+    fn steps(&mut self, n: usize) -> anyhow::Result<Vec<f64>> {
+        let conn = &self.conn;
+        let mut begin = conn.prepare_cached("BEGIN IMMEDIATE")?;
+        let mut commit = conn.prepare_cached("COMMIT")?;
+        let mut claim = conn.prepare_cached(
+            "INSERT INTO claims (key, holder, token) VALUES (?1, 'holder-0123456789abcdef', 1)",
+        )?;
+        let mut result = conn.prepare_cached("INSERT INTO results (key, value) VALUES (?1, ?2)")?;
+        let mut unclaim = conn.prepare_cached("DELETE FROM claims WHERE key = ?1")?;
+        let mut save = conn.prepare_cached(
+            "INSERT INTO progress (run, step, state) VALUES ('run-1', ?1, ?2)
+             ON CONFLICT (run) DO UPDATE SET step = excluded.step, state = excluded.state",
+        )?;
+        let mut samples = Vec::with_capacity(n);
+        for _ in 0..n {
+            self.next += 1;
+            let key = format!("textbook/run-1/step/{:016x}", self.next);
+            let t = Instant::now();
+            begin.execute([])?;
+            claim.execute([&key])?;
+            commit.execute([])?;
+            begin.execute([])?;
+            result.execute(params![key, b"\"ok\"".as_slice()])?;
+            unclaim.execute([&key])?;
+            commit.execute([])?;
+            begin.execute([])?;
+            save.execute(params![self.next, b"null".as_slice()])?;
             commit.execute([])?;
             samples.push(micros(t.elapsed()));
         }

@@ -83,6 +83,25 @@ impl Worker {
         }
     }
 
+    /// How long an idle worker waits before it looks again: a poll, or until the next
+    /// sleeping run is due if that is sooner. A poll still bounds the wait, because
+    /// runs submitted and signals sent from elsewhere make runs due without telling
+    /// this worker. A store that cannot say is asked again at the next poll.
+    async fn until_next_due(&self) -> Duration {
+        let poll = self.options.poll;
+        let store = self.host.store();
+        let Ok(now) = store.now().await else {
+            return poll;
+        };
+        match store.next_due(now).await {
+            Ok(Some(due)) => {
+                let left = u64::try_from(due.saturating_sub(now)).unwrap_or(0);
+                Duration::from_millis(left).clamp(Duration::from_millis(1), poll)
+            }
+            Ok(None) | Err(_) => poll,
+        }
+    }
+
     /// Works until `shutdown` resolves, then drains and returns.
     pub async fn run(
         self: Arc<Self>,
@@ -123,9 +142,10 @@ impl Worker {
                     if let Some(cause) = failing.take() {
                         tracing::warn!(%cause, "the store is back; leasing runs again");
                     }
-                    // Work found: look again at once; none: wait a poll.
+                    // Work found: look again at once; none: wait a poll, or less if a
+                    // sleeping run is due sooner.
                     backoff = if leased.is_empty() {
-                        self.options.poll
+                        self.until_next_due().await
                     } else {
                         Duration::ZERO
                     };

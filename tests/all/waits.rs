@@ -24,6 +24,8 @@ struct Waits {
     dir: tempfile::TempDir,
     clock: Clock,
     host: Arc<Host>,
+    /// The agent runs are of: the waiter, or its Python twin.
+    agent: &'static str,
     _schema: Option<Schema>,
 }
 
@@ -41,6 +43,7 @@ impl Waits {
             host: Arc::new(host(Arc::new(store))),
             dir,
             clock,
+            agent: idem_test_artifacts::WAITER,
             _schema: None,
         }
     }
@@ -60,6 +63,7 @@ impl Waits {
             host: Arc::new(host(Arc::new(store))),
             dir,
             clock,
+            agent: idem_test_artifacts::WAITER,
             _schema: Some(schema),
         })
     }
@@ -106,13 +110,13 @@ impl Waits {
     }
 
     fn spawn_with(&self, opts: RunOptions) -> tokio::task::JoinHandle<RunReport> {
-        let (host, waiter) = (Arc::clone(&self.host), agent(idem_test_artifacts::WAITER));
+        let (host, waiter) = (Arc::clone(&self.host), agent(self.agent));
         tokio().spawn(async move { host.run(&waiter, &opts).await.unwrap() })
     }
 
     /// Deploys the waiter as `waiter` and queues runs for workers.
     fn submit(&self, runs: &[(String, serde_json::Value)]) {
-        let waiter = agent(idem_test_artifacts::WAITER);
+        let waiter = agent(self.agent);
         let authority = self.authority().encode();
         block_on(async {
             let store = self.store();
@@ -222,7 +226,11 @@ fn suspended(record: &RunRecord) -> bool {
 
 #[test]
 fn a_run_sleeping_one_hour_resumes_in_the_foreground_when_the_clock_passes() {
-    Waits::both("sleep_one_hour", |w| {
+    Waits::both("sleep_one_hour", |w| sleeps_one_hour(&w));
+}
+
+fn sleeps_one_hour(w: &Waits) {
+    {
         let input = serde_json::json!({"log": "/data/w.log", "waits": [{"sleep_ms": 3_600_000}]});
         let run = w.spawn_run("nap", input);
         wait_until("the run sleeps", Duration::from_secs(30), || {
@@ -262,7 +270,7 @@ fn a_run_sleeping_one_hour_resumes_in_the_foreground_when_the_clock_passes() {
         let again = block_on(w.spawn_run("nap", input)).unwrap();
         assert!(again.already_finished);
         assert_eq!(w.log("w.log").len(), 2);
-    });
+    }
 }
 
 #[test]
@@ -413,6 +421,7 @@ fn a_sleeping_run_whose_worker_was_sigkilled_is_woken_by_another_worker() {
         host: Arc::new(host(store)),
         dir,
         clock,
+        agent: idem_test_artifacts::WAITER,
         _schema: None,
     };
     let (stop, other) = w.worker(8);
@@ -429,7 +438,29 @@ fn a_sleeping_run_whose_worker_was_sigkilled_is_woken_by_another_worker() {
 
 #[test]
 fn a_signal_sent_before_during_and_after_a_crash_is_received_exactly_once() {
-    Waits::both("signals_exactly_once", |w| {
+    Waits::both("signals_exactly_once", |w| signals_exactly_once(&w));
+}
+
+/// The same as the test above, and the one-hour sleep, with the waiter's Python twin.
+#[test]
+fn a_python_agent_sleeps_and_takes_signals_exactly_once() {
+    if idem_test_artifacts::PY_WAITER.is_empty() {
+        eprintln!(
+            "SKIPPED: Python agents were not built (no componentize-py): waits; \
+             run scripts/test, which installs it"
+        );
+        return;
+    }
+    let python = || Waits {
+        agent: idem_test_artifacts::PY_WAITER,
+        ..Waits::sqlite()
+    };
+    signals_exactly_once(&python());
+    sleeps_one_hour(&python());
+}
+
+fn signals_exactly_once(w: &Waits) {
+    {
         let input = |log: &str| {
             serde_json::json!({"log": format!("/data/{log}"), "waits": [
                 {"signal": "approval", "timeout_ms": 3_600_000},
@@ -503,7 +534,7 @@ fn a_signal_sent_before_during_and_after_a_crash_is_received_exactly_once() {
             w.signal("crash", "approval", "3"),
             Err(StoreError::RunFinished { .. })
         ));
-    });
+    }
 }
 
 #[test]
@@ -651,6 +682,29 @@ fn idem_signal_refuses_unknown_and_finished_runs_bad_names_and_large_payloads() 
         );
     }
     std::fs::remove_file(&big).unwrap();
+    // The limit is the run's own: a run submitted with a 1 KiB state limit refuses a
+    // 2 KiB payload that a run with the default limit takes.
+    let out = run_cli(&[
+        "submit",
+        "waiter",
+        "--run-id",
+        "small",
+        "--max-state-bytes",
+        "1024",
+        "--input",
+        r#"{"log": "/data/s.log", "waits": []}"#,
+        "--db",
+        db,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let payload = format!("\"{}\"", "y".repeat(2048));
+    let out = run_cli(&["signal", "small", "go", "--payload", &payload, "--db", db]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("over the state limit of 1024 bytes"),
+        "{}",
+        stderr(&out)
+    );
     // Nothing was kept for any of them.
     let conn = crate::util::raw_db(std::path::Path::new(db));
     let signals: i64 = conn
@@ -667,6 +721,12 @@ fn idem_signal_refuses_unknown_and_finished_runs_bad_names_and_large_payloads() 
         db,
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
+    let out = run_cli(&["signal", "open", "go", "--payload", &payload, "--db", db]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let signals: i64 = conn
+        .query_row("SELECT count(*) FROM signals", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(signals, 2);
 }
 
 #[test]

@@ -171,6 +171,10 @@ pub const PY_STEPS: &str = env!("IDEM_GUEST_PY_STEPS");
 /// set up.
 pub const PY_LEDGER: &str = env!("IDEM_GUEST_PY_LEDGER");
 
+/// `tests/guests-python/waiter`: the Python twin of [`WAITER`] (without its retry
+/// waits); empty when Python is not set up.
+pub const PY_WAITER: &str = env!("IDEM_GUEST_PY_WAITER");
+
 /// Every guest as `(name, path)`, for tests that go over them all.
 ///
 /// ```

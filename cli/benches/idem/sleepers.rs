@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
-use idem::runtime::{Authority, DirGrant, Host};
+use idem::runtime::{Authority, DirGrant, Host, LoadedAgent};
 use idem::store::{
     Admission, Clock, Deployment, OpenOptions as StoreOptions, RunFilter, RunStatus, SqliteStore,
     Store, Submission,
@@ -187,5 +187,105 @@ pub(crate) fn sleepers(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Res
             holding.saturating_sub(idle) as f64 / 1024.0 / n as f64
         ),
     );
+    let lateness = on_time(bed, &waiter, plan.samples)?;
+    table.row(
+        format!(
+            "sleepers: wake-up after the due time on the system clock, one run due at a time, \
+             worker poll {} ms",
+            poll.as_millis()
+        ),
+        "ms",
+        lateness,
+    );
     Ok(())
+}
+
+/// How late a worker on the system clock takes up a run whose sleep just ended: one run
+/// at a time sleeps 150-400 ms, and the lateness is the wall time at which the bench
+/// first sees it leased again minus its recorded wake time (both in store ms).
+fn on_time(bed: &Bed, waiter: &Arc<LoadedAgent>, samples: usize) -> anyhow::Result<Vec<f64>> {
+    let data = bed.dir.join("on-time-data");
+    std::fs::create_dir_all(&data)?;
+    let db = bed.dir.join("on-time.db");
+    bed.tokio.block_on(async {
+        let store: Arc<dyn Store> =
+            Arc::new(SqliteStore::open_with(&db, &StoreOptions::default())?);
+        let authority = Authority {
+            dirs: vec![DirGrant {
+                host: data.clone(),
+                guest: "/data".into(),
+            }],
+            ..Authority::default()
+        }
+        .encode();
+        store.put_component(waiter.digest(), waiter.bytes()).await?;
+        store
+            .deploy(&Deployment {
+                name: "waiter",
+                digest: waiter.digest(),
+                authority: &authority,
+                admission: Admission::Explicit,
+            })
+            .await?;
+        let host = Arc::new(Host::new(Arc::clone(&bed.runtime), Arc::clone(&store))?);
+        let worker = Arc::new(Worker::new(Arc::clone(&host), WorkerOptions::default()));
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        let working = tokio::spawn(Arc::clone(&worker).run(async move {
+            let _ = done_rx.await;
+        }));
+        let mut lateness = Vec::with_capacity(samples);
+        for k in 0..samples {
+            let run_id = format!("on-time-{k:04}");
+            let sleep_ms = 150 + (k as u64 * 97) % 250;
+            let input = json!({"log": "/data/on-time.log", "waits": [{"sleep_ms": sleep_ms}]});
+            store
+                .submit(&Submission {
+                    run_id: &run_id,
+                    agent: "waiter",
+                    digest: waiter.digest(),
+                    namespace: "waiter",
+                    input: &serde_json::to_vec(&input)?,
+                    authority: &authority,
+                    replace_authority: false,
+                })
+                .await?;
+            let started = Instant::now();
+            let wake_at = loop {
+                let record = store
+                    .run(&run_id)
+                    .await?
+                    .with_context(|| format!("{run_id} disappeared from the store"))?;
+                if let (None, Some(wake_at)) = (&record.lease, record.wake_at) {
+                    break wake_at;
+                }
+                ensure!(
+                    started.elapsed() < Duration::from_secs(60),
+                    "{run_id} never fell asleep"
+                );
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            };
+            loop {
+                let record = store
+                    .run(&run_id)
+                    .await?
+                    .with_context(|| format!("{run_id} disappeared from the store"))?;
+                if record.lease.is_some() || record.status == RunStatus::Completed {
+                    let now = Clock::system().now();
+                    lateness.push((now - wake_at) as f64);
+                    break;
+                }
+                ensure!(
+                    started.elapsed() < Duration::from_secs(60),
+                    "{run_id} never woke"
+                );
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            while store.run(&run_id).await?.map(|r| r.status) != Some(RunStatus::Completed) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        let _ = done_tx.send(());
+        working.await??;
+        Ok(lateness)
+    })
 }

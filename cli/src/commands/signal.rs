@@ -2,7 +2,7 @@
 //! due at once; one that has not reached its wait yet finds the signal kept for it.
 
 use clap::Parser;
-use idem::runtime::Limits;
+use idem::runtime;
 
 use super::args::{DbArgs, json_or_file};
 use super::{Exit, display};
@@ -14,7 +14,7 @@ pub struct SignalCommand {
     /// The signal's name, as the agent waits for it.
     name: String,
     /// The payload, as JSON, or `@FILE` to read it from a file (default `null`). At most
-    /// the default state limit (1 MiB).
+    /// the run's state limit (`--max-state-bytes` when it was submitted; 1 MiB by default).
     #[arg(long, value_name = "JSON|@FILE")]
     payload: Option<String>,
     #[command(flatten)]
@@ -28,14 +28,7 @@ impl SignalCommand {
             None => b"null".to_vec(),
         };
         let store = self.db.open_existing().await?;
-        let sent = store
-            .send_signal(
-                &self.run_id,
-                &self.name,
-                &payload,
-                Limits::default().max_state_bytes,
-            )
-            .await?;
+        let sent = runtime::send_signal(store.as_ref(), &self.run_id, &self.name, &payload).await?;
         if sent.woke {
             println!(
                 "signal {} sent: run {} was waiting for it and is due now",

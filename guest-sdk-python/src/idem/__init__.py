@@ -19,19 +19,26 @@ from ._errors import (
     AwaitTimeout,
     ClaimLost,
     ClaimSettled,
+    ClaimsHeld,
     CodecError,
     HttpDenied,
     HttpError,
     IdemError,
     InDoubt,
     InvalidKey,
+    InvalidTime,
+    InvalidWaitKey,
     KeyReused,
     StepError,
+    TimedOut,
     TooLarge,
+    WaitError,
+    WaitKeyReused,
 )
 from ._keys import Key
 from ._once import FAIL, RETRY, Checkpoint, Once, Outcome, Step, load, once, run_once, save
 from ._host import generation, run_id
+from ._waits import sleep, sleep_until, wait_for_signal
 from . import http
 
 __all__ = [
@@ -39,4 +46,6 @@ __all__ = [
     "Checkpoint", "load", "save", "run_id", "generation", "http", "IdemError",
     "StepError", "InvalidKey", "TooLarge", "ClaimLost", "AwaitTimeout", "InDoubt",
     "KeyReused", "CodecError", "ClaimSettled", "HttpError", "HttpDenied",
+    "sleep", "sleep_until", "wait_for_signal", "WaitError", "InvalidWaitKey",
+    "InvalidTime", "WaitKeyReused", "ClaimsHeld", "TimedOut",
 ]

@@ -53,6 +53,49 @@ class KeyReused(StepError):
     prefix = "key reused with other input"
 
 
+class WaitError(IdemError):
+    """The host refused a wait (``sleep``, ``sleep_until``, ``wait_for_signal``);
+    nothing was recorded."""
+
+    prefix = "wait refused"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"{self.prefix}: {detail}")
+        self.detail = detail
+
+
+class InvalidWaitKey(WaitError):
+    """The wait's key or signal name is empty, too long or holds control characters."""
+
+    prefix = "invalid wait key"
+
+
+class InvalidTime(WaitError):
+    """The time asked for is before the Unix epoch or beyond what the host keeps."""
+
+    prefix = "invalid time"
+
+
+class WaitKeyReused(WaitError):
+    """The key was used by another kind of wait (a sleep, or another signal)."""
+
+    prefix = "wait key reused"
+
+
+class ClaimsHeld(WaitError):
+    """The instance holds claims: commit or release them before waiting."""
+
+    prefix = "claims held"
+
+
+class TimedOut(IdemError):
+    """A wait for a signal ended at its timeout before the signal came."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"timed out waiting for signal {name!r}")
+        self.name = name
+
+
 class CodecError(IdemError):
     """A value could not be encoded to, or decoded from, JSON."""
 

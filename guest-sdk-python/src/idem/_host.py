@@ -6,7 +6,7 @@ from typing import NoReturn
 
 from componentize_py_types import Err
 from wit_world.imports import idem_agent_types as types
-from wit_world.imports import once, outbound, progress, run_info  # noqa: F401
+from wit_world.imports import once, outbound, progress, run_info, waits  # noqa: F401
 
 from . import _errors
 
@@ -35,4 +35,19 @@ def raise_step_error(err: Err) -> NoReturn:
     """Turns a WIT ``step-error`` into the SDK's exception for it."""
     value = err.value
     cls = _STEP_ERRORS.get(type(value), _errors.StepError)
+    raise cls(str(getattr(value, "value", value))) from None
+
+
+_WAIT_ERRORS = {
+    waits.WaitError_InvalidKey: _errors.InvalidWaitKey,
+    waits.WaitError_InvalidTime: _errors.InvalidTime,
+    waits.WaitError_KeyReused: _errors.WaitKeyReused,
+    waits.WaitError_ClaimsHeld: _errors.ClaimsHeld,
+}
+
+
+def raise_wait_error(err: Err) -> NoReturn:
+    """Turns a WIT ``wait-error`` into the SDK's exception for it."""
+    value = err.value
+    cls = _WAIT_ERRORS.get(type(value), _errors.WaitError)
     raise cls(str(getattr(value, "value", value))) from None

@@ -191,12 +191,20 @@ impl Store for ObservedStore {
         self.inner.run(run_id).await
     }
 
+    async fn run_authority(&self, run_id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.run_authority(run_id).await
+    }
+
     async fn runs(&self, filter: &RunFilter<'_>) -> Result<Vec<RunRecord>, StoreError> {
         self.inner.runs(filter).await
     }
 
     async fn upgrade_run(&self, run_id: &str, from: &str, to: &str) -> Result<(), StoreError> {
         self.inner.upgrade_run(run_id, from, to).await
+    }
+
+    async fn next_due(&self, after: Millis) -> Result<Option<Millis>, StoreError> {
+        self.inner.next_due(after).await
     }
 
     async fn acquire_runs(

@@ -34,6 +34,7 @@ mod limits;
 mod output;
 mod run;
 mod run_ctx;
+mod signal;
 mod state;
 mod view;
 
@@ -56,6 +57,7 @@ pub use limits::{InvalidLimit, LimitExceeded, Limits};
 pub use output::LOG_KEEP;
 pub use run::{RunFailure, RunOptions, RunReport, Waiting, check_namespace, check_run_id};
 pub use run_ctx::Stop;
+pub use signal::send_signal;
 pub use view::{IdemCtx, IdemCtxView, IdemView};
 
 pub(crate) use limits::cut;
@@ -76,6 +78,10 @@ pub struct Host {
     /// Runs this host drives now. The store re-grants a run's lease to the worker that
     /// holds it, so this set is what keeps one host from driving a run twice at once.
     driving: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    /// Digests of the components this host has put in the store: a run of one of them
+    /// does not send its bytes again (megabytes per run for a Python agent, over the
+    /// network on PostgreSQL).
+    stored: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl Host {
@@ -113,6 +119,7 @@ impl Host {
             live: Arc::new(LiveHolders::new(host_id)),
             heartbeat,
             driving: Arc::default(),
+            stored: std::sync::Mutex::default(),
         }
     }
 

@@ -3,7 +3,7 @@
 //! Either way [`Host::drive`] creates instances, calls `run`, replaces each instance the
 //! host drops, and records how the run ended — every write fenced by the run's lease.
 
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use super::Host;
@@ -273,19 +273,26 @@ impl Host {
             _ => None,
         };
         let authority = opts.authority.encode();
-        store.put_component(&agent.digest, &agent.bytes).await?;
-        store
-            .deploy(&Deployment {
-                name: &name,
-                digest: &agent.digest,
-                authority: &authority,
-                admission: if opts.upgrade {
-                    Admission::Explicit
-                } else {
-                    Admission::FirstUse
-                },
-            })
-            .await?;
+        let deployment = Deployment {
+            name: &name,
+            digest: &agent.digest,
+            authority: &authority,
+            admission: if opts.upgrade {
+                Admission::Explicit
+            } else {
+                Admission::FirstUse
+            },
+        };
+        self.store_component(agent).await?;
+        match store.deploy(&deployment).await {
+            // Removed from the store since this host put it there: put it back.
+            Err(StoreError::UnknownComponent { .. }) => {
+                self.forget_component(agent);
+                self.store_component(agent).await?;
+                store.deploy(&deployment).await?;
+            }
+            other => drop(other?),
+        }
         if let Some(from) = upgrade_from {
             store
                 .upgrade_run(&opts.run_id, &from, &agent.digest)
@@ -319,6 +326,29 @@ impl Host {
             .await;
         stopper.abort();
         report
+    }
+
+    /// Puts the agent's component in the store unless this host already did.
+    async fn store_component(&self, agent: &LoadedAgent) -> Result<(), StoreError> {
+        let known = |stored: &std::collections::HashSet<String>| stored.contains(&agent.digest);
+        if known(&self.stored.lock().unwrap_or_else(PoisonError::into_inner)) {
+            return Ok(());
+        }
+        self.store
+            .put_component(&agent.digest, &agent.bytes)
+            .await?;
+        self.stored
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(agent.digest.clone());
+        Ok(())
+    }
+
+    fn forget_component(&self, agent: &LoadedAgent) {
+        self.stored
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&agent.digest);
     }
 
     /// Drives the run in the foreground until it ends or is stopped: a run suspended in

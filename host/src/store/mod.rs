@@ -681,6 +681,9 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// The run's record, if it exists.
     async fn run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError>;
 
+    /// The authority the run was submitted with (encoded), if the run exists.
+    async fn run_authority(&self, run_id: &str) -> Result<Option<Vec<u8>>, StoreError>;
+
     /// Runs, newest first.
     async fn runs(&self, filter: &RunFilter<'_>) -> Result<Vec<RunRecord>, StoreError>;
 
@@ -688,6 +691,11 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// the upgrade; fails with [`StoreError::UnknownRun`] if the run does not exist with
     /// digest `from`.
     async fn upgrade_run(&self, run_id: &str, from: &str, to: &str) -> Result<(), StoreError>;
+
+    /// The earliest time after `after` at which a run nobody holds becomes due (a sleep
+    /// ends, a wait times out), if any: a worker with nothing due sleeps until then
+    /// instead of a whole poll.
+    async fn next_due(&self, after: Millis) -> Result<Option<Millis>, StoreError>;
 
     /// Leases up to `max` runs that are queued or running with no live lease (and not
     /// cancelled, not among `skip`) to `worker` for `lease`, oldest first, each with a

@@ -23,6 +23,7 @@
 //! - `postgres.rs`: [`PostgresStore`], [`PostgresOptions`], connecting, and how the
 //!   server's errors become [`StoreError`]s.
 //! - `conn.rs`: a pooled connection, transactions, and the fence check.
+//! - `one_trip.rs`: a step's claim and commit, each in one round trip.
 //! - `api.rs`: the [`Store`](super::Store) methods.
 //! - `schema.rs`: the numbered migrations, applied on open.
 //! - `tests.rs`: what only this backend has (the store tests are `store/tests/`).
@@ -35,6 +36,7 @@ mod components;
 mod conn;
 mod leases;
 mod logs;
+mod one_trip;
 mod runs;
 mod schema;
 #[cfg(test)]

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use super::conn::{Fenced, Lock, write_tx};
+use super::one_trip::OneTrip;
 use super::{PostgresStore, TxError, claims, components, leases, logs, runs, waits};
 use crate::store::clock::lease_expiry;
 use crate::store::sqlite::{check_checkpoint, check_counts};
@@ -49,6 +50,9 @@ impl Store for PostgresStore {
     }
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        if let OneTrip::Done(outcome) = self.claim_in_one_trip(req).await? {
+            return Ok(outcome);
+        }
         let fence = Some((req.fence, Lock::Share));
         write_tx!(
             self,
@@ -87,20 +91,7 @@ impl Store for PostgresStore {
         if let Some(counts) = commit.counts {
             check_counts(counts)?;
         }
-        let op = match commit.checkpoint {
-            Some(_) => "commit a result and save progress",
-            None => "commit a result",
-        };
-        let lock = if commit.counts.is_some() {
-            Lock::Update
-        } else {
-            Lock::Share
-        };
-        let fence = commit.claim.fence;
-        write_tx!(self, op, fence.sync, Some((fence, lock)), |conn, fenced| {
-            held(fenced, fence)?;
-            claims::commit(conn, commit).await
-        })
+        self.commit_in_one_trip(commit).await
     }
 
     async fn release(&self, claim: &ClaimRef<'_>) -> Result<bool, StoreError> {
@@ -249,6 +240,13 @@ impl Store for PostgresStore {
             .await
     }
 
+    async fn run_authority(&self, run_id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.read("read a run's authority", async |conn| {
+            runs::authority(conn, run_id).await
+        })
+        .await
+    }
+
     async fn runs(&self, filter: &RunFilter<'_>) -> Result<Vec<RunRecord>, StoreError> {
         self.read("list runs", async |conn| runs::runs(conn, filter).await)
             .await
@@ -258,6 +256,13 @@ impl Store for PostgresStore {
         write_tx!(self, "upgrade a run", self.sync, None, |conn, _f| {
             runs::upgrade_run(conn, run_id, from, to).await
         })
+    }
+
+    async fn next_due(&self, after: Millis) -> Result<Option<Millis>, StoreError> {
+        self.read("find the next due run", async |conn| {
+            leases::next_due(conn, after).await
+        })
+        .await
     }
 
     async fn acquire_runs(

@@ -14,8 +14,7 @@ use crate::store::rules::{
     ClaimDecision, FIRST_GRANT, KeyRow, claim_lost, decide_claim, next_token,
 };
 use crate::store::{
-    ClaimOutcome, ClaimRef, ClaimRequest, Commit, OpenClaim, Resolution, RunStatus, StepRecord,
-    StoreError,
+    ClaimOutcome, ClaimRef, ClaimRequest, OpenClaim, Resolution, RunStatus, StepRecord, StoreError,
 };
 
 /// The key's row, if any, locked until the transaction ends.
@@ -114,39 +113,6 @@ pub(super) async fn claim(
 
 fn lost(key: &str, token: u64) -> TxError {
     TxError::Store(claim_lost(key, token))
-}
-
-/// Writes the result into the key's row if the claim's token still holds it, with the
-/// checkpoint and counts if given. The caller checked the fence.
-pub(super) async fn commit(conn: &Conn, commit: &Commit<'_>) -> Result<(), TxError> {
-    let claim = &commit.claim;
-    let Ok(token) = i64::try_from(claim.token) else {
-        return Err(lost(claim.key, claim.token));
-    };
-    let changed = conn
-        .execute(
-            "UPDATE steps SET run_id = $3, holder = NULL, result = $4, committed_at = $5
-             WHERE key = $1 AND token = $2 AND holder IS NOT NULL",
-            &[
-                &claim.key,
-                &token,
-                &claim.fence.run_id,
-                &commit.result,
-                &conn.now,
-            ],
-        )
-        .await?;
-    if changed != 1 {
-        return Err(lost(claim.key, claim.token));
-    }
-    let run_id = claim.fence.run_id.as_str();
-    if let Some(counts) = commit.counts {
-        super::runs::save_counts(conn, run_id, counts).await?;
-    }
-    if let Some(checkpoint) = commit.checkpoint {
-        super::runs::save_checkpoint(conn, run_id, checkpoint).await?;
-    }
-    Ok(())
 }
 
 /// Releases the claim if its token still holds it; whether it did. The caller checked

@@ -147,7 +147,7 @@ impl PostgresStore {
     }
 
     /// The manual clock's time, passed to the server in place of its own.
-    fn manual_now(&self) -> Option<Millis> {
+    pub(super) fn manual_now(&self) -> Option<Millis> {
         self.clock.is_manual().then(|| self.clock.now())
     }
 

@@ -12,7 +12,24 @@ use super::runs::{self, end_as_cancelled, lease_from, set_outcome, status_from, 
 use super::{TxError, to_sql_int, u64_col};
 use crate::store::clock::lease_expiry;
 use crate::store::rules::{LeaseDecision, decide_run_lease, next_token};
-use crate::store::{Acquired, Counts, LeaseState, LeasedRun, RunEnd, RunFence, RunStatus};
+use crate::store::{Acquired, Counts, LeaseState, LeasedRun, Millis, RunEnd, RunFence, RunStatus};
+
+/// The earliest due time after `after` of an unfinished run nobody holds; the scan
+/// walks `runs_due` in order and stops at the first.
+pub(super) async fn next_due(conn: &Conn, after: Millis) -> Result<Option<Millis>, TxError> {
+    let row = conn
+        .query_opt(
+            "SELECT coalesce(wake_at, created) FROM runs
+             WHERE status IN ('queued', 'running')
+               AND coalesce(wake_at, created) > $1
+               AND lease_holder IS NULL
+             ORDER BY coalesce(wake_at, created), seq
+             LIMIT 1",
+            &[&after],
+        )
+        .await?;
+    Ok(row.map(|row| row.try_get(0)).transpose()?)
+}
 
 /// Leases up to `max` runs nobody holds a live lease on, oldest first.
 pub(super) async fn acquire_runs(

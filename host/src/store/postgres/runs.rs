@@ -206,6 +206,17 @@ pub(super) async fn run(conn: &Conn, run_id: &str) -> Result<Option<RunRecord>, 
     }
 }
 
+/// The authority the run was submitted with, if it exists.
+pub(super) async fn authority(conn: &Conn, run_id: &str) -> Result<Option<Vec<u8>>, TxError> {
+    let row = conn
+        .query_opt(
+            "SELECT authority FROM run_inputs WHERE run_id = $1",
+            &[&run_id],
+        )
+        .await?;
+    Ok(row.map(|row| row.try_get(0)).transpose()?)
+}
+
 /// Runs as the filter asks, newest first; runs submitted in the same millisecond by
 /// submission order.
 pub(super) async fn runs(conn: &Conn, filter: &RunFilter<'_>) -> Result<Vec<RunRecord>, TxError> {

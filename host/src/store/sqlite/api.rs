@@ -227,6 +227,14 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn run_authority(&self, run_id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let run_id = run_id.to_owned();
+        self.read("read a run's authority", move |conn| {
+            runs::authority(conn, &run_id)
+        })
+        .await
+    }
+
     async fn runs(&self, filter: &RunFilter<'_>) -> Result<Vec<RunRecord>, StoreError> {
         let filter = runs::OwnedFilter::from(filter);
         self.read("list runs", move |conn| runs::runs(conn, &filter))
@@ -237,6 +245,13 @@ impl Store for SqliteStore {
         let (run_id, from, to) = (run_id.to_owned(), from.to_owned(), to.to_owned());
         self.write("upgrade a run", self.sync, move |conn, now| {
             runs::upgrade_run(conn, &run_id, &from, &to, now)
+        })
+        .await
+    }
+
+    async fn next_due(&self, after: Millis) -> Result<Option<Millis>, StoreError> {
+        self.read("find the next due run", move |conn| {
+            leases::next_due(conn, after)
         })
         .await
     }

@@ -51,6 +51,23 @@ pub(super) fn check_fence(conn: &Connection, fence: &RunFence) -> Result<(), TxE
     }
 }
 
+/// The earliest due time after `after` of an unfinished run nobody holds; the scan
+/// walks `runs_due` in order and stops at the first.
+pub(super) fn next_due(conn: &Connection, after: Millis) -> Result<Option<Millis>, TxError> {
+    let due = conn
+        .prepare_cached(
+            "SELECT coalesce(wake_at, created) FROM runs
+             WHERE status IN ('queued', 'running')
+               AND coalesce(wake_at, created) > ?1
+               AND lease_holder IS NULL
+             ORDER BY coalesce(wake_at, created)
+             LIMIT 1",
+        )?
+        .query_row([after], |row| row.get(0))
+        .optional()?;
+    Ok(due)
+}
+
 /// Leases up to `max` runs nobody holds a live lease on, oldest first.
 pub(super) fn acquire_runs(
     conn: &Connection,

@@ -210,6 +210,15 @@ pub(super) fn run(conn: &Connection, run_id: &str) -> Result<Option<RunRecord>, 
     Ok(record)
 }
 
+/// The authority the run was submitted with, if it exists.
+pub(super) fn authority(conn: &Connection, run_id: &str) -> Result<Option<Vec<u8>>, TxError> {
+    let authority = conn
+        .prepare_cached("SELECT authority FROM run_inputs WHERE run_id = ?1")?
+        .query_row([run_id], |row| row.get(0))
+        .optional()?;
+    Ok(authority)
+}
+
 /// Runs as the filter asks, newest first; runs submitted in the same millisecond by
 /// submission order.
 pub(super) fn runs(conn: &Connection, filter: &OwnedFilter) -> Result<Vec<RunRecord>, TxError> {

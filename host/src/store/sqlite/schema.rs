@@ -26,12 +26,26 @@ const MIGRATIONS: &[&str] = &[
 /// The schema version this build writes and understands.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
-/// WAL pages between checkpoints (SQLite's default is 1000). A step writes three pages,
-/// mostly the same hot ones (the run's progress row, the newest `steps` leaf), and a
-/// checkpoint copies each distinct page once and syncs the database file: checkpointing
-/// ten times less often cut a run's cost per step by a quarter in the bench
-/// (BENCHMARKS.md). The WAL grows to about 40 MiB before it is reused.
-const WAL_AUTOCHECKPOINT_PAGES: i64 = 10_000;
+/// WAL pages between checkpoints, per durability (SQLite's default is 1000).
+///
+/// `Normal`: a step writes three pages, mostly the same hot ones (the run's progress
+/// row, the newest `steps` leaf), and a checkpoint copies each distinct page once and
+/// syncs the database file: checkpointing ten times less often cut a run's cost per
+/// step by a quarter in the bench (BENCHMARKS.md). The WAL grows to about 40 MiB before
+/// it is reused.
+///
+/// `Full`: every commit syncs the WAL, and a sync that grows the file costs about twice
+/// one that overwrites it (the file's size must reach the disk too). SQLite deletes the
+/// WAL when a store closes, so every process regrows it: to 40 MiB, a fresh `idem run`
+/// synced a growing file for its first ~3,300 steps (a step at 590-780 µs against
+/// 330-430 µs with 1,000 pages, dev build, 3,000-step runs on a fresh store); once the
+/// WAL is reused the two cadences cost the same (360-425 µs over 12,000 steps).
+pub(super) fn wal_autocheckpoint_pages(sync: SyncMode) -> i64 {
+    match sync {
+        SyncMode::Normal => 10_000,
+        SyncMode::Full => 1_000,
+    }
+}
 
 /// Enough for every statement the store prepares, so hot paths never re-prepare.
 const STATEMENT_CACHE: usize = 32;
@@ -82,8 +96,12 @@ pub(super) fn open(path: &Path, options: &OpenOptions) -> Result<Connection, Sto
     };
     conn.pragma_update(None, "synchronous", synchronous)
         .map_err(sql_fail)?;
-    conn.pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES)
-        .map_err(sql_fail)?;
+    conn.pragma_update(
+        None,
+        "wal_autocheckpoint",
+        wal_autocheckpoint_pages(options.sync),
+    )
+    .map_err(sql_fail)?;
     if let Some(max_size) = options.max_size {
         cap_size(&conn, max_size).map_err(sql_fail)?;
     }

@@ -95,7 +95,13 @@ fn new_database_is_wal_with_our_pragmas() {
         assert_eq!(store.path(), path);
         assert_eq!(pragma(&store, "synchronous"), synchronous);
         assert_eq!(pragma(&store, "foreign_keys"), 1);
-        assert_eq!(pragma(&store, "wal_autocheckpoint"), 10_000);
+        assert_eq!(
+            pragma(&store, "wal_autocheckpoint"),
+            match mode {
+                SyncMode::Normal => 10_000,
+                SyncMode::Full => 1_000,
+            }
+        );
         assert_eq!(pragma(&store, "user_version"), SCHEMA_VERSION);
         assert_eq!(pragma(&store, "application_id"), 0x6964_656d);
         let journal: String = on_conn(&store, |conn| {

@@ -503,6 +503,11 @@ impl Worker {
                 SyncMode::Full => "FULL",
             };
             self.conn.pragma_update(None, "synchronous", value)?;
+            self.conn.pragma_update(
+                None,
+                "wal_autocheckpoint",
+                super::schema::wal_autocheckpoint_pages(sync),
+            )?;
             self.sync = sync;
         }
         Ok(())

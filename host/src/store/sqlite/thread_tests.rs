@@ -220,6 +220,15 @@ fn a_batch_is_as_durable_as_its_most_demanding_write() {
         1
     );
     assert_eq!(block_on(db.write(SyncMode::Full, synchronous)).unwrap(), 2);
+    // The checkpoint cadence follows the durability (schema::wal_autocheckpoint_pages).
+    let cadence = |conn: &Connection, _| -> rusqlite::Result<i64> {
+        conn.pragma_query_value(None, "wal_autocheckpoint", |r| r.get(0))
+    };
+    assert_eq!(block_on(db.write(SyncMode::Full, cadence)).unwrap(), 1_000);
+    assert_eq!(
+        block_on(db.write(SyncMode::Normal, cadence)).unwrap(),
+        10_000
+    );
 }
 
 /// A work that panics is rolled back alone and its writer told; the thread goes on.

@@ -85,11 +85,20 @@ pub(super) async fn a_suspended_run_is_leased_only_when_due_in_due_order(env: &E
             .unwrap()
             .is_empty()
     );
-    env.advance(30_000);
+    // What an idle worker sleeps towards: the earliest run not due yet.
+    let now = store.now().await.unwrap();
+    assert_eq!(store.next_due(now).await.unwrap(), Some(T0 + 10_000));
+    env.advance(15_000);
+    let now = store.now().await.unwrap();
+    assert_eq!(store.next_due(now).await.unwrap(), Some(T0 + 20_000));
+    env.advance(15_000);
     let got = store.acquire_runs("w", 10, RUN_LEASE, &[]).await.unwrap();
     let ids: Vec<&str> = got.iter().map(|r| r.record.run_id.as_str()).collect();
     assert_eq!(ids, ["early", "middle", "late"]);
     assert!(got.iter().all(|r| r.record.wake_at.is_none()));
+    // Held runs are nobody's to wake.
+    let now = store.now().await.unwrap();
+    assert_eq!(store.next_due(now).await.unwrap(), None);
 }
 
 pub(super) async fn a_signal_is_taken_once_by_the_wait_that_records_it(env: &Env<'_>) {

@@ -1,0 +1,58 @@
+"""Test agent, the Python twin of ``tests/guests/waiter`` (without its retry waits):
+the same input, the same log lines, the same keys and the same output, so the same
+tests run on both.
+
+Input: ``{"log": "/data/waiter.log", "waits": [{"sleep_ms": 3600000},
+{"until_ms": 1700000000000}, {"signal": "approval", "timeout_ms": 60000}]}``.
+
+Wait ``i`` has the key ``wait-{i}``. The agent first appends ``start gen={generation}``
+(once, under a key), then per wait, after it is over, appends
+``after {i} {what} gen={generation}`` where ``what`` is ``slept``, ``timed-out``, or
+the signal's payload as compact JSON. Output: ``{"results": [what, ...]}``.
+"""
+
+import json
+import os
+
+import idem
+
+
+def append(path: str, line: str) -> None:
+    # One write per line: runs appending at once never interleave their lines.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+@idem.agent
+def run(input):
+    log = input["log"]
+    idem.run_once(
+        idem.Key.for_run("start", None),
+        lambda step: append(log, f"start gen={idem.generation()}"),
+    )
+    results = []
+    for i, wait in enumerate(input["waits"]):
+        key = f"wait-{i}"
+        if wait.get("signal") is not None:
+            timeout_ms = wait.get("timeout_ms")
+            timeout = None if timeout_ms is None else timeout_ms / 1000
+            try:
+                payload = idem.wait_for_signal(key, wait["signal"], timeout)
+                what = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+            except idem.TimedOut:
+                what = "timed-out"
+        elif wait.get("until_ms") is not None:
+            idem.sleep_until(key, wait["until_ms"] / 1000)
+            what = "slept"
+        else:
+            idem.sleep(key, wait.get("sleep_ms", 0) / 1000)
+            what = "slept"
+        idem.run_once(
+            idem.Key.for_run("after", i),
+            lambda step, i=i, what=what: append(log, f"after {i} {what} gen={idem.generation()}"),
+        )
+        results.append(what)
+    return {"results": results}
