@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use super::ServeState;
 use super::error::ApiError;
 use crate::ops::{self, RunView, SubmitRequest};
-use crate::runtime::{Authority, Limits};
+use crate::runtime::Authority;
 use crate::store::{Cancelled, Resolution, RunFilter, RunStatus};
 
 type Answer = Result<(StatusCode, Json<Value>), ApiError>;
@@ -205,15 +205,9 @@ pub(super) async fn signal_run(
     let b: SignalBody = json_body(&headers, body)?;
     let payload =
         serde_json::to_vec(&b.payload).map_err(|e| ApiError::new("internal", e.to_string()))?;
-    let sent = state
-        .store
-        .send_signal(
-            &run_id,
-            &b.name,
-            &payload,
-            Limits::default().max_state_bytes,
-        )
-        .await?;
+    // Held to the run's own state limit, as `idem signal` holds it.
+    let sent =
+        crate::runtime::send_signal(state.store.as_ref(), &run_id, &b.name, &payload).await?;
     ok(json!({ "woke": sent.woke }))
 }
 
