@@ -316,8 +316,9 @@ fn openapi_document_matches_the_routes() {
         );
         if reply.content_type.starts_with("application/json") && reply.status >= 400 {
             let code = reply.code();
+            // `internal` is also what a route in the table without a handler answers.
             assert!(
-                code != "not_found" && code != "method_not_allowed",
+                code != "not_found" && code != "method_not_allowed" && code != "internal",
                 "{method} {path}: {}",
                 reply.text()
             );
