@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use idem_test_artifacts::STEPS;
+use idem_test_artifacts::{HOSTILE, STEPS};
 use serde_json::json;
 
 use crate::util::{CliDir, stderr};
@@ -12,8 +12,13 @@ use crate::util::{CliDir, stderr};
 /// terminal showed.
 fn on_terminal(cli: &CliDir, run_id: &str, extra: &str) -> String {
     let input = json!({ "steps": 4, "log": "/data/log.txt", "pause_ms": 300 }).to_string();
+    agent_on_terminal(cli, STEPS, run_id, &input, extra)
+}
+
+/// `idem run AGENT` with `input` on a pseudo-terminal: what the terminal showed.
+fn agent_on_terminal(cli: &CliDir, agent: &str, run_id: &str, input: &str, extra: &str) -> String {
     let command = format!(
-        "{idem} run {STEPS} --db {db} --dir {data}::/data --run-id {run_id} --input '{input}' {extra}",
+        "{idem} run {agent} --db {db} --dir {data}::/data --run-id {run_id} --input '{input}' {extra}",
         idem = env!("CARGO_BIN_EXE_idem"),
         db = cli.db(),
         data = cli.data().display(),
@@ -52,4 +57,29 @@ fn run_draws_progress_only_on_a_terminal() {
         stderr(&out)
     );
     assert!(!stderr(&out).contains('\u{1b}'), "{}", stderr(&out));
+}
+
+#[test]
+fn the_agents_output_is_shown_whole_above_the_progress_line() {
+    let cli = CliDir::new();
+    // The agent writes its text one byte at a time; the terminal shows it as whole
+    // lines (once from its stdout, once from its stderr), never cut by a redraw.
+    let input = json!({ "mode": "say", "text": "hello from the agent\nsecond line\n" }).to_string();
+    let shown = agent_on_terminal(&cli, HOSTILE, "say", &input, "");
+    assert!(shown.contains("run say completed"), "{shown}");
+    for line in ["hello from the agent\r\n", "second line\r\n"] {
+        let at: Vec<usize> = shown.match_indices(line).map(|(i, _)| i).collect();
+        assert_eq!(at.len(), 2, "{shown:?}");
+        // Each starts a line of its own: after a newline or a cleared line, never
+        // appended to the progress line's text.
+        for i in at {
+            let before = &shown[..i];
+            assert!(
+                before.ends_with('\n') || before.ends_with("\u{1b}[2K"),
+                "{line:?} was not on a line of its own: {shown:?}"
+            );
+        }
+    }
+    // And the progress line was drawn around them.
+    assert!(shown.contains("run say starting"), "{shown:?}");
 }

@@ -2,9 +2,11 @@
 //! counts as the store has them (executed, skipped, awaited, instances), redrawn four
 //! times a second. Nothing is drawn when stderr is not a terminal.
 
-use std::sync::Arc;
+use std::io::Write as _;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use idem::runtime::Echo;
 use idem::store::Store;
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::task::JoinHandle;
@@ -15,6 +17,9 @@ use super::display;
 pub struct Progress {
     bar: ProgressBar,
     poller: JoinHandle<()>,
+    /// What the agent wrote after its last newline: held until the line is whole, so
+    /// that redrawing the progress line never wipes half a line of it.
+    partial: Arc<Mutex<String>>,
 }
 
 impl Progress {
@@ -47,12 +52,38 @@ impl Progress {
                 }
             }
         });
-        Progress { bar, poller }
+        Progress {
+            bar,
+            poller,
+            partial: Arc::default(),
+        }
+    }
+
+    /// Where the agent's output goes while the line is drawn: whole lines, printed
+    /// above it.
+    pub fn echo(&self) -> Echo {
+        let bar = self.bar.clone();
+        let partial = Arc::clone(&self.partial);
+        Echo::To(Arc::new(move |text: &str| {
+            let mut held = partial.lock().unwrap_or_else(PoisonError::into_inner);
+            held.push_str(text);
+            if let Some(end) = held.rfind('\n') {
+                let lines: String = held.drain(..=end).collect();
+                bar.suspend(|| {
+                    let _ = std::io::stderr().write_all(lines.as_bytes());
+                });
+            }
+        }))
     }
 
     /// Stops drawing and clears the line: the run's report follows.
     pub fn finish(self) {
         self.poller.abort();
         self.bar.finish_and_clear();
+        let rest =
+            std::mem::take(&mut *self.partial.lock().unwrap_or_else(PoisonError::into_inner));
+        if !rest.is_empty() {
+            let _ = std::io::stderr().write_all(rest.as_bytes());
+        }
     }
 }

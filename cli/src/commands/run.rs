@@ -9,7 +9,8 @@ use anyhow::Context;
 use clap::Parser;
 use idem::prove::FileCapture;
 use idem::runtime::{
-    CrashPoint, FaultPlan, Host, HttpCapture, RunFailure, RunOptions, RunReport, default_cache_dir,
+    CrashPoint, Echo, FaultPlan, Host, HttpCapture, RunFailure, RunOptions, RunReport,
+    default_cache_dir,
 };
 use idem::store::RunStatus;
 use tokio::signal::unix::{SignalKind, signal};
@@ -139,10 +140,16 @@ impl RunCommand {
         });
         let progress = (!self.quiet && !self.json && std::io::stderr().is_terminal())
             .then(|| Progress::start(Arc::clone(&store), &run_id));
+        let echo = progress.as_ref().map_or(Echo::Stderr, Progress::echo);
         let report = host
-            .run_until(&agent, &opts, async move {
-                let _ = stop_rx.await;
-            })
+            .run_until_echoing(
+                &agent,
+                &opts,
+                async move {
+                    let _ = stop_rx.await;
+                },
+                echo,
+            )
             .await
             .with_context(|| format!("run {}", display::name(&run_id)));
         watcher.abort();
