@@ -162,12 +162,16 @@ where
 /// have begun the side effect and died before committing it.
 pub enum InDoubt<'a, T> {
     /// Run the side effect again under the same key (the default of [`run_once`]): a
-    /// downstream that dedupes on [`Step::key`] applies it once.
+    /// downstream that dedupes on [`Step::key`] applies it once. The claim becomes
+    /// durable with the commit (one sync per step under `--sync full`); power loss
+    /// before the commit may then run the effect again unflagged, under the same key and
+    /// a greater token.
     Retry,
     /// At most once: do not run it again. The run stops in the `in-doubt` state, the
     /// key stays parked, and an operator settles it with `idem resolve RUN KEY
     /// --result JSON` (it happened) or `--retry` (it did not). This call does not
-    /// return.
+    /// return. The claim is durable before `f` runs, so even power loss cannot hide an
+    /// effect that may have begun.
     Fail,
     /// Ask the downstream: `Ok(Some(value))` means the effect was applied and `value`
     /// is its result (committed without running `f`); `Ok(None)` means it was not, so
@@ -281,31 +285,39 @@ impl<'a, T: Serialize + DeserializeOwned> Once<'a, T> {
         F: FnOnce(&Step) -> Result<T, E>,
     {
         let key = self.key;
-        let (value, outcome, then) = match once::run_once(key.as_str(), key.fingerprint())? {
-            once::Outcome::Committed(committed) => {
-                let (value, outcome) = decode(key, committed)?;
-                (value, outcome, then)
-            }
-            once::Outcome::Claimed(claim) => match execute(key, claim, self.policy, f, then) {
-                Ok((value, outcome)) => (value, outcome, None),
-                // The claim was taken over while `f` ran (this instance was paused past
-                // its lease): the taker's commit is the key's result, so hand that back.
-                Err(Failed::Lost(lost, then)) => {
-                    match once::run_once(key.as_str(), key.fingerprint())? {
-                        once::Outcome::Committed(committed) => {
-                            let (value, _) = decode(key, committed)?;
-                            (value, Outcome::Awaited, then)
-                        }
-                        // The taker released it instead; `f` is spent, so the caller decides.
-                        once::Outcome::Claimed(claim) => {
-                            Claim::release(claim);
-                            return Err(Error::Step(StepError::ClaimLost(lost)));
+        // A step that retries in doubt needs its claim durable only with its commit (one
+        // sync per step); one that stops or probes in doubt needs it durable before the
+        // effect, or a crash of the machine could hide that the effect began.
+        let durability = match self.policy {
+            InDoubt::Retry => once::Durability::WithCommit,
+            InDoubt::Fail | InDoubt::Probe(_) => once::Durability::BeforeEffect,
+        };
+        let (value, outcome, then) =
+            match once::run_once_with(key.as_str(), key.fingerprint(), durability)? {
+                once::Outcome::Committed(committed) => {
+                    let (value, outcome) = decode(key, committed)?;
+                    (value, outcome, then)
+                }
+                once::Outcome::Claimed(claim) => match execute(key, claim, self.policy, f, then) {
+                    Ok((value, outcome)) => (value, outcome, None),
+                    // The claim was taken over while `f` ran (this instance was paused past
+                    // its lease): the taker's commit is the key's result, so hand that back.
+                    Err(Failed::Lost(lost, then)) => {
+                        match once::run_once_with(key.as_str(), key.fingerprint(), durability)? {
+                            once::Outcome::Committed(committed) => {
+                                let (value, _) = decode(key, committed)?;
+                                (value, Outcome::Awaited, then)
+                            }
+                            // The taker released it instead; `f` is spent, so the caller decides.
+                            once::Outcome::Claimed(claim) => {
+                                Claim::release(claim);
+                                return Err(Error::Step(StepError::ClaimLost(lost)));
+                            }
                         }
                     }
-                }
-                Err(Failed::Other(err)) => return Err(err),
-            },
-        };
+                    Err(Failed::Other(err)) => return Err(err),
+                },
+            };
         // Not folded into a commit (the key was committed elsewhere): save on its own.
         if let Some(then) = then {
             let (step, state) = then(&value)?;

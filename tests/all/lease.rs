@@ -37,6 +37,7 @@ fn a_stale_claim_is_taken_over_after_its_lease_and_fenced() {
         holder: "elsewhere/elsewhere/0",
         fingerprint: None,
         lease,
+        durable: true,
     }))
     .unwrap()
     {

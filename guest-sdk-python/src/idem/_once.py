@@ -65,9 +65,15 @@ def _checkpoint(save: Optional[Save], value: Any) -> Optional[Tuple[int, bytes]]
     return int(step), _json.dumps(state, "checkpoint state")
 
 
-def _claim(key: Key) -> Union[wit_once.Claim, wit_once.Committed]:
+def _claim(key: Key, policy: Policy) -> Union[wit_once.Claim, wit_once.Committed]:
+    # A step that retries in doubt needs its claim durable only with its commit (one
+    # sync per step); one that stops or probes in doubt needs it durable before the
+    # effect, or a crash of the machine could hide that the effect began.
+    durability = (
+        wit_once.Durability.WITH_COMMIT if policy == RETRY else wit_once.Durability.BEFORE_EFFECT
+    )
     try:
-        outcome = wit_once.run_once(key.text, key.fingerprint)
+        outcome = wit_once.run_once_with(key.text, key.fingerprint, durability)
     except Err as err:
         raise_step_error(err)
     if isinstance(outcome, wit_once.Outcome_Claimed):
@@ -134,7 +140,7 @@ class Once:
         return self
 
     def _begin(self) -> None:
-        got = _claim(self.key)
+        got = _claim(self.key, self._policy)
         if isinstance(got, wit_once.Committed):
             self._found(got)
             return
@@ -194,7 +200,7 @@ class Once:
             if isinstance(lost, types.StepError_ClaimLost):
                 # The claim was taken over while the effect ran: the taker's commit is
                 # the key's result, if it made one.
-                got = _claim(self.key)
+                got = _claim(self.key, self._policy)
                 if isinstance(got, wit_once.Committed):
                     self._found(got)
                     self.outcome = Outcome.AWAITED

@@ -151,6 +151,11 @@ pub struct ClaimRequest<'a> {
     pub fingerprint: Option<&'a str>,
     /// How long the claim stays the holder's without being renewed or committed.
     pub lease: Duration,
+    /// The claim must be durable before the call returns, as the run's sync mode
+    /// makes writes durable. `false`: it may become durable with the commit's sync
+    /// instead (one sync per step); on power loss before that, the claim may vanish,
+    /// and the key is granted again under a greater token (see `Store::claim`).
+    pub durable: bool,
 }
 
 /// A claim handed to a holder.
@@ -587,6 +592,10 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// the next attempt and a fresh token. A grant in doubt adds one to the run's
     /// `reclaimed` count in the same transaction. Fails with [`StoreError::LeaseLost`]
     /// if the fence is stale.
+    ///
+    /// A claim that is not `req.durable` may be written without a sync of its own; a
+    /// backend that does so keeps every token it grants after losing such a claim (a
+    /// power loss) above every token it granted before.
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError>;
 
     /// Takes the claim on `req.key` from the holder whose token is `stale_token`, even

@@ -8,6 +8,11 @@
 //! lease until the write commits: a worker whose lease was taken over writes nothing
 //! after the takeover. Then come the write's statements and `COMMIT`.
 //!
+//! Every claim is committed as durable as its run asks, even one that may become
+//! durable with its commit (`ClaimRequest::durable` false): this backend keeps no epoch
+//! (SQLite's `epoch.rs`), so a claim lost with a server crash could see its token
+//! granted again.
+//!
 //! Time is the server's: each transaction reads `now()` once and every lease it grants
 //! or compares uses that value. A store opened with a manual [`Clock`] (tests) passes
 //! the clock's time instead, in the same statement, so tests move time by hand here as

@@ -10,12 +10,15 @@ use super::{ClaimOutcome, Grant, HeldClaim, Millis, RunLeaseInfo, RunStatus, Sto
 /// 64-bit integers.
 pub(crate) const SQL_MAX: u64 = i64::MAX as u64;
 
-/// The grant of a key nobody claimed before.
-pub(crate) const FIRST_GRANT: Grant = Grant {
-    token: 1,
-    attempt: 1,
-    in_doubt: false,
-};
+/// The grant of a key nobody claimed before, with tokens at least `floor` (the store's
+/// epoch: tokens after a reboot start above every token before it).
+pub(crate) fn first_grant(floor: u64) -> Grant {
+    Grant {
+        token: floor.max(1),
+        attempt: 1,
+        in_doubt: false,
+    }
+}
 
 /// A key's row as it stands, as the claim rules need it.
 pub(crate) struct KeyRow {
@@ -49,7 +52,7 @@ pub(crate) enum ClaimDecision {
 
 /// Decides a claim of a key whose row is `row`, asked with fingerprint `asked`, at
 /// `now`; `stale_token` names a live claim the claimant may take over
-/// (`Store::take_over`).
+/// (`Store::take_over`). A grant's token is at least `floor` ([`first_grant`]).
 ///
 /// In order: another fingerprint is a conflict; a committed result is handed back; a
 /// parked key stays parked; a released claim is granted afresh; a claim whose holder
@@ -60,6 +63,7 @@ pub(crate) fn decide_claim(
     asked: Option<&str>,
     stale_token: Option<u64>,
     now: Millis,
+    floor: u64,
 ) -> Result<ClaimDecision, StoreError> {
     // A side without a fingerprint binds nothing: the agent did not say what the step
     // does.
@@ -92,7 +96,7 @@ pub(crate) fn decide_claim(
         }
     };
     Ok(ClaimDecision::Grant(Grant {
-        token: next_token("fencing token", row.token)?,
+        token: next_token("fencing token", row.token)?.max(floor),
         attempt: row.attempt.saturating_add(1),
         in_doubt,
     }))
@@ -182,14 +186,14 @@ mod tests {
 
     #[test]
     fn a_live_claim_is_held_until_its_lease_ends_then_retaken_in_doubt() {
-        let held = decide_claim(row(), Some("f"), None, 99).unwrap();
+        let held = decide_claim(row(), Some("f"), None, 99, 0).unwrap();
         assert!(matches!(
             held,
             ClaimDecision::Answer(ClaimOutcome::Held(HeldClaim { token: 4, .. }))
         ));
-        let g = granted(decide_claim(row(), Some("f"), None, 100).unwrap());
+        let g = granted(decide_claim(row(), Some("f"), None, 100, 0).unwrap());
         assert_eq!((g.token, g.attempt, g.in_doubt), (5, 3, true));
-        let g = granted(decide_claim(row(), None, Some(4), 0).unwrap());
+        let g = granted(decide_claim(row(), None, Some(4), 0, 0).unwrap());
         assert!(g.in_doubt, "the stale token's claim is taken over in doubt");
     }
 
@@ -199,7 +203,7 @@ mod tests {
             holder: None,
             ..row()
         };
-        let g = granted(decide_claim(released, Some("f"), None, 0).unwrap());
+        let g = granted(decide_claim(released, Some("f"), None, 0, 0).unwrap());
         assert_eq!((g.token, g.in_doubt), (5, false));
         let committed = KeyRow {
             holder: None,
@@ -208,14 +212,35 @@ mod tests {
             ..row()
         };
         assert!(matches!(
-            decide_claim(committed, None, None, 0).unwrap(),
+            decide_claim(committed, None, None, 0, 0).unwrap(),
             ClaimDecision::Answer(ClaimOutcome::Committed(r)) if r == b"r"
         ));
-        let other = decide_claim(row(), Some("g"), None, 1_000).unwrap();
+        let other = decide_claim(row(), Some("g"), None, 1_000, 0).unwrap();
         assert!(matches!(
             other,
             ClaimDecision::Answer(ClaimOutcome::Conflict { fingerprint }) if fingerprint == "f"
         ));
+    }
+
+    #[test]
+    fn grants_take_at_least_the_epochs_floor() {
+        let floor = 3 << 32;
+        assert_eq!(first_grant(0).token, 1);
+        assert_eq!(first_grant(floor).token, floor);
+        let released = KeyRow {
+            holder: None,
+            ..row()
+        };
+        let g = granted(decide_claim(released, None, None, 0, floor).unwrap());
+        assert_eq!((g.token, g.attempt), (floor, 3));
+        // Past the floor, a key's tokens count on from its row.
+        let above = KeyRow {
+            holder: None,
+            token: floor + 7,
+            ..row()
+        };
+        let g = granted(decide_claim(above, None, None, 0, floor).unwrap());
+        assert_eq!(g.token, floor + 8);
     }
 
     #[test]

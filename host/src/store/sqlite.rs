@@ -21,6 +21,7 @@
 mod api;
 mod claims;
 mod components;
+mod epoch;
 #[cfg(test)]
 mod fault_tests;
 mod leases;
@@ -135,6 +136,7 @@ impl Default for OpenOptions {
 ///     holder: "instance-a",
 ///     fingerprint: None,
 ///     lease: Duration::from_secs(30),
+///     durable: true,
 /// };
 /// let ClaimOutcome::Granted(grant) = store.claim(&req).await? else {
 ///     panic!("a fresh key is granted");
@@ -156,6 +158,8 @@ pub struct SqliteStore {
     /// Durability of writes without a fence.
     sync: SyncMode,
     clock: Clock,
+    /// The least fencing token a grant through this handle takes (`epoch.rs`).
+    token_floor: u64,
 }
 
 impl SqliteStore {
@@ -179,8 +183,8 @@ impl SqliteStore {
 
     /// [`SqliteStore::open`] with every option spelled out.
     pub fn open_with(path: &Path, options: &OpenOptions) -> Result<SqliteStore, StoreError> {
-        let conn = schema::open(path, options)?;
-        Self::serve(path, conn, options)
+        let (conn, token_floor) = schema::open(path, options)?;
+        Self::serve(path, conn, options, token_floor)
     }
 
     /// Opens the existing idem database at `path` for reading only. Writes through the
@@ -189,13 +193,15 @@ impl SqliteStore {
     pub fn open_read_only(path: &Path) -> Result<SqliteStore, StoreError> {
         let options = OpenOptions::default();
         let conn = schema::open_read_only(path, options.busy_timeout)?;
-        Self::serve(path, conn, &options)
+        // A read-only handle grants nothing.
+        Self::serve(path, conn, &options, 0)
     }
 
     fn serve(
         path: &Path,
         conn: Connection,
         options: &OpenOptions,
+        token_floor: u64,
     ) -> Result<SqliteStore, StoreError> {
         let db = DbThread::spawn(
             conn,
@@ -213,6 +219,7 @@ impl SqliteStore {
             busy_timeout: options.busy_timeout,
             sync: options.sync,
             clock: options.clock.clone(),
+            token_floor,
         })
     }
 

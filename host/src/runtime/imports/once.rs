@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use wasmtime::component::Resource;
 
 use super::StepFailure;
-use crate::runtime::bindings::idem::agent::once::{Host, HostClaim};
+use crate::runtime::bindings::idem::agent::once::{Durability, Host, HostClaim};
 use crate::runtime::bindings::{Committed, Obtained, Outcome, StepError, WitCheckpoint};
 use crate::runtime::claim::ClaimHandle;
 use crate::runtime::end::{HostTrap, trap_store};
@@ -30,8 +30,21 @@ impl Host for IdemCtxView<'_> {
         key: String,
         fingerprint: Option<String>,
     ) -> Result<Outcome, StepFailure> {
+        self.run_once_with(key, fingerprint, Durability::BeforeEffect)
+            .await
+    }
+
+    async fn run_once_with(
+        &mut self,
+        key: String,
+        fingerprint: Option<String>,
+        durability: Durability,
+    ) -> Result<Outcome, StepFailure> {
         self.ctx.enter()?;
-        let outcome = self.claim_or_await(key, fingerprint.as_deref()).await;
+        let durable = matches!(durability, Durability::BeforeEffect);
+        let outcome = self
+            .claim_or_await(key, fingerprint.as_deref(), durable)
+            .await;
         // Awaiting another holder may take long; that was idem's time, not the guest's.
         self.ctx.watch.touch();
         outcome
@@ -43,6 +56,7 @@ impl IdemCtxView<'_> {
         &mut self,
         key: String,
         fingerprint: Option<&str>,
+        durable: bool,
     ) -> Result<Outcome, StepFailure> {
         let limits = &self.ctx.run.limits;
         if let Err(reason) = limits.check_key(&key) {
@@ -69,7 +83,7 @@ impl IdemCtxView<'_> {
         // An await timeout too long for the clock's arithmetic simply never ends.
         let deadline = Instant::now().checked_add(self.ctx.run.limits.await_timeout);
         let mut asked = Instant::now();
-        let mut outcome = self.try_claim(&stored, fingerprint, None).await?;
+        let mut outcome = self.try_claim(&stored, fingerprint, None, durable).await?;
         loop {
             match outcome {
                 ClaimOutcome::Committed(value) => {
@@ -109,7 +123,7 @@ impl IdemCtxView<'_> {
                     // One of our own dropped instances held it: nobody is executing it.
                     asked = Instant::now();
                     outcome = self
-                        .try_claim(&stored, fingerprint, Some(held.token))
+                        .try_claim(&stored, fingerprint, Some(held.token), durable)
                         .await?;
                 }
                 ClaimOutcome::Held(_) => {
@@ -121,7 +135,7 @@ impl IdemCtxView<'_> {
                     pause = (pause * 2).min(AWAIT_POLL_MAX);
                     self.ctx.enter()?;
                     asked = Instant::now();
-                    outcome = self.try_claim(&stored, fingerprint, None).await?;
+                    outcome = self.try_claim(&stored, fingerprint, None, durable).await?;
                 }
             }
         }
@@ -134,6 +148,7 @@ impl IdemCtxView<'_> {
         key: &str,
         fingerprint: Option<&str>,
         stale: Option<u64>,
+        durable: bool,
     ) -> Result<ClaimOutcome, StoreError> {
         let run = &self.ctx.run;
         let req = ClaimRequest {
@@ -142,6 +157,7 @@ impl IdemCtxView<'_> {
             holder: &self.ctx.holder,
             fingerprint,
             lease: run.limits.lease,
+            durable,
         };
         match stale {
             None => run.store.claim(&req).await,

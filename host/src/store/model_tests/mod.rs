@@ -363,6 +363,7 @@ async fn apply(
                 holder: &name,
                 fingerprint: None,
                 lease: LEASE,
+                durable: true,
             };
             let store = stores.of(holder);
             let got = match stale {

@@ -11,7 +11,7 @@ use super::conn::Conn;
 use super::{TxError, to_sql_int, u32_col, u64_col};
 use crate::store::clock::lease_expiry;
 use crate::store::rules::{
-    ClaimDecision, FIRST_GRANT, KeyRow, claim_lost, decide_claim, next_token,
+    ClaimDecision, KeyRow, claim_lost, decide_claim, first_grant, next_token,
 };
 use crate::store::{
     ClaimOutcome, ClaimRef, ClaimRequest, OpenClaim, Resolution, RunStatus, StepRecord, StoreError,
@@ -70,7 +70,7 @@ pub(super) async fn claim(
         )
         .await?;
     if inserted == 1 {
-        return Ok(ClaimOutcome::Granted(FIRST_GRANT));
+        return Ok(ClaimOutcome::Granted(first_grant(0)));
     }
     let Some(current) = current(conn, req.key).await? else {
         // Keys are never deleted, so the row the insert met is there.
@@ -79,7 +79,7 @@ pub(super) async fn claim(
             source: format!("key {:?} vanished while being claimed", req.key).into(),
         }));
     };
-    let grant = match decide_claim(current, req.fingerprint, stale_token, now)? {
+    let grant = match decide_claim(current, req.fingerprint, stale_token, now, 0)? {
         ClaimDecision::Answer(outcome) => return Ok(outcome),
         ClaimDecision::Grant(grant) => grant,
     };

@@ -18,7 +18,7 @@ use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
 use super::{PostgresStore, TxError, is_race, to_sql_int, u32_col, u64_col};
-use crate::store::rules::{ClaimDecision, FIRST_GRANT, KeyRow, claim_lost, decide_claim};
+use crate::store::rules::{ClaimDecision, KeyRow, claim_lost, decide_claim, first_grant};
 use crate::store::{ClaimOutcome, ClaimRequest, Commit, Millis, StoreError, SyncMode};
 
 /// Claims a key never seen, or reads it committed. The clock is `conn.rs`'s `NOW`. Parameters: `$1` manual time, `$2`
@@ -88,7 +88,7 @@ impl PostgresStore {
         }
     }
 
-    /// The claim of `req` when the key is new (granted with [`FIRST_GRANT`]) or
+    /// The claim of `req` when the key is new (granted its first grant) or
     /// committed (answered); [`OneTrip::Fallback`] otherwise.
     pub(super) async fn claim_in_one_trip(
         &self,
@@ -119,7 +119,7 @@ impl PostgresStore {
         let read = || -> Result<OneTrip<ClaimOutcome>, TxError> {
             let (fence_held, inserted): (bool, bool) = (row.try_get(0)?, row.try_get(1)?);
             if inserted {
-                return Ok(OneTrip::Done(ClaimOutcome::Granted(FIRST_GRANT)));
+                return Ok(OneTrip::Done(ClaimOutcome::Granted(first_grant(0))));
             }
             let result: Option<Vec<u8>> = row.try_get(10)?;
             if !fence_held || result.is_none() {
@@ -136,10 +136,12 @@ impl PostgresStore {
                 fingerprint: row.try_get(9)?,
                 result,
             };
-            Ok(match decide_claim(current, req.fingerprint, None, now)? {
-                ClaimDecision::Answer(outcome) => OneTrip::Done(outcome),
-                ClaimDecision::Grant(_) => OneTrip::Fallback,
-            })
+            Ok(
+                match decide_claim(current, req.fingerprint, None, now, 0)? {
+                    ClaimDecision::Answer(outcome) => OneTrip::Done(outcome),
+                    ClaimDecision::Grant(_) => OneTrip::Fallback,
+                },
+            )
         };
         read().map_err(|e| self.tx_error("claim a key", e))
     }

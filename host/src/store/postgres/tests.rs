@@ -136,6 +136,7 @@ fn the_database_refuses_changes_to_a_committed_key_and_tokens_going_down() {
             holder: "h",
             fingerprint: None,
             lease: LEASE,
+            durable: true,
         };
         let ClaimOutcome::Granted(grant) = store.claim(&req("done")).await.unwrap() else {
             panic!("granted");

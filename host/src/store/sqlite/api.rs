@@ -25,8 +25,9 @@ impl Store for SqliteStore {
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         let req = OwnedRequest::new(req);
-        self.write("claim a key", req.fence.sync, move |conn, now| {
-            claims::claim(conn, &req.borrow(), None, now)
+        let floor = self.token_floor;
+        self.write("claim a key", req.sync(), move |conn, now| {
+            claims::claim(conn, &req.borrow(), None, now, floor)
         })
         .await
     }
@@ -37,8 +38,9 @@ impl Store for SqliteStore {
         stale_token: u64,
     ) -> Result<ClaimOutcome, StoreError> {
         let req = OwnedRequest::new(req);
-        self.write("take over a claim", req.fence.sync, move |conn, now| {
-            claims::claim(conn, &req.borrow(), Some(stale_token), now)
+        let floor = self.token_floor;
+        self.write("take over a claim", req.sync(), move |conn, now| {
+            claims::claim(conn, &req.borrow(), Some(stale_token), now, floor)
         })
         .await
     }
@@ -461,6 +463,7 @@ struct OwnedRequest {
     holder: String,
     fingerprint: Option<String>,
     lease: Duration,
+    durable: bool,
 }
 
 impl OwnedRequest {
@@ -471,6 +474,18 @@ impl OwnedRequest {
             holder: req.holder.to_owned(),
             fingerprint: req.fingerprint.map(str::to_owned),
             lease: req.lease,
+            durable: req.durable,
+        }
+    }
+
+    /// How durable the claim's transaction is: a claim that may become durable with
+    /// its commit is written without a sync of its own (WAL frames are synced in order,
+    /// so the commit's sync covers them).
+    fn sync(&self) -> SyncMode {
+        if self.durable {
+            self.fence.sync
+        } else {
+            SyncMode::Normal
         }
     }
 
@@ -481,6 +496,7 @@ impl OwnedRequest {
             holder: &self.holder,
             fingerprint: self.fingerprint.as_deref(),
             lease: self.lease,
+            durable: self.durable,
         }
     }
 }

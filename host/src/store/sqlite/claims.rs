@@ -16,7 +16,7 @@ use super::runs::{self, set_outcome};
 use super::{TxError, to_sql_int, u32_column, u64_column};
 use crate::store::clock::lease_expiry;
 use crate::store::rules::{
-    ClaimDecision, FIRST_GRANT, KeyRow, claim_lost, decide_claim, next_token,
+    ClaimDecision, KeyRow, claim_lost, decide_claim, first_grant, next_token,
 };
 use crate::store::{
     ClaimOutcome, ClaimRef, ClaimRequest, Commit, Millis, OpenClaim, Resolution, RunStatus,
@@ -47,23 +47,26 @@ fn current(conn: &Connection, key: &str) -> Result<Option<KeyRow>, TxError> {
 }
 
 /// Claims `req.key` by the rules of `Store::claim`; with `stale_token`, also takes a
-/// live claim held by that token (`Store::take_over`).
+/// live claim held by that token (`Store::take_over`). Tokens granted are at least
+/// `floor` (`epoch.rs`).
 pub(super) fn claim(
     conn: &Connection,
     req: &ClaimRequest<'_>,
     stale_token: Option<u64>,
     now: Millis,
+    floor: u64,
 ) -> Result<ClaimOutcome, TxError> {
     check_fence(conn, req.fence)?;
     let run_id = req.fence.run_id.as_str();
     let lease_expires = lease_expiry(now, req.lease);
+    let first = first_grant(floor);
     // Most claims are of keys never seen: try the insert first, and look at the row
     // only when there is one.
     let inserted = conn
         .prepare_cached(
             "INSERT INTO steps
                  (key, run_id, holder, token, attempt, claimed_at, lease_expires, fingerprint)
-             VALUES (?1, ?2, ?3, 1, 1, ?4, ?5, ?6)
+             VALUES (?1, ?2, ?3, ?7, 1, ?4, ?5, ?6)
              ON CONFLICT (key) DO NOTHING",
         )?
         .execute(params![
@@ -72,16 +75,17 @@ pub(super) fn claim(
             req.holder,
             now,
             lease_expires,
-            req.fingerprint
+            req.fingerprint,
+            to_sql_int(first.token)?
         ])?;
     if inserted == 1 {
-        return Ok(ClaimOutcome::Granted(FIRST_GRANT));
+        return Ok(ClaimOutcome::Granted(first));
     }
     let Some(current) = current(conn, req.key)? else {
         // The insert met a row that is not there: only a corrupt index would do that.
         return Err(TxError::Sql(rusqlite::Error::QueryReturnedNoRows));
     };
-    let grant = match decide_claim(current, req.fingerprint, stale_token, now)? {
+    let grant = match decide_claim(current, req.fingerprint, stale_token, now, floor)? {
         ClaimDecision::Answer(outcome) => return Ok(outcome),
         ClaimDecision::Grant(grant) => grant,
     };

@@ -33,6 +33,7 @@ fn req<'a>(key: &'a str, fence: &'a RunFence) -> ClaimRequest<'a> {
         holder: "h",
         fingerprint: None,
         lease: LEASE,
+        durable: true,
     }
 }
 

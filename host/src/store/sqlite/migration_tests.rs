@@ -81,6 +81,7 @@ fn version_2_store_migrates_with_runs_results_and_checkpoints_intact() {
         [
             "components",
             "deployments",
+            "epoch",
             "namespace_members",
             "progress",
             "run_inputs",
@@ -221,6 +222,7 @@ fn version_2_store_migrates_with_runs_results_and_checkpoints_intact() {
             holder: "new-instance",
             fingerprint: None,
             lease: Duration::from_secs(60),
+            durable: true,
         };
         let ClaimOutcome::Granted(grant) = store.take_over(&req, 5).await.unwrap() else {
             panic!("the old holder's claim is taken over");
@@ -311,6 +313,7 @@ fn version_1_store_migrates_with_claims_and_results_intact() {
             holder: "new-instance",
             fingerprint: None,
             lease: Duration::from_secs(60),
+            durable: true,
         };
         assert_eq!(
             store.claim(&req("ns:done")).await.unwrap(),

@@ -21,6 +21,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0002_steps.sql"),
     include_str!("../migrations/sqlite/0003_leases.sql"),
     include_str!("../migrations/sqlite/0004_waits.sql"),
+    include_str!("../migrations/sqlite/0005_epoch.sql"),
 ];
 
 /// The schema version this build writes and understands.
@@ -61,7 +62,8 @@ enum Contents {
 }
 
 /// Opens `path` and makes it a ready idem store, or explains why it cannot be one.
-pub(super) fn open(path: &Path, options: &OpenOptions) -> Result<Connection, StoreError> {
+/// Returns the connection and the token floor of this open (`epoch.rs`).
+pub(super) fn open(path: &Path, options: &OpenOptions) -> Result<(Connection, u64), StoreError> {
     let dir = directory_of(path);
     let fail = |reason: String| refuse(path, reason);
     let sql_fail = |e: rusqlite::Error| open_failure(path, dir, options.busy_timeout, &e);
@@ -118,8 +120,9 @@ pub(super) fn open(path: &Path, options: &OpenOptions) -> Result<Connection, Sto
     })?;
     conn.pragma_update(None, "foreign_keys", true)
         .map_err(sql_fail)?;
+    let floor = super::epoch::token_floor(&mut conn).map_err(sql_fail)?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
-    Ok(conn)
+    Ok((conn, floor))
 }
 
 /// Opens an existing idem store for reading only: nothing is written, not even the

@@ -166,6 +166,7 @@ fn a_step_writes_only_its_own_pages() {
             holder: "h",
             fingerprint: None,
             lease: Duration::from_secs(60),
+            durable: true,
         };
         let ClaimOutcome::Granted(grant) = block_on(store.claim(&req)).unwrap() else {
             panic!("{key} not granted");
@@ -522,6 +523,7 @@ fn concurrent_writers_share_transactions_without_sharing_failures() {
                             holder: "h",
                             fingerprint: None,
                             lease: Duration::from_secs(60),
+                            durable: true,
                         };
                         let ClaimOutcome::Granted(grant) = store.claim(&req).await.unwrap() else {
                             panic!("fresh key {key} not granted");
@@ -592,9 +594,68 @@ fn leases_and_timestamps_come_from_the_stores_clock() {
         holder: "h",
         fingerprint: None,
         lease: Duration::from_millis(100),
+        durable: true,
     };
     block_on(store.claim(&req)).unwrap();
     let claim = &block_on(store.open_claims(None)).unwrap()[0];
     assert_eq!(claim.lease_expires, 150);
     assert_eq!(block_on(store.steps("run-1")).unwrap()[0].claimed_at, 50);
+}
+
+/// After a reboot (a boot id other than the one the store recorded), every token
+/// granted starts above every token of the epoch before, so a claim lost with the power
+/// (one made durable only with its commit) can never see its token handed out again.
+/// Reopening in the same boot keeps the epoch.
+#[test]
+fn tokens_after_a_reboot_start_above_every_token_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.db");
+    let claim = |store: &SqliteStore, fence: &RunFence, key: &str| -> u64 {
+        let req = ClaimRequest {
+            key,
+            fence,
+            holder: "h",
+            fingerprint: None,
+            lease: Duration::from_secs(60),
+            durable: false,
+        };
+        match block_on(store.claim(&req)).unwrap() {
+            ClaimOutcome::Granted(grant) => grant.token,
+            other => panic!("{key}: {other:?}"),
+        }
+    };
+    let release = |store: &SqliteStore, fence: &RunFence, key: &str, token| {
+        let claim = ClaimRef { key, token, fence };
+        assert!(block_on(store.release(&claim)).unwrap());
+    };
+    let store = SqliteStore::open(&path, SyncMode::Full).unwrap();
+    let fence = leased(&store, SyncMode::Full);
+    assert_eq!(claim(&store, &fence, "a"), 1);
+    release(&store, &fence, "a", 1);
+    drop(store);
+
+    // The same boot: the epoch stays.
+    let store = SqliteStore::open(&path, SyncMode::Full).unwrap();
+    assert_eq!(store.token_floor, 0);
+    drop(store);
+
+    // Another boot: the epoch moves on, and stays moved in that boot.
+    let conn = Connection::open(&path).unwrap();
+    conn.execute("UPDATE epoch SET boot_id = 'a boot before this one'", [])
+        .unwrap();
+    drop(conn);
+    let store = SqliteStore::open(&path, SyncMode::Full).unwrap();
+    assert_eq!(store.token_floor, 1 << 32);
+    let fence = RunFence {
+        token: match block_on(store.acquire_run("run-1", "w", Duration::from_secs(60))).unwrap() {
+            Acquired::Leased(run) => run.token,
+            other => panic!("{other:?}"),
+        },
+        ..fence
+    };
+    assert_eq!(claim(&store, &fence, "b"), 1 << 32, "a fresh key");
+    assert_eq!(claim(&store, &fence, "a"), 1 << 32, "a released key");
+    drop(store);
+    let store = SqliteStore::open(&path, SyncMode::Full).unwrap();
+    assert_eq!(store.token_floor, 1 << 32);
 }

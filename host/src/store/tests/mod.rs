@@ -296,6 +296,7 @@ pub(super) fn req<'a>(key: &'a str, holder: &'a str, fence: &'a RunFence) -> Cla
         holder,
         fingerprint: None,
         lease: LEASE,
+        durable: true,
     }
 }
 

@@ -103,6 +103,7 @@ pub(super) async fn two_handles_race_for_claims(harness: &mut dyn Harness, clock
                                 holder: &holder,
                                 fingerprint: None,
                                 lease: Duration::from_secs(3600),
+                                durable: true,
                             };
                             match store.claim(&request).await.unwrap() {
                                 ClaimOutcome::Granted(grant) => {
