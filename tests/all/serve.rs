@@ -857,3 +857,46 @@ fn metrics_agree_with_the_store_during_and_after_runs() {
     assert_eq!(m["idem_in_doubt_keys"], 1.0);
     assert_eq!(m["idem_runs{status=\"in-doubt\"}"], 1.0);
 }
+
+#[test]
+fn the_api_alone_deploys_submits_and_sees_a_run_complete_on_postgres() {
+    let Some(schema) = crate::postgres::Schema::create("serve") else {
+        return;
+    };
+    let url = schema.url();
+    let served = Served::start(
+        &url,
+        &["--no-auth", "--no-cache", "--worker", "--poll", "50ms"],
+    );
+    let wasm = std::fs::read(idem_test_artifacts::HOSTILE).unwrap();
+    let r = request(
+        served.addr,
+        "POST",
+        "/api/deployments?name=talker",
+        &[("Content-Type", "application/wasm")],
+        &wasm,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let input = json!({ "mode": "say", "text": "hi from postgres" });
+    let r = served.post_json(
+        "/api/runs",
+        None,
+        &json!({ "agent": "talker", "input": input, "run_id": "pg-1" }),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let run = wait_for(Duration::from_secs(60), || {
+        let run = served.get("/api/runs/pg-1").json();
+        (run["run"]["status"] == "completed").then_some(run)
+    });
+    assert_eq!(run["outcome"], "hi from postgres");
+    assert!(
+        run["log"].as_str().unwrap().contains("hi from postgres"),
+        "{run}"
+    );
+    // What the database holds, read by a client other than idem.
+    assert_eq!(
+        crate::postgres::count(&url, "SELECT count(*) FROM runs WHERE status = 'completed'"),
+        1
+    );
+    assert_eq!(scrape(&served)["idem_runs{status=\"completed\"}"], 1.0);
+}
