@@ -6,6 +6,7 @@
 
 mod bad_input;
 mod bench_guest;
+mod browser;
 mod cache;
 mod cli;
 mod crash_sweep;
@@ -22,10 +23,12 @@ mod multi_process;
 mod operator_text;
 mod pinning;
 mod postgres;
+mod progress;
 mod prove;
 mod python;
 mod recycle;
 mod rogue;
+mod serve;
 mod store_faults;
 mod util;
 mod waits;

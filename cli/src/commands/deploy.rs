@@ -7,11 +7,11 @@
 use std::path::PathBuf;
 
 use clap::Parser;
+use idem::ops;
 use idem::runtime::{check_namespace, default_cache_dir};
-use idem::store::{Admission, Deployment};
 
 use super::args::{AuthorityArgs, DbArgs, load_agent};
-use super::{Exit, display};
+use super::{Exit, display, op_error};
 
 #[derive(Debug, Parser)]
 pub struct DeployCommand {
@@ -47,15 +47,10 @@ impl DeployCommand {
         };
         check_namespace(&name)?;
         let store = self.db.open().await?;
-        let new = store.put_component(agent.digest(), agent.bytes()?).await?;
-        let record = store
-            .deploy(&Deployment {
-                name: &name,
-                digest: agent.digest(),
-                authority: &authority.encode(),
-                admission: Admission::Explicit,
-            })
-            .await?;
+        let deployed = ops::deploy(store.as_ref(), &agent, &name, &authority)
+            .await
+            .map_err(op_error)?;
+        let (record, new) = (deployed.record, deployed.new_component);
         if self.json {
             let doc = serde_json::json!({
                 "name": record.name,

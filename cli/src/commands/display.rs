@@ -25,10 +25,7 @@ pub fn payload(bytes: &[u8]) -> String {
 }
 
 /// Bytes an agent produced, as a JSON value for `--json` output.
-pub fn payload_value(bytes: &[u8]) -> serde_json::Value {
-    serde_json::from_slice(bytes)
-        .unwrap_or_else(|_| String::from_utf8_lossy(bytes).into_owned().into())
-}
+pub use idem::ops::payload_value;
 
 /// How long ago `at` was, from `now`: `5s`, `3m`, `2h`, `4d`.
 pub fn age(now: Millis, at: Millis) -> String {

@@ -7,9 +7,11 @@ mod deploy;
 mod display;
 mod logs;
 mod ls;
+mod progress;
 mod prove;
 mod resolve;
 mod run;
+mod serve;
 mod show;
 mod signal;
 mod status;
@@ -19,6 +21,7 @@ mod worker;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use idem::ops::OpError;
 use idem::prove::ProveError;
 use idem::runtime::{AuthorityError, HostError};
 use idem::store::StoreError;
@@ -56,6 +59,8 @@ pub enum Command {
     Status(status::StatusCommand),
     /// Settle a key that a run parked in doubt, so that the run can resume.
     Resolve(resolve::ResolveCommand),
+    /// Serve the JSON HTTP API, the web page of runs and `/metrics` over a store.
+    Serve(Box<serve::ServeCommand>),
     /// Crash-test an agent at every crash point in scratch stores, and report what broke.
     Prove(Box<prove::ProveCommand>),
 }
@@ -74,6 +79,7 @@ impl Command {
             Command::Logs(cmd) => cmd.execute().await,
             Command::Status(cmd) => cmd.execute().await,
             Command::Resolve(cmd) => cmd.execute().await,
+            Command::Serve(cmd) => cmd.execute().await,
             Command::Prove(cmd) => cmd.execute().await,
         }
     }
@@ -163,6 +169,17 @@ impl Exit {
             StoreError::LeaseLost { .. } => Exit::Host,
             _ => Exit::Store,
         }
+    }
+}
+
+/// A shared operation's error as the commands report it: the store's and the host's
+/// errors as themselves (so [`Exit::classify`] and [`hint`] find them), the rest as
+/// bad input.
+pub fn op_error(e: OpError) -> anyhow::Error {
+    match e {
+        OpError::Store(e) => e.into(),
+        OpError::Host(e) => e.into(),
+        other => BadInput(other.to_string()).into(),
     }
 }
 

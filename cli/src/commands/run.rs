@@ -1,6 +1,7 @@
 //! `idem run`: the foreground form — load an agent, deploy it, submit the run and drive
 //! it to its end in this process, then print the output and the counts.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -8,14 +9,14 @@ use anyhow::Context;
 use clap::Parser;
 use idem::prove::FileCapture;
 use idem::runtime::{
-    CrashPoint, FaultPlan, Host, HttpCapture, RunFailure, RunOptions, RunReport, default_cache_dir,
+    CrashPoint, Echo, FaultPlan, Host, HttpCapture, RunFailure, RunOptions, RunReport,
+    default_cache_dir,
 };
 use idem::store::RunStatus;
-use idem::text::hidden_char;
-use sha2::{Digest, Sha256};
 use tokio::signal::unix::{SignalKind, signal};
 
 use super::args::{AuthorityArgs, DbArgs, json_or_file, limit_flag, load_agent};
+use super::progress::Progress;
 use super::{BadInput, Exit, display};
 
 #[derive(Debug, Parser)]
@@ -63,6 +64,9 @@ pub struct RunCommand {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Draw no progress line (it is drawn on stderr only when stderr is a terminal).
+    #[arg(long, short)]
+    quiet: bool,
     /// Answer the agent's HTTP from what `idem prove` recorded in DIR, and log its
     /// requests there, instead of sending them: how `idem prove --kills` runs its
     /// processes. Not for other use.
@@ -109,7 +113,7 @@ impl RunCommand {
         };
         opts.check()?;
         let store = self.db.open().await?;
-        let host = Host::new(Arc::new(runtime), store)?;
+        let host = Host::new(Arc::new(runtime), Arc::clone(&store))?;
         // Ctrl-C (or SIGTERM) stops the run the way a worker drains: side effects in
         // flight end at their commit, and the lease is given back, so the next `idem
         // run` (or a worker) resumes at once instead of waiting for the lease. A second
@@ -134,13 +138,24 @@ impl RunCommand {
             let _ = tokio::signal::ctrl_c().await;
             std::process::exit(130);
         });
+        let progress = (!self.quiet && !self.json && std::io::stderr().is_terminal())
+            .then(|| Progress::start(Arc::clone(&store), &run_id));
+        let echo = progress.as_ref().map_or(Echo::Stderr, Progress::echo);
         let report = host
-            .run_until(&agent, &opts, async move {
-                let _ = stop_rx.await;
-            })
+            .run_until_echoing(
+                &agent,
+                &opts,
+                async move {
+                    let _ = stop_rx.await;
+                },
+                echo,
+            )
             .await
             .with_context(|| format!("run {}", display::name(&run_id)));
         watcher.abort();
+        if let Some(progress) = progress {
+            progress.finish();
+        }
         let report = report?;
         self.print(&report);
         Ok(match report.status {
@@ -248,35 +263,11 @@ fn wasi_errno_hint(error: &str) -> Option<&'static str> {
     }
 }
 
-/// `<agent>-<first 12 hex digits of SHA-256(input)>`: stable for the same agent and
-/// input, so re-running a command resumes its run instead of starting another. A name
-/// with characters a run id may not hold has them replaced by `-`.
-pub fn default_run_id(agent: &str, input: &[u8]) -> String {
-    let digest = Sha256::digest(input);
-    let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
-    let agent: String = agent
-        .chars()
-        .map(|c| {
-            if hidden_char(c).is_some() || c == '/' {
-                '-'
-            } else {
-                c
-            }
-        })
-        .collect();
-    format!("{agent}-{hex}")
-}
+pub use idem::ops::default_run_id;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn default_run_ids_hold_no_hidden_characters() {
-        let id = default_run_id("evil\u{1b}[2J\u{202e}txt", b"null");
-        assert!(id.starts_with("evil-[2J-txt-"), "{id}");
-        assert!(idem::text::check_visible(&id).is_ok());
-    }
 
     #[test]
     fn wasi_errnos_get_a_hint_and_only_those() {

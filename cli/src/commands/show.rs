@@ -2,7 +2,7 @@
 //! the order they were claimed, and its open claims.
 
 use clap::Parser;
-use idem::store::StoreError;
+use idem::ops::RunView;
 
 use super::args::DbArgs;
 use super::{Exit, display};
@@ -21,28 +21,19 @@ pub struct ShowCommand {
 impl ShowCommand {
     pub async fn execute(self) -> anyhow::Result<Exit> {
         let store = self.db.open_read_only().await?;
-        let run = store
-            .run(&self.run_id)
-            .await?
-            .ok_or_else(|| StoreError::UnknownRun {
-                run_id: self.run_id.clone(),
-            })?;
-        let steps = store.steps(&self.run_id).await?;
-        let waits = store.waits(&self.run_id).await?;
-        let claims = store.open_claims(Some(&self.run_id)).await?;
-        let now = store.now().await?;
+        let view = RunView::of(store.as_ref(), &self.run_id).await?;
         if self.json {
-            let doc = serde_json::json!({
-                "run": run,
-                "outcome": run.outcome.as_deref().map(display::payload_value),
-                "steps": steps,
-                "waits": waits,
-                "open_claims": claims,
-                "now": now,
-            });
-            println!("{}", display::json(&doc));
+            println!("{}", display::json(&serde_json::to_value(&view)?));
             return Ok(Exit::Done);
         }
+        let RunView {
+            run,
+            steps,
+            waits,
+            open_claims: claims,
+            now,
+            ..
+        } = view;
         println!("run       {}", display::name(&run.run_id));
         match display::waiting(&run, now) {
             Some(waiting) => println!("status    {} ({waiting})", run.status),

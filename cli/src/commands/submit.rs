@@ -2,12 +2,10 @@
 //! it. Submitting is idempotent: the same run id with the same input is the same run.
 
 use clap::Parser;
-use idem::runtime::{Authority, HostError, check_namespace, check_run_id};
-use idem::store::{Store, Submission};
+use idem::ops::{self, SubmitRequest};
 
 use super::args::{AuthorityArgs, DbArgs, json_or_file};
-use super::run::default_run_id;
-use super::{Exit, display};
+use super::{Exit, display, op_error};
 
 #[derive(Debug, Parser)]
 pub struct SubmitCommand {
@@ -40,37 +38,18 @@ impl SubmitCommand {
     pub async fn execute(self) -> anyhow::Result<Exit> {
         let input = json_or_file("--input", &self.input)?;
         let store = self.db.open_existing().await?;
-        let deployment = find_deployment(store.as_ref(), &self.agent).await?;
-        let base = Authority::decode(&deployment.authority).map_err(HostError::from)?;
-        let authority = self.authority.apply(&base);
-        authority.check().map_err(HostError::from)?;
-        authority.fits_within(&base).map_err(HostError::from)?;
-        let namespace = self.namespace.clone().unwrap_or(deployment.name.clone());
-        check_namespace(&namespace)?;
-        if store.admitted(&namespace, &deployment.digest).await? != Some(true) {
-            return Err(idem::store::StoreError::NamespaceTaken {
-                namespace: namespace.clone(),
-                owner: "another component".into(),
-                digest: deployment.digest.clone(),
-            }
-            .into());
-        }
-        let run_id = self
-            .run_id
-            .clone()
-            .unwrap_or_else(|| default_run_id(&deployment.name, &input));
-        check_run_id(&run_id)?;
-        let submitted = store
-            .submit(&Submission {
-                run_id: &run_id,
-                agent: &deployment.name,
-                digest: &deployment.digest,
-                namespace: &namespace,
+        let submitted = ops::submit(
+            store.as_ref(),
+            &SubmitRequest {
+                agent: &self.agent,
                 input: &input,
-                authority: &authority.encode(),
-                replace_authority: false,
-            })
-            .await?;
+                run_id: self.run_id.as_deref(),
+                namespace: self.namespace.as_deref(),
+            },
+            |base| self.authority.apply(base),
+        )
+        .await
+        .map_err(op_error)?;
         let record = &submitted.record;
         if self.json {
             let doc = serde_json::json!({
@@ -96,30 +75,4 @@ impl SubmitCommand {
         }
         Ok(Exit::Done)
     }
-}
-
-/// The deployment a submission names: by name, or by a digest deployed under a name.
-async fn find_deployment(
-    store: &dyn Store,
-    agent: &str,
-) -> anyhow::Result<idem::store::DeploymentRecord> {
-    if let Some(deployment) = store.deployment(agent).await? {
-        return Ok(deployment);
-    }
-    let is_digest = agent.len() == 64 && agent.bytes().all(|b| b.is_ascii_hexdigit());
-    if is_digest {
-        let digest = agent.to_ascii_lowercase();
-        let by_digest = store
-            .deployments()
-            .await?
-            .into_iter()
-            .find(|d| d.digest == digest);
-        if let Some(deployment) = by_digest {
-            return Ok(deployment);
-        }
-    }
-    Err(HostError::UnknownDeployment {
-        name: agent.to_string(),
-    }
-    .into())
 }

@@ -55,7 +55,7 @@ pub use http::{
     DEFAULT_KEY_HEADER, DEFAULT_TOKEN_HEADER, HttpDestination, HttpDestinationError, HttpPolicy,
 };
 pub use limits::{InvalidLimit, LimitExceeded, Limits};
-pub use output::LOG_KEEP;
+pub use output::{Echo, LOG_KEEP};
 pub use run::{RunFailure, RunOptions, RunReport, Waiting, check_namespace, check_run_id};
 pub use run_ctx::Stop;
 pub use signal::send_signal;

@@ -16,6 +16,29 @@ use crate::text;
 /// How much of a run's log the store keeps: its last bytes.
 pub const LOG_KEEP: usize = 64 << 10;
 
+/// Where a foreground run shows what its agent writes, besides the run's log.
+#[derive(Clone, Default)]
+pub enum Echo {
+    /// On idem's own stderr.
+    #[default]
+    Stderr,
+    /// Nowhere: the log only.
+    Off,
+    /// Handed to this function, escaped (a terminal's progress line steps aside for
+    /// it, say). It may get part of a line.
+    To(Arc<dyn Fn(&str) + Send + Sync>),
+}
+
+impl std::fmt::Debug for Echo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Echo::Stderr => "Stderr",
+            Echo::Off => "Off",
+            Echo::To(_) => "To(..)",
+        })
+    }
+}
+
 /// The run's log as it is being written: shared by the guest's output streams (one
 /// per instance) and the run's driver, which moves it to the store.
 #[derive(Clone, Default)]
@@ -23,8 +46,8 @@ pub(crate) struct LogSink(Arc<Mutex<LogState>>);
 
 #[derive(Default)]
 struct LogState {
-    /// Echo to idem's stderr as well.
-    echo: bool,
+    /// Where the text is shown besides the log.
+    echo: Echo,
     /// Escaped text not yet written to the store (its last `LOG_KEEP` bytes).
     pending: Vec<u8>,
     /// The start of a UTF-8 character split across two writes.
@@ -34,6 +57,11 @@ struct LogState {
 impl LogSink {
     /// A log that echoes to idem's stderr too (`echo`), or only goes to the store.
     pub(crate) fn new(echo: bool) -> LogSink {
+        LogSink::echoing(if echo { Echo::Stderr } else { Echo::Off })
+    }
+
+    /// A log that shows what is written where `echo` says.
+    pub(crate) fn echoing(echo: Echo) -> LogSink {
         LogSink(Arc::new(Mutex::new(LogState {
             echo,
             ..LogState::default()
@@ -57,8 +85,12 @@ impl LogSink {
         };
         state.split = data.split_off(complete);
         let shown = text::escape(&String::from_utf8_lossy(&data), true).into_owned();
-        if state.echo {
-            let _ = std::io::stderr().write_all(shown.as_bytes());
+        match &state.echo {
+            Echo::Stderr => {
+                let _ = std::io::stderr().write_all(shown.as_bytes());
+            }
+            Echo::To(show) => show(&shown),
+            Echo::Off => {}
         }
         state.pending.extend_from_slice(shown.as_bytes());
         if state.pending.len() > LOG_KEEP {

@@ -14,7 +14,7 @@ use super::engine::LoadedAgent;
 use super::error::HostError;
 use super::faults::{FaultPlan, Faults};
 use super::limits::{LimitExceeded, Limits, cut};
-use super::output::LogSink;
+use super::output::{Echo, LogSink};
 use super::run_ctx::{RunCtx, RunSignals, Stop};
 use crate::store::StoreError;
 use crate::store::{
@@ -203,7 +203,7 @@ impl Host {
         agent: &LoadedAgent,
         opts: &RunOptions,
     ) -> Result<RunReport, HostError> {
-        self.run_inner(agent, opts, std::future::pending(), true)
+        self.run_inner(agent, opts, std::future::pending(), Echo::Stderr)
             .await
     }
 
@@ -217,7 +217,18 @@ impl Host {
         opts: &RunOptions,
         stop: impl Future<Output = ()> + Send + 'static,
     ) -> Result<RunReport, HostError> {
-        self.run_inner(agent, opts, stop, true).await
+        self.run_inner(agent, opts, stop, Echo::Stderr).await
+    }
+
+    /// [`Host::run_until`], with the agent's output shown where `echo` says.
+    pub async fn run_until_echoing(
+        &self,
+        agent: &LoadedAgent,
+        opts: &RunOptions,
+        stop: impl Future<Output = ()> + Send + 'static,
+        echo: Echo,
+    ) -> Result<RunReport, HostError> {
+        self.run_inner(agent, opts, stop, echo).await
     }
 
     /// [`Host::run`], the agent's stderr and stdout shown on idem's own stderr only if
@@ -228,6 +239,7 @@ impl Host {
         opts: &RunOptions,
         echo: bool,
     ) -> Result<RunReport, HostError> {
+        let echo = if echo { Echo::Stderr } else { Echo::Off };
         self.run_inner(agent, opts, std::future::pending(), echo)
             .await
     }
@@ -237,7 +249,7 @@ impl Host {
         agent: &LoadedAgent,
         opts: &RunOptions,
         stop: impl Future<Output = ()> + Send + 'static,
-        echo: bool,
+        echo: Echo,
     ) -> Result<RunReport, HostError> {
         opts.check()?;
         let _driving = self.start_driving(&opts.run_id)?;
@@ -362,7 +374,7 @@ impl Host {
         &self,
         agent: &LoadedAgent,
         opts: &RunOptions,
-        echo: bool,
+        echo: Echo,
         submitted: &RunRecord,
         signals: &Arc<RunSignals>,
     ) -> Result<RunReport, HostError> {
@@ -427,7 +439,7 @@ impl Host {
                     leased,
                     &opts.authority,
                     &opts.faults,
-                    LogSink::new(echo),
+                    LogSink::echoing(echo.clone()),
                     drive_signals,
                     opts.capture.clone(),
                 )

@@ -1,0 +1,155 @@
+//! `idem serve`: the JSON HTTP API, the web page of runs and `/metrics` over a store
+//! (`idem::serve`); with `--worker`, a worker drives runs in the same process. Stops on
+//! SIGTERM or SIGINT: no new requests, the worker drains, then exit 0.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use idem::runtime::{Host, Runtime, check_namespace, default_cache_dir};
+use idem::serve::{ServeOptions, Server};
+use idem::worker::{Worker, WorkerOptions};
+use tokio::signal::unix::{SignalKind, signal};
+
+use super::args::{DbArgs, duration, protected, size};
+use super::{BadInput, Exit};
+
+#[derive(Debug, Parser)]
+pub struct ServeCommand {
+    #[command(flatten)]
+    db: DbArgs,
+    /// Where to listen. Anything but loopback needs --token-file.
+    #[arg(long, default_value = "127.0.0.1:8089", value_name = "ADDR:PORT")]
+    listen: SocketAddr,
+    /// A file holding the bearer token that mutating requests (and, off loopback, all
+    /// requests for data) must carry.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// Take mutating requests without a token. Loopback only.
+    #[arg(long, conflicts_with = "token_file")]
+    no_auth: bool,
+    /// Largest JSON request body.
+    #[arg(long, default_value = "2MiB", value_parser = size, value_name = "SIZE")]
+    max_body: usize,
+    /// Largest component a deploy may upload.
+    #[arg(long, default_value = "64MiB", value_parser = size, value_name = "SIZE")]
+    max_component: usize,
+    /// Also drive runs in this process, as `idem worker` does.
+    #[arg(long)]
+    worker: bool,
+    /// With --worker: most runs driven at once.
+    #[arg(long, default_value = "16", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    concurrency: u32,
+    /// With --worker: the worker's name (a unique suffix is added).
+    #[arg(long, default_value = "serve")]
+    name: String,
+    /// With --worker: how often an idle worker looks for runs.
+    #[arg(long, default_value = "200ms", value_parser = duration)]
+    poll: Duration,
+    /// Where precompiled agents are kept. Defaults to $XDG_CACHE_HOME/idem.
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// Compile every agent in memory, keeping nothing on disk.
+    #[arg(long, conflicts_with = "cache_dir")]
+    no_cache: bool,
+}
+
+impl ServeCommand {
+    pub async fn execute(self) -> anyhow::Result<Exit> {
+        let token = match &self.token_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    BadInput(format!("cannot read --token-file {}: {e}", path.display()))
+                })?;
+                if text.trim().is_empty() {
+                    return Err(
+                        BadInput(format!("--token-file {} is empty", path.display())).into(),
+                    );
+                }
+                Some(text.trim().to_string())
+            }
+            None => None,
+        };
+        if !self.listen.ip().is_loopback() && token.is_none() {
+            return Err(BadInput(format!(
+                "--listen {} is not loopback: give --token-file",
+                self.listen
+            ))
+            .into());
+        }
+        if self.no_auth && !self.listen.ip().is_loopback() {
+            return Err(BadInput("--no-auth is allowed on loopback only".into()).into());
+        }
+        check_namespace(&self.name)?;
+        let store = self.db.open().await?;
+        let cache = if self.no_cache {
+            None
+        } else {
+            self.cache_dir.clone().or_else(default_cache_dir)
+        };
+        let protected = protected(self.db.path(), cache.as_deref());
+        let runtime = Arc::new(Runtime::new(cache)?);
+        let options = ServeOptions {
+            listen: self.listen,
+            token,
+            no_auth: self.no_auth,
+            max_body_bytes: self.max_body,
+            max_component_bytes: self.max_component,
+        };
+        let server = Server::bind(Arc::clone(&store), Arc::clone(&runtime), options)
+            .await
+            .map_err(|e| BadInput(e.to_string()))?;
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stopped = move || {
+            let mut rx = stop_rx.clone();
+            async move {
+                let _ = rx.wait_for(|stop| *stop).await;
+            }
+        };
+        let worker = if self.worker {
+            let host = Arc::new(Host::named(
+                Arc::clone(&runtime),
+                Arc::clone(&store),
+                &self.name,
+            )?);
+            eprintln!("idem serve: worker {} started", host.id());
+            let worker = Arc::new(Worker::new(
+                host,
+                WorkerOptions {
+                    concurrency: self.concurrency as usize,
+                    poll: self.poll,
+                    protected,
+                    ..WorkerOptions::default()
+                },
+            ));
+            let shutdown = stopped();
+            Some(tokio::spawn(async move { worker.run(shutdown).await }))
+        } else {
+            None
+        };
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            eprintln!("idem serve: stopping");
+            let _ = stop_tx.send(true);
+        });
+        // Tests and scripts read the address from this line (with port 0 the OS picks).
+        eprintln!("idem serve: listening on http://{}", server.local_addr());
+        server.run(stopped()).await?;
+        if let Some(worker) = worker {
+            let report = worker.await.context("the worker task failed")??;
+            eprintln!(
+                "idem serve: worker stopped: {} runs finished, {} given back, {} lost",
+                report.finished, report.released, report.lost
+            );
+        }
+        Ok(Exit::Done)
+    }
+}

@@ -1,0 +1,340 @@
+//! What an operator does to a store — submit a run, settle a parked key, deploy a
+//! component, look at a run — as one set of functions that both the `idem` commands and
+//! the HTTP API (`serve`) call, so the two cannot drift apart.
+
+use sha2::{Digest, Sha256};
+
+use crate::runtime::{Authority, HostError, LoadedAgent, check_namespace, check_run_id};
+use crate::store::{
+    Admission, Deployment, DeploymentRecord, Millis, OpenClaim, ParkedKeys, ParkedMatch,
+    Resolution, RunRecord, RunStatus, StepRecord, Store, StoreError, Submission, Submitted,
+    WaitRecord,
+};
+use crate::text::{check_visible, escape_for_terminal as shown, hidden_char};
+
+/// Why an operation was refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpError {
+    /// The store refused or failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The host refused (an unknown deployment, an invalid name, a wider authority).
+    #[error(transparent)]
+    Host(#[from] HostError),
+    /// A value that must be JSON is not.
+    #[error("the {what} is not valid JSON: {reason}")]
+    NotJson {
+        /// Which value.
+        what: &'static str,
+        /// What the parser said.
+        reason: String,
+    },
+    /// The key named is not parked in doubt by the run.
+    #[error("{message}")]
+    NotParked {
+        /// What is wrong, and which keys are parked.
+        message: String,
+    },
+    /// The key named matches two parked keys.
+    #[error("{message}")]
+    Ambiguous {
+        /// Which two.
+        message: String,
+    },
+}
+
+/// Checks that `bytes` are JSON; `what` names them in the error.
+pub fn check_json(what: &'static str, bytes: &[u8]) -> Result<(), OpError> {
+    serde_json::from_slice::<serde_json::Value>(bytes)
+        .map(|_| ())
+        .map_err(|e| OpError::NotJson {
+            what,
+            reason: e.to_string(),
+        })
+}
+
+/// `<agent>-<first 12 hex digits of SHA-256(input)>`: stable for the same agent and
+/// input, so re-running a command resumes its run instead of starting another. A name
+/// with characters a run id may not hold has them replaced by `-`.
+///
+/// ```
+/// let id = idem::ops::default_run_id("orders", b"null");
+/// assert_eq!(id, idem::ops::default_run_id("orders", b"null"));
+/// assert!(id.starts_with("orders-"));
+/// ```
+pub fn default_run_id(agent: &str, input: &[u8]) -> String {
+    let digest = Sha256::digest(input);
+    let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+    let agent: String = agent
+        .chars()
+        .map(|c| {
+            if hidden_char(c).is_some() || c == '/' {
+                '-'
+            } else {
+                c
+            }
+        })
+        .collect();
+    format!("{agent}-{hex}")
+}
+
+/// A run to queue for workers: [`submit`].
+#[derive(Debug, Clone, Copy)]
+pub struct SubmitRequest<'a> {
+    /// The deployed agent: its name, or a component digest deployed under some name.
+    pub agent: &'a str,
+    /// The input (JSON).
+    pub input: &'a [u8],
+    /// The run's id; [`default_run_id`] when `None`.
+    pub run_id: Option<&'a str>,
+    /// The namespace of the run's keys; the deployment's name when `None`.
+    pub namespace: Option<&'a str>,
+}
+
+/// Queues a run of a deployed agent, with the deployment's authority as `narrow` changes
+/// it (it may only narrow it). Submitting the same run id with the same input again
+/// finds the same run.
+pub async fn submit(
+    store: &dyn Store,
+    req: &SubmitRequest<'_>,
+    narrow: impl FnOnce(&Authority) -> Authority,
+) -> Result<Submitted, OpError> {
+    check_json("input", req.input)?;
+    let deployment = find_deployment(store, req.agent).await?;
+    let base = Authority::decode(&deployment.authority).map_err(HostError::from)?;
+    let authority = narrow(&base);
+    authority.check().map_err(HostError::from)?;
+    authority.fits_within(&base).map_err(HostError::from)?;
+    let namespace = req.namespace.unwrap_or(&deployment.name).to_string();
+    check_namespace(&namespace)?;
+    if store.admitted(&namespace, &deployment.digest).await? != Some(true) {
+        return Err(StoreError::NamespaceTaken {
+            namespace,
+            owner: "another component".into(),
+            digest: deployment.digest.clone(),
+        }
+        .into());
+    }
+    let run_id = req
+        .run_id
+        .map(str::to_string)
+        .unwrap_or_else(|| default_run_id(&deployment.name, req.input));
+    check_run_id(&run_id)?;
+    Ok(store
+        .submit(&Submission {
+            run_id: &run_id,
+            agent: &deployment.name,
+            digest: &deployment.digest,
+            namespace: &namespace,
+            input: req.input,
+            authority: &authority.encode(),
+            replace_authority: false,
+        })
+        .await?)
+}
+
+/// The deployment a submission names: by name, or by a digest deployed under a name.
+pub async fn find_deployment(store: &dyn Store, agent: &str) -> Result<DeploymentRecord, OpError> {
+    if let Some(deployment) = store.deployment(agent).await? {
+        return Ok(deployment);
+    }
+    let is_digest = agent.len() == 64 && agent.bytes().all(|b| b.is_ascii_hexdigit());
+    if is_digest {
+        let digest = agent.to_ascii_lowercase();
+        let by_digest = store
+            .deployments()
+            .await?
+            .into_iter()
+            .find(|d| d.digest == digest);
+        if let Some(deployment) = by_digest {
+            return Ok(deployment);
+        }
+    }
+    Err(HostError::UnknownDeployment {
+        name: agent.to_string(),
+    }
+    .into())
+}
+
+/// What [`deploy`] did.
+#[derive(Debug, Clone)]
+pub struct Deployed {
+    /// The deployment as it now stands.
+    pub record: DeploymentRecord,
+    /// Whether the component's bytes were new to the store.
+    pub new_component: bool,
+}
+
+/// Stores a loaded (so checked) agent and points `name` at it with `authority`: the
+/// explicit act by which a component joins a name's namespace.
+pub async fn deploy(
+    store: &dyn Store,
+    agent: &LoadedAgent,
+    name: &str,
+    authority: &Authority,
+) -> Result<Deployed, OpError> {
+    check_namespace(name)?;
+    authority.check().map_err(HostError::from)?;
+    let new_component = store.put_component(agent.digest(), agent.bytes()?).await?;
+    let record = store
+        .deploy(&Deployment {
+            name,
+            digest: agent.digest(),
+            authority: &authority.encode(),
+            admission: Admission::Explicit,
+        })
+        .await?;
+    Ok(Deployed {
+        record,
+        new_component,
+    })
+}
+
+/// What [`resolve`] did.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The key, as the store keeps it.
+    pub key: String,
+    /// The run's status afterwards.
+    pub status: Option<RunStatus>,
+}
+
+/// Settles a key that run `run_id` parked in doubt; `key` is the agent's key or the
+/// store's (`namespace:key`). A committed result must be JSON.
+pub async fn resolve(
+    store: &dyn Store,
+    run_id: &str,
+    key: &str,
+    resolution: Resolution<'_>,
+) -> Result<Resolved, OpError> {
+    if let Resolution::Commit(result) = resolution {
+        check_json("result", result)?;
+    }
+    let parked = ParkedKeys::of(store, run_id)
+        .await?
+        .ok_or_else(|| StoreError::UnknownRun {
+            run_id: run_id.to_string(),
+        })?;
+    let stored = match parked.find(key) {
+        ParkedMatch::One(stored) => stored.to_string(),
+        ParkedMatch::Both(a, b) => {
+            return Err(OpError::Ambiguous {
+                message: format!(
+                    "key \"{}\" names two parked keys of run \"{}\": \"{}\" and \"{}\" \
+                     (as the store keeps them); give the one you mean in that form",
+                    shown(key),
+                    shown(run_id),
+                    shown(a),
+                    shown(b)
+                ),
+            });
+        }
+        ParkedMatch::None => {
+            return Err(OpError::NotParked {
+                message: not_parked(key, &parked),
+            });
+        }
+    };
+    store.resolve(run_id, &stored, resolution).await?;
+    let status = store.run(run_id).await?.map(|r| r.status);
+    Ok(Resolved {
+        key: stored,
+        status,
+    })
+}
+
+/// Why `key` cannot be resolved, and what can: the run's parked keys as the agent sees
+/// them, escaped (a key that only looks like another is shown as different).
+fn not_parked(key: &str, parked: &ParkedKeys) -> String {
+    let mut message = format!(
+        "key \"{}\" is not parked in doubt by run \"{}\"; nothing to resolve",
+        shown(key),
+        shown(&parked.run_id)
+    );
+    if let Err(hidden) = check_visible(key) {
+        message += &format!(" (the key given holds {hidden})");
+    }
+    if parked.keys.is_empty() {
+        message += "; the run has no parked keys";
+    } else {
+        let keys: Vec<String> = parked
+            .keys
+            .iter()
+            .map(|k| format!("\"{}\"", shown(parked.agent_key(k))))
+            .collect();
+        message += &format!(
+            "; its parked keys (as the agent sees them; `{}:KEY` works too): {}",
+            shown(&parked.namespace),
+            keys.join(", ")
+        );
+    }
+    message
+}
+
+/// Everything the store knows of one run, as `idem show --json` and the API print it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RunView {
+    /// The run.
+    pub run: RunRecord,
+    /// Its output (completed), error (failed) or reason (in doubt, cancelled), as JSON
+    /// when it is JSON, else as text.
+    pub outcome: Option<serde_json::Value>,
+    /// The keys it claimed, in the order their latest claims were granted.
+    pub steps: Vec<StepRecord>,
+    /// Its sleeps and signal waits, in the order first reached.
+    pub waits: Vec<WaitRecord>,
+    /// Its claims not committed yet (parked ones among them).
+    pub open_claims: Vec<OpenClaim>,
+    /// The store's clock when this was read: compare leases and due times with it.
+    pub now: Millis,
+}
+
+impl RunView {
+    /// Run `run_id` as the store has it; [`StoreError::UnknownRun`] if there is none.
+    pub async fn of(store: &dyn Store, run_id: &str) -> Result<RunView, StoreError> {
+        let run = store
+            .run(run_id)
+            .await?
+            .ok_or_else(|| StoreError::UnknownRun {
+                run_id: run_id.to_string(),
+            })?;
+        let steps = store.steps(run_id).await?;
+        let waits = store.waits(run_id).await?;
+        let open_claims = store.open_claims(Some(run_id)).await?;
+        let now = store.now().await?;
+        Ok(RunView {
+            outcome: run.outcome.as_deref().map(payload_value),
+            run,
+            steps,
+            waits,
+            open_claims,
+            now,
+        })
+    }
+}
+
+/// Bytes an agent produced, as a JSON value: JSON as itself, anything else as text.
+pub fn payload_value(bytes: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(bytes)
+        .unwrap_or_else(|_| String::from_utf8_lossy(bytes).into_owned().into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_run_ids_hold_no_hidden_characters() {
+        let id = default_run_id("evil\u{1b}[2J\u{202e}txt", b"null");
+        assert!(id.starts_with("evil-[2J-txt-"), "{id}");
+        assert!(check_visible(&id).is_ok());
+    }
+
+    #[test]
+    fn json_is_checked() {
+        assert!(check_json("input", b"{\"a\":1}").is_ok());
+        let err = check_json("input", b"{").unwrap_err().to_string();
+        assert!(err.starts_with("the input is not valid JSON"), "{err}");
+    }
+}

@@ -1,0 +1,318 @@
+//! The JSON handlers: each parses its request strictly (a malformed one is a 4xx with
+//! the reason) and calls what the `idem` commands call — [`crate::ops`] or the store.
+
+use std::collections::HashMap;
+use std::path::Path as FsPath;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderMap, StatusCode};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use super::ServeState;
+use super::error::ApiError;
+use crate::ops::{self, RunView, SubmitRequest};
+use crate::runtime::Authority;
+use crate::store::{Cancelled, Resolution, RunFilter, RunStatus};
+
+type Answer = Result<(StatusCode, Json<Value>), ApiError>;
+
+fn ok(value: Value) -> Answer {
+    Ok((StatusCode::OK, Json(value)))
+}
+
+/// The body, if it came whole and within the limit.
+fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new("body_too_large", e.body_text())
+        } else {
+            ApiError::new("bad_request", e.body_text())
+        }
+    })
+}
+
+/// Whether the request says its body is of `expected` content type (parameters aside).
+fn content_type_is(headers: &HeaderMap, expected: &[&str]) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .is_some_and(|v| expected.contains(&v.as_str()))
+}
+
+/// A JSON body of type `T`: `application/json`, within the limit, the right shape.
+fn json_body<T: DeserializeOwned>(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
+    let bytes = body_bytes(body)?;
+    if !content_type_is(headers, &["application/json"]) {
+        return Err(ApiError::new(
+            "unsupported_media_type",
+            "the body must be JSON, sent with `Content-Type: application/json`",
+        ));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| ApiError::new("malformed_json", e.to_string()))
+}
+
+/// `GET /api/runs` query.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ListQuery {
+    status: Option<String>,
+    agent: Option<String>,
+    limit: Option<usize>,
+    offset: Option<usize>,
+}
+
+const MAX_PAGE: usize = 1000;
+/// Paging reads the runs before the page too: past this, filter instead.
+const MAX_OFFSET: usize = 1_000_000;
+
+pub(super) async fn list_runs(
+    State(state): State<ServeState>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Answer {
+    let Query(q) = query.map_err(|e| ApiError::new("bad_request", e.body_text()))?;
+    let status = q
+        .status
+        .as_deref()
+        .filter(|s| !s.is_empty())
+        .map(str::parse::<RunStatus>)
+        .transpose()
+        .map_err(|e| ApiError::new("bad_request", e))?;
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::new(
+            "bad_request",
+            format!("limit must be 1 to {MAX_PAGE}, not {limit}"),
+        ));
+    }
+    let offset = q.offset.unwrap_or(0);
+    if offset > MAX_OFFSET {
+        return Err(ApiError::new(
+            "bad_request",
+            format!("offset must be at most {MAX_OFFSET}, not {offset}"),
+        ));
+    }
+    // The store lists newest first with a limit: a page is the tail of the first
+    // offset + limit + 1 runs (the one past the page says whether another follows).
+    let want = offset + limit + 1;
+    let mut runs = state
+        .store
+        .runs(&RunFilter {
+            status,
+            agent: q.agent.as_deref().filter(|a| !a.is_empty()),
+            limit: Some(want),
+        })
+        .await?;
+    let more = runs.len() > offset + limit;
+    runs.truncate(offset + limit);
+    let page: Vec<_> = runs.into_iter().skip(offset).collect();
+    let now = state.store.now().await?;
+    ok(json!({
+        "runs": page,
+        "next_offset": more.then_some(offset + limit),
+        "now": now,
+    }))
+}
+
+pub(super) async fn show_run(
+    State(state): State<ServeState>,
+    Path(run_id): Path<String>,
+) -> Answer {
+    let view = RunView::of(state.store.as_ref(), &run_id).await?;
+    let log = state.store.logs(&run_id).await?;
+    let mut doc =
+        serde_json::to_value(&view).map_err(|e| ApiError::new("internal", e.to_string()))?;
+    doc["log"] = Value::String(String::from_utf8_lossy(&log).into_owned());
+    ok(doc)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SubmitBody {
+    agent: String,
+    #[serde(default)]
+    input: Value,
+    run_id: Option<String>,
+    namespace: Option<String>,
+}
+
+pub(super) async fn submit_run(
+    State(state): State<ServeState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Answer {
+    let b: SubmitBody = json_body(&headers, body)?;
+    let input =
+        serde_json::to_vec(&b.input).map_err(|e| ApiError::new("internal", e.to_string()))?;
+    let submitted = ops::submit(
+        state.store.as_ref(),
+        &SubmitRequest {
+            agent: &b.agent,
+            input: &input,
+            run_id: b.run_id.as_deref(),
+            namespace: b.namespace.as_deref(),
+        },
+        Authority::clone,
+    )
+    .await?;
+    let r = &submitted.record;
+    let status = if submitted.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((
+        status,
+        Json(json!({
+            "run_id": r.run_id,
+            "status": r.status,
+            "created": submitted.created,
+            "agent": r.agent,
+            "digest": r.digest,
+        })),
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SignalBody {
+    name: String,
+    #[serde(default)]
+    payload: Value,
+}
+
+pub(super) async fn signal_run(
+    State(state): State<ServeState>,
+    Path(run_id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Answer {
+    let b: SignalBody = json_body(&headers, body)?;
+    let payload =
+        serde_json::to_vec(&b.payload).map_err(|e| ApiError::new("internal", e.to_string()))?;
+    // Held to the run's own state limit, as `idem signal` holds it.
+    let sent =
+        crate::runtime::send_signal(state.store.as_ref(), &run_id, &b.name, &payload).await?;
+    ok(json!({ "woke": sent.woke }))
+}
+
+pub(super) async fn resolve_key(
+    State(state): State<ServeState>,
+    Path(run_id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Answer {
+    // Read as a map, not a struct: `"result": null` (the effect returned null) is a
+    // result, unlike a missing `result`.
+    let b: HashMap<String, Value> = json_body(&headers, body)?;
+    if let Some(other) = b
+        .keys()
+        .find(|k| !["key", "result", "retry"].contains(&k.as_str()))
+    {
+        return Err(ApiError::new(
+            "malformed_json",
+            format!("unknown field `{other}`, expected `key`, `result` or `retry`"),
+        ));
+    }
+    let key = b
+        .get("key")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::new("malformed_json", "`key` must be given, as a string"))?;
+    let retry = match b.get("retry") {
+        None => false,
+        Some(Value::Bool(retry)) => *retry,
+        Some(_) => return Err(ApiError::new("malformed_json", "`retry` must be a boolean")),
+    };
+    let result = match (b.get("result"), retry) {
+        (Some(result), false) => {
+            Some(serde_json::to_vec(result).map_err(|e| ApiError::new("internal", e.to_string()))?)
+        }
+        (None, true) => None,
+        _ => {
+            return Err(ApiError::new(
+                "bad_request",
+                "give exactly one of `result` (the effect happened) and `\"retry\": true`",
+            ));
+        }
+    };
+    let resolution = match &result {
+        Some(bytes) => Resolution::Commit(bytes),
+        None => Resolution::Retry,
+    };
+    let resolved = ops::resolve(state.store.as_ref(), &run_id, key, resolution).await?;
+    ok(json!({ "key": resolved.key, "status": resolved.status }))
+}
+
+pub(super) async fn cancel_run(
+    State(state): State<ServeState>,
+    Path(run_id): Path<String>,
+) -> Answer {
+    match state.store.cancel_run(&run_id).await? {
+        Cancelled::Now => ok(json!({ "cancelled": "now" })),
+        Cancelled::Requested { lease } => ok(json!({
+            "cancelled": "requested",
+            "worker": lease.worker,
+        })),
+    }
+}
+
+pub(super) async fn list_deployments(State(state): State<ServeState>) -> Answer {
+    let deployments = state.store.deployments().await?;
+    ok(json!({ "deployments": deployments }))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DeployQuery {
+    name: String,
+}
+
+pub(super) async fn deploy(
+    State(state): State<ServeState>,
+    query: Result<Query<DeployQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Answer {
+    let Query(q) = query.map_err(|e| ApiError::new("bad_request", e.body_text()))?;
+    let bytes = body_bytes(body)?;
+    if !content_type_is(&headers, &["application/wasm", "application/octet-stream"]) {
+        return Err(ApiError::new(
+            "unsupported_media_type",
+            "the body must be the component, sent as `application/wasm`",
+        ));
+    }
+    crate::runtime::check_namespace(&q.name)?;
+    // Checking and compiling a component takes a core for a while: off the executor.
+    let runtime = std::sync::Arc::clone(&state.runtime);
+    let name = q.name.clone();
+    let agent = tokio::task::spawn_blocking(move || {
+        runtime.load_bytes(FsPath::new("the request body"), &name, &bytes)
+    })
+    .await
+    .map_err(|e| ApiError::new("internal", e.to_string()))??;
+    // What an upload may grant is the default: no directories, variables or hosts.
+    // Wider grants name this machine's files, so they are deployed from this machine.
+    let deployed =
+        ops::deploy(state.store.as_ref(), &agent, &q.name, &Authority::default()).await?;
+    ok(json!({
+        "name": deployed.record.name,
+        "digest": deployed.record.digest,
+        "new_component": deployed.new_component,
+        "deployed_at": deployed.record.deployed_at,
+    }))
+}

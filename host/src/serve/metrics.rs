@@ -1,0 +1,185 @@
+//! `/metrics`: what the store says right now, in the Prometheus text format. Every
+//! number is read from the store at scrape time, so any number of servers and workers
+//! sharing a store report the same thing and a restart loses nothing.
+//!
+//! Counters are sums over the runs in the store (they only grow while no run is
+//! deleted); gauges are counts now. The durable-step latency is the time from a step's
+//! claim to its commit, per committed step; the steps of a completed or cancelled run
+//! never change, so theirs are read once and kept.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::{IntoResponse, Response};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use super::ServeState;
+use super::error::ApiError;
+use crate::store::{Millis, RunFilter, RunRecord, RunStatus, Store, StoreError};
+
+/// Step latencies of runs whose steps cannot change any more, by run.
+#[derive(Debug, Default)]
+pub(crate) struct SettledSteps {
+    by_run: Mutex<HashMap<String, Vec<f64>>>,
+}
+
+const STATUSES: [RunStatus; 6] = [
+    RunStatus::Queued,
+    RunStatus::Running,
+    RunStatus::Completed,
+    RunStatus::Failed,
+    RunStatus::InDoubt,
+    RunStatus::Cancelled,
+];
+
+/// Whether a worker would take this run now: queued or running, no live lease, not
+/// waiting for a later time or a signal, not being cancelled.
+fn ready(run: &RunRecord, now: Millis) -> bool {
+    !run.status.is_finished()
+        && !run.cancel_requested
+        && run.lease.as_ref().is_none_or(|l| l.expires <= now)
+        && run.wake_at.is_none_or(|at| at <= now)
+}
+
+/// The metrics, encoded.
+pub(crate) async fn render(
+    store: &dyn Store,
+    settled: &SettledSteps,
+) -> Result<String, StoreError> {
+    let runs = store.runs(&RunFilter::default()).await?;
+    let now = store.now().await?;
+    let parked = store
+        .open_claims(None)
+        .await?
+        .into_iter()
+        .filter(|c| c.parked.is_some())
+        .count();
+
+    let mut registry = Registry::with_prefix("idem");
+    let by_status = Family::<Vec<(String, String)>, Gauge>::default();
+    registry.register("runs", "Runs in the store, by status", by_status.clone());
+    for status in STATUSES {
+        let n = runs.iter().filter(|r| r.status == status).count();
+        by_status
+            .get_or_create(&vec![("status".into(), status.as_str().into())])
+            .set(n as i64);
+    }
+    let sum = |f: fn(&RunRecord) -> u64| runs.iter().map(f).sum::<u64>();
+    let counters: [(&str, &str, u64); 5] = [
+        (
+            "steps_executed",
+            "Claims granted: side effects started (reclaimed ones included)",
+            sum(|r| r.counts.executed),
+        ),
+        (
+            "steps_skipped",
+            "Keys found committed: side effects not run again",
+            sum(|r| r.counts.skipped),
+        ),
+        (
+            "steps_awaited",
+            "Keys another live holder was executing, whose commit was awaited",
+            sum(|r| r.counts.awaited),
+        ),
+        (
+            "steps_reclaimed",
+            "Claims retaken from a holder that died before committing",
+            sum(|r| r.counts.reclaimed),
+        ),
+        (
+            "instances_created",
+            "Instances created for runs",
+            sum(|r| r.counts.instances),
+        ),
+    ];
+    for (name, help, value) in counters {
+        let counter = Counter::<u64>::default();
+        counter.inc_by(value);
+        registry.register(name, help, counter);
+    }
+    let gauges: [(&str, &str, usize); 3] = [
+        (
+            "in_doubt_keys",
+            "Keys parked in doubt, waiting for an operator",
+            parked,
+        ),
+        (
+            "leases_held",
+            "Runs a worker holds a live lease on",
+            runs.iter()
+                .filter(|r| r.lease.as_ref().is_some_and(|l| l.expires > now))
+                .count(),
+        ),
+        (
+            "worker_queue_depth",
+            "Runs a worker would take now (queued or running, unleased, due)",
+            runs.iter().filter(|r| ready(r, now)).count(),
+        ),
+    ];
+    for (name, help, value) in gauges {
+        let gauge = Gauge::<i64>::default();
+        gauge.set(value as i64);
+        registry.register(name, help, gauge);
+    }
+
+    let latency = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+    registry.register(
+        "durable_step_seconds",
+        "Time from a step's claim to its commit",
+        latency.clone(),
+    );
+    for run in &runs {
+        let settled_run = matches!(run.status, RunStatus::Completed | RunStatus::Cancelled);
+        if settled_run {
+            let cached = settled
+                .by_run
+                .lock()
+                .ok()
+                .and_then(|m| m.get(&run.run_id).cloned());
+            if let Some(seconds) = cached {
+                seconds.iter().for_each(|s| latency.observe(*s));
+                continue;
+            }
+        }
+        let seconds: Vec<f64> = store
+            .steps(&run.run_id)
+            .await?
+            .iter()
+            .filter_map(|s| {
+                s.committed_at
+                    .map(|at| at.saturating_sub(s.claimed_at).max(0))
+            })
+            .map(|ms| ms as f64 / 1000.0)
+            .collect();
+        seconds.iter().for_each(|s| latency.observe(*s));
+        if settled_run && let Ok(mut m) = settled.by_run.lock() {
+            m.insert(run.run_id.clone(), seconds);
+        }
+    }
+
+    let mut text = String::new();
+    // Writing to a String cannot fail.
+    let _ = encode(&mut text, &registry);
+    Ok(text)
+}
+
+pub(super) async fn serve(State(state): State<ServeState>) -> Response {
+    match render(state.store.as_ref(), &state.settled).await {
+        Ok(text) => (
+            [(
+                CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}

@@ -1,0 +1,143 @@
+//! The OpenAPI 3.1 document, written from the route table ([`super::ROUTES`]) and the
+//! error codes ([`super::CODES`]): every route the router answers is in it, and
+//! nothing else.
+
+use axum::Json;
+use serde_json::{Map, Value, json};
+
+use super::error::CODES;
+use super::routes::{Access, Body, ROUTES};
+
+/// The document.
+pub fn document() -> Value {
+    let mut paths = Map::new();
+    for route in ROUTES {
+        let entry = paths
+            .entry(route.path.to_string())
+            .or_insert_with(|| json!({}));
+        let mut parameters: Vec<Value> = path_parameters(route.path)
+            .map(|name| {
+                json!({ "name": name, "in": "path", "required": true, "schema": { "type": "string" } })
+            })
+            .collect();
+        parameters.extend(route.query.iter().map(|(name, description)| {
+            json!({
+                "name": name,
+                "in": "query",
+                "required": route.id == "deploy",
+                "description": description,
+                "schema": { "type": "string" },
+            })
+        }));
+        let mut op = json!({
+            "operationId": route.id,
+            "summary": route.summary,
+            "parameters": parameters,
+            "responses": {
+                "200": {
+                    "description": "done",
+                    "content": { route.responds: {} },
+                },
+                "default": {
+                    "description": "refused: see the error's code",
+                    "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Error" } } },
+                },
+            },
+        });
+        match route.access {
+            Access::Page => op["security"] = json!([]),
+            Access::Read => op["x-idem-access"] = json!("read"),
+            Access::Mutate => op["x-idem-access"] = json!("mutate"),
+        }
+        match route.body {
+            Body::Empty => {}
+            Body::Json(schema) => {
+                op["requestBody"] = json!({
+                    "required": true,
+                    "content": { "application/json": { "schema": { "$ref": format!("#/components/schemas/{schema}") } } },
+                });
+            }
+            Body::Component => {
+                op["requestBody"] = json!({
+                    "required": true,
+                    "content": { "application/wasm": { "schema": { "type": "string", "format": "binary" } } },
+                });
+            }
+        }
+        entry[route.method.to_ascii_lowercase()] = op;
+    }
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "idem",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "Runs, their steps and parked keys, over one idem store. Reads are \
+                            open on loopback; mutating requests need the bearer token.",
+        },
+        "paths": paths,
+        "security": [{ "bearer": [] }],
+        "components": {
+            "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } },
+            "schemas": schemas(),
+        },
+    })
+}
+
+/// The `{name}` parameters of a path, in order.
+pub(crate) fn path_parameters(path: &str) -> impl Iterator<Item = &str> {
+    path.split('/')
+        .filter_map(|part| part.strip_prefix('{').and_then(|p| p.strip_suffix('}')))
+}
+
+fn schemas() -> Value {
+    let codes: Vec<&str> = CODES.iter().map(|(code, _, _)| *code).collect();
+    json!({
+        "Error": {
+            "type": "object",
+            "required": ["error"],
+            "properties": { "error": {
+                "type": "object",
+                "required": ["code", "message"],
+                "properties": {
+                    "code": { "type": "string", "enum": codes },
+                    "message": { "type": "string" },
+                },
+            } },
+        },
+        "SubmitRun": {
+            "type": "object",
+            "required": ["agent"],
+            "additionalProperties": false,
+            "properties": {
+                "agent": { "type": "string", "description": "deployment name or component digest" },
+                "input": { "description": "the run's input (any JSON; null when absent)" },
+                "run_id": { "type": "string" },
+                "namespace": { "type": "string" },
+            },
+        },
+        "Signal": {
+            "type": "object",
+            "required": ["name"],
+            "additionalProperties": false,
+            "properties": {
+                "name": { "type": "string" },
+                "payload": { "description": "any JSON; null when absent" },
+            },
+        },
+        "Resolve": {
+            "type": "object",
+            "required": ["key"],
+            "additionalProperties": false,
+            "description": "exactly one of result and retry",
+            "properties": {
+                "key": { "type": "string", "description": "the agent's key or namespace:key" },
+                "result": { "description": "the effect happened: its result (any JSON)" },
+                "retry": { "type": "boolean", "const": true },
+            },
+        },
+    })
+}
+
+pub(super) async fn serve() -> Json<Value> {
+    Json(document())
+}

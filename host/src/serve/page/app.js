@@ -1,0 +1,338 @@
+// idem's web page: reads the JSON API and redraws once a second. Every string from the
+// store is set with textContent, never parsed as HTML.
+"use strict";
+
+const POLL_MS = 1000;
+const PAGE = 50;
+let timer = null;
+let state = { status: "", agent: "", offset: 0 };
+
+function token() { return sessionStorage.getItem("idem-token") || ""; }
+
+async function api(method, path, body) {
+  const headers = {};
+  if (token()) headers["Authorization"] = "Bearer " + token();
+  const init = { method, headers };
+  if (body !== undefined) {
+    headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  const res = await fetch(path, init);
+  const doc = await res.json().catch(() => ({}));
+  if (!res.ok) {
+    const e = doc.error || { code: "http_" + res.status, message: res.statusText };
+    throw new Error(e.code + ": " + e.message);
+  }
+  return doc;
+}
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === "text") node.textContent = v;
+    else if (k === "class") node.className = v;
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v);
+  }
+  for (const c of children) {
+    if (c === null || c === undefined) continue;
+    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return node;
+}
+
+function say(text, ok) {
+  const m = document.getElementById("message");
+  m.textContent = text;
+  m.className = ok ? "ok" : "";
+  m.hidden = !text;
+}
+
+function age(now, at) {
+  const s = Math.max(0, Math.floor((now - at) / 1000));
+  if (s < 120) return s + "s";
+  if (s < 7200) return Math.floor(s / 60) + "m";
+  if (s < 172800) return Math.floor(s / 3600) + "h";
+  return Math.floor(s / 86400) + "d";
+}
+
+function until(now, at) { return at >= now ? "in " + age(at, now) : age(now, at) + " ago"; }
+
+function utc(ms) { return new Date(ms).toISOString().replace(/\.\d+Z$/, "Z"); }
+
+function duration(ms) { return ms < 1000 ? ms + " ms" : (ms / 1000).toFixed(2) + " s"; }
+
+// What a run shows as its status: a suspended run says what kind of wait it is in.
+function shownStatus(run, now) {
+  const live = run.lease && run.lease.expires > now;
+  if (!["queued", "running"].includes(run.status) || live || run.wake_at == null) return run.status;
+  return run.waiting_for != null ? "waiting" : "sleeping";
+}
+
+function badge(text, cls) { return el("span", { class: "badge " + (cls || "s-" + text), text }); }
+
+function schedule(fn) {
+  clearTimeout(timer);
+  timer = setTimeout(fn, POLL_MS);
+}
+
+// ----- the runs list -----
+
+function runsPage() {
+  const params = new URLSearchParams(location.search);
+  state.status = params.get("status") || "";
+  state.agent = params.get("agent") || "";
+  state.offset = Number(params.get("offset") || 0);
+  const main = document.getElementById("main");
+  const status = el("select", { id: "filter-status" },
+    ...["", "queued", "running", "completed", "failed", "in-doubt", "cancelled"].map(s =>
+      el("option", { value: s, text: s || "any", selected: s === state.status })));
+  const agent = el("input", { id: "filter-agent", value: state.agent, placeholder: "any" });
+  const apply = () => {
+    const q = new URLSearchParams();
+    if (status.value) q.set("status", status.value);
+    if (agent.value) q.set("agent", agent.value);
+    history.replaceState(null, "", "/" + (q.toString() ? "?" + q : ""));
+    state.status = status.value; state.agent = agent.value; state.offset = 0;
+    refreshRuns();
+  };
+  status.addEventListener("change", apply);
+  agent.addEventListener("change", apply);
+  main.replaceChildren(
+    el("h1", { text: "Runs" }),
+    el("div", { class: "filters" },
+      el("label", {}, "status", status),
+      el("label", {}, "agent", agent)),
+    el("table", { id: "runs" },
+      el("thead", {}, el("tr", {},
+        ...["run", "status", "step", "executed", "skipped", "awaited", "reclaimed", "instances", "agent", "age"]
+          .map((h, i) => el("th", { class: i >= 2 && i <= 7 ? "num" : null, text: h })))),
+      el("tbody")),
+    el("div", { class: "pager" },
+      el("button", { id: "prev", text: "‹ newer", onclick: () => { state.offset = Math.max(0, state.offset - PAGE); refreshRuns(); } }),
+      el("span", { id: "page-info", class: "muted" }),
+      el("button", { id: "next", text: "older ›", onclick: () => { state.offset += PAGE; refreshRuns(); } })));
+  refreshRuns();
+}
+
+async function refreshRuns() {
+  const q = new URLSearchParams({ limit: PAGE, offset: state.offset });
+  if (state.status) q.set("status", state.status);
+  if (state.agent) q.set("agent", state.agent);
+  try {
+    const doc = await api("GET", "/api/runs?" + q);
+    const rows = doc.runs.map(run => {
+      const c = run.counts;
+      const shown = shownStatus(run, doc.now);
+      return el("tr", { "data-run": run.run_id, "data-status": run.status },
+        el("td", {}, el("a", { class: "run-link mono", href: "/runs/" + encodeURIComponent(run.run_id), text: run.run_id })),
+        el("td", {}, badge(shown)),
+        el("td", { class: "num", text: run.step ?? "-" }),
+        el("td", { class: "num", text: c.executed }),
+        el("td", { class: "num", text: c.skipped }),
+        el("td", { class: "num", text: c.awaited }),
+        el("td", { class: "num", text: c.reclaimed }),
+        el("td", { class: "num", text: c.instances }),
+        el("td", { text: run.agent }),
+        el("td", { text: age(doc.now, run.created) }));
+    });
+    document.querySelector("#runs tbody").replaceChildren(...rows);
+    document.getElementById("prev").disabled = state.offset === 0;
+    document.getElementById("next").disabled = doc.next_offset == null;
+    document.getElementById("page-info").textContent =
+      doc.runs.length ? `runs ${state.offset + 1}–${state.offset + doc.runs.length}` : "no runs";
+    document.getElementById("clock").textContent = "store time " + utc(doc.now);
+    if (document.getElementById("message").className !== "ok") say("");
+  } catch (e) {
+    say(String(e.message || e));
+  }
+  schedule(refreshRuns);
+}
+
+// ----- one run -----
+
+function runPage(runId) {
+  const main = document.getElementById("main");
+  main.replaceChildren(
+    el("p", {}, el("a", { href: "/", text: "‹ all runs" })),
+    el("h1", { class: "mono", text: runId }),
+    el("dl", { id: "summary", class: "grid" }),
+    el("section", { id: "parked-section" }),
+    el("h2", { text: "Steps" }),
+    el("table", { id: "steps" },
+      el("thead", {}, el("tr", {},
+        ...["#", "key", "outcome", "attempt", "token", "duration", "claimed"].map(h => el("th", { text: h })))),
+      el("tbody")),
+    el("h2", { text: "Open claims" }),
+    el("table", { id: "claims" },
+      el("thead", {}, el("tr", {}, ...["key", "holder", "attempt", "token", "lease"].map(h => el("th", { text: h })))),
+      el("tbody")),
+    el("h2", { text: "Sleeps and signals" }),
+    el("table", { id: "waits" },
+      el("thead", {}, el("tr", {}, ...["key", "kind", "due", "state"].map(h => el("th", { text: h })))),
+      el("tbody")),
+    el("h2", { text: "Log" }),
+    el("pre", { id: "log" }),
+    el("h2", { text: "Operate" }),
+    el("div", { class: "parked" },
+      el("div", { class: "actions" },
+        el("input", { id: "signal-name", placeholder: "signal name" }),
+        el("input", { id: "signal-payload", placeholder: "payload JSON (null)" }),
+        el("button", { id: "signal", text: "Send signal", onclick: () => signal(runId) }),
+        el("button", { id: "cancel", class: "danger", text: "Cancel run", onclick: () => cancel(runId) }))));
+  refreshRun(runId);
+}
+
+async function refreshRun(runId) {
+  try {
+    const doc = await api("GET", "/api/runs/" + encodeURIComponent(runId));
+    drawRun(runId, doc);
+    if (document.getElementById("message").className !== "ok") say("");
+  } catch (e) {
+    say(String(e.message || e));
+  }
+  schedule(() => refreshRun(runId));
+}
+
+function drawRun(runId, doc) {
+  const run = doc.run, now = doc.now, c = run.counts;
+  document.getElementById("clock").textContent = "store time " + utc(now);
+  const lease = run.lease
+    ? (run.lease.expires > now
+        ? `worker ${run.lease.worker}, token ${run.lease.token}, expires ${until(now, run.lease.expires)}`
+        : `none live (worker ${run.lease.worker} expired ${until(now, run.lease.expires)})`)
+    : "none";
+  const rows = [
+    ["status", badge(shownStatus(run, now), "s-" + shownStatus(run, now))],
+    ["agent", run.agent],
+    ["digest", el("span", { class: "mono", text: run.digest })],
+    ["namespace", run.namespace],
+    ["created", `${utc(run.created)} (${age(now, run.created)} ago)`],
+    ["lease", lease],
+    ["counts", `executed ${c.executed} · skipped ${c.skipped} · awaited ${c.awaited} · reclaimed ${c.reclaimed} · instances ${c.instances}`],
+  ];
+  if (run.wake_at != null && !run.lease)
+    rows.push(["waiting", (run.waiting_for != null ? "for signal " + run.waiting_for : "sleeping") +
+      (run.wake_at < 9e15 ? " until " + utc(run.wake_at) : "")]);
+  if (run.cancel_requested) rows.push(["cancel", "requested"]);
+  if (run.note) rows.push(["note", run.note]);
+  if (doc.outcome != null)
+    rows.push([run.status === "completed" ? "output" : "reason",
+      el("code", { text: typeof doc.outcome === "string" ? doc.outcome : JSON.stringify(doc.outcome) })]);
+  const summary = document.getElementById("summary");
+  summary.setAttribute("data-status", run.status);
+  summary.replaceChildren(...rows.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", {}, v)]));
+
+  // The parked keys, each with its two ways out. Redrawn only when the set changes, so
+  // a result being typed is not wiped by the next poll.
+  const parked = doc.open_claims.filter(cl => cl.parked != null);
+  const section = document.getElementById("parked-section");
+  const sig = JSON.stringify(parked.map(p => [p.key, p.token]));
+  if (section.getAttribute("data-sig") !== sig) {
+    section.setAttribute("data-sig", sig);
+    section.replaceChildren(...(parked.length ? [el("h2", { text: `Parked in doubt (${parked.length})` })] : []),
+      ...parked.map(p => {
+        const input = el("input", { class: "result-input", placeholder: "result JSON, e.g. {\"ok\":true}" });
+        return el("div", { class: "parked", "data-key": p.key },
+          el("div", {}, badge("in doubt", "doubt"), " ", el("code", { text: p.key })),
+          el("div", { class: "muted", text: "why: " + p.parked + ` (attempt ${p.attempt}, token ${p.token})` }),
+          el("div", { class: "actions" },
+            input,
+            el("button", { class: "resolve primary", "data-key": p.key, text: "Resolve with result",
+              onclick: () => resolve(runId, p.key, input.value) }),
+            el("button", { class: "retry", "data-key": p.key, text: "Retry",
+              onclick: () => resolve(runId, p.key, null) })));
+      }));
+  }
+
+  document.querySelector("#steps tbody").replaceChildren(...doc.steps.map((s, i) => {
+    let outcome;
+    if (s.committed_at != null) outcome = badge("committed", "s-completed");
+    else if (s.parked != null) outcome = badge("in doubt", "doubt");
+    else if (s.holder != null) outcome = badge("claimed", "s-running");
+    else outcome = badge("released", "");
+    const marks = [];
+    if (s.attempt > 1) marks.push(" ", badge("retaken", "retaken"));
+    const took = s.committed_at != null ? duration(Math.max(0, s.committed_at - s.claimed_at))
+      : s.holder != null && s.parked == null ? "running " + duration(Math.max(0, now - s.claimed_at))
+      : "—";
+    return el("tr", { "data-key": s.key },
+      el("td", { class: "num", text: i + 1 }),
+      el("td", {}, el("code", { text: s.key })),
+      el("td", {}, outcome),
+      el("td", {}, String(s.attempt), ...marks),
+      el("td", { class: "num", text: s.token }),
+      el("td", { class: "num", text: took }),
+      el("td", { text: utc(s.claimed_at) }));
+  }));
+
+  document.querySelector("#claims tbody").replaceChildren(...doc.open_claims.map(cl =>
+    el("tr", {},
+      el("td", {}, el("code", { text: cl.key })),
+      el("td", { text: cl.parked != null ? "parked in doubt" : (cl.holder ?? "released") }),
+      el("td", { class: "num", text: cl.attempt }),
+      el("td", { class: "num", text: cl.token }),
+      el("td", { text: "expires " + until(now, cl.lease_expires) }))));
+
+  document.querySelector("#waits tbody").replaceChildren(...doc.waits.map(w => {
+    const state = w.outcome != null && w.settled != null ? `${w.outcome} at ${utc(w.settled)}`
+      : (w.signal == null && w.due != null && w.due <= now ? "elapsed" : "pending");
+    return el("tr", {},
+      el("td", {}, el("code", { text: w.key })),
+      el("td", { text: w.signal != null ? "signal " + w.signal : "sleep" }),
+      el("td", { text: w.due != null ? utc(w.due) : "no timeout" }),
+      el("td", { text: state }));
+  }));
+
+  const log = document.getElementById("log");
+  if (log.textContent !== doc.log) log.textContent = doc.log || "(nothing written)";
+}
+
+async function resolve(runId, key, resultText) {
+  let body = { key };
+  if (resultText === null) body.retry = true;
+  else {
+    try { body.result = JSON.parse(resultText); }
+    catch (e) { say("the result must be JSON: " + e.message); return; }
+  }
+  try {
+    const doc = await api("POST", `/api/runs/${encodeURIComponent(runId)}/resolve`, body);
+    say(`resolved ${doc.key}; run is ${doc.status}`, true);
+    document.getElementById("parked-section").removeAttribute("data-sig");
+  } catch (e) { say(String(e.message || e)); }
+  refreshRun(runId);
+}
+
+async function signal(runId) {
+  const name = document.getElementById("signal-name").value;
+  const text = document.getElementById("signal-payload").value;
+  let payload = null;
+  try { if (text) payload = JSON.parse(text); } catch (e) { say("the payload must be JSON: " + e.message); return; }
+  try {
+    const doc = await api("POST", `/api/runs/${encodeURIComponent(runId)}/signal`, { name, payload });
+    say(doc.woke ? `signal ${name} sent: the run is due now` : `signal ${name} kept for the run`, true);
+  } catch (e) { say(String(e.message || e)); }
+}
+
+async function cancel(runId) {
+  if (!confirm("Cancel run " + runId + "?")) return;
+  try {
+    const doc = await api("POST", `/api/runs/${encodeURIComponent(runId)}/cancel`);
+    say(doc.cancelled === "now" ? "cancelled" : "cancel requested from worker " + doc.worker, true);
+  } catch (e) { say(String(e.message || e)); }
+  refreshRun(runId);
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  const input = document.getElementById("token");
+  input.value = token();
+  document.getElementById("token-form").addEventListener("submit", ev => {
+    ev.preventDefault();
+    sessionStorage.setItem("idem-token", input.value.trim());
+    say("token set", true);
+  });
+  const m = location.pathname.match(/^\/runs\/(.+)$/);
+  if (m) runPage(decodeURIComponent(m[1]));
+  else runsPage();
+});

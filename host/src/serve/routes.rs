@@ -1,0 +1,200 @@
+//! The one table of routes: the router is built from it and the OpenAPI document is
+//! written from it, so the two cannot disagree.
+
+/// Who may call a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// The page's HTML, script and style: hold no data, open to all.
+    Page,
+    /// Reads the store: open on loopback, the token anywhere else.
+    Read,
+    /// Changes the store: the token, unless the server runs without auth on loopback.
+    Mutate,
+}
+
+/// What a route's request body is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Body {
+    /// None.
+    Empty,
+    /// A JSON object; the name is its schema in the OpenAPI document.
+    Json(&'static str),
+    /// A WebAssembly component's bytes.
+    Component,
+}
+
+/// One route.
+#[derive(Debug, Clone, Copy)]
+pub struct Route {
+    /// `GET` or `POST`.
+    pub method: &'static str,
+    /// The path, with `{name}` for a path parameter (axum and OpenAPI spell them alike).
+    pub path: &'static str,
+    /// The operation's id, which also picks its handler.
+    pub id: &'static str,
+    /// What it does.
+    pub summary: &'static str,
+    /// Who may call it.
+    pub access: Access,
+    /// Its request body.
+    pub body: Body,
+    /// Its query parameters: name and what it means.
+    pub query: &'static [(&'static str, &'static str)],
+    /// The content type it answers with on success.
+    pub responds: &'static str,
+}
+
+const JSON: &str = "application/json";
+
+/// Every route the server answers.
+pub const ROUTES: &[Route] = &[
+    Route {
+        method: "GET",
+        path: "/",
+        id: "page_runs",
+        summary: "The web page: the runs list",
+        access: Access::Page,
+        body: Body::Empty,
+        query: &[],
+        responds: "text/html",
+    },
+    Route {
+        method: "GET",
+        path: "/runs/{run_id}",
+        id: "page_run",
+        summary: "The web page: one run",
+        access: Access::Page,
+        body: Body::Empty,
+        query: &[],
+        responds: "text/html",
+    },
+    Route {
+        method: "GET",
+        path: "/assets/app.js",
+        id: "page_script",
+        summary: "The page's script",
+        access: Access::Page,
+        body: Body::Empty,
+        query: &[],
+        responds: "text/javascript",
+    },
+    Route {
+        method: "GET",
+        path: "/assets/app.css",
+        id: "page_style",
+        summary: "The page's style sheet",
+        access: Access::Page,
+        body: Body::Empty,
+        query: &[],
+        responds: "text/css",
+    },
+    Route {
+        method: "GET",
+        path: "/openapi.json",
+        id: "openapi",
+        summary: "This document",
+        access: Access::Read,
+        body: Body::Empty,
+        query: &[],
+        responds: JSON,
+    },
+    Route {
+        method: "GET",
+        path: "/metrics",
+        id: "metrics",
+        summary: "Metrics in the Prometheus text format",
+        access: Access::Read,
+        body: Body::Empty,
+        query: &[],
+        responds: "application/openmetrics-text",
+    },
+    Route {
+        method: "GET",
+        path: "/api/runs",
+        id: "list_runs",
+        summary: "Runs, newest first, filtered and paged",
+        access: Access::Read,
+        body: Body::Empty,
+        query: &[
+            (
+                "status",
+                "only runs with this status (queued, running, completed, failed, in-doubt, cancelled)",
+            ),
+            ("agent", "only runs of this agent (deployment name)"),
+            ("limit", "at most this many runs (1 to 1000, default 100)"),
+            ("offset", "skip this many runs first (default 0)"),
+        ],
+        responds: JSON,
+    },
+    Route {
+        method: "POST",
+        path: "/api/runs",
+        id: "submit_run",
+        summary: "Queue a run of a deployed agent (idempotent per run id and input)",
+        access: Access::Mutate,
+        body: Body::Json("SubmitRun"),
+        query: &[],
+        responds: JSON,
+    },
+    Route {
+        method: "GET",
+        path: "/api/runs/{run_id}",
+        id: "show_run",
+        summary: "One run: its record, steps, waits, open claims, lease and log",
+        access: Access::Read,
+        body: Body::Empty,
+        query: &[],
+        responds: JSON,
+    },
+    Route {
+        method: "POST",
+        path: "/api/runs/{run_id}/signal",
+        id: "signal_run",
+        summary: "Send a signal to a run",
+        access: Access::Mutate,
+        body: Body::Json("Signal"),
+        query: &[],
+        responds: JSON,
+    },
+    Route {
+        method: "POST",
+        path: "/api/runs/{run_id}/resolve",
+        id: "resolve_key",
+        summary: "Settle a key the run parked in doubt: commit a result, or retry it",
+        access: Access::Mutate,
+        body: Body::Json("Resolve"),
+        query: &[],
+        responds: JSON,
+    },
+    Route {
+        method: "POST",
+        path: "/api/runs/{run_id}/cancel",
+        id: "cancel_run",
+        summary: "Cancel a run",
+        access: Access::Mutate,
+        body: Body::Empty,
+        query: &[],
+        responds: JSON,
+    },
+    Route {
+        method: "GET",
+        path: "/api/deployments",
+        id: "list_deployments",
+        summary: "Every deployment name and the component it points at",
+        access: Access::Read,
+        body: Body::Empty,
+        query: &[],
+        responds: JSON,
+    },
+    Route {
+        method: "POST",
+        path: "/api/deployments",
+        id: "deploy",
+        summary: "Deploy a component (the body) under a name, granting its runs nothing \
+                  beyond the default limits",
+        access: Access::Mutate,
+        body: Body::Component,
+        query: &[("name", "the deployment's name (required)")],
+        responds: JSON,
+    },
+];
