@@ -25,6 +25,57 @@ pub(crate) struct SleepersPlan {
     pub(crate) samples: usize,
 }
 
+/// Deploys the waiter as `waiter` with `data` granted as `/data`; returns the
+/// authority its runs are submitted with.
+async fn deploy_waiter(
+    store: &dyn Store,
+    waiter: &LoadedAgent,
+    data: &Path,
+) -> anyhow::Result<Vec<u8>> {
+    let authority = Authority {
+        dirs: vec![DirGrant {
+            host: data.to_path_buf(),
+            guest: "/data".into(),
+        }],
+        ..Authority::default()
+    }
+    .encode();
+    store
+        .put_component(waiter.digest(), waiter.bytes()?)
+        .await?;
+    store
+        .deploy(&Deployment {
+            name: "waiter",
+            digest: waiter.digest(),
+            authority: &authority,
+            admission: Admission::Explicit,
+        })
+        .await?;
+    Ok(authority)
+}
+
+/// Queues a run of the waiter deployed by [`deploy_waiter`].
+async fn submit_waiter(
+    store: &dyn Store,
+    waiter: &LoadedAgent,
+    authority: &[u8],
+    run_id: &str,
+    input: &serde_json::Value,
+) -> anyhow::Result<()> {
+    store
+        .submit(&Submission {
+            run_id,
+            agent: "waiter",
+            digest: waiter.digest(),
+            namespace: "waiter",
+            input: &serde_json::to_vec(input)?,
+            authority,
+            replace_authority: false,
+        })
+        .await?;
+    Ok(())
+}
+
 /// Resident memory of this process, in bytes.
 fn rss() -> anyhow::Result<u64> {
     let status = std::fs::read_to_string("/proc/self/status")?;
@@ -66,25 +117,7 @@ pub(crate) fn sleepers(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Res
             ..StoreOptions::default()
         };
         let store: Arc<dyn Store> = Arc::new(SqliteStore::open_with(&db, &options)?);
-        let authority = Authority {
-            dirs: vec![DirGrant {
-                host: data.clone(),
-                guest: "/data".into(),
-            }],
-            ..Authority::default()
-        }
-        .encode();
-        store
-            .put_component(waiter.digest(), waiter.bytes()?)
-            .await?;
-        store
-            .deploy(&Deployment {
-                name: "waiter",
-                digest: waiter.digest(),
-                authority: &authority,
-                admission: Admission::Explicit,
-            })
-            .await?;
+        let authority = deploy_waiter(store.as_ref(), &waiter, &data).await?;
         let host = Arc::new(Host::new(Arc::clone(&bed.runtime), Arc::clone(&store))?);
         // The default poll: what a user's worker does.
         let worker = Arc::new(Worker::new(
@@ -103,17 +136,14 @@ pub(crate) fn sleepers(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Res
         for i in 0..n {
             let input = json!({"log": "/data/sleepers.log",
                                "waits": [{"until_ms": t0 + 1000 * (i as i64 + 1)}]});
-            store
-                .submit(&Submission {
-                    run_id: &format!("sleeper-{i:05}"),
-                    agent: "waiter",
-                    digest: waiter.digest(),
-                    namespace: "waiter",
-                    input: &serde_json::to_vec(&input)?,
-                    authority: &authority,
-                    replace_authority: false,
-                })
-                .await?;
+            submit_waiter(
+                store.as_ref(),
+                &waiter,
+                &authority,
+                &format!("sleeper-{i:05}"),
+                &input,
+            )
+            .await?;
         }
         let started = Instant::now();
         loop {
@@ -212,25 +242,7 @@ fn on_time(bed: &Bed, waiter: &Arc<LoadedAgent>, samples: usize) -> anyhow::Resu
     bed.tokio.block_on(async {
         let store: Arc<dyn Store> =
             Arc::new(SqliteStore::open_with(&db, &StoreOptions::default())?);
-        let authority = Authority {
-            dirs: vec![DirGrant {
-                host: data.clone(),
-                guest: "/data".into(),
-            }],
-            ..Authority::default()
-        }
-        .encode();
-        store
-            .put_component(waiter.digest(), waiter.bytes()?)
-            .await?;
-        store
-            .deploy(&Deployment {
-                name: "waiter",
-                digest: waiter.digest(),
-                authority: &authority,
-                admission: Admission::Explicit,
-            })
-            .await?;
+        let authority = deploy_waiter(store.as_ref(), waiter, &data).await?;
         let host = Arc::new(Host::new(Arc::clone(&bed.runtime), Arc::clone(&store))?);
         let worker = Arc::new(Worker::new(Arc::clone(&host), WorkerOptions::default()));
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
@@ -242,17 +254,7 @@ fn on_time(bed: &Bed, waiter: &Arc<LoadedAgent>, samples: usize) -> anyhow::Resu
             let run_id = format!("on-time-{k:04}");
             let sleep_ms = 150 + (k as u64 * 97) % 250;
             let input = json!({"log": "/data/on-time.log", "waits": [{"sleep_ms": sleep_ms}]});
-            store
-                .submit(&Submission {
-                    run_id: &run_id,
-                    agent: "waiter",
-                    digest: waiter.digest(),
-                    namespace: "waiter",
-                    input: &serde_json::to_vec(&input)?,
-                    authority: &authority,
-                    replace_authority: false,
-                })
-                .await?;
+            submit_waiter(store.as_ref(), waiter, &authority, &run_id, &input).await?;
             let started = Instant::now();
             let wake_at = loop {
                 let record = store

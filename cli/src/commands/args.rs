@@ -414,3 +414,25 @@ mod tests {
         assert!(err.starts_with("--lease is 0ms"), "{err}");
     }
 }
+
+/// Where compiled agents are kept: the flags every command that loads agents shares.
+#[derive(Debug, Args)]
+pub struct CacheArgs {
+    /// Where precompiled agents are kept. Defaults to $XDG_CACHE_HOME/idem.
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// Compile agents in memory every time, keeping nothing on disk.
+    #[arg(long, conflicts_with = "cache_dir")]
+    no_cache: bool,
+}
+
+impl CacheArgs {
+    /// The cache directory, or `None` when nothing is to be kept.
+    pub fn dir(&self) -> Option<PathBuf> {
+        if self.no_cache {
+            None
+        } else {
+            self.cache_dir.clone().or_else(default_cache_dir)
+        }
+    }
+}

@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use clap::Parser;
 use idem::prove::{ChildRun, Kills, Progress, ProveOptions, Scenario, Upstream, prove};
-use idem::runtime::{Authority, Phase, Runtime, check_grants, default_cache_dir};
+use idem::runtime::{Authority, Phase, Runtime, check_grants};
 
-use super::args::{AuthorityArgs, json_or_file, protected};
+use super::args::{AuthorityArgs, CacheArgs, json_or_file, protected};
 use super::run::default_run_id;
 use super::{BadInput, Exit, display};
 
@@ -68,12 +68,8 @@ pub struct ProveCommand {
     /// system's temp dir.
     #[arg(long, value_name = "DIR")]
     scratch: Option<PathBuf>,
-    /// Where precompiled agents are kept. Defaults to $XDG_CACHE_HOME/idem.
-    #[arg(long)]
-    cache_dir: Option<PathBuf>,
-    /// Compile the agent every time.
-    #[arg(long, conflicts_with = "cache_dir")]
-    no_cache: bool,
+    #[command(flatten)]
+    cache: CacheArgs,
 }
 
 /// `--phases`.
@@ -141,11 +137,7 @@ impl ProveCommand {
             Some(url) => Upstream::stub(url).map_err(|e| BadInput(format!("--stub: {e}")))?,
             None => Upstream::Network,
         };
-        let cache = if self.no_cache {
-            None
-        } else {
-            self.cache_dir.clone().or_else(default_cache_dir)
-        };
+        let cache = self.cache.dir();
         let scratch = self.scratch.clone().unwrap_or_else(std::env::temp_dir);
         check_grants(
             &authority.dirs,

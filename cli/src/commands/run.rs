@@ -10,12 +10,11 @@ use clap::Parser;
 use idem::prove::FileCapture;
 use idem::runtime::{
     CrashPoint, Echo, FaultPlan, Host, HttpCapture, RunFailure, RunOptions, RunReport,
-    default_cache_dir,
 };
 use idem::store::RunStatus;
 use tokio::signal::unix::{SignalKind, signal};
 
-use super::args::{AuthorityArgs, DbArgs, json_or_file, limit_flag, load_agent};
+use super::args::{AuthorityArgs, CacheArgs, DbArgs, json_or_file, limit_flag, load_agent};
 use super::progress::Progress;
 use super::{BadInput, Exit, display};
 
@@ -46,12 +45,8 @@ pub struct RunCommand {
     /// Drop instances at random host calls and mid-computation, from this seed.
     #[arg(long, value_name = "SEED")]
     chaos: Option<u64>,
-    /// Where precompiled agents are kept. Defaults to $XDG_CACHE_HOME/idem.
-    #[arg(long)]
-    cache_dir: Option<PathBuf>,
-    /// Compile the agent every time.
-    #[arg(long, conflicts_with = "cache_dir")]
-    no_cache: bool,
+    #[command(flatten)]
+    cache: CacheArgs,
     /// The name the agent runs under, which is the namespace its keys live in.
     /// Defaults to the agent's file name. A name other components use needs `idem
     /// deploy --name` first, or --upgrade.
@@ -78,11 +73,7 @@ impl RunCommand {
     pub async fn execute(self) -> anyhow::Result<Exit> {
         let input = json_or_file("--input", &self.input)?;
         let authority = self.authority.authority()?;
-        let cache = if self.no_cache {
-            None
-        } else {
-            self.cache_dir.clone().or_else(default_cache_dir)
-        };
+        let cache = self.cache.dir();
         // Grants and the agent are checked before the store is opened: a refused grant
         // or a bad agent changes nothing.
         let (runtime, agent) = load_agent(&self.agent, &authority, &self.db, cache)?;

@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use idem::runtime::{Host, Runtime, check_namespace, default_cache_dir};
+use idem::runtime::{Host, Runtime, check_namespace};
 use idem::serve::{ServeOptions, Server};
 use idem::worker::{Worker, WorkerOptions};
 use tokio::signal::unix::{SignalKind, signal};
 
-use super::args::{DbArgs, duration, protected, size};
+use super::args::{CacheArgs, DbArgs, duration, protected, size};
 use super::{BadInput, Exit};
 
 #[derive(Debug, Parser)]
@@ -49,12 +49,8 @@ pub struct ServeCommand {
     /// With --worker: how often an idle worker looks for runs.
     #[arg(long, default_value = "200ms", value_parser = duration)]
     poll: Duration,
-    /// Where precompiled agents are kept. Defaults to $XDG_CACHE_HOME/idem.
-    #[arg(long)]
-    cache_dir: Option<PathBuf>,
-    /// Compile every agent in memory, keeping nothing on disk.
-    #[arg(long, conflicts_with = "cache_dir")]
-    no_cache: bool,
+    #[command(flatten)]
+    cache: CacheArgs,
 }
 
 impl ServeCommand {
@@ -85,11 +81,7 @@ impl ServeCommand {
         }
         check_namespace(&self.name)?;
         let store = self.db.open().await?;
-        let cache = if self.no_cache {
-            None
-        } else {
-            self.cache_dir.clone().or_else(default_cache_dir)
-        };
+        let cache = self.cache.dir();
         let protected = protected(self.db.path(), cache.as_deref());
         let runtime = Arc::new(Runtime::new(cache)?);
         let options = ServeOptions {

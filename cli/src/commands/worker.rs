@@ -2,18 +2,17 @@
 //! then drain (no new runs, side effects in flight end, leases given back) and exit 0.
 //! A second signal exits at once; the runs are then taken over after their leases.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use idem::runtime::{Host, Runtime, check_namespace, default_cache_dir};
+use idem::runtime::{Host, Runtime, check_namespace};
 use idem::store::{DatabaseFault, Store, StoreError};
 use idem::worker::{Worker, WorkerOptions};
 use tokio::signal::unix::{SignalKind, signal};
 
 use super::Exit;
-use super::args::{DbArgs, duration, protected};
+use super::args::{CacheArgs, DbArgs, duration, protected};
 
 #[derive(Debug, Parser)]
 pub struct WorkerCommand {
@@ -34,23 +33,15 @@ pub struct WorkerCommand {
     /// How often an idle worker looks for runs.
     #[arg(long, default_value = "200ms", value_parser = duration)]
     poll: Duration,
-    /// Where precompiled agents are kept. Defaults to $XDG_CACHE_HOME/idem.
-    #[arg(long)]
-    cache_dir: Option<PathBuf>,
-    /// Compile every agent in memory, keeping nothing on disk.
-    #[arg(long, conflicts_with = "cache_dir")]
-    no_cache: bool,
+    #[command(flatten)]
+    cache: CacheArgs,
 }
 
 impl WorkerCommand {
     pub async fn execute(self) -> anyhow::Result<Exit> {
         check_namespace(&self.name)?;
         let store = open_when_reachable(&self.db).await?;
-        let cache = if self.no_cache {
-            None
-        } else {
-            self.cache_dir.clone().or_else(default_cache_dir)
-        };
+        let cache = self.cache.dir();
         let protected = protected(self.db.path(), cache.as_deref());
         let runtime = Runtime::new(cache)?;
         let host = Arc::new(Host::named(Arc::new(runtime), store, &self.name)?);

@@ -7,14 +7,20 @@ class IdemError(Exception):
     """Base of every exception the SDK raises."""
 
 
-class StepError(IdemError):
-    """The host refused a durable call (``run_once``, ``commit``, ``save``)."""
+class _Refused(IdemError):
+    """A refusal by the host: its kind (``prefix``) and the host's detail."""
 
-    prefix = "step error"
+    prefix = "refused"
 
     def __init__(self, detail: str) -> None:
         super().__init__(f"{self.prefix}: {detail}")
         self.detail = detail
+
+
+class StepError(_Refused):
+    """The host refused a durable call (``run_once``, ``commit``, ``save``)."""
+
+    prefix = "step error"
 
 
 class InvalidKey(StepError):
@@ -53,15 +59,11 @@ class KeyReused(StepError):
     prefix = "key reused with other input"
 
 
-class WaitError(IdemError):
+class WaitError(_Refused):
     """The host refused a wait (``sleep``, ``sleep_until``, ``wait_for_signal``);
     nothing was recorded."""
 
     prefix = "wait refused"
-
-    def __init__(self, detail: str) -> None:
-        super().__init__(f"{self.prefix}: {detail}")
-        self.detail = detail
 
 
 class InvalidWaitKey(WaitError):

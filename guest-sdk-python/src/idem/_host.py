@@ -31,11 +31,16 @@ _STEP_ERRORS = {
 }
 
 
+def _raise(err: Err, classes: dict, default: type) -> NoReturn:
+    # A WIT error variant's case names the exception; its payload is the detail.
+    value = err.value
+    cls = classes.get(type(value), default)
+    raise cls(str(getattr(value, "value", value))) from None
+
+
 def raise_step_error(err: Err) -> NoReturn:
     """Turns a WIT ``step-error`` into the SDK's exception for it."""
-    value = err.value
-    cls = _STEP_ERRORS.get(type(value), _errors.StepError)
-    raise cls(str(getattr(value, "value", value))) from None
+    _raise(err, _STEP_ERRORS, _errors.StepError)
 
 
 _WAIT_ERRORS = {
@@ -48,6 +53,4 @@ _WAIT_ERRORS = {
 
 def raise_wait_error(err: Err) -> NoReturn:
     """Turns a WIT ``wait-error`` into the SDK's exception for it."""
-    value = err.value
-    cls = _WAIT_ERRORS.get(type(value), _errors.WaitError)
-    raise cls(str(getattr(value, "value", value))) from None
+    _raise(err, _WAIT_ERRORS, _errors.WaitError)
