@@ -81,8 +81,10 @@ impl Host {
         let result = {
             let call = call_run(agent, &mut store, input);
             tokio::pin!(call);
-            let mut flush = tokio::time::interval(LOG_FLUSH);
-            flush.tick().await;
+            // First due a whole period from now: an interval's immediate first tick
+            // still waits for the timer driver's next millisecond, once per instance.
+            let mut flush =
+                tokio::time::interval_at(tokio::time::Instant::now() + LOG_FLUSH, LOG_FLUSH);
             loop {
                 tokio::select! {
                     result = &mut call => break result,

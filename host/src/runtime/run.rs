@@ -326,18 +326,20 @@ impl Host {
             return Ok(report);
         }
         let signals = Arc::new(RunSignals::default());
-        let stopper = tokio::spawn({
-            let signals = Arc::clone(&signals);
-            async move {
-                stop.await;
-                signals.raise(Stop::Drain);
+        // Watched beside the drive in this task, not in a spawned one: a spawn and an
+        // abort per run each wake another worker thread for nothing.
+        let drive = self.drive_foreground(agent, opts, echo, &submitted.record, &signals);
+        tokio::pin!(drive, stop);
+        let mut stopping = false;
+        loop {
+            tokio::select! {
+                report = &mut drive => return report,
+                () = &mut stop, if !stopping => {
+                    stopping = true;
+                    signals.raise(Stop::Drain);
+                }
             }
-        });
-        let report = self
-            .drive_foreground(agent, opts, echo, &submitted.record, &signals)
-            .await;
-        stopper.abort();
-        report
+        }
     }
 
     /// Puts the agent's component in the store unless this host already did or the
@@ -418,33 +420,26 @@ impl Host {
             };
             // Signals of this drive only: the heartbeat may still report the lease the
             // last drive gave back as lost, which must not stop the next one. The
-            // foreground's stop is relayed to it.
+            // foreground's stop is relayed to it, from this task.
             let drive_signals = Arc::new(RunSignals::default());
-            let relay = tokio::spawn({
-                let (outer, inner) = (Arc::clone(signals), Arc::clone(&drive_signals));
-                async move {
-                    loop {
-                        let changed = outer.changed();
-                        if let Some(stop) = outer.stop() {
-                            inner.raise(stop);
-                            return;
-                        }
-                        changed.await;
-                    }
+            let relay = relay_stop(signals, &drive_signals);
+            let drive = self.drive_leased(
+                agent,
+                leased,
+                &opts.authority,
+                &opts.faults,
+                LogSink::echoing(echo.clone()),
+                Arc::clone(&drive_signals),
+                opts.capture.clone(),
+            );
+            tokio::pin!(drive, relay);
+            let mut relayed = false;
+            let report = loop {
+                tokio::select! {
+                    report = &mut drive => break report,
+                    () = &mut relay, if !relayed => relayed = true,
                 }
-            });
-            let report = self
-                .drive_leased(
-                    agent,
-                    leased,
-                    &opts.authority,
-                    &opts.faults,
-                    LogSink::echoing(echo.clone()),
-                    drive_signals,
-                    opts.capture.clone(),
-                )
-                .await;
-            relay.abort();
+            };
             let report = report?;
             if report.waiting.is_none() {
                 return Ok(report);
@@ -774,5 +769,17 @@ impl Host {
         {
             tracing::warn!(error = %e, "cannot write the run's log");
         }
+    }
+}
+
+/// Raises on `inner` the stop raised on `outer`, once one is.
+async fn relay_stop(outer: &RunSignals, inner: &RunSignals) {
+    loop {
+        let changed = outer.changed();
+        if let Some(stop) = outer.stop() {
+            inner.raise(stop);
+            return;
+        }
+        changed.await;
     }
 }
