@@ -19,6 +19,7 @@ use anyhow::{Context, bail, ensure};
 use idem::runtime::{Authority, FaultPlan, Host, LoadedAgent, RunOptions, RunReport, Runtime};
 use idem::store::{OpenOptions as StoreOptions, RunStatus, SqliteStore, SyncMode};
 use idem_test_artifacts::BENCH;
+use idem_test_artifacts::power_loss::PowerLossVfs;
 use rusqlite::{Connection, params};
 use serde_json::json;
 
@@ -448,6 +449,71 @@ fn floor_and_steps(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<
                 ),
             );
         }
+    }
+    frames_per_step(bed, plan, table)
+}
+
+/// WAL frames (pages) an executed durable step writes, per sync mode, counted by the
+/// test-only VFS (`idem_test_artifacts::power_loss`) under runs of the bench agent with
+/// folded saves: a sample is one run's frames divided by its steps. The ratio column
+/// says how the step's transactions split (frames × transactions, over every turn) and
+/// the syncs per step. A claim writes its key's `steps` row; a commit the same row and
+/// the run's checkpoint, and the run's counts when they are due (at most every 250 ms).
+fn frames_per_step(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<()> {
+    for (sync, turns) in [
+        (SyncMode::Normal, plan.steps_normal),
+        (SyncMode::Full, plan.steps_full),
+    ] {
+        let vfs = PowerLossVfs::counting();
+        let options = StoreOptions {
+            vfs: Some(vfs.name().to_owned()),
+            ..StoreOptions::default()
+        };
+        let store = SqliteStore::open_with(&bed.dir.join(format!("frames-{sync}.db")), &options)?;
+        let host = {
+            let _inside = bed.tokio.enter();
+            BenchHost {
+                host: Arc::new(Host::new(Arc::clone(&bed.runtime), Arc::new(store))?),
+                sync,
+            }
+        };
+        // Warm-up: the component and the first run's rows.
+        bed.steps(&host, 10)?;
+        let n = turns.n;
+        let (mut samples, mut by_size, mut syncs) = (Vec::new(), Vec::<u64>::new(), 0);
+        for _ in 0..MIN_TURNS {
+            vfs.take_counts();
+            bed.steps(&host, n)?;
+            let counts = vfs.take_counts();
+            samples.push(counts.wal_frames as f64 / n as f64);
+            syncs += counts.syncs;
+            for frames in counts.transactions {
+                let frames = frames as usize;
+                if by_size.len() <= frames {
+                    by_size.resize(frames + 1, 0);
+                }
+                by_size[frames] += 1;
+            }
+        }
+        let split: Vec<String> = by_size
+            .iter()
+            .enumerate()
+            .filter(|&(_, &txs)| txs > 0)
+            .map(|(frames, txs)| format!("{frames}×{txs}"))
+            .collect();
+        table.row_with_ratio(
+            format!(
+                "WAL frames per executed step (claim + commit with folded save, {n} steps \
+                 per sample), sync {sync}"
+            ),
+            "frames",
+            samples,
+            format!(
+                "tx by frames: {}; {:.2} syncs/step",
+                split.join(", "),
+                syncs as f64 / (n * MIN_TURNS as u64) as f64
+            ),
+        );
     }
     Ok(())
 }
