@@ -455,10 +455,13 @@ fn floor_and_steps(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<
 
 /// WAL frames (pages) an executed durable step writes, per sync mode, counted by the
 /// test-only VFS (`idem_test_artifacts::power_loss`) under runs of the bench agent with
-/// folded saves: a sample is one run's frames divided by its steps. The ratio column
-/// says how the step's transactions split (frames × transactions, over every turn) and
-/// the syncs per step. A claim writes its key's `steps` row; a commit the same row and
-/// the run's checkpoint, and the run's counts when they are due (at most every 250 ms).
+/// folded saves. A sample is the difference between a run of `2n` steps and one of `n`,
+/// divided by `n`: what a step adds, without what a run writes around its steps (its
+/// submission, lease, instance and end), which the ratio column quotes per run with
+/// the syncs per step (the same difference) and how the transactions of every run
+/// split by frames (frames × transactions). A claim writes its key's `steps` row; a
+/// commit the same row and the run's checkpoint, and the run's counts when they are due
+/// (at most every 250 ms); an insert that splits a leaf writes its neighbours and parent.
 fn frames_per_step(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<()> {
     for (sync, turns) in [
         (SyncMode::Normal, plan.steps_normal),
@@ -480,13 +483,11 @@ fn frames_per_step(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<
         // Warm-up: the component and the first run's rows.
         bed.steps(&host, 10)?;
         let n = turns.n;
-        let (mut samples, mut by_size, mut syncs) = (Vec::new(), Vec::<u64>::new(), 0);
-        for _ in 0..MIN_TURNS {
+        let mut by_size = Vec::<u64>::new();
+        let mut run = |steps: u64| -> anyhow::Result<(f64, f64)> {
             vfs.take_counts();
-            bed.steps(&host, n)?;
+            bed.steps(&host, steps)?;
             let counts = vfs.take_counts();
-            samples.push(counts.wal_frames as f64 / n as f64);
-            syncs += counts.syncs;
             for frames in counts.transactions {
                 let frames = frames as usize;
                 if by_size.len() <= frames {
@@ -494,6 +495,16 @@ fn frames_per_step(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<
                 }
                 by_size[frames] += 1;
             }
+            Ok((counts.wal_frames as f64, counts.syncs as f64))
+        };
+        let (mut samples, mut around, mut syncs) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..MIN_TURNS {
+            let (frames_n, syncs_n) = run(n)?;
+            let (frames_2n, syncs_2n) = run(2 * n)?;
+            let per_step = (frames_2n - frames_n) / n as f64;
+            samples.push(per_step);
+            around.push(frames_n - per_step * n as f64);
+            syncs.push((syncs_2n - syncs_n) / n as f64);
         }
         let split: Vec<String> = by_size
             .iter()
@@ -503,15 +514,17 @@ fn frames_per_step(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<
             .collect();
         table.row_with_ratio(
             format!(
-                "WAL frames per executed step (claim + commit with folded save, {n} steps \
-                 per sample), sync {sync}"
+                "WAL frames per executed step (claim + commit with folded save; runs of \
+                 {} and {n} steps, the difference over {n}), sync {sync}",
+                2 * n
             ),
             "frames",
             samples,
             format!(
-                "tx by frames: {}; {:.2} syncs/step",
+                "{:.0} frames per run beside its steps; {:.2} syncs/step; tx by frames: {}",
+                median(&sorted(around)),
+                median(&sorted(syncs)),
                 split.join(", "),
-                syncs as f64 / (n * MIN_TURNS as u64) as f64
             ),
         );
     }
