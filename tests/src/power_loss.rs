@@ -268,6 +268,11 @@ impl PowerLossVfs {
     /// the VFS: a connection of the old boot must be gone first, or its in-process
     /// locks and WAL index would outlive the machine.
     pub fn reboot(&self) -> std::io::Result<()> {
+        if !self.state().images {
+            return Err(std::io::Error::other(
+                "a counting VFS keeps no durable images to reboot from",
+            ));
+        }
         let open = self.open_files();
         if open != 0 {
             return Err(std::io::Error::other(format!(
