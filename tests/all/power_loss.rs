@@ -363,6 +363,17 @@ fn cut_and_resume(case: Case, clean: &Clean, cut: CutAt) {
         assert!(recovered.is_empty(), "{ctx}: {recovered:?}");
     }
 
+    // Checkpoints too: under `full` the recovered one is the last acknowledged; under
+    // `normal` it may be older, never newer.
+    let last_saved = before.saved.iter().max().copied();
+    let recovered_step = block_on(store.load_progress(RUN_ID))
+        .unwrap()
+        .map(|c| c.step);
+    match case.sync {
+        SyncMode::Full => assert_eq!(recovered_step, last_saved, "{ctx}: checkpoint"),
+        SyncMode::Normal => assert!(recovered_step <= last_saved, "{ctx}: checkpoint"),
+    }
+
     // Resume on a fresh host; a run stopped in doubt is settled by an operator's retry.
     let (result, mut after, recorder) = m.run(case, Arc::clone(&store));
     let mut report = result.unwrap_or_else(|e| panic!("{ctx}: resume failed: {e}"));

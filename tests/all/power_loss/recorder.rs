@@ -32,6 +32,8 @@ pub struct Acked {
 pub struct Record {
     pub grants: Vec<Granted>,
     pub acked: Vec<Acked>,
+    /// The steps of the checkpoints whose saves returned (alone or with a commit).
+    pub saved: Vec<u64>,
 }
 
 #[derive(Debug)]
@@ -96,6 +98,9 @@ impl Store for Recorder {
             token: commit.claim.token,
             result: commit.result.to_vec(),
         });
+        if let Some(checkpoint) = commit.checkpoint {
+            self.lock().saved.push(checkpoint.step);
+        }
         Ok(())
     }
 
@@ -247,7 +252,9 @@ impl Store for Recorder {
         checkpoint: &Checkpoint,
         counts: Option<&Counts>,
     ) -> Result<(), StoreError> {
-        self.inner.save_progress(fence, checkpoint, counts).await
+        self.inner.save_progress(fence, checkpoint, counts).await?;
+        self.lock().saved.push(checkpoint.step);
+        Ok(())
     }
 
     async fn save_counts(&self, fence: &RunFence, counts: &Counts) -> Result<(), StoreError> {
