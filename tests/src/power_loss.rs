@@ -25,7 +25,8 @@
 //!   closed, writes each file's durable image back (or removes the file), and starts a
 //!   new "boot": what is on disk is then durable, and nothing is cut.
 //! - **Counts.** Completed syncs and writes, and the WAL frames written, per committed
-//!   transaction ([`PowerLossVfs::counts`]): the bench quotes frames per step from them.
+//!   transaction ([`PowerLossVfs::take_counts`]): the bench quotes frames per step
+//!   from them.
 //!
 //! The `-shm` file is the WAL index, mapped into memory and never synced by SQLite; it
 //! is left as the cut found it. SQLite rebuilds it from the WAL at the first open after
