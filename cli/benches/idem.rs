@@ -19,6 +19,7 @@ use anyhow::{Context, bail, ensure};
 use idem::runtime::{Authority, FaultPlan, Host, LoadedAgent, RunOptions, RunReport, Runtime};
 use idem::store::{OpenOptions as StoreOptions, RunStatus, SqliteStore, SyncMode};
 use idem_test_artifacts::BENCH;
+use idem_test_artifacts::power_loss::PowerLossVfs;
 use rusqlite::{Connection, params};
 use serde_json::json;
 
@@ -448,6 +449,84 @@ fn floor_and_steps(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<
                 ),
             );
         }
+    }
+    frames_per_step(bed, plan, table)
+}
+
+/// WAL frames (pages) an executed durable step writes, per sync mode, counted by the
+/// test-only VFS (`idem_test_artifacts::power_loss`) under runs of the bench agent with
+/// folded saves. A sample is the difference between a run of `2n` steps and one of `n`,
+/// divided by `n`: what a step adds, without what a run writes around its steps (its
+/// submission, lease, instance and end), which the ratio column quotes per run with
+/// the syncs per step (the same difference) and how the transactions of every run
+/// split by frames (frames × transactions). A claim writes its key's `steps` row; a
+/// commit the same row and the run's checkpoint, and the run's counts when they are due
+/// (at most every 250 ms); an insert that splits a leaf writes its neighbours and parent.
+fn frames_per_step(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<()> {
+    for (sync, turns) in [
+        (SyncMode::Normal, plan.steps_normal),
+        (SyncMode::Full, plan.steps_full),
+    ] {
+        let vfs = PowerLossVfs::counting();
+        let options = StoreOptions {
+            vfs: Some(vfs.name().to_owned()),
+            ..StoreOptions::default()
+        };
+        let store = SqliteStore::open_with(&bed.dir.join(format!("frames-{sync}.db")), &options)?;
+        let host = {
+            let _inside = bed.tokio.enter();
+            BenchHost {
+                host: Arc::new(Host::new(Arc::clone(&bed.runtime), Arc::new(store))?),
+                sync,
+            }
+        };
+        // Warm-up: the component and the first run's rows.
+        bed.steps(&host, 10)?;
+        let n = turns.n;
+        let mut by_size = Vec::<u64>::new();
+        let mut run = |steps: u64| -> anyhow::Result<(f64, f64)> {
+            vfs.take_counts();
+            bed.steps(&host, steps)?;
+            let counts = vfs.take_counts();
+            for frames in counts.transactions {
+                let frames = frames as usize;
+                if by_size.len() <= frames {
+                    by_size.resize(frames + 1, 0);
+                }
+                by_size[frames] += 1;
+            }
+            Ok((counts.wal_frames as f64, counts.syncs as f64))
+        };
+        let (mut samples, mut around, mut syncs) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..MIN_TURNS {
+            let (frames_n, syncs_n) = run(n)?;
+            let (frames_2n, syncs_2n) = run(2 * n)?;
+            let per_step = (frames_2n - frames_n) / n as f64;
+            samples.push(per_step);
+            around.push(frames_n - per_step * n as f64);
+            syncs.push((syncs_2n - syncs_n) / n as f64);
+        }
+        let split: Vec<String> = by_size
+            .iter()
+            .enumerate()
+            .filter(|&(_, &txs)| txs > 0)
+            .map(|(frames, txs)| format!("{frames}×{txs}"))
+            .collect();
+        table.row_with_ratio(
+            format!(
+                "WAL frames per executed step (claim + commit with folded save; runs of \
+                 {} and {n} steps, the difference over {n}), sync {sync}",
+                2 * n
+            ),
+            "frames",
+            samples,
+            format!(
+                "{:.0} frames per run beside its steps; {:.2} syncs/step; tx by frames: {}",
+                median(&sorted(around)),
+                median(&sorted(syncs)),
+                split.join(", "),
+            ),
+        );
     }
     Ok(())
 }

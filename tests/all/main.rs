@@ -23,6 +23,7 @@ mod multi_process;
 mod operator_text;
 mod pinning;
 mod postgres;
+mod power_loss;
 mod progress;
 mod prove;
 mod python;

@@ -15,9 +15,13 @@
 //!   `examples/` and `tests/guests/`, with one target dir under `OUT_DIR`; turns
 //!   `guests/multimem/agent.wat` into a component with `wat` and `wit-component`.
 //! - `src/lib.rs`: one constant per guest, and [`ALL`].
+//! - `src/power_loss.rs`: a SQLite VFS that simulates power loss (and counts WAL
+//!   frames), for the power-loss tests and the bench; test code, never in `idem`.
 //! - `guests/`: the test-only guests' own workspace (`steps`, `command`, `hostile`,
 //!   `fetcher`, `bench`, `rogue`, `sloppy`, `rawabi`, `waiter`), and `multimem/agent.wat`, which
 //!   `build.rs` makes a component itself.
+
+pub mod power_loss;
 
 /// `examples/ledger`: appends one log line per item, resuming from its checkpoint.
 ///

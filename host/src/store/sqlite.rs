@@ -58,6 +58,7 @@ use super::{Checkpoint, Clock, Counts, DatabaseFault, MAX_STEP, Millis, StoreErr
 ///     busy_timeout: Duration::from_secs(1),
 ///     max_size: Some(64 << 20),
 ///     clock: Clock::system(),
+///     ..OpenOptions::default()
 /// };
 /// let store = SqliteStore::open_with(&dir.path().join("idem.db"), &options)?;
 /// # drop(store);
@@ -81,6 +82,14 @@ pub struct OpenOptions {
     /// The store's time: every lease, expiry and timestamp is taken from it, inside
     /// the transaction that writes it.
     pub clock: Clock,
+    /// Tests only: the name of a registered SQLite VFS to open the file through (the
+    /// power-loss tests' simulated disk); `None`, SQLite's default.
+    #[doc(hidden)]
+    pub vfs: Option<String>,
+    /// Tests only: the boot id the store takes for the running machine's, so that a
+    /// test can simulate the reboot after a power loss (`epoch.rs`); `None`, Linux's.
+    #[doc(hidden)]
+    pub boot_id: Option<String>,
 }
 
 impl Default for OpenOptions {
@@ -90,6 +99,8 @@ impl Default for OpenOptions {
             busy_timeout: Duration::from_secs(5),
             max_size: None,
             clock: Clock::system(),
+            vfs: None,
+            boot_id: None,
         }
     }
 }

@@ -23,9 +23,10 @@ fn boot_id() -> Option<String> {
 
 /// The token floor of this open: the epoch's, after moving the epoch on if the machine
 /// booted since the store last recorded its boot. The move is synced before any token
-/// of the new epoch can be granted.
-pub(super) fn token_floor(conn: &mut Connection) -> rusqlite::Result<u64> {
-    let boot = boot_id();
+/// of the new epoch can be granted. `boot` stands in for the machine's boot id in the
+/// power-loss tests, which simulate a reboot.
+pub(super) fn token_floor(conn: &mut Connection, boot: Option<&str>) -> rusqlite::Result<u64> {
+    let boot = boot.map(str::to_owned).or_else(boot_id);
     let read = |conn: &Connection| -> rusqlite::Result<(i64, Option<String>)> {
         conn.query_row("SELECT epoch, boot_id FROM epoch WHERE id = 0", [], |row| {
             Ok((row.get(0)?, row.get(1)?))

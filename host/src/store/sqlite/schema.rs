@@ -72,8 +72,12 @@ pub(super) fn open(path: &Path, options: &OpenOptions) -> Result<(Connection, u6
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let mut conn =
-        Connection::open_with_flags(sqlite_path(path).map_err(fail)?, flags).map_err(sql_fail)?;
+    let name = sqlite_path(path).map_err(fail)?;
+    let mut conn = match &options.vfs {
+        None => Connection::open_with_flags(name, flags),
+        Some(vfs) => Connection::open_with_flags_and_vfs(name, flags, vfs.as_str()),
+    }
+    .map_err(sql_fail)?;
     conn.busy_timeout(options.busy_timeout).map_err(sql_fail)?;
     // SQLite silently falls back to read-only when the file is write-protected.
     if conn.is_readonly(MAIN_DB).map_err(sql_fail)? {
@@ -120,7 +124,8 @@ pub(super) fn open(path: &Path, options: &OpenOptions) -> Result<(Connection, u6
     })?;
     conn.pragma_update(None, "foreign_keys", true)
         .map_err(sql_fail)?;
-    let floor = super::epoch::token_floor(&mut conn).map_err(sql_fail)?;
+    let floor =
+        super::epoch::token_floor(&mut conn, options.boot_id.as_deref()).map_err(sql_fail)?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     Ok((conn, floor))
 }
