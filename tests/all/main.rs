@@ -12,6 +12,7 @@ mod cli;
 mod crash_sweep;
 mod dedupe;
 mod fuzz_abi;
+mod gc;
 mod grants;
 mod heartbeat;
 mod http;

@@ -499,6 +499,43 @@ fn api_runs_submit_list_show_signal_cancel() {
     let status = run_cli(&["show", "b", "--db", &cli.db(), "--json"]);
     let doc: Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(doc["run"]["status"], "cancelled", "the store has it too");
+
+    // Retention: the token is needed; bad ages and fields are refused; a dry run counts
+    // the cancelled run and deletes nothing; gc deletes it and only it.
+    std::thread::sleep(Duration::from_millis(5));
+    let now = json!({ "finished_before": "0s", "dedupe_window": "0s" });
+    let gc = served.post_json("/api/gc", None, &now);
+    assert_eq!(gc.status, 401);
+    let gc = served.post_json("/api/gc", Some(token), &json!({ "finished_before": "7" }));
+    assert_eq!((gc.status, gc.code().as_str()), (400, "bad_request"));
+    assert!(gc.text().contains("not a length of time"), "{}", gc.text());
+    let gc = served.post_json("/api/gc", Some(token), &json!({ "older": "7d" }));
+    assert_eq!((gc.status, gc.code().as_str()), (400, "malformed_json"));
+    let mut dry = now.clone();
+    dry["dry_run"] = json!(true);
+    let dry = served.post_json("/api/gc", Some(token), &dry);
+    assert_eq!(dry.status, 200, "{}", dry.text());
+    assert_eq!(dry.json()["dry_run"], true);
+    assert_eq!(dry.json()["report"]["runs"], 1);
+    assert_eq!(served.get("/api/runs/b").status, 200);
+    let done = served.post_json("/api/gc", Some(token), &now);
+    assert_eq!(done.status, 200, "{}", done.text());
+    for field in [
+        "runs",
+        "results",
+        "claims",
+        "checkpoints",
+        "log_chunks",
+        "components",
+    ] {
+        assert_eq!(
+            done.json()["report"][field],
+            dry.json()["report"][field],
+            "{field}"
+        );
+    }
+    assert_eq!(served.get("/api/runs/b").status, 404);
+    assert_eq!(served.get("/api/runs/a").status, 200, "a queued run stays");
 }
 
 #[test]

@@ -220,6 +220,7 @@ fn handler(route: &Route) -> MethodRouter<ServeState> {
         "cancel_run" => post(api::cancel_run),
         "list_deployments" => get(api::list_deployments),
         "deploy" => post(api::deploy),
+        "gc" => post(api::gc),
         // A route in the table without a handler: the tests build the router and
         // call every route, so this cannot ship.
         _ => get(|| async { ApiError::new("internal", "route without a handler") }),

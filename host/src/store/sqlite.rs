@@ -24,6 +24,7 @@ mod components;
 mod epoch;
 #[cfg(test)]
 mod fault_tests;
+mod gc;
 mod leases;
 mod logs;
 #[cfg(test)]
