@@ -885,6 +885,32 @@ fn metrics_agree_with_the_store_during_and_after_runs() {
         let lines = crate::util::read_log(&cli.data().join(format!("{id}.txt")));
         assert_eq!(lines.len(), 4, "{id}");
     }
+    assert_eq!(after["idem_instances_recycled_total"], 0.0);
+
+    // A run the host recycles: each instance it dropped and replaced is counted in the
+    // store, and the server reports the store's sum.
+    let input = json!({ "steps": 4, "log": "/data/rec.txt" }).to_string();
+    let out = cli.run(STEPS, "rec", &input, &["--recycle-every", "2", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let recycled = doc["counts"]["recycled"].as_u64().unwrap();
+    assert!(recycled >= 1, "{doc}");
+    assert_eq!(recycled + 1, doc["counts"]["instances"].as_u64().unwrap());
+    let m = scrape(&served);
+    let status = run_cli(&["status", "--db", &cli.db(), "--json"]);
+    let doc: Value = serde_json::from_slice(&status.stdout).unwrap();
+    let in_store: u64 = doc["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["counts"]["recycled"].as_u64().unwrap())
+        .sum();
+    assert_eq!(in_store, recycled);
+    assert_eq!(m["idem_instances_recycled_total"], recycled as f64);
+    assert_eq!(
+        m["idem_instances_created_total"],
+        after["idem_instances_created_total"] + (recycled + 1) as f64
+    );
 
     // A parked key shows as in doubt.
     let parked = CliDir::new();

@@ -653,6 +653,7 @@ impl Host {
             let (status, outcome, failure) = match end {
                 InstanceEnd::Dropped(reason) => {
                     tracing::debug!(run_id = %text::escape(run.run_id(), false), %reason, "instance dropped");
+                    run.counts.recycled += 1;
                     // The next instance writes the counts as it starts, in the one
                     // transaction a recycle needs for them.
                     continue;

@@ -256,6 +256,10 @@ pub struct Counts {
     pub reclaimed: u64,
     /// Instances created for the run.
     pub instances: u64,
+    /// Instances the host dropped on purpose (recycling, a crash point, chaos) and
+    /// replaced with a fresh one for the same run.
+    #[serde(default)]
+    pub recycled: u64,
 }
 
 /// A run to create (or find, if it exists): [`Store::submit`].

@@ -170,13 +170,14 @@ impl PostgresStore {
         };
         let counts = commit
             .counts
-            .map(|c| -> Result<[i64; 5], TxError> {
+            .map(|c| -> Result<[i64; 6], TxError> {
                 Ok([
                     to_sql_int(c.executed)?,
                     to_sql_int(c.skipped)?,
                     to_sql_int(c.awaited)?,
                     to_sql_int(c.reclaimed)?,
                     to_sql_int(c.instances)?,
+                    to_sql_int(c.recycled)?,
                 ])
             })
             .transpose()
@@ -260,7 +261,7 @@ fn commit_sql(counts: bool, checkpoint: bool) -> &'static str {
             "FOR NO KEY UPDATE",
             ", counts_row AS (UPDATE runs
                  SET executed = $7, skipped = $8, awaited = $9, reclaimed = $10,
-                     instances = $11, updated = clock.now
+                     instances = $11, recycled = $12, updated = clock.now
                  FROM clock, done WHERE run_id = $2)",
             ""
         ),
@@ -268,10 +269,10 @@ fn commit_sql(counts: bool, checkpoint: bool) -> &'static str {
             "FOR NO KEY UPDATE",
             ", counts_row AS (UPDATE runs
                  SET executed = $7, skipped = $8, awaited = $9, reclaimed = $10,
-                     instances = $11, updated = clock.now
+                     instances = $11, recycled = $12, updated = clock.now
                  FROM clock, done WHERE run_id = $2)",
             ", progress_row AS (INSERT INTO progress (run_id, step, state, updated)
-                 SELECT $2, $12, $13, clock.now FROM clock, done
+                 SELECT $2, $13, $14, clock.now FROM clock, done
                  ON CONFLICT (run_id) DO UPDATE
                  SET step = excluded.step, state = excluded.state, updated = excluded.updated)"
         ),
