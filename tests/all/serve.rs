@@ -963,3 +963,37 @@ fn the_api_alone_deploys_submits_and_sees_a_run_complete_on_postgres() {
     );
     assert_eq!(scrape(&served)["idem_runs{status=\"completed\"}"], 1.0);
 }
+
+#[test]
+fn a_client_slow_to_send_its_headers_is_cut_off() {
+    let cli = CliDir::new();
+    let served = Served::start(
+        &cli.db(),
+        &["--no-auth", "--no-cache", "--header-read-timeout", "1s"],
+    );
+    let started = Instant::now();
+    // Half a request line, then nothing; and a connection that sends nothing at all.
+    let mut slow = TcpStream::connect(served.addr).unwrap();
+    slow.write_all(b"GET /api/ru").unwrap();
+    let mut silent = TcpStream::connect(served.addr).unwrap();
+    // Meanwhile a whole request on another connection is answered.
+    assert_eq!(served.get("/api/runs").status, 200);
+    for (name, conn) in [("slow", &mut slow), ("silent", &mut silent)] {
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut answer = Vec::new();
+        match conn.read_to_end(&mut answer) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(e) => panic!("{name}: the connection was not closed: {e}"),
+        }
+        let text = String::from_utf8_lossy(&answer);
+        assert!(!text.contains("200 OK"), "{name}: {text}");
+    }
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+        "closed after {took:?}, the bound is 1 s"
+    );
+    assert_eq!(served.get("/api/runs").status, 200, "the server serves on");
+}
