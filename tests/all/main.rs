@@ -30,6 +30,7 @@ mod python;
 mod recycle;
 mod rogue;
 mod serve;
+mod spans;
 mod store_faults;
 mod util;
 mod waits;
