@@ -22,6 +22,8 @@ mod lease;
 mod limits;
 mod multi_process;
 mod operator_text;
+#[cfg(feature = "otlp")]
+mod otlp;
 mod pinning;
 mod postgres;
 mod progress;
