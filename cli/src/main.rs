@@ -4,8 +4,13 @@
 use std::process::ExitCode;
 
 use clap::Parser;
+use tracing_subscriber::Layer;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 mod commands;
+#[cfg(feature = "otlp")]
+mod otlp;
 
 fn main() -> ExitCode {
     let args = commands::Args::parse();
@@ -15,13 +20,6 @@ fn main() -> ExitCode {
         commands::Command::Prove(_) => "error",
         _ => "warn",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("IDEM_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("idem")
@@ -33,7 +31,30 @@ fn main() -> ExitCode {
             return commands::Exit::Host.into();
         }
     };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("IDEM_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_filter(filter)
+        .boxed();
+    #[cfg(feature = "otlp")]
+    let (otlp, exported) = match otlp::Otlp::from_env(runtime.handle()) {
+        Ok(Some((otlp, layer))) => (Some(otlp), Some(layer)),
+        Ok(None) => (None, None),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return commands::Exit::BadInput.into();
+        }
+    };
+    #[cfg(not(feature = "otlp"))]
+    let exported: Option<Box<dyn Layer<tracing_subscriber::Registry> + Send + Sync>> = None;
+    let layers: Vec<_> = std::iter::once(fmt).chain(exported).collect();
+    tracing_subscriber::registry().with(layers).init();
     let outcome = runtime.block_on(args.command.execute());
+    #[cfg(feature = "otlp")]
+    if let Some(otlp) = otlp {
+        otlp.shutdown();
+    }
     // Runs still holding tasks (a heartbeat) are not waited for: the process is done.
     runtime.shutdown_background();
     match outcome {

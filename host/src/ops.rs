@@ -2,13 +2,15 @@
 //! component, look at a run — as one set of functions that both the `idem` commands and
 //! the HTTP API (`serve`) call, so the two cannot drift apart.
 
+use std::time::Duration;
+
 use sha2::{Digest, Sha256};
 
 use crate::runtime::{Authority, HostError, LoadedAgent, check_namespace, check_run_id};
 use crate::store::{
-    Admission, Deployment, DeploymentRecord, Millis, OpenClaim, ParkedKeys, ParkedMatch,
-    Resolution, RunRecord, RunStatus, StepRecord, Store, StoreError, Submission, Submitted,
-    WaitRecord,
+    Admission, Deployment, DeploymentRecord, GcReport, GcRequest, Millis, OpenClaim, ParkedKeys,
+    ParkedMatch, Resolution, RunRecord, RunStatus, StepRecord, Store, StoreError, Submission,
+    Submitted, WaitRecord,
 };
 use crate::text::{check_visible, escape_for_terminal as shown, hidden_char};
 
@@ -41,6 +43,17 @@ pub enum OpError {
     Ambiguous {
         /// Which two.
         message: String,
+    },
+    /// A length of time that is not a whole number and a unit.
+    #[error(
+        "{what} {given:?} is not a length of time: expected a whole number and a unit, \
+         as in 30d, 12h, 90m or 30s"
+    )]
+    BadAge {
+        /// Which value.
+        what: &'static str,
+        /// What was given.
+        given: String,
     },
 }
 
@@ -270,6 +283,50 @@ fn not_parked(key: &str, parked: &ParkedKeys) -> String {
         );
     }
     message
+}
+
+/// How long finished runs stay by default before [`gc`] deletes them.
+pub const DEFAULT_FINISHED_BEFORE: Duration = Duration::from_secs(30 * 86_400);
+
+/// How long committed keys stay by default ([`GcRequest::dedupe_window`]).
+pub const DEFAULT_DEDUPE_WINDOW: Duration = Duration::from_secs(7 * 86_400);
+
+/// Reads a length of time as an operator writes it: a whole number and one unit, `d`,
+/// `h`, `m` or `s`; `what` names the value in the error.
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(idem::ops::parse_age("age", "7d")?, Duration::from_secs(7 * 86_400));
+/// assert_eq!(idem::ops::parse_age("age", "90m")?, Duration::from_secs(90 * 60));
+/// assert!(idem::ops::parse_age("age", "7").is_err());
+/// # Ok::<(), idem::ops::OpError>(())
+/// ```
+pub fn parse_age(what: &'static str, text: &str) -> Result<Duration, OpError> {
+    let bad = || OpError::BadAge {
+        what,
+        given: text.to_owned(),
+    };
+    let split = text.len().checked_sub(1).ok_or_else(bad)?;
+    let (number, unit) = text.split_at_checked(split).ok_or_else(bad)?;
+    let seconds_per = match unit {
+        "d" => 86_400,
+        "h" => 3_600,
+        "m" => 60,
+        "s" => 1,
+        _ => return Err(bad()),
+    };
+    if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let n: u64 = number.parse().map_err(|_| bad())?;
+    n.checked_mul(seconds_per)
+        .map(Duration::from_secs)
+        .ok_or_else(bad)
+}
+
+/// Deletes finished runs and what only they used, as `req` says ([`Store::gc`]).
+pub async fn gc(store: &dyn Store, req: &GcRequest) -> Result<GcReport, OpError> {
+    Ok(store.gc(req).await?)
 }
 
 /// Everything the store knows of one run, as `idem show --json` and the API print it.

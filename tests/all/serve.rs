@@ -499,6 +499,43 @@ fn api_runs_submit_list_show_signal_cancel() {
     let status = run_cli(&["show", "b", "--db", &cli.db(), "--json"]);
     let doc: Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(doc["run"]["status"], "cancelled", "the store has it too");
+
+    // Retention: the token is needed; bad ages and fields are refused; a dry run counts
+    // the cancelled run and deletes nothing; gc deletes it and only it.
+    std::thread::sleep(Duration::from_millis(5));
+    let now = json!({ "finished_before": "0s", "dedupe_window": "0s" });
+    let gc = served.post_json("/api/gc", None, &now);
+    assert_eq!(gc.status, 401);
+    let gc = served.post_json("/api/gc", Some(token), &json!({ "finished_before": "7" }));
+    assert_eq!((gc.status, gc.code().as_str()), (400, "bad_request"));
+    assert!(gc.text().contains("not a length of time"), "{}", gc.text());
+    let gc = served.post_json("/api/gc", Some(token), &json!({ "older": "7d" }));
+    assert_eq!((gc.status, gc.code().as_str()), (400, "malformed_json"));
+    let mut dry = now.clone();
+    dry["dry_run"] = json!(true);
+    let dry = served.post_json("/api/gc", Some(token), &dry);
+    assert_eq!(dry.status, 200, "{}", dry.text());
+    assert_eq!(dry.json()["dry_run"], true);
+    assert_eq!(dry.json()["report"]["runs"], 1);
+    assert_eq!(served.get("/api/runs/b").status, 200);
+    let done = served.post_json("/api/gc", Some(token), &now);
+    assert_eq!(done.status, 200, "{}", done.text());
+    for field in [
+        "runs",
+        "results",
+        "claims",
+        "checkpoints",
+        "log_chunks",
+        "components",
+    ] {
+        assert_eq!(
+            done.json()["report"][field],
+            dry.json()["report"][field],
+            "{field}"
+        );
+    }
+    assert_eq!(served.get("/api/runs/b").status, 404);
+    assert_eq!(served.get("/api/runs/a").status, 200, "a queued run stays");
 }
 
 #[test]
@@ -848,6 +885,32 @@ fn metrics_agree_with_the_store_during_and_after_runs() {
         let lines = crate::util::read_log(&cli.data().join(format!("{id}.txt")));
         assert_eq!(lines.len(), 4, "{id}");
     }
+    assert_eq!(after["idem_instances_recycled_total"], 0.0);
+
+    // A run the host recycles: each instance it dropped and replaced is counted in the
+    // store, and the server reports the store's sum.
+    let input = json!({ "steps": 4, "log": "/data/rec.txt" }).to_string();
+    let out = cli.run(STEPS, "rec", &input, &["--recycle-every", "2", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let recycled = doc["counts"]["recycled"].as_u64().unwrap();
+    assert!(recycled >= 1, "{doc}");
+    assert_eq!(recycled + 1, doc["counts"]["instances"].as_u64().unwrap());
+    let m = scrape(&served);
+    let status = run_cli(&["status", "--db", &cli.db(), "--json"]);
+    let doc: Value = serde_json::from_slice(&status.stdout).unwrap();
+    let in_store: u64 = doc["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["counts"]["recycled"].as_u64().unwrap())
+        .sum();
+    assert_eq!(in_store, recycled);
+    assert_eq!(m["idem_instances_recycled_total"], recycled as f64);
+    assert_eq!(
+        m["idem_instances_created_total"],
+        after["idem_instances_created_total"] + (recycled + 1) as f64
+    );
 
     // A parked key shows as in doubt.
     let parked = CliDir::new();
@@ -899,4 +962,38 @@ fn the_api_alone_deploys_submits_and_sees_a_run_complete_on_postgres() {
         1
     );
     assert_eq!(scrape(&served)["idem_runs{status=\"completed\"}"], 1.0);
+}
+
+#[test]
+fn a_client_slow_to_send_its_headers_is_cut_off() {
+    let cli = CliDir::new();
+    let served = Served::start(
+        &cli.db(),
+        &["--no-auth", "--no-cache", "--header-read-timeout", "1s"],
+    );
+    let started = Instant::now();
+    // Half a request line, then nothing; and a connection that sends nothing at all.
+    let mut slow = TcpStream::connect(served.addr).unwrap();
+    slow.write_all(b"GET /api/ru").unwrap();
+    let mut silent = TcpStream::connect(served.addr).unwrap();
+    // Meanwhile a whole request on another connection is answered.
+    assert_eq!(served.get("/api/runs").status, 200);
+    for (name, conn) in [("slow", &mut slow), ("silent", &mut silent)] {
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut answer = Vec::new();
+        match conn.read_to_end(&mut answer) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(e) => panic!("{name}: the connection was not closed: {e}"),
+        }
+        let text = String::from_utf8_lossy(&answer);
+        assert!(!text.contains("200 OK"), "{name}: {text}");
+    }
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+        "closed after {took:?}, the bound is 1 s"
+    );
+    assert_eq!(served.get("/api/runs").status, 200, "the server serves on");
 }

@@ -5,6 +5,7 @@ mod args;
 mod cancel;
 mod deploy;
 mod display;
+mod gc;
 mod logs;
 mod ls;
 mod progress;
@@ -61,6 +62,9 @@ pub enum Command {
     Resolve(resolve::ResolveCommand),
     /// Serve the JSON HTTP API, the web page of runs and `/metrics` over a store.
     Serve(Box<serve::ServeCommand>),
+    /// Delete finished runs and what only they used, keeping what live runs and the
+    /// dedupe window need.
+    Gc(gc::GcCommand),
     /// Crash-test an agent at every crash point in scratch stores, and report what broke.
     Prove(Box<prove::ProveCommand>),
 }
@@ -80,6 +84,7 @@ impl Command {
             Command::Status(cmd) => cmd.execute().await,
             Command::Resolve(cmd) => cmd.execute().await,
             Command::Serve(cmd) => cmd.execute().await,
+            Command::Gc(cmd) => cmd.execute().await,
             Command::Prove(cmd) => cmd.execute().await,
         }
     }

@@ -37,6 +37,10 @@ pub struct ServeCommand {
     /// Largest component a deploy may upload.
     #[arg(long, default_value = "64MiB", value_parser = size, value_name = "SIZE")]
     max_component: usize,
+    /// Close a connection whose client has not sent a request's headers within this
+    /// long, so that slow or silent clients cannot hold connections.
+    #[arg(long, default_value = "10s", value_parser = duration, value_name = "DURATION")]
+    header_read_timeout: Duration,
     /// Also drive runs in this process, as `idem worker` does.
     #[arg(long)]
     worker: bool,
@@ -90,6 +94,7 @@ impl ServeCommand {
             no_auth: self.no_auth,
             max_body_bytes: self.max_body,
             max_component_bytes: self.max_component,
+            header_read_timeout: self.header_read_timeout,
         };
         let server = Server::bind(Arc::clone(&store), Arc::clone(&runtime), options)
             .await

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use crate::store::{
     Acquired, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
-    Deployment, DeploymentRecord, LeaseState, LeasedRun, Millis, OpenClaim, Resolution, RunEnd,
-    RunFence, RunFilter, RunRecord, SignalSent, StepRecord, Store, StoreError, Submission,
-    Submitted, Suspension, WaitRecord, WaitRequest, WaitState,
+    Deployment, DeploymentRecord, GcReport, GcRequest, LeaseState, LeasedRun, Millis, OpenClaim,
+    Resolution, RunEnd, RunFence, RunFilter, RunRecord, SignalSent, StepRecord, Store, StoreError,
+    Submission, Submitted, Suspension, WaitRecord, WaitRequest, WaitState,
 };
 
 /// What one `run-once` call got from the store. A wait on a live holder is not an
@@ -325,5 +325,9 @@ impl Store for ObservedStore {
 
     async fn waits(&self, run_id: &str) -> Result<Vec<WaitRecord>, StoreError> {
         self.inner.waits(run_id).await
+    }
+
+    async fn gc(&self, req: &GcRequest) -> Result<GcReport, StoreError> {
+        self.inner.gc(req).await
     }
 }

@@ -20,4 +20,8 @@ pub struct ClaimHandle {
     /// Whether the claim still stands: cleared when it settles or is found taken over,
     /// which stops requests (and request bodies) made under it.
     pub(crate) live: ClaimLive,
+    /// The step's span (`idem.step`), open until the claim is committed or released.
+    pub(crate) span: tracing::Span,
+    /// When the step first asked for its key: the span's duration counts from here.
+    pub(crate) asked: std::time::Instant,
 }

@@ -6,6 +6,8 @@
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use super::Host;
 use super::authority::Authority;
 use super::capture::HttpCapture;
@@ -603,9 +605,27 @@ impl Host {
             log,
             capture,
         };
+        let worker = leased
+            .record
+            .lease
+            .as_ref()
+            .map_or("", |l| l.worker.as_str());
+        let span = tracing::info_span!(
+            "idem.run",
+            run_id = %text::escape(&leased.record.run_id, false),
+            agent = %text::escape(&leased.record.agent, false),
+            worker = %text::escape(worker, false),
+            status = tracing::field::Empty,
+            instances = tracing::field::Empty,
+        );
         let result = self
             .drive_instances(agent, authority, &leased.input, run, !leased.taken_over)
+            .instrument(span.clone())
             .await;
+        if let Ok(report) = &result {
+            span.record("status", report.status.as_str());
+            span.record("instances", report.instances_now);
+        }
         self.heartbeat.drop_run(&leased.record.run_id);
         result
     }
@@ -648,6 +668,7 @@ impl Host {
             let (status, outcome, failure) = match end {
                 InstanceEnd::Dropped(reason) => {
                     tracing::debug!(run_id = %text::escape(run.run_id(), false), %reason, "instance dropped");
+                    run.counts.recycled += 1;
                     // The next instance writes the counts as it starts, in the one
                     // transaction a recycle needs for them.
                     continue;

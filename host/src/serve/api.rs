@@ -18,7 +18,7 @@ use super::ServeState;
 use super::error::ApiError;
 use crate::ops::{self, RunView, SubmitRequest};
 use crate::runtime::Authority;
-use crate::store::{Cancelled, Resolution, RunFilter, RunStatus};
+use crate::store::{Cancelled, GcRequest, Resolution, RunFilter, RunStatus};
 
 type Answer = Result<(StatusCode, Json<Value>), ApiError>;
 
@@ -269,6 +269,42 @@ pub(super) async fn cancel_run(
             "worker": lease.worker,
         })),
     }
+}
+
+/// `POST /api/gc` body: every field optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct GcBody {
+    finished_before: Option<String>,
+    dedupe_window: Option<String>,
+    #[serde(default)]
+    include_failed: bool,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+pub(super) async fn gc(
+    State(state): State<ServeState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Answer {
+    let b: GcBody = json_body(&headers, body)?;
+    let age = |what, given: Option<String>, default| match given {
+        Some(text) => ops::parse_age(what, &text),
+        None => Ok(default),
+    };
+    let req = GcRequest {
+        finished_before: age(
+            "finished_before",
+            b.finished_before,
+            ops::DEFAULT_FINISHED_BEFORE,
+        )?,
+        dedupe_window: age("dedupe_window", b.dedupe_window, ops::DEFAULT_DEDUPE_WINDOW)?,
+        include_failed: b.include_failed,
+        dry_run: b.dry_run,
+    };
+    let report = ops::gc(state.store.as_ref(), &req).await?;
+    ok(json!({ "dry_run": req.dry_run, "report": report }))
 }
 
 pub(super) async fn list_deployments(State(state): State<ServeState>) -> Answer {

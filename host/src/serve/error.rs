@@ -162,6 +162,7 @@ impl From<OpError> for ApiError {
             OpError::NotJson { .. } => ApiError::new("not_json", e.to_string()),
             OpError::NotParked { message } => ApiError::new("not_parked", message),
             OpError::Ambiguous { message } => ApiError::new("ambiguous_key", message),
+            OpError::BadAge { .. } => ApiError::new("bad_request", e.to_string()),
         }
     }
 }

@@ -3,9 +3,10 @@
 //! sharing a store report the same thing and a restart loses nothing.
 //!
 //! Counters are sums over the runs in the store (they only grow while no run is
-//! deleted); gauges are counts now. The durable-step latency is the time from a step's
-//! claim to its commit, per committed step; the steps of a completed or cancelled run
-//! never change, so theirs are read once and kept.
+//! deleted: `Store::gc` lowers them, which Prometheus reads as a counter reset); gauges
+//! are counts now. The durable-step latency is the time from a step's claim to its
+//! commit, per committed step; the steps of a completed or cancelled run never change,
+//! so theirs are read once and kept.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -72,7 +73,7 @@ pub(crate) async fn render(
             .set(n as i64);
     }
     let sum = |f: fn(&RunRecord) -> u64| runs.iter().map(f).sum::<u64>();
-    let counters: [(&str, &str, u64); 5] = [
+    let counters: [(&str, &str, u64); 6] = [
         (
             "steps_executed",
             "Claims granted: side effects started (reclaimed ones included)",
@@ -97,6 +98,12 @@ pub(crate) async fn render(
             "instances_created",
             "Instances created for runs",
             sum(|r| r.counts.instances),
+        ),
+        (
+            "instances_recycled",
+            "Instances the host dropped on purpose and replaced with a fresh one for the \
+             same run",
+            sum(|r| r.counts.recycled),
         ),
     ];
     for (name, help, value) in counters {

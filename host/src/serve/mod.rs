@@ -36,12 +36,19 @@ mod routes;
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::middleware;
 use axum::routing::{MethodRouter, get, post};
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
 
 pub use auth::AuthPolicy;
 pub use error::{ApiError, CODES};
@@ -65,6 +72,10 @@ pub struct ServeOptions {
     pub max_body_bytes: usize,
     /// Largest component a deploy may upload, in bytes.
     pub max_component_bytes: usize,
+    /// How long a client may take to send a request's headers (from the moment the
+    /// connection is open, or the previous response was sent) before its connection is
+    /// closed: one slow or silent client cannot hold a connection forever.
+    pub header_read_timeout: Duration,
 }
 
 impl Default for ServeOptions {
@@ -76,6 +87,7 @@ impl Default for ServeOptions {
             max_body_bytes: 2 << 20,
             // A Python agent is ~19 MB (the interpreter and its standard library).
             max_component_bytes: 64 << 20,
+            header_read_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -125,6 +137,7 @@ pub struct Server {
     listener: tokio::net::TcpListener,
     router: Router,
     addr: SocketAddr,
+    header_read_timeout: Duration,
 }
 
 impl std::fmt::Debug for Server {
@@ -160,6 +173,7 @@ impl Server {
             listener,
             router: router(state, Arc::new(policy), &options),
             addr,
+            header_read_timeout: options.header_read_timeout,
         })
     }
 
@@ -169,15 +183,66 @@ impl Server {
     }
 
     /// Serves until `shutdown` completes, then finishes the requests in flight.
+    ///
+    /// Each connection is served by hyper's HTTP/1 connection with a header-read
+    /// timeout ([`ServeOptions::header_read_timeout`]), which `axum::serve` does not
+    /// expose.
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServeError> {
-        axum::serve(self.listener, self.router)
-            .with_graceful_shutdown(shutdown)
-            .await?;
+        let mut http = http1::Builder::new();
+        http.timer(TokioTimer::new())
+            .header_read_timeout(self.header_read_timeout);
+        let (stop, stopping) = watch::channel(());
+        let mut connections = JoinSet::new();
+        let mut shutdown = pin!(shutdown);
+        loop {
+            let stream = tokio::select! {
+                () = &mut shutdown => break,
+                // Reaped as they end, so the set holds only live connections.
+                Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+                accepted = self.listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        accept_failed(e).await;
+                        continue;
+                    }
+                },
+            };
+            let service = TowerToHyperService::new(self.router.clone());
+            let conn = http.serve_connection(TokioIo::new(stream), service);
+            let mut stopping = stopping.clone();
+            connections.spawn(async move {
+                let mut conn = pin!(conn);
+                tokio::select! {
+                    // A client that timed out or went away is no error of the server's.
+                    _ = conn.as_mut() => return,
+                    _ = stopping.changed() => conn.as_mut().graceful_shutdown(),
+                }
+                let _ = conn.await;
+            });
+        }
+        drop(self.listener);
+        drop(stop);
+        while connections.join_next().await.is_some() {}
         Ok(())
     }
+}
+
+/// Waits after a failed accept: at once for a connection the client dropped before it
+/// was taken, a while for a lack of resources (out of file descriptors), so as not to
+/// spin.
+async fn accept_failed(e: std::io::Error) {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
+    if matches!(
+        e.kind(),
+        ConnectionAborted | ConnectionRefused | ConnectionReset
+    ) {
+        return;
+    }
+    tracing::warn!("cannot accept a connection: {e}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
 }
 
 /// The router: every route of [`ROUTES`] with its handler, its gate and its body limit.
@@ -220,6 +285,7 @@ fn handler(route: &Route) -> MethodRouter<ServeState> {
         "cancel_run" => post(api::cancel_run),
         "list_deployments" => get(api::list_deployments),
         "deploy" => post(api::deploy),
+        "gc" => post(api::gc),
         // A route in the table without a handler: the tests build the router and
         // call every route, so this cannot ship.
         _ => get(|| async { ApiError::new("internal", "route without a handler") }),

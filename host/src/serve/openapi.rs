@@ -135,6 +135,16 @@ fn schemas() -> Value {
                 "retry": { "type": "boolean", "const": true },
             },
         },
+        "Gc": {
+            "type": "object",
+            "additionalProperties": false,
+            "properties": {
+                "finished_before": { "type": "string", "description": "runs finished this long ago go, as 30d, 12h, 90m or 30s (default 30d)" },
+                "dedupe_window": { "type": "string", "description": "keys committed within this stay (default 7d)" },
+                "include_failed": { "type": "boolean", "description": "failed runs count as finished (default false)" },
+                "dry_run": { "type": "boolean", "description": "count only (default false)" },
+            },
+        },
     })
 }
 

@@ -197,4 +197,15 @@ pub const ROUTES: &[Route] = &[
         query: &[("name", "the deployment's name (required)")],
         responds: JSON,
     },
+    Route {
+        method: "POST",
+        path: "/api/gc",
+        id: "gc",
+        summary: "Delete finished runs and the keys, logs and components only they used \
+                  (or, with dry_run, count them)",
+        access: Access::Mutate,
+        body: Body::Json("Gc"),
+        query: &[],
+        responds: JSON,
+    },
 ];

@@ -39,6 +39,7 @@ mod api;
 mod claims;
 mod components;
 mod conn;
+mod gc;
 mod leases;
 mod logs;
 mod one_trip;

@@ -4,7 +4,10 @@
 //! and writes what the answer says; so the two backends cannot drift apart on a rule,
 //! and the store suite, which runs on both, checks one implementation.
 
-use super::{ClaimOutcome, Grant, HeldClaim, Millis, RunLeaseInfo, RunStatus, StoreError};
+use super::{
+    ClaimOutcome, GcReport, GcRequest, Grant, HeldClaim, Millis, RunLeaseInfo, RunStatus,
+    StoreError,
+};
 
 /// The largest token, count or step a store keeps: both backends store them as signed
 /// 64-bit integers.
@@ -158,6 +161,46 @@ pub(crate) fn decide_run_lease(
         token: next_token("run lease token", last)?,
         taken_over,
     })
+}
+
+/// Rows `Store::gc` deletes per transaction: small enough that the writers it shares
+/// the store with (a worker's steps) wait a few milliseconds at most.
+pub(crate) const GC_BATCH: usize = 256;
+
+/// When gc collects: runs that finished before the first time, keys committed before
+/// the second, both measured back from `now` on the store's clock.
+pub(crate) fn gc_cutoffs(now: Millis, req: &GcRequest) -> (Millis, Millis) {
+    let before = |age: std::time::Duration| {
+        now.saturating_sub(Millis::try_from(age.as_millis()).unwrap_or(Millis::MAX))
+    };
+    (before(req.finished_before), before(req.dedupe_window))
+}
+
+/// A count in a [`GcReport`].
+pub(crate) type ReportField = fn(&mut GcReport) -> &mut u64;
+
+/// The tables that hang off a run (beyond its input and outcome), each with the
+/// report's count for it: what gc deletes with the run.
+pub(crate) const GC_RUN_TABLES: &[(&str, ReportField)] = &[
+    ("progress", |r| &mut r.checkpoints),
+    ("run_logs", |r| &mut r.log_chunks),
+    ("waits", |r| &mut r.waits),
+    ("signals", |r| &mut r.signals),
+    ("run_upgrades", |r| &mut r.upgrades),
+];
+
+/// The statuses gc counts as finished: completed and cancelled runs never run again;
+/// failed ones are resumable, so only when asked.
+pub(crate) fn gc_statuses(req: &GcRequest) -> &'static [RunStatus] {
+    if req.include_failed {
+        &[
+            RunStatus::Completed,
+            RunStatus::Cancelled,
+            RunStatus::Failed,
+        ]
+    } else {
+        &[RunStatus::Completed, RunStatus::Cancelled]
+    }
 }
 
 #[cfg(test)]

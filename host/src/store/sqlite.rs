@@ -24,6 +24,7 @@ mod components;
 mod epoch;
 #[cfg(test)]
 mod fault_tests;
+mod gc;
 mod leases;
 mod logs;
 #[cfg(test)]
@@ -397,7 +398,8 @@ pub(in crate::store) fn check_counts(counts: &Counts) -> Result<(), StoreError> 
     check_range("count skipped", counts.skipped, SQL_MAX)?;
     check_range("count awaited", counts.awaited, SQL_MAX)?;
     check_range("count reclaimed", counts.reclaimed, SQL_MAX)?;
-    check_range("count instances", counts.instances, SQL_MAX)
+    check_range("count instances", counts.instances, SQL_MAX)?;
+    check_range("count recycled", counts.recycled, SQL_MAX)
 }
 
 /// Refuses a checkpoint a store cannot keep, before anything is written.

@@ -24,6 +24,17 @@ use crate::text;
 const AWAIT_POLL_MIN: Duration = Duration::from_millis(1);
 const AWAIT_POLL_MAX: Duration = Duration::from_millis(50);
 
+/// A granted step's span and when the step first asked for its key.
+struct StepSpan {
+    span: tracing::Span,
+    asked: Instant,
+}
+
+/// Milliseconds since `since`, for a span's duration.
+fn millis(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
 impl Host for IdemCtxView<'_> {
     async fn run_once(
         &mut self,
@@ -78,6 +89,16 @@ impl IdemCtxView<'_> {
         let ordinal = self.ctx.run.ordinal(&key);
         self.ctx.fault(Phase::BeforeClaim, ordinal)?;
 
+        // Opened here, under the run's span; a granted step's span lives on in its
+        // claim until the commit.
+        let span = tracing::info_span!(
+            "idem.step",
+            key = %text::escape(&stored, false),
+            outcome = tracing::field::Empty,
+            token = tracing::field::Empty,
+            duration_ms = tracing::field::Empty,
+        );
+        let first_asked = Instant::now();
         let mut waited = false;
         let mut pause = AWAIT_POLL_MIN;
         // An await timeout too long for the clock's arithmetic simply never ends.
@@ -94,6 +115,9 @@ impl IdemCtxView<'_> {
                         self.ctx.run.counts.skipped += 1;
                         Obtained::Skipped
                     };
+                    let outcome = if waited { "awaited" } else { "skipped" };
+                    span.record("outcome", outcome);
+                    span.record("duration_ms", millis(first_asked));
                     return Ok(Outcome::Committed(Committed { value, obtained }));
                 }
                 ClaimOutcome::Granted(grant) => {
@@ -105,11 +129,26 @@ impl IdemCtxView<'_> {
                         self.drop_ungranted(&stored, &grant).await?;
                         return Err(drop.into());
                     }
-                    let claim = self.grant(stored, key, ordinal, grant, asked)?;
+                    let outcome = if grant.in_doubt {
+                        "retaken"
+                    } else {
+                        "executed"
+                    };
+                    span.record("outcome", outcome);
+                    span.record("token", grant.token);
+                    let step = StepSpan {
+                        span,
+                        asked: first_asked,
+                    };
+                    let claim = self.grant(stored, key, ordinal, grant, asked, step)?;
                     return Ok(Outcome::Claimed(claim));
                 }
-                ClaimOutcome::Parked { .. } => return Err(StepError::InDoubt(key).into()),
+                ClaimOutcome::Parked { .. } => {
+                    span.record("outcome", "parked");
+                    return Err(StepError::InDoubt(key).into());
+                }
                 ClaimOutcome::Conflict { fingerprint: bound } => {
+                    span.record("outcome", "key-reused");
                     return Err(StepError::KeyReused(format!(
                         "key {} is bound to input {}, not {}; derive the key from the input, \
                          or use another key",
@@ -128,6 +167,7 @@ impl IdemCtxView<'_> {
                 }
                 ClaimOutcome::Held(_) => {
                     if deadline.is_some_and(|d| Instant::now() >= d) {
+                        span.record("outcome", "await-timeout");
                         return Err(StepError::AwaitTimeout(key).into());
                     }
                     waited = true;
@@ -192,6 +232,7 @@ impl IdemCtxView<'_> {
         ordinal: u32,
         grant: Grant,
         asked: Instant,
+        step: StepSpan,
     ) -> wasmtime::Result<Resource<ClaimHandle>> {
         let ctx = &mut *self.ctx;
         ctx.grants += 1;
@@ -220,6 +261,8 @@ impl IdemCtxView<'_> {
             in_doubt: grant.in_doubt,
             ordinal,
             live,
+            span: step.span,
+            asked: step.asked,
         })?)
     }
 
@@ -237,6 +280,8 @@ impl IdemCtxView<'_> {
 
     async fn release_claim(&mut self, claim: &ClaimHandle) -> wasmtime::Result<()> {
         self.end_effect(claim);
+        claim.span.record("outcome", "released");
+        claim.span.record("duration_ms", millis(claim.asked));
         let run = &self.ctx.run;
         run.store
             .release(&ClaimRef {
@@ -313,6 +358,7 @@ impl HostClaim for IdemCtxView<'_> {
             }
             Err(e) => return Err(e.into()),
         }
+        claim.span.record("duration_ms", millis(claim.asked));
         self.ctx.run.last_committed = claim.ordinal;
         self.ctx.fault(Phase::AfterCommit, claim.ordinal)?;
         if checkpoint.is_some() {

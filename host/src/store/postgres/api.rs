@@ -6,14 +6,14 @@ use std::time::Duration;
 
 use super::conn::{Fenced, Lock, write_tx};
 use super::one_trip::OneTrip;
-use super::{PostgresStore, TxError, claims, components, leases, logs, runs, waits};
+use super::{PostgresStore, TxError, claims, components, gc, leases, logs, runs, waits};
 use crate::store::clock::lease_expiry;
 use crate::store::sqlite::{check_checkpoint, check_counts};
 use crate::store::{
     Acquired, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
-    Deployment, DeploymentRecord, LeaseState, LeasedRun, Millis, OpenClaim, Resolution, RunEnd,
-    RunFence, RunFilter, RunRecord, SignalSent, StepRecord, Store, StoreError, Submission,
-    Submitted, Suspension, SyncMode, WaitRecord, WaitRequest, WaitState,
+    Deployment, DeploymentRecord, GcReport, GcRequest, LeaseState, LeasedRun, Millis, OpenClaim,
+    Resolution, RunEnd, RunFence, RunFilter, RunRecord, SignalSent, StepRecord, Store, StoreError,
+    Submission, Submitted, Suspension, SyncMode, WaitRecord, WaitRequest, WaitState,
 };
 
 /// Refuses a write whose fence did not hold.
@@ -456,6 +456,76 @@ impl Store for PostgresStore {
             waits::waits(conn, run_id).await
         })
         .await
+    }
+
+    async fn gc(&self, req: &GcRequest) -> Result<GcReport, StoreError> {
+        const OP: &str = "collect garbage";
+        let cut = gc::Cut::new(self.now().await?, req);
+        let mut report = cut.report();
+        // Keys first: a chunk is read, and locked and written only if something in it
+        // goes.
+        let mut after = String::new();
+        loop {
+            let chunk = self
+                .read(OP, async |conn| gc::scan_steps(conn, &cut, &after).await)
+                .await?;
+            let Some(chunk) = chunk else { break };
+            if req.dry_run {
+                report.results += chunk.results;
+                report.claims += chunk.claims;
+            } else if chunk.results + chunk.claims > 0 {
+                let (results, claims) = write_tx!(self, OP, self.sync, None, |conn, _f| {
+                    gc::delete_steps(conn, &cut, &after, &chunk.last).await
+                })?;
+                report.results += results;
+                report.claims += claims;
+            }
+            after = chunk.last;
+        }
+        // Then the runs, a batch at a time, with what hangs off them.
+        let mut after = 0;
+        loop {
+            let batch = self
+                .read(OP, async |conn| gc::collected_runs(conn, &cut, after).await)
+                .await?;
+            let Some(&(last, _)) = batch.last() else {
+                break;
+            };
+            after = last;
+            let ids: Vec<String> = batch.into_iter().map(|(_, id)| id).collect();
+            let part = if req.dry_run {
+                self.read(OP, async |conn| {
+                    let mut part = GcReport::default();
+                    gc::collect_runs(conn, &cut, &ids, true, &mut part).await?;
+                    Ok(part)
+                })
+                .await?
+            } else {
+                write_tx!(self, OP, self.sync, None, |conn, _f| {
+                    let mut part = GcReport::default();
+                    gc::collect_runs(conn, &cut, &ids, false, &mut part).await?;
+                    Ok(part)
+                })?
+            };
+            report.add(&part);
+        }
+        // Last the components no run or deployment uses any more.
+        if req.dry_run {
+            report.components = self
+                .read(OP, async |conn| gc::count_components(conn, &cut).await)
+                .await?;
+        } else {
+            loop {
+                let deleted = write_tx!(self, OP, self.sync, None, |conn, _f| {
+                    gc::delete_components(conn, &cut).await
+                })?;
+                if deleted == 0 {
+                    break;
+                }
+                report.components += deleted;
+            }
+        }
+        Ok(report)
     }
 }
 

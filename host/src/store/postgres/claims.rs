@@ -52,13 +52,16 @@ pub(super) async fn claim(
     let run_id = req.fence.run_id.as_str();
     let lease_expires = lease_expiry(now, req.lease);
     // Most claims are of keys never seen: try the insert first. A concurrent insert of
-    // the same key makes this one wait for it, then do nothing.
+    // the same key makes this one wait for it, then do nothing. A key never seen may be
+    // one gc deleted: its first token starts above every token a deleted key had
+    // (`retired`; gc deletes under a lock that waits for this transaction).
     let inserted = conn
-        .execute(
+        .query_opt(
             "INSERT INTO steps
                  (key, run_id, holder, token, attempt, claimed_at, lease_expires, fingerprint)
-             VALUES ($1, $2, $3, 1, 1, $4, $5, $6)
-             ON CONFLICT (key) DO NOTHING",
+             VALUES ($1, $2, $3, (SELECT token + 1 FROM retired WHERE id = 0), 1, $4, $5, $6)
+             ON CONFLICT (key) DO NOTHING
+             RETURNING token",
             &[
                 &req.key,
                 &run_id,
@@ -69,11 +72,12 @@ pub(super) async fn claim(
             ],
         )
         .await?;
-    if inserted == 1 {
-        return Ok(ClaimOutcome::Granted(first_grant(0)));
+    if let Some(row) = inserted {
+        return Ok(ClaimOutcome::Granted(first_grant(u64_col(&row, 0)?)));
     }
     let Some(current) = current(conn, req.key).await? else {
-        // Keys are never deleted, so the row the insert met is there.
+        // The insert met the row, and this transaction has written to `steps` since,
+        // which keeps gc (the only deleter) out until it ends.
         return Err(TxError::Store(StoreError::Backend {
             op: "claim a key",
             source: format!("key {:?} vanished while being claimed", req.key).into(),

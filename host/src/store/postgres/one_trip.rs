@@ -23,8 +23,10 @@ use crate::store::{ClaimOutcome, ClaimRequest, Commit, Millis, StoreError, SyncM
 
 /// Claims a key never seen, or reads it committed. The clock is `conn.rs`'s `NOW`. Parameters: `$1` manual time, `$2`
 /// run, `$3` run lease token, `$4` key, `$5` holder, `$6` lease in ms, `$7` fingerprint.
-/// Returns one row: whether the fence held, whether the key was inserted, the time, and
-/// the key's row as the statement's snapshot saw it (all null if it had none).
+/// Returns one row: whether the fence held, whether the key was inserted, the time, the
+/// key's row as the statement's snapshot saw it (all null if it had none), and the token
+/// inserted. A key never seen may be one gc deleted: its first token starts above every
+/// token a deleted key had (`retired`).
 const CLAIM_NEW: &str = concat!(
     "WITH ",
     "clock AS (SELECT coalesce($1::int8, (extract(epoch FROM now()) * 1000)::int8) AS now), ",
@@ -33,16 +35,16 @@ const CLAIM_NEW: &str = concat!(
               FOR SHARE),
      ins AS (INSERT INTO steps
                  (key, run_id, holder, token, attempt, claimed_at, lease_expires, fingerprint)
-             SELECT $4, $2, $5, 1, 1, clock.now,
+             SELECT $4, $2, $5, (SELECT token + 1 FROM retired WHERE id = 0), 1, clock.now,
                     CASE WHEN clock.now > 9223372036854775807 - $6::int8
                          THEN 9223372036854775807 ELSE clock.now + $6::int8 END,
                     $7
              FROM clock, fence
              ON CONFLICT (key) DO NOTHING
-             RETURNING 1)
+             RETURNING token)
      SELECT EXISTS (SELECT 1 FROM fence), EXISTS (SELECT 1 FROM ins), (SELECT now FROM clock),
             s.run_id, s.holder, s.token, s.attempt, s.lease_expires, s.parked, s.fingerprint,
-            s.result
+            s.result, (SELECT token FROM ins)
      FROM (SELECT 1) AS one
      LEFT JOIN steps s ON s.key = $4"
 );
@@ -119,7 +121,9 @@ impl PostgresStore {
         let read = || -> Result<OneTrip<ClaimOutcome>, TxError> {
             let (fence_held, inserted): (bool, bool) = (row.try_get(0)?, row.try_get(1)?);
             if inserted {
-                return Ok(OneTrip::Done(ClaimOutcome::Granted(first_grant(0))));
+                return Ok(OneTrip::Done(ClaimOutcome::Granted(first_grant(u64_col(
+                    &row, 11,
+                )?))));
             }
             let result: Option<Vec<u8>> = row.try_get(10)?;
             if !fence_held || result.is_none() {
@@ -166,13 +170,14 @@ impl PostgresStore {
         };
         let counts = commit
             .counts
-            .map(|c| -> Result<[i64; 5], TxError> {
+            .map(|c| -> Result<[i64; 6], TxError> {
                 Ok([
                     to_sql_int(c.executed)?,
                     to_sql_int(c.skipped)?,
                     to_sql_int(c.awaited)?,
                     to_sql_int(c.reclaimed)?,
                     to_sql_int(c.instances)?,
+                    to_sql_int(c.recycled)?,
                 ])
             })
             .transpose()
@@ -256,7 +261,7 @@ fn commit_sql(counts: bool, checkpoint: bool) -> &'static str {
             "FOR NO KEY UPDATE",
             ", counts_row AS (UPDATE runs
                  SET executed = $7, skipped = $8, awaited = $9, reclaimed = $10,
-                     instances = $11, updated = clock.now
+                     instances = $11, recycled = $12, updated = clock.now
                  FROM clock, done WHERE run_id = $2)",
             ""
         ),
@@ -264,10 +269,10 @@ fn commit_sql(counts: bool, checkpoint: bool) -> &'static str {
             "FOR NO KEY UPDATE",
             ", counts_row AS (UPDATE runs
                  SET executed = $7, skipped = $8, awaited = $9, reclaimed = $10,
-                     instances = $11, updated = clock.now
+                     instances = $11, recycled = $12, updated = clock.now
                  FROM clock, done WHERE run_id = $2)",
             ", progress_row AS (INSERT INTO progress (run_id, step, state, updated)
-                 SELECT $2, $12, $13, clock.now FROM clock, done
+                 SELECT $2, $13, $14, clock.now FROM clock, done
                  ON CONFLICT (run_id) DO UPDATE
                  SET step = excluded.step, state = excluded.state, updated = excluded.updated)"
         ),

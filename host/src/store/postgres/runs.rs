@@ -18,7 +18,8 @@ macro_rules! select_records {
             "SELECT r.run_id, r.agent, r.digest, r.namespace, r.status, o.outcome,
                     r.executed, r.skipped, r.awaited, r.reclaimed, r.instances,
                     r.lease_holder, r.lease_token, r.lease_expires, r.cancel_requested,
-                    r.note, r.created, r.updated, p.step, r.wake_at, r.waiting_for
+                    r.note, r.created, r.updated, p.step, r.wake_at, r.waiting_for,
+                    r.recycled
              FROM runs r
              LEFT JOIN progress p ON p.run_id = r.run_id
              LEFT JOIN run_outcomes o ON o.run_id = r.run_id ",
@@ -281,7 +282,7 @@ pub(super) async fn save_counts(conn: &Conn, run_id: &str, counts: &Counts) -> R
     conn.execute(
         "UPDATE runs
          SET executed = $2, skipped = $3, awaited = $4, reclaimed = $5, instances = $6,
-             updated = $7
+             recycled = $8, updated = $7
          WHERE run_id = $1",
         &[
             &run_id,
@@ -291,6 +292,7 @@ pub(super) async fn save_counts(conn: &Conn, run_id: &str, counts: &Counts) -> R
             &to_sql_int(counts.reclaimed)?,
             &to_sql_int(counts.instances)?,
             &conn.now,
+            &to_sql_int(counts.recycled)?,
         ],
     )
     .await?;
@@ -322,6 +324,7 @@ pub(super) fn record(row: &Row) -> Result<RunRecord, TxError> {
             awaited: u64_col(row, 8)?,
             reclaimed: u64_col(row, 9)?,
             instances: u64_col(row, 10)?,
+            recycled: u64_col(row, 21)?,
         },
         lease: lease_from(row, 11)?,
         cancel_requested: row.try_get(14)?,

@@ -15,6 +15,8 @@ use crate::store::{DatabaseFault, StoreError, SyncMode};
 const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0001_init.sql"),
     include_str!("../migrations/postgres/0002_waits.sql"),
+    include_str!("../migrations/postgres/0003_retired.sql"),
+    include_str!("../migrations/postgres/0004_recycled.sql"),
 ];
 
 /// The schema version this build writes and understands.

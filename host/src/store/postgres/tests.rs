@@ -84,7 +84,7 @@ fn a_schema_from_a_newer_idem_is_refused() {
             found, supported, ..
         }) => {
             assert_eq!(found, 99);
-            assert_eq!(supported, 2);
+            assert_eq!(supported, super::schema::SCHEMA_VERSION);
         }
         other => panic!("expected SchemaTooNew, got {other:?}"),
     }

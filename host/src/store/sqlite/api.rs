@@ -6,15 +6,15 @@
 use std::time::Duration;
 
 use super::{
-    SqliteStore, check_checkpoint, check_counts, claims, components, leases, logs, runs, waits,
+    SqliteStore, check_checkpoint, check_counts, claims, components, gc, leases, logs, runs, waits,
 };
 use crate::store::clock::lease_expiry;
 use crate::store::waits::OwnedWaitKind;
 use crate::store::{
     Acquired, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
-    Deployment, DeploymentRecord, LeaseState, LeasedRun, Millis, OpenClaim, Resolution, RunEnd,
-    RunFence, RunFilter, RunRecord, SignalSent, StepRecord, Store, StoreError, Submission,
-    Submitted, Suspension, SyncMode, WaitRecord, WaitRequest, WaitState,
+    Deployment, DeploymentRecord, GcReport, GcRequest, LeaseState, LeasedRun, Millis, OpenClaim,
+    Resolution, RunEnd, RunFence, RunFilter, RunRecord, SignalSent, StepRecord, Store, StoreError,
+    Submission, Submitted, Suspension, SyncMode, WaitRecord, WaitRequest, WaitState,
 };
 
 #[async_trait::async_trait]
@@ -469,6 +469,83 @@ impl Store for SqliteStore {
             waits::waits(conn, &run_id)
         })
         .await
+    }
+
+    async fn gc(&self, req: &GcRequest) -> Result<GcReport, StoreError> {
+        const OP: &str = "collect garbage";
+        let cut = gc::Cut::new(self.clock.now(), req);
+        let mut report = cut.report();
+        // Keys first: a chunk is read, and written only if something in it goes.
+        let mut after = String::new();
+        loop {
+            let (c, a) = (cut.clone(), after.clone());
+            let chunk = self
+                .read(OP, move |conn| gc::scan_steps(conn, &c, &a))
+                .await?;
+            let Some(chunk) = chunk else { break };
+            if req.dry_run {
+                report.results += chunk.results;
+                report.claims += chunk.claims;
+            } else if chunk.results + chunk.claims > 0 {
+                let (c, a, last) = (cut.clone(), after.clone(), chunk.last.clone());
+                let (results, claims) = self
+                    .write(OP, self.sync, move |conn, _| {
+                        gc::delete_steps(conn, &c, &a, &last)
+                    })
+                    .await?;
+                report.results += results;
+                report.claims += claims;
+            }
+            after = chunk.last;
+        }
+        // Then the runs, a batch at a time, with what hangs off them.
+        let mut after = 0;
+        loop {
+            let c = cut.clone();
+            let batch = self
+                .read(OP, move |conn| gc::collected_runs(conn, &c, after))
+                .await?;
+            let Some(&(last, _)) = batch.last() else {
+                break;
+            };
+            after = last;
+            let ids: Vec<String> = batch.into_iter().map(|(_, id)| id).collect();
+            let (c, dry_run) = (cut.clone(), req.dry_run);
+            let mut part = GcReport::default();
+            part = if dry_run {
+                self.read(OP, move |conn| {
+                    gc::collect_runs(conn, &c, &ids, true, &mut part).map(|()| part)
+                })
+                .await?
+            } else {
+                self.write(OP, self.sync, move |conn, _| {
+                    gc::collect_runs(conn, &c, &ids, false, &mut part).map(|()| part)
+                })
+                .await?
+            };
+            report.add(&part);
+        }
+        // Last the components no run or deployment uses any more.
+        if req.dry_run {
+            let c = cut.clone();
+            report.components = self
+                .read(OP, move |conn| gc::count_components(conn, &c))
+                .await?;
+        } else {
+            loop {
+                let c = cut.clone();
+                let deleted = self
+                    .write(OP, self.sync, move |conn, _| {
+                        gc::delete_components(conn, &c)
+                    })
+                    .await?;
+                if deleted == 0 {
+                    break;
+                }
+                report.components += deleted;
+            }
+        }
+        Ok(report)
     }
 }
 

@@ -59,27 +59,35 @@ pub(super) fn claim(
     check_fence(conn, req.fence)?;
     let run_id = req.fence.run_id.as_str();
     let lease_expires = lease_expiry(now, req.lease);
-    let first = first_grant(floor);
     // Most claims are of keys never seen: try the insert first, and look at the row
-    // only when there is one.
-    let inserted = conn
+    // only when there is one. A key never seen may be one gc deleted: its first token
+    // starts above every token a deleted key had (`epoch.retired`).
+    let inserted: Option<i64> = conn
         .prepare_cached(
             "INSERT INTO steps
                  (key, run_id, holder, token, attempt, claimed_at, lease_expires, fingerprint)
-             VALUES (?1, ?2, ?3, ?7, 1, ?4, ?5, ?6)
-             ON CONFLICT (key) DO NOTHING",
+             VALUES (?1, ?2, ?3, max(?7, (SELECT retired + 1 FROM epoch WHERE id = 0)),
+                     1, ?4, ?5, ?6)
+             ON CONFLICT (key) DO NOTHING
+             RETURNING token",
         )?
-        .execute(params![
-            req.key,
-            run_id,
-            req.holder,
-            now,
-            lease_expires,
-            req.fingerprint,
-            to_sql_int(first.token)?
-        ])?;
-    if inserted == 1 {
-        return Ok(ClaimOutcome::Granted(first));
+        .query_row(
+            params![
+                req.key,
+                run_id,
+                req.holder,
+                now,
+                lease_expires,
+                req.fingerprint,
+                to_sql_int(first_grant(floor).token)?
+            ],
+            |row| row.get(0),
+        )
+        .optional()?;
+    if let Some(token) = inserted {
+        return Ok(ClaimOutcome::Granted(first_grant(
+            u64::try_from(token).unwrap_or(0),
+        )));
     }
     let Some(current) = current(conn, req.key)? else {
         // The insert met a row that is not there: only a corrupt index would do that.

@@ -113,6 +113,7 @@ fn version_2_store_migrates_with_runs_results_and_checkpoints_intact() {
                 awaited: 0,
                 reclaimed: 0,
                 instances: 2,
+                recycled: 0,
             }
         );
         assert_eq!((done.created, done.updated, done.lease), (100, 200, None));

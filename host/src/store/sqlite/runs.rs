@@ -20,7 +20,8 @@ macro_rules! select_records {
             "SELECT r.run_id, r.agent, r.digest, r.namespace, r.status, o.outcome,
                     r.executed, r.skipped, r.awaited, r.reclaimed, r.instances,
                     r.lease_holder, r.lease_token, r.lease_expires, r.cancel_requested,
-                    r.note, r.created, r.updated, p.step, r.wake_at, r.waiting_for
+                    r.note, r.created, r.updated, p.step, r.wake_at, r.waiting_for,
+                    r.recycled
              FROM runs r
              LEFT JOIN progress p ON p.run_id = r.run_id
              LEFT JOIN run_outcomes o ON o.run_id = r.run_id ",
@@ -306,7 +307,7 @@ pub(super) fn save_counts(
     conn.prepare_cached(
         "UPDATE runs
          SET executed = ?2, skipped = ?3, awaited = ?4, reclaimed = ?5, instances = ?6,
-             updated = ?7
+             recycled = ?8, updated = ?7
          WHERE run_id = ?1",
     )?
     .execute(params![
@@ -316,7 +317,8 @@ pub(super) fn save_counts(
         to_sql_int(counts.awaited)?,
         to_sql_int(counts.reclaimed)?,
         to_sql_int(counts.instances)?,
-        now
+        now,
+        to_sql_int(counts.recycled)?
     ])?;
     Ok(())
 }
@@ -346,6 +348,7 @@ pub(super) fn record(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
             awaited: u64_column(row, 8)?,
             reclaimed: u64_column(row, 9)?,
             instances: u64_column(row, 10)?,
+            recycled: u64_column(row, 21)?,
         },
         lease: lease_from(row, 11)?,
         cancel_requested: row.get(14)?,

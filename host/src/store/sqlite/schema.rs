@@ -22,6 +22,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0003_leases.sql"),
     include_str!("../migrations/sqlite/0004_waits.sql"),
     include_str!("../migrations/sqlite/0005_epoch.sql"),
+    include_str!("../migrations/sqlite/0006_retired.sql"),
+    include_str!("../migrations/sqlite/0007_recycled.sql"),
 ];
 
 /// The schema version this build writes and understands.

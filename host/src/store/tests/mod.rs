@@ -11,12 +11,14 @@
 //! - `leases.rs`: run leases and fences.
 //! - `deploy.rs`: components, deployments and namespaces.
 //! - `waits.rs`: sleeps, signals and suspended runs.
+//! - `gc.rs`: retention: what gc deletes, what it keeps, and tokens across a deletion.
 //! - `shared.rs`: what takes more than one handle: reopening, races between handles.
 //! - `postgres_harness.rs`: a schema of its own per test on a real PostgreSQL server
 //!   (`IDEM_TEST_POSTGRES`).
 
 mod claims;
 mod deploy;
+mod gc;
 mod leases;
 pub(crate) mod postgres_harness;
 mod runs;
@@ -55,6 +57,9 @@ pub(crate) trait Harness {
     /// Opens a second, independent handle on the same database, as another process
     /// would.
     fn open_another(&self) -> Arc<dyn Store>;
+    /// How many rows `table` holds, counted in the database itself, not through the
+    /// store.
+    fn rows(&self, table: &str) -> u64;
 }
 
 /// What a store test works with: the store and the clock it reads.
@@ -122,11 +127,15 @@ macro_rules! store_tests {
                 waits::a_signal_is_taken_once_by_the_wait_that_records_it,
                 waits::a_signal_sent_between_a_wait_and_its_suspension_is_not_missed,
                 waits::bad_signals_and_waits_are_refused_and_write_nothing,
+                gc::a_deleted_key_granted_again_gets_a_greater_token,
+                gc::keys_inside_the_dedupe_window_outlive_their_run,
+                gc::failed_runs_stay_unless_asked_and_live_claims_always,
             ];
             harness: [
                 shared::reopening_keeps_everything,
                 shared::two_handles_race_for_claims,
                 shared::two_handles_acquire_disjoint_runs,
+                gc::gc_deletes_exactly_a_finished_runs_rows_and_a_dry_run_nothing,
             ]
         );
     };
@@ -203,6 +212,15 @@ impl Harness for SqliteHarness {
 
     fn open_another(&self) -> Arc<dyn Store> {
         self.open()
+    }
+
+    fn rows(&self, table: &str) -> u64 {
+        let conn = rusqlite::Connection::open(self.dir.path().join("idem.db")).unwrap();
+        conn.query_row(&format!("SELECT count(*) FROM {table}"), [], |row| {
+            row.get::<_, i64>(0)
+        })
+        .map(|n| n as u64)
+        .unwrap()
     }
 }
 

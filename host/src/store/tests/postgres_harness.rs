@@ -137,6 +137,21 @@ impl Harness for PostgresHarness {
     fn open_another(&self) -> Arc<dyn Store> {
         self.open()
     }
+
+    fn rows(&self, table: &str) -> u64 {
+        let url = url_with_schema(&self.server, &self.schema);
+        let sql = format!("SELECT count(*) FROM {table}");
+        blocking(async move {
+            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            let driver = tokio::spawn(connection);
+            let n: i64 = client.query_one(&sql, &[]).await.unwrap().get(0);
+            drop(client);
+            let _ = driver.await;
+            n as u64
+        })
+    }
 }
 
 impl Drop for PostgresHarness {

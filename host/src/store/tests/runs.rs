@@ -142,6 +142,7 @@ pub(super) async fn progress_round_trip_stores_counts(env: &Env<'_>) {
         awaited: 1,
         reclaimed: 2,
         instances: 4,
+        recycled: 3,
     };
     let checkpoint = Checkpoint {
         step: 5,
