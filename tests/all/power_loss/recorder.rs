@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use idem::store::{
     Acquired, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
-    Deployment, DeploymentRecord, LeaseState, LeasedRun, Millis, OpenClaim, Resolution, RunEnd,
-    RunFence, RunFilter, RunRecord, SignalSent, StepRecord, Store, StoreError, Submission,
-    Submitted, Suspension, WaitRecord, WaitRequest, WaitState,
+    Deployment, DeploymentRecord, GcReport, GcRequest, LeaseState, LeasedRun, Millis, OpenClaim,
+    Resolution, RunEnd, RunFence, RunFilter, RunRecord, SignalSent, StepRecord, Store, StoreError,
+    Submission, Submitted, Suspension, WaitRecord, WaitRequest, WaitState,
 };
 
 /// A grant the store answered with.
@@ -301,5 +301,9 @@ impl Store for Recorder {
 
     async fn waits(&self, run_id: &str) -> Result<Vec<WaitRecord>, StoreError> {
         self.inner.waits(run_id).await
+    }
+
+    async fn gc(&self, req: &GcRequest) -> Result<GcReport, StoreError> {
+        self.inner.gc(req).await
     }
 }
