@@ -29,6 +29,7 @@
 //!   server's errors become [`StoreError`]s.
 //! - `conn.rs`: a pooled connection, transactions, and the fence check.
 //! - `one_trip.rs`: a step's claim and commit, each in one round trip.
+//! - `batch.rs`: group commit, many runs' claims (and commits) in one statement.
 //! - `api.rs`: the [`Store`](super::Store) methods.
 //! - `schema.rs`: the numbered migrations, applied on open.
 //! - `tests.rs`: what only this backend has (the store tests are `store/tests/`).
@@ -36,6 +37,7 @@
 //!   statements.
 
 mod api;
+mod batch;
 mod claims;
 mod components;
 mod conn;
@@ -129,6 +131,8 @@ pub struct PostgresStore {
     /// Durability of writes without a fence.
     sync: SyncMode,
     clock: Clock,
+    /// The group-commit queues of a step's claims and commits.
+    batches: batch::Batches,
     /// Drives the connections; shut down (without waiting) when the handle drops.
     runtime: Option<tokio::runtime::Runtime>,
 }
@@ -197,6 +201,14 @@ impl PostgresStore {
                 location: location.clone(),
                 reason: format!("cannot build the connection pool: {e}"),
             })?;
+        let batches = batch::Batches::start(
+            runtime.handle(),
+            batch::Target {
+                pool: pool.clone(),
+                location: location.clone(),
+                clock: options.clock.clone(),
+            },
+        );
         let store = PostgresStore {
             location,
             user,
@@ -204,6 +216,7 @@ impl PostgresStore {
             pool,
             sync: options.sync,
             clock: options.clock.clone(),
+            batches,
             runtime: Some(runtime),
         };
         schema::migrate(&store, options.existing_only).await?;

@@ -157,10 +157,14 @@ pub(super) async fn renew_runs(
     fences: &[RunFence],
     expires: i64,
 ) -> Result<Vec<LeaseState>, TxError> {
-    let mut states = Vec::with_capacity(fences.len());
-    for fence in fences {
+    let mut states = vec![LeaseState::Lost; fences.len()];
+    // In run order, as the batches of `batch.rs` lock runs' rows: two writes that lock
+    // several runs' rows in one order never wait for each other.
+    let mut order: Vec<usize> = (0..fences.len()).collect();
+    order.sort_by(|&a, &b| fences[a].run_id.cmp(&fences[b].run_id));
+    for at in order {
+        let fence = &fences[at];
         let Ok(token) = i64::try_from(fence.token) else {
-            states.push(LeaseState::Lost);
             continue;
         };
         let row = conn
@@ -171,13 +175,12 @@ pub(super) async fn renew_runs(
                 &[&fence.run_id, &token, &expires],
             )
             .await?;
-        states.push(match row {
-            Some(row) => LeaseState::Held {
+        if let Some(row) = row {
+            states[at] = LeaseState::Held {
                 expires,
                 cancel_requested: row.try_get(0)?,
-            },
-            None => LeaseState::Lost,
-        });
+            };
+        }
     }
     Ok(states)
 }

@@ -17,6 +17,7 @@
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
+use super::batch::{ClaimJob, CommitJob, Unbatched};
 use super::{PostgresStore, TxError, is_race, to_sql_int, u32_col, u64_col};
 use crate::store::rules::{ClaimDecision, KeyRow, claim_lost, decide_claim, first_grant};
 use crate::store::{ClaimOutcome, ClaimRequest, Commit, Millis, StoreError, SyncMode};
@@ -49,6 +50,14 @@ const CLAIM_NEW: &str = concat!(
      LEFT JOIN steps s ON s.key = $4"
 );
 
+/// The statement that makes a session's next transactions as durable as `sync` asks.
+pub(super) fn durability(sync: SyncMode) -> &'static str {
+    match sync {
+        SyncMode::Full => "SET synchronous_commit TO on",
+        SyncMode::Normal => "SET synchronous_commit TO off",
+    }
+}
+
 /// What [`PostgresStore::claim_in_one_trip`] settled.
 pub(super) enum OneTrip<T> {
     /// The answer.
@@ -67,10 +76,6 @@ impl PostgresStore {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Row, StoreError> {
-        let durability = match sync {
-            SyncMode::Full => "SET synchronous_commit TO on",
-            SyncMode::Normal => "SET synchronous_commit TO off",
-        };
         let mut tries = 0u32;
         loop {
             let conn = self.pool.get().await.map_err(|e| self.pool_failed(op, e))?;
@@ -80,7 +85,7 @@ impl PostgresStore {
                 .prepare_cached(sql)
                 .await
                 .map_err(|e| self.failed(op, e))?;
-            let set = conn.batch_execute(durability);
+            let set = conn.batch_execute(durability(sync));
             let row = conn.query_one(&stmt, params);
             match tokio::try_join!(set, row) {
                 Ok(((), row)) => return Ok(row),
@@ -101,9 +106,9 @@ impl PostgresStore {
             return Ok(OneTrip::Fallback);
         };
         let lease = Millis::try_from(req.lease.as_millis()).unwrap_or(Millis::MAX);
-        let manual = self.manual_now();
-        let row = self
-            .one_statement(
+        let alone = async || {
+            let manual = self.manual_now();
+            self.one_statement(
                 "claim a key",
                 req.fence.sync,
                 CLAIM_NEW,
@@ -117,7 +122,26 @@ impl PostgresStore {
                     &req.fingerprint,
                 ],
             )
-            .await?;
+            .await
+        };
+        let row = if let Some(_turn) = self.batches.alone() {
+            alone().await?
+        } else {
+            let job = ClaimJob {
+                run_id: req.fence.run_id.clone(),
+                lease_token: token,
+                key: req.key.to_owned(),
+                holder: req.holder.to_owned(),
+                lease_ms: lease,
+                fingerprint: req.fingerprint.map(str::to_owned),
+                sync: req.fence.sync,
+            };
+            match self.batches.claim(job).await {
+                Ok(row) => row,
+                Err(Unbatched::Failed(e)) => return Err(e),
+                Err(Unbatched::Alone) => alone().await?,
+            }
+        };
         let read = || -> Result<OneTrip<ClaimOutcome>, TxError> {
             let (fence_held, inserted): (bool, bool) = (row.try_get(0)?, row.try_get(1)?);
             if inserted {
@@ -187,6 +211,55 @@ impl PostgresStore {
             .map(|c| to_sql_int(c.step))
             .transpose()
             .map_err(|e| self.tx_error(op, e))?;
+        let alone = || self.commit_alone(commit, op, lease_token, token, counts, step);
+        let row = if let Some(_turn) = self.batches.alone() {
+            alone().await?
+        } else {
+            let job = CommitJob {
+                op,
+                run_id: fence.run_id.clone(),
+                lease_token,
+                key: claim.key.to_owned(),
+                token,
+                result: commit.result.to_vec(),
+                counts,
+                checkpoint: step.zip(commit.checkpoint.map(|c| c.state.clone())),
+                sync: fence.sync,
+            };
+            match self.batches.commit(job).await {
+                Ok(row) => row,
+                Err(Unbatched::Failed(e)) => return Err(e),
+                Err(Unbatched::Alone) => alone().await?,
+            }
+        };
+        let (fence_held, committed): (bool, bool) = (
+            row.try_get(0).map_err(|e| self.failed(op, e))?,
+            row.try_get(1).map_err(|e| self.failed(op, e))?,
+        );
+        if !fence_held {
+            return Err(StoreError::LeaseLost {
+                run_id: fence.run_id.clone(),
+                token: fence.token,
+            });
+        }
+        if !committed {
+            return Err(claim_lost(claim.key, claim.token));
+        }
+        Ok(())
+    }
+
+    /// [`Self::commit_in_one_trip`]'s statement for this commit alone.
+    async fn commit_alone(
+        &self,
+        commit: &Commit<'_>,
+        op: &'static str,
+        lease_token: i64,
+        token: i64,
+        counts: Option<[i64; 6]>,
+        step: Option<i64>,
+    ) -> Result<Row, StoreError> {
+        let claim = &commit.claim;
+        let fence = claim.fence;
         let manual = self.manual_now();
         let sql = commit_sql(counts.is_some(), step.is_some());
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![
@@ -204,21 +277,7 @@ impl PostgresStore {
             params.push(step);
             params.push(&checkpoint.state);
         }
-        let row = self.one_statement(op, fence.sync, sql, &params).await?;
-        let (fence_held, committed): (bool, bool) = (
-            row.try_get(0).map_err(|e| self.failed(op, e))?,
-            row.try_get(1).map_err(|e| self.failed(op, e))?,
-        );
-        if !fence_held {
-            return Err(StoreError::LeaseLost {
-                run_id: fence.run_id.clone(),
-                token: fence.token,
-            });
-        }
-        if !committed {
-            return Err(claim_lost(claim.key, claim.token));
-        }
-        Ok(())
+        self.one_statement(op, fence.sync, sql, &params).await
     }
 }
 

@@ -180,3 +180,168 @@ fn the_database_refuses_changes_to_a_committed_key_and_tokens_going_down() {
         .sql("UPDATE steps SET token = token + 1, attempt = attempt + 1 WHERE key = 'open'")
         .unwrap();
 }
+
+/// Claims and commits of many runs at once go out in shared statements, and each
+/// member still gets exactly the answer it would get alone: its grant, the other
+/// holder of a key two runs want, its own lost lease, its own commit with its counts
+/// and checkpoint.
+#[test]
+fn many_runs_writes_share_statements_and_each_keeps_its_own_answer() {
+    use crate::store::{Acquired, Checkpoint, ClaimRef, Commit, Counts};
+    use std::sync::Arc;
+
+    let Some(schema) = Schema::create("batch") else {
+        return;
+    };
+    let store = Arc::new(schema.connect().unwrap());
+    const RUNS: usize = 24;
+    block_on(async {
+        store.put_component("00", b"").await.unwrap();
+        let mut fences = Vec::new();
+        for i in 0..RUNS {
+            let run_id = format!("r{i}");
+            let submission = Submission {
+                run_id: &run_id,
+                agent: "a",
+                digest: "00",
+                namespace: "a",
+                input: b"",
+                authority: b"",
+                replace_authority: false,
+            };
+            store.submit(&submission).await.unwrap();
+            let Acquired::Leased(run) = store.acquire_run(&run_id, "w", LEASE).await.unwrap()
+            else {
+                panic!("a fresh run is leased");
+            };
+            // The last run writes with a lease it never had: a zombie's.
+            let token = if i == RUNS - 1 {
+                run.token + 1
+            } else {
+                run.token
+            };
+            fences.push(RunFence {
+                run_id,
+                token,
+                sync: SyncMode::Full,
+            });
+        }
+        let fences = Arc::new(fences);
+        // Every run claims a key of its own; runs 0 and 1 also race for one key.
+        let mut claims = tokio::task::JoinSet::new();
+        for i in 0..RUNS + 2 {
+            let (store, fences) = (store.clone(), fences.clone());
+            claims.spawn(async move {
+                let (run, key) = match i {
+                    i if i < RUNS => (i, format!("k{i}")),
+                    i => (i - RUNS, "shared".to_owned()),
+                };
+                let holder = format!("h{run}");
+                let req = ClaimRequest {
+                    key: &key,
+                    fence: &fences[run],
+                    holder: &holder,
+                    fingerprint: Some("f"),
+                    lease: LEASE,
+                    durable: true,
+                };
+                (run, key.clone(), store.claim(&req).await)
+            });
+        }
+        let mut grants = Vec::new();
+        let (mut shared_granted, mut shared_held) = (0, 0);
+        while let Some(answer) = claims.join_next().await {
+            let (run, key, outcome) = answer.unwrap();
+            match (key.as_str(), outcome) {
+                (_, Err(StoreError::LeaseLost { run_id, .. })) if run == RUNS - 1 => {
+                    assert_eq!(run_id, format!("r{run}"));
+                }
+                ("shared", Ok(ClaimOutcome::Granted(_))) => shared_granted += 1,
+                ("shared", Ok(ClaimOutcome::Held(_))) => shared_held += 1,
+                (_, Ok(ClaimOutcome::Granted(grant))) => {
+                    assert_eq!((grant.attempt, grant.in_doubt), (1, false), "{key}");
+                    grants.push((run, key, grant.token));
+                }
+                (key, other) => panic!("run {run}, key {key}: {other:?}"),
+            }
+        }
+        assert_eq!((shared_granted, shared_held), (1, 1));
+        assert_eq!(grants.len(), RUNS - 1);
+        assert!(
+            store.batches.largest() > 1,
+            "{} claims at once went out one by one",
+            RUNS + 2
+        );
+
+        // Commits: even runs with counts and a checkpoint, odd ones with neither.
+        let mut commits = tokio::task::JoinSet::new();
+        for (run, key, token) in grants {
+            let (store, fences) = (store.clone(), fences.clone());
+            commits.spawn(async move {
+                let counts = Counts {
+                    executed: run as u64 + 1,
+                    instances: 1,
+                    ..Counts::default()
+                };
+                let checkpoint = Checkpoint {
+                    step: run as u64 + 10,
+                    state: format!("state {run}").into_bytes(),
+                };
+                let even = run % 2 == 0;
+                let result = format!("result {run}").into_bytes();
+                let commit = Commit {
+                    claim: ClaimRef {
+                        key: &key,
+                        token,
+                        fence: &fences[run],
+                    },
+                    result: &result,
+                    checkpoint: even.then_some(&checkpoint),
+                    counts: even.then_some(&counts),
+                };
+                store.commit(&commit).await.unwrap();
+            });
+        }
+        // The zombie's commit of a key it never held is refused for its lease.
+        let zombie = ClaimRef {
+            key: "k-zombie",
+            token: 1,
+            fence: &fences[RUNS - 1],
+        };
+        let refused = store
+            .commit(&Commit {
+                claim: zombie,
+                result: b"x",
+                checkpoint: None,
+                counts: None,
+            })
+            .await;
+        assert!(
+            matches!(refused, Err(StoreError::LeaseLost { .. })),
+            "{refused:?}"
+        );
+        while let Some(done) = commits.join_next().await {
+            done.unwrap();
+        }
+        for run in 0..RUNS - 1 {
+            let committed = store.committed(&format!("k{run}")).await.unwrap();
+            assert_eq!(committed, Some(format!("result {run}").into_bytes()));
+            let record = store.run(&format!("r{run}")).await.unwrap().unwrap();
+            let progress = store.load_progress(&format!("r{run}")).await.unwrap();
+            if run % 2 == 0 {
+                assert_eq!(record.counts.executed, run as u64 + 1);
+                let progress = progress.expect("a checkpoint was committed");
+                assert_eq!(progress.step, run as u64 + 10);
+                assert_eq!(progress.state, format!("state {run}").into_bytes());
+            } else {
+                assert_eq!(record.counts.executed, 0);
+                assert_eq!(progress, None);
+            }
+        }
+        assert_eq!(store.committed("k-zombie").await.unwrap(), None);
+        assert_eq!(
+            store.committed(&format!("k{}", RUNS - 1)).await.unwrap(),
+            None
+        );
+    });
+}

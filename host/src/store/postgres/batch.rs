@@ -1,0 +1,558 @@
+//! Group commit: the claims and commits of many runs, sent at once, share one statement
+//! and one transaction, so the server parses, plans, locks and flushes once for all of
+//! them.
+//!
+//! Measured on two cores, a step's server-side CPU, not the disk, bounds how many
+//! steps many runs make per second; a statement of N rows costs far less than N
+//! statements. One task per kind of write (claims, commits) collects what callers
+//! queued while the previous batches were in flight, and runs it as one
+//! [`one_trip`](super::one_trip) statement over arrays (`unnest`). Each row carries its
+//! own fence, so one run whose lease was taken over changes nothing of its own and
+//! leaves the others' rows alone; each caller reads its own row exactly as it would read
+//! the one-row statement's.
+//!
+//! A write made while no other is queued or in flight goes alone, in its one-row
+//! statement, from its caller's task: one run's steps pay neither the hand-over to a
+//! batch task nor the larger statement. Writes made while it is in flight queue, and
+//! go together.
+//!
+//! A batch never holds two rows for one key (nor, for commits, for one run): the later
+//! one waits for the next batch, so the rows of one statement never meet. Its rows go
+//! in run order, and so every write that locks several runs' rows locks them in one
+//! order: two such writes never wait for each other (the server would break the cycle
+//! only after `deadlock_timeout`, a second).
+//!
+//! When the server refuses a batch (a deadlock with another worker's batch, a rule
+//! one row broke), the transaction rolled back and wrote nothing: each member is then
+//! sent alone, with the one-row path's retries and errors. When the batch's outcome is
+//! unknown (the connection was lost before the answer came), every member gets the
+//! error, as a lone statement's caller would: its claim is retaken in doubt later,
+//! never silently run twice. A caller that stops waiting does not stop its batch; like
+//! a lost answer, its claim is then retaken in doubt after its lease.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
+
+use super::{Clock, fault, words};
+use crate::store::{DatabaseFault, Millis, StoreError, SyncMode};
+
+/// Most rows in one statement. Past a few dozen the per-row work dominates; the cap
+/// bounds the statement's size and how long its locks are held.
+const MAX_ROWS: usize = 128;
+
+/// Batches of one kind in flight at once. While they are, the next callers queue up
+/// and go together: one in flight makes the biggest batches but leaves the server idle
+/// while the answer travels; two keep it busy.
+const IN_FLIGHT: usize = 2;
+
+/// Many runs' claims of keys never seen. Parameters: `$1` manual time, then arrays of
+/// run, run lease token, key, holder, lease in ms and fingerprint. Returns one row per
+/// request, with the one-row claim's columns (`one_trip::CLAIM_NEW`) and the request's
+/// place (1-based) last. Inserts go in key order, so two batches racing for the same
+/// keys wait for each other instead of deadlocking.
+const CLAIM_MANY: &str = concat!(
+    "WITH ",
+    "clock AS (SELECT coalesce($1::int8, (extract(epoch FROM now()) * 1000)::int8) AS now), ",
+    "req AS (SELECT * FROM unnest($2::text[], $3::int8[], $4::text[], $5::text[], $6::int8[],
+                                  $7::text[])
+             WITH ORDINALITY AS r(run_id, lease_token, key, holder, lease_ms, fingerprint, ord)),
+     fence AS (SELECT req.ord FROM req
+               CROSS JOIN LATERAL (SELECT 1 FROM runs
+                                   WHERE runs.run_id = req.run_id
+                                     AND runs.lease_token = req.lease_token
+                                     AND runs.lease_holder IS NOT NULL
+                                   FOR SHARE) AS held),
+     ins AS (INSERT INTO steps
+                 (key, run_id, holder, token, attempt, claimed_at, lease_expires, fingerprint)
+             SELECT req.key, req.run_id, req.holder, (SELECT token + 1 FROM retired WHERE id = 0),
+                    1, clock.now,
+                    CASE WHEN clock.now > 9223372036854775807 - req.lease_ms
+                         THEN 9223372036854775807 ELSE clock.now + req.lease_ms END,
+                    req.fingerprint
+             FROM req JOIN fence ON fence.ord = req.ord CROSS JOIN clock
+             ORDER BY req.key
+             ON CONFLICT (key) DO NOTHING
+             RETURNING key, token)
+     SELECT fence.ord IS NOT NULL, ins.key IS NOT NULL, clock.now,
+            s.run_id, s.holder, s.token, s.attempt, s.lease_expires, s.parked, s.fingerprint,
+            s.result, ins.token, req.ord
+     FROM req
+     CROSS JOIN clock
+     LEFT JOIN fence ON fence.ord = req.ord
+     LEFT JOIN ins ON ins.key = req.key
+     LEFT JOIN LATERAL (SELECT * FROM steps WHERE steps.key = req.key) AS s ON true"
+);
+
+/// Many runs' commits, each with its counts and checkpoint when given. Parameters: `$1`
+/// manual time, then arrays of run, run lease token, key, claim token, result, whether
+/// counts are given, the six counts, whether a checkpoint is given, its step and its
+/// state. Returns, per request, whether its fence held, whether its claim was still
+/// the caller's (and is now committed), and its place (1-based). Every write reads
+/// from `fence` through `done`, as the one-row commit's do.
+const COMMIT_MANY: &str = concat!(
+    "WITH ",
+    "clock AS (SELECT coalesce($1::int8, (extract(epoch FROM now()) * 1000)::int8) AS now), ",
+    "req AS (SELECT * FROM unnest($2::text[], $3::int8[], $4::text[], $5::int8[], $6::bytea[],
+                                  $7::bool[], $8::int8[], $9::int8[], $10::int8[], $11::int8[],
+                                  $12::int8[], $13::int8[], $14::bool[], $15::int8[], $16::bytea[])
+             WITH ORDINALITY AS r(run_id, lease_token, key, token, result,
+                                  has_counts, executed, skipped, awaited, reclaimed, instances,
+                                  recycled, has_checkpoint, step, state, ord)),
+     fence AS (SELECT req.ord FROM req
+               CROSS JOIN LATERAL (SELECT 1 FROM runs
+                                   WHERE runs.run_id = req.run_id
+                                     AND runs.lease_token = req.lease_token
+                                     AND runs.lease_holder IS NOT NULL
+                                   FOR NO KEY UPDATE) AS held),
+     done AS (UPDATE steps
+              SET run_id = req.run_id, holder = NULL, result = req.result,
+                  committed_at = clock.now
+              FROM req JOIN fence ON fence.ord = req.ord CROSS JOIN clock
+              WHERE steps.key = req.key AND steps.token = req.token
+                AND steps.holder IS NOT NULL
+              RETURNING steps.key),
+     counts_row AS (UPDATE runs
+                    SET executed = req.executed, skipped = req.skipped, awaited = req.awaited,
+                        reclaimed = req.reclaimed, instances = req.instances,
+                        recycled = req.recycled, updated = clock.now
+                    FROM req JOIN done ON done.key = req.key CROSS JOIN clock
+                    WHERE runs.run_id = req.run_id AND req.has_counts),
+     progress_row AS (INSERT INTO progress (run_id, step, state, updated)
+                      SELECT req.run_id, req.step, req.state, clock.now
+                      FROM req JOIN done ON done.key = req.key CROSS JOIN clock
+                      WHERE req.has_checkpoint
+                      ON CONFLICT (run_id) DO UPDATE
+                      SET step = excluded.step, state = excluded.state,
+                          updated = excluded.updated)
+     SELECT fence.ord IS NOT NULL, done.key IS NOT NULL, req.ord
+     FROM req
+     LEFT JOIN fence ON fence.ord = req.ord
+     LEFT JOIN done ON done.key = req.key"
+);
+
+/// A claim of a key never seen, as `one_trip::CLAIM_NEW` takes it.
+pub(super) struct ClaimJob {
+    pub(super) run_id: String,
+    pub(super) lease_token: i64,
+    pub(super) key: String,
+    pub(super) holder: String,
+    pub(super) lease_ms: Millis,
+    pub(super) fingerprint: Option<String>,
+    pub(super) sync: SyncMode,
+}
+
+/// A commit, as `one_trip::commit_sql` takes it.
+pub(super) struct CommitJob {
+    pub(super) op: &'static str,
+    pub(super) run_id: String,
+    pub(super) lease_token: i64,
+    pub(super) key: String,
+    pub(super) token: i64,
+    pub(super) result: Vec<u8>,
+    pub(super) counts: Option<[i64; 6]>,
+    pub(super) checkpoint: Option<(i64, Vec<u8>)>,
+    pub(super) sync: SyncMode,
+}
+
+/// Why a batch did not answer a member with its row.
+pub(super) enum Unbatched {
+    /// The server refused the batch and it wrote nothing: send the member alone.
+    Alone,
+    /// The batch's outcome is unknown (or the server cannot be used): the member's
+    /// write may or may not have happened, as when a lone statement's answer is lost.
+    Failed(StoreError),
+}
+
+type Reply = oneshot::Sender<Result<Row, Unbatched>>;
+
+/// What a batch task needs of the store: a connection, the time, and how to name a
+/// failure.
+#[derive(Clone)]
+pub(super) struct Target {
+    pub(super) pool: deadpool_postgres::Pool,
+    pub(super) location: String,
+    pub(super) clock: Clock,
+}
+
+/// The queues of the two batch tasks, which run on the store's runtime and end when
+/// this is dropped.
+#[derive(Debug)]
+pub(super) struct Batches {
+    claims: mpsc::UnboundedSender<(ClaimJob, Reply)>,
+    commits: mpsc::UnboundedSender<(CommitJob, Reply)>,
+    /// Writes queued, in flight, or sent alone.
+    busy: AtomicUsize,
+    /// The most rows one statement has carried: tests show batches do form.
+    #[cfg(test)]
+    largest: Arc<AtomicUsize>,
+}
+
+impl Batches {
+    pub(super) fn start(runtime: &tokio::runtime::Handle, target: Target) -> Batches {
+        let (claims, claim_rx) = mpsc::unbounded_channel();
+        let (commits, commit_rx) = mpsc::unbounded_channel();
+        let largest = Arc::new(AtomicUsize::new(0));
+        runtime.spawn(serve(claim_rx, target.clone(), largest.clone()));
+        runtime.spawn(serve(commit_rx, target, Arc::clone(&largest)));
+        Batches {
+            claims,
+            commits,
+            busy: AtomicUsize::new(0),
+            #[cfg(test)]
+            largest,
+        }
+    }
+
+    /// The most rows one statement has carried so far.
+    #[cfg(test)]
+    pub(super) fn largest(&self) -> usize {
+        self.largest.load(Ordering::Relaxed)
+    }
+
+    /// A turn to send a write alone, in its one-row statement, when no other write is
+    /// queued or in flight: alone, a batch would only add a hand-over to its task and
+    /// a larger statement. Writes made meanwhile queue, and go together.
+    pub(super) fn alone(&self) -> Option<Turn<'_>> {
+        self.busy
+            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
+            .ok()
+            .map(|_| Turn(&self.busy))
+    }
+
+    /// `job`'s row of the batch it joined.
+    pub(super) async fn claim(&self, job: ClaimJob) -> Result<Row, Unbatched> {
+        let _turn = self.join();
+        let (reply, answer) = oneshot::channel();
+        self.claims
+            .send((job, reply))
+            .map_err(|_| Unbatched::Alone)?;
+        answer.await.unwrap_or(Err(Unbatched::Alone))
+    }
+
+    /// `job`'s row of the batch it joined.
+    pub(super) async fn commit(&self, job: CommitJob) -> Result<Row, Unbatched> {
+        let _turn = self.join();
+        let (reply, answer) = oneshot::channel();
+        self.commits
+            .send((job, reply))
+            .map_err(|_| Unbatched::Alone)?;
+        answer.await.unwrap_or(Err(Unbatched::Alone))
+    }
+
+    fn join(&self) -> Turn<'_> {
+        self.busy.fetch_add(1, Ordering::AcqRel);
+        Turn(&self.busy)
+    }
+}
+
+/// A write queued, in flight or sent alone; counted in [`Batches`]'s `busy` until
+/// dropped.
+pub(super) struct Turn<'a>(&'a AtomicUsize);
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A write many callers' batches are made of.
+trait Job: Send + Sync + Sized + 'static {
+    /// The key, and the run when one batch may not write a run's rows twice.
+    fn conflicts(&self) -> (&str, Option<&str>);
+    fn run_id(&self) -> &str;
+    fn sync(&self) -> SyncMode;
+    fn op(&self) -> &'static str;
+    /// Sends `jobs` as one statement: one row per job, in their order.
+    fn send(target: &Target, jobs: &[&Self]) -> impl Future<Output = Answer> + Send;
+}
+
+impl Job for ClaimJob {
+    fn conflicts(&self) -> (&str, Option<&str>) {
+        (&self.key, None)
+    }
+
+    fn sync(&self) -> SyncMode {
+        self.sync
+    }
+
+    fn op(&self) -> &'static str {
+        "claim a key"
+    }
+
+    fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    async fn send(target: &Target, jobs: &[&Self]) -> Answer {
+        let manual = target.manual_now();
+        let run_ids: Vec<&str> = jobs.iter().map(|j| j.run_id.as_str()).collect();
+        let lease_tokens: Vec<i64> = jobs.iter().map(|j| j.lease_token).collect();
+        let keys: Vec<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
+        let holders: Vec<&str> = jobs.iter().map(|j| j.holder.as_str()).collect();
+        let leases: Vec<i64> = jobs.iter().map(|j| j.lease_ms).collect();
+        let fingerprints: Vec<Option<&str>> =
+            jobs.iter().map(|j| j.fingerprint.as_deref()).collect();
+        target
+            .run(
+                strongest(jobs),
+                CLAIM_MANY,
+                &[
+                    &manual,
+                    &run_ids,
+                    &lease_tokens,
+                    &keys,
+                    &holders,
+                    &leases,
+                    &fingerprints,
+                ],
+                jobs.len(),
+            )
+            .await
+    }
+}
+
+impl Job for CommitJob {
+    fn conflicts(&self) -> (&str, Option<&str>) {
+        // A run's progress row is upserted at most once per statement.
+        (&self.key, Some(&self.run_id))
+    }
+
+    fn sync(&self) -> SyncMode {
+        self.sync
+    }
+
+    fn op(&self) -> &'static str {
+        self.op
+    }
+
+    fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    async fn send(target: &Target, jobs: &[&Self]) -> Answer {
+        let manual = target.manual_now();
+        let run_ids: Vec<&str> = jobs.iter().map(|j| j.run_id.as_str()).collect();
+        let lease_tokens: Vec<i64> = jobs.iter().map(|j| j.lease_token).collect();
+        let keys: Vec<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
+        let tokens: Vec<i64> = jobs.iter().map(|j| j.token).collect();
+        let results: Vec<&[u8]> = jobs.iter().map(|j| j.result.as_slice()).collect();
+        let has_counts: Vec<bool> = jobs.iter().map(|j| j.counts.is_some()).collect();
+        let count =
+            |i: usize| -> Vec<i64> { jobs.iter().map(|j| j.counts.map_or(0, |c| c[i])).collect() };
+        let (executed, skipped, awaited) = (count(0), count(1), count(2));
+        let (reclaimed, instances, recycled) = (count(3), count(4), count(5));
+        let has_checkpoint: Vec<bool> = jobs.iter().map(|j| j.checkpoint.is_some()).collect();
+        let steps: Vec<i64> = jobs
+            .iter()
+            .map(|j| j.checkpoint.as_ref().map_or(0, |c| c.0))
+            .collect();
+        let states: Vec<&[u8]> = jobs
+            .iter()
+            .map(|j| j.checkpoint.as_ref().map_or(&[][..], |c| c.1.as_slice()))
+            .collect();
+        target
+            .run(
+                strongest(jobs),
+                COMMIT_MANY,
+                &[
+                    &manual,
+                    &run_ids,
+                    &lease_tokens,
+                    &keys,
+                    &tokens,
+                    &results,
+                    &has_counts,
+                    &executed,
+                    &skipped,
+                    &awaited,
+                    &reclaimed,
+                    &instances,
+                    &recycled,
+                    &has_checkpoint,
+                    &steps,
+                    &states,
+                ],
+                jobs.len(),
+            )
+            .await
+    }
+}
+
+/// What a batch's statement gave back: one row per member, in the members' order, or
+/// the reason there are none.
+/// (The statements select one row per request; a row missing all the same is an
+/// answer lost.)
+type Answer = Result<Vec<Option<Row>>, BatchError>;
+
+/// Why a batch has no rows.
+enum BatchError {
+    Pg(tokio_postgres::Error),
+    /// The pool had no connection to give.
+    NoConnection(String),
+}
+
+/// Takes what is queued, up to [`MAX_ROWS`] without two rows meeting, whenever a
+/// batch may go, and sends it.
+async fn serve<J: Job>(
+    mut rx: mpsc::UnboundedReceiver<(J, Reply)>,
+    target: Target,
+    largest: Arc<AtomicUsize>,
+) {
+    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+    let mut waiting: VecDeque<(J, Reply)> = VecDeque::new();
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        if waiting.is_empty() {
+            match rx.recv().await {
+                Some(job) => waiting.push_back(job),
+                None => return,
+            }
+        }
+        while waiting.len() < MAX_ROWS * 2
+            && let Ok(job) = rx.try_recv()
+        {
+            waiting.push_back(job);
+        }
+        let batch = take_batch(&mut waiting);
+        largest.fetch_max(batch.len(), Ordering::Relaxed);
+        let target = target.clone();
+        tokio::spawn(async move {
+            let jobs: Vec<&J> = batch.iter().map(|(job, _)| job).collect();
+            let answer = J::send(&target, &jobs).await;
+            answer_members(batch, answer, &target);
+            drop(slot);
+        });
+    }
+}
+
+/// Up to [`MAX_ROWS`] of `waiting`, oldest first, no two of them meeting; the rest
+/// stay, in their order, for the next batch.
+fn take_batch<J: Job>(waiting: &mut VecDeque<(J, Reply)>) -> Vec<(J, Reply)> {
+    let mut batch = Vec::with_capacity(waiting.len().min(MAX_ROWS));
+    let mut keys = HashSet::new();
+    let mut runs = HashSet::new();
+    let mut later = VecDeque::new();
+    while let Some(job) = waiting.pop_front() {
+        let (key, run) = job.0.conflicts();
+        let meets = keys.contains(key) || run.is_some_and(|r| runs.contains(r));
+        if batch.len() == MAX_ROWS || meets {
+            later.push_back(job);
+            continue;
+        }
+        keys.insert(key.to_owned());
+        if let Some(run) = run {
+            runs.insert(run.to_owned());
+        }
+        batch.push(job);
+    }
+    *waiting = later;
+    // Runs' rows are locked in the order of the batch's rows: in run order, as every
+    // write that locks several runs' rows does (`leases::renew_runs`), so that two of
+    // them never wait for each other.
+    batch.sort_by(|a, b| a.0.run_id().cmp(b.0.run_id()));
+    batch
+}
+
+fn answer_members<J: Job>(batch: Vec<(J, Reply)>, answer: Answer, target: &Target) {
+    let e = match answer {
+        Ok(rows) => {
+            for ((job, reply), row) in batch.into_iter().zip(rows) {
+                let _ = reply.send(row.ok_or_else(|| {
+                    Unbatched::Failed(StoreError::Backend {
+                        op: job.op(),
+                        source: "the batch's statement gave no row for this write".into(),
+                    })
+                }));
+            }
+            return;
+        }
+        Err(e) => e,
+    };
+    for (job, reply) in batch {
+        let why = match &e {
+            // A server error without a fault rolled the statement back: nothing was
+            // written, and each member alone gets the lone path's own answer (its
+            // retries after a deadlock, its error for a rule it broke). A fault leaves
+            // the outcome unknown, or the server unusable: every member hears of it.
+            BatchError::Pg(e) => match fault(e) {
+                None => Unbatched::Alone,
+                Some(fault) => Unbatched::Failed(StoreError::Database {
+                    location: target.location.clone(),
+                    op: job.op(),
+                    fault,
+                    detail: format!("PostgreSQL: {}", words(e)),
+                }),
+            },
+            BatchError::NoConnection(detail) => Unbatched::Failed(StoreError::Database {
+                location: target.location.clone(),
+                op: job.op(),
+                fault: DatabaseFault::Unreachable,
+                detail: detail.clone(),
+            }),
+        };
+        let _ = reply.send(Err(why));
+    }
+}
+
+/// The strongest durability any member asks for: a batch is one transaction.
+fn strongest<J: Job>(jobs: &[&J]) -> SyncMode {
+    if jobs.iter().any(|job| matches!(job.sync(), SyncMode::Full)) {
+        SyncMode::Full
+    } else {
+        SyncMode::Normal
+    }
+}
+
+impl Target {
+    fn manual_now(&self) -> Option<Millis> {
+        self.clock.is_manual().then(|| self.clock.now())
+    }
+
+    /// Runs `sql` as its own transaction, as durable as `sync` asks, in one round trip,
+    /// and orders its rows by the place (the last column) of the member each answers.
+    async fn run(
+        &self,
+        sync: SyncMode,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        members: usize,
+    ) -> Answer {
+        let conn = match self.pool.get().await {
+            Ok(conn) => conn,
+            Err(deadpool_postgres::PoolError::Backend(e)) => return Err(BatchError::Pg(e)),
+            Err(other) => return Err(BatchError::NoConnection(format!("no connection: {other}"))),
+        };
+        let stmt = conn.prepare_cached(sql).await.map_err(BatchError::Pg)?;
+        // A batch's plan is the same whatever its size (every lookup is by primary
+        // key), so the server plans it once per connection instead of at every call,
+        // where the custom plans it would try first cost more than running them.
+        let set = conn.batch_execute(match sync {
+            SyncMode::Full => {
+                "SET synchronous_commit TO on; SET plan_cache_mode TO force_generic_plan"
+            }
+            SyncMode::Normal => {
+                "SET synchronous_commit TO off; SET plan_cache_mode TO force_generic_plan"
+            }
+        });
+        let rows = conn.query(&stmt, params);
+        let ((), rows) = tokio::try_join!(set, rows).map_err(BatchError::Pg)?;
+        let mut ordered: Vec<Option<Row>> = (0..members).map(|_| None).collect();
+        for row in rows {
+            let at: i64 = row.try_get(row.len() - 1).map_err(BatchError::Pg)?;
+            if let Some(slot) = usize::try_from(at - 1)
+                .ok()
+                .and_then(|i| ordered.get_mut(i))
+            {
+                *slot = Some(row);
+            }
+        }
+        Ok(ordered)
+    }
+}
