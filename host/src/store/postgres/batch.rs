@@ -34,7 +34,7 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
@@ -44,11 +44,6 @@ use crate::store::{DatabaseFault, Millis, StoreError, SyncMode};
 /// Most rows in one statement. Past a few dozen the per-row work dominates; the cap
 /// bounds the statement's size and how long its locks are held.
 const MAX_ROWS: usize = 128;
-
-/// Batches of one kind in flight at once. While they are, the next callers queue up
-/// and go together: one in flight makes the biggest batches but leaves the server idle
-/// while the answer travels; two keep it busy.
-const IN_FLIGHT: usize = 2;
 
 /// Many runs' claims of keys never seen. Parameters: `$1` manual time, then arrays of
 /// run, run lease token, key, holder, lease in ms and fingerprint. Returns one row per
@@ -268,7 +263,11 @@ trait Job: Send + Sync + Sized + 'static {
     fn sync(&self) -> SyncMode;
     fn op(&self) -> &'static str;
     /// Sends `jobs` as one statement: one row per job, in their order.
-    fn send(target: &Target, jobs: &[&Self]) -> impl Future<Output = Answer> + Send;
+    fn send(
+        target: &Target,
+        session: &mut Option<Session>,
+        jobs: &[&Self],
+    ) -> impl Future<Output = Answer> + Send;
 }
 
 impl Job for ClaimJob {
@@ -288,7 +287,7 @@ impl Job for ClaimJob {
         &self.run_id
     }
 
-    async fn send(target: &Target, jobs: &[&Self]) -> Answer {
+    async fn send(target: &Target, session: &mut Option<Session>, jobs: &[&Self]) -> Answer {
         let manual = target.manual_now();
         let run_ids: Vec<&str> = jobs.iter().map(|j| j.run_id.as_str()).collect();
         let lease_tokens: Vec<i64> = jobs.iter().map(|j| j.lease_token).collect();
@@ -299,6 +298,7 @@ impl Job for ClaimJob {
             jobs.iter().map(|j| j.fingerprint.as_deref()).collect();
         target
             .run(
+                session,
                 strongest(jobs),
                 CLAIM_MANY,
                 &[
@@ -334,7 +334,7 @@ impl Job for CommitJob {
         &self.run_id
     }
 
-    async fn send(target: &Target, jobs: &[&Self]) -> Answer {
+    async fn send(target: &Target, session: &mut Option<Session>, jobs: &[&Self]) -> Answer {
         let manual = target.manual_now();
         let run_ids: Vec<&str> = jobs.iter().map(|j| j.run_id.as_str()).collect();
         let lease_tokens: Vec<i64> = jobs.iter().map(|j| j.lease_token).collect();
@@ -357,6 +357,7 @@ impl Job for CommitJob {
             .collect();
         target
             .run(
+                session,
                 strongest(jobs),
                 COMMIT_MANY,
                 &[
@@ -396,20 +397,22 @@ enum BatchError {
     NoConnection(String),
 }
 
-/// Takes what is queued, up to [`MAX_ROWS`] without two rows meeting, whenever a
-/// batch may go, and sends it.
+/// Takes what is queued, up to [`MAX_ROWS`] without two rows meeting, sends it, and
+/// again: while a batch is in flight, the next one gathers. One batch of a kind is in
+/// flight at a time: measured against two, it made as many steps per second (64 runs,
+/// both sync modes) with larger batches, so less work per row.
 async fn serve<J: Job>(
     mut rx: mpsc::UnboundedReceiver<(J, Reply)>,
     target: Target,
     largest: Arc<AtomicUsize>,
 ) {
-    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
     let mut waiting: VecDeque<(J, Reply)> = VecDeque::new();
+    // The connection batches go out on while more keep coming; given back to the pool
+    // whenever nothing is queued.
+    let mut session: Option<Session> = None;
     loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
         if waiting.is_empty() {
+            session = None;
             match rx.recv().await {
                 Some(job) => waiting.push_back(job),
                 None => return,
@@ -422,14 +425,24 @@ async fn serve<J: Job>(
         }
         let batch = take_batch(&mut waiting);
         largest.fetch_max(batch.len(), Ordering::Relaxed);
-        let target = target.clone();
-        tokio::spawn(async move {
-            let jobs: Vec<&J> = batch.iter().map(|(job, _)| job).collect();
-            let answer = J::send(&target, &jobs).await;
-            answer_members(batch, answer, &target);
-            drop(slot);
-        });
+        let jobs: Vec<&J> = batch.iter().map(|(job, _)| job).collect();
+        let answer = J::send(&target, &mut session, &jobs).await;
+        if answer.is_err()
+            && let Some(broken) = session.take()
+        {
+            // Whatever went wrong may have left the session in a state of its own:
+            // closed rather than handed to another write.
+            drop(deadpool_postgres::Object::take(broken.conn));
+        }
+        answer_members(batch, answer, &target);
     }
+}
+
+/// A pooled connection kept by a batch task across batches, and the durability its
+/// session is set to.
+struct Session {
+    conn: deadpool_postgres::Object,
+    sync: Option<SyncMode>,
 }
 
 /// Up to [`MAX_ROWS`] of `waiting`, oldest first, no two of them meeting; the rest
@@ -516,33 +529,54 @@ impl Target {
     }
 
     /// Runs `sql` as its own transaction, as durable as `sync` asks, in one round trip,
-    /// and orders its rows by the place (the last column) of the member each answers.
+    /// on `session` (a pooled connection taken if there is none), and orders its rows by
+    /// the place (the last column) of the member each answers.
     async fn run(
         &self,
+        session: &mut Option<Session>,
         sync: SyncMode,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
         members: usize,
     ) -> Answer {
-        let conn = match self.pool.get().await {
-            Ok(conn) => conn,
-            Err(deadpool_postgres::PoolError::Backend(e)) => return Err(BatchError::Pg(e)),
-            Err(other) => return Err(BatchError::NoConnection(format!("no connection: {other}"))),
+        let session = match session {
+            Some(session) => session,
+            None => match self.pool.get().await {
+                Ok(conn) => session.insert(Session { conn, sync: None }),
+                Err(deadpool_postgres::PoolError::Backend(e)) => return Err(BatchError::Pg(e)),
+                Err(other) => {
+                    return Err(BatchError::NoConnection(format!("no connection: {other}")));
+                }
+            },
         };
+        let conn = &session.conn;
         let stmt = conn.prepare_cached(sql).await.map_err(BatchError::Pg)?;
         // A batch's plan is the same whatever its size (every lookup is by primary
         // key), so the server plans it once per connection instead of at every call,
-        // where the custom plans it would try first cost more than running them.
-        let set = conn.batch_execute(match sync {
-            SyncMode::Full => {
-                "SET synchronous_commit TO on; SET plan_cache_mode TO force_generic_plan"
+        // where the custom plans it would try first cost more than running them. (The
+        // setting stays with the connection in the pool; the other statements are
+        // lookups by key too.)
+        let set = match (session.sync, sync) {
+            (Some(now), wanted) if now == wanted => None,
+            (None, SyncMode::Full) => {
+                Some("SET plan_cache_mode TO force_generic_plan; SET synchronous_commit TO on")
             }
-            SyncMode::Normal => {
-                "SET synchronous_commit TO off; SET plan_cache_mode TO force_generic_plan"
+            (None, SyncMode::Normal) => {
+                Some("SET plan_cache_mode TO force_generic_plan; SET synchronous_commit TO off")
             }
-        });
-        let rows = conn.query(&stmt, params);
-        let ((), rows) = tokio::try_join!(set, rows).map_err(BatchError::Pg)?;
+            (Some(_), SyncMode::Full) => Some("SET synchronous_commit TO on"),
+            (Some(_), SyncMode::Normal) => Some("SET synchronous_commit TO off"),
+        };
+        let rows = match set {
+            Some(set) => {
+                let ((), rows) =
+                    tokio::try_join!(conn.batch_execute(set), conn.query(&stmt, params))
+                        .map_err(BatchError::Pg)?;
+                session.sync = Some(sync);
+                rows
+            }
+            None => conn.query(&stmt, params).await.map_err(BatchError::Pg)?,
+        };
         let mut ordered: Vec<Option<Row>> = (0..members).map(|_| None).collect();
         for row in rows {
             let at: i64 = row.try_get(row.len() - 1).map_err(BatchError::Pg)?;
