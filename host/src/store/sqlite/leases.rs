@@ -44,11 +44,16 @@ pub(super) fn check_fence(conn: &Connection, fence: &RunFence) -> Result<(), TxE
     if fence_holds(conn, fence)? {
         Ok(())
     } else {
-        Err(TxError::Store(StoreError::LeaseLost {
-            run_id: fence.run_id.clone(),
-            token: fence.token,
-        }))
+        Err(lease_lost(fence))
     }
+}
+
+/// The refusal of a write whose fence is not the run's current lease.
+pub(super) fn lease_lost(fence: &RunFence) -> TxError {
+    TxError::Store(StoreError::LeaseLost {
+        run_id: fence.run_id.clone(),
+        token: fence.token,
+    })
 }
 
 /// The earliest due time after `after` of an unfinished run nobody holds; the scan
