@@ -975,9 +975,9 @@ fn prefill(db: &Path, target: u64) -> anyhow::Result<()> {
         tx.execute(
             "WITH RECURSIVE n(i) AS (SELECT ?1 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?2)
              INSERT INTO steps
-                 (key, run_id, token, attempt, lease_expires, result, committed_at)
+                 (key, run_id, token, attempt, claimed_at, lease_expires, result, committed_at)
              SELECT 'fill-' || (i % 1000) || '/s/' || lower(hex(randomblob(16))),
-                    'fill-' || (i % 1000), 1, 1, 0, CAST('null' AS BLOB), 0
+                    'fill-' || (i % 1000), 1, 1, 0, 0, CAST('null' AS BLOB), 0
              FROM n",
             params![have, target],
         )?;

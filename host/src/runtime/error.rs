@@ -85,9 +85,9 @@ pub enum HostError {
     /// The component cache cannot be used safely.
     #[error(transparent)]
     Cache(#[from] CacheError),
-    /// The store failed.
+    /// The store failed (a lost run lease is [`HostError::LeaseLost`] instead).
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(StoreError),
     /// The run id is unusable.
     #[error("invalid run id {}: {reason}", text::quoted(run_id))]
     InvalidRunId {
@@ -190,4 +190,16 @@ pub enum HostError {
     /// Wasmtime failed outside of any guest's doing.
     #[error("wasm engine: {0}")]
     Engine(String),
+}
+
+impl From<StoreError> for HostError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            // However the driver learns it (a write, a renewal, the run's end), a lease
+            // another holder took over is one outcome, with one message: which store
+            // call saw it first depends only on timing.
+            StoreError::LeaseLost { run_id, .. } => HostError::LeaseLost { run_id },
+            e => HostError::Store(e),
+        }
+    }
 }

@@ -226,23 +226,36 @@ impl Batches {
         self.claims
             .send((job, reply))
             .map_err(|_| Unbatched::Alone)?;
-        answer.await.unwrap_or(Err(Unbatched::Alone))
+        answer
+            .await
+            .unwrap_or_else(|_| Err(unanswered("claim a key")))
     }
 
     /// `job`'s row of the batch it joined.
     pub(super) async fn commit(&self, job: CommitJob) -> Result<Row, Unbatched> {
         let _turn = self.join();
+        let op = job.op;
         let (reply, answer) = oneshot::channel();
         self.commits
             .send((job, reply))
             .map_err(|_| Unbatched::Alone)?;
-        answer.await.unwrap_or(Err(Unbatched::Alone))
+        answer.await.unwrap_or_else(|_| Err(unanswered(op)))
     }
 
     fn join(&self) -> Turn<'_> {
         self.busy.fetch_add(1, Ordering::AcqRel);
         Turn(&self.busy)
     }
+}
+
+/// The batch task dropped a member without an answer: it stopped (the store's runtime
+/// is shutting down) with the member's batch perhaps sent, so the write's outcome is
+/// unknown. (A member it never received was never sent: it goes alone.)
+fn unanswered(op: &'static str) -> Unbatched {
+    Unbatched::Failed(StoreError::Backend {
+        op,
+        source: "the store's batch task stopped before it answered".into(),
+    })
 }
 
 /// A write queued, in flight or sent alone; counted in [`Batches`]'s `busy` until

@@ -502,12 +502,17 @@ impl Worker {
                 SyncMode::Normal => "NORMAL",
                 SyncMode::Full => "FULL",
             };
-            self.conn.pragma_update(None, "synchronous", value)?;
-            self.conn.pragma_update(
-                None,
-                "wal_autocheckpoint",
-                super::schema::wal_autocheckpoint_pages(sync),
-            )?;
+            // Prepared once each: a `Full` run whose claims may be written `Normal`
+            // (one sync per step) switches twice per step, and parsing the pragmas
+            // every time cost about a quarter of a step's SQL (callgrind).
+            let pages = super::schema::wal_autocheckpoint_pages(sync);
+            for pragma in [
+                format!("PRAGMA synchronous = {value}"),
+                format!("PRAGMA wal_autocheckpoint = {pages}"),
+            ] {
+                // `wal_autocheckpoint` answers with its new value: step past it.
+                self.conn.prepare_cached(&pragma)?.query([])?.next()?;
+            }
             self.sync = sync;
         }
         Ok(())
