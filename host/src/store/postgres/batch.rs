@@ -38,8 +38,15 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
+use super::one_trip::durability;
 use super::{Clock, fault, words};
 use crate::store::{DatabaseFault, Millis, StoreError, SyncMode};
+
+/// A batch's plan is the same whatever its size (every lookup is by primary key), so
+/// the server plans it once per connection instead of at every call, where the custom
+/// plans it would try first cost more than running them. (The setting stays with the
+/// connection in the pool; the other statements are lookups by key too.)
+const GENERIC_PLANS: &str = "SET plan_cache_mode TO force_generic_plan";
 
 /// Most rows in one statement. Past a few dozen the per-row work dominates; the cap
 /// bounds the statement's size and how long its locks are held.
@@ -130,32 +137,34 @@ const COMMIT_MANY: &str = concat!(
      LEFT JOIN done ON done.key = req.key"
 );
 
-/// A claim of a key never seen, as `one_trip::CLAIM_NEW` takes it.
-pub(super) struct ClaimJob {
+/// What every batched write carries: its key, and the run and lease it is fenced by.
+pub(super) struct Fenced {
     pub(super) run_id: String,
     pub(super) lease_token: i64,
     pub(super) key: String,
+    pub(super) sync: SyncMode,
+}
+
+/// A claim of a key never seen, as `one_trip::CLAIM_NEW` takes it.
+pub(super) struct ClaimJob {
+    pub(super) fenced: Fenced,
     pub(super) holder: String,
     pub(super) lease_ms: Millis,
     pub(super) fingerprint: Option<String>,
-    pub(super) sync: SyncMode,
 }
 
 /// A commit, as `one_trip::commit_sql` takes it.
 pub(super) struct CommitJob {
     pub(super) op: &'static str,
-    pub(super) run_id: String,
-    pub(super) lease_token: i64,
-    pub(super) key: String,
+    pub(super) fenced: Fenced,
     pub(super) token: i64,
     pub(super) result: Vec<u8>,
     pub(super) counts: Option<[i64; 6]>,
     pub(super) checkpoint: Option<(i64, Vec<u8>)>,
-    pub(super) sync: SyncMode,
 }
 
 /// Why a batch did not answer a member with its row.
-pub(super) enum Unbatched {
+enum Unbatched {
     /// The server refused the batch and it wrote nothing: send the member alone.
     Alone,
     /// The batch's outcome is unknown (or the server cannot be used): the member's
@@ -209,58 +218,68 @@ impl Batches {
         self.largest.load(Ordering::Relaxed)
     }
 
-    /// A turn to send a write alone, in its one-row statement, when no other write is
-    /// queued or in flight: alone, a batch would only add a hand-over to its task and
-    /// a larger statement. Writes made meanwhile queue, and go together.
-    pub(super) fn alone(&self) -> Option<Turn<'_>> {
-        self.busy
+    /// The row answering the write: `alone` sends it in its one-row statement when no
+    /// other write is queued or in flight (a batch would only add a hand-over to its
+    /// task and a larger statement); otherwise `job` joins the next batch of its kind,
+    /// and goes alone after all if the server refused that batch.
+    pub(super) async fn claim<Alone: Future<Output = Result<Row, StoreError>>>(
+        &self,
+        job: impl FnOnce() -> ClaimJob,
+        alone: impl Fn() -> Alone,
+    ) -> Result<Row, StoreError> {
+        self.write(job, alone).await
+    }
+
+    /// [`Batches::claim`], for a commit.
+    pub(super) async fn commit<Alone: Future<Output = Result<Row, StoreError>>>(
+        &self,
+        job: impl FnOnce() -> CommitJob,
+        alone: impl Fn() -> Alone,
+    ) -> Result<Row, StoreError> {
+        self.write(job, alone).await
+    }
+
+    async fn write<J: Job, Alone: Future<Output = Result<Row, StoreError>>>(
+        &self,
+        job: impl FnOnce() -> J,
+        alone: impl Fn() -> Alone,
+    ) -> Result<Row, StoreError> {
+        let idle = self
+            .busy
             .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
-            .ok()
-            .map(|_| Turn(&self.busy))
-    }
-
-    /// `job`'s row of the batch it joined.
-    pub(super) async fn claim(&self, job: ClaimJob) -> Result<Row, Unbatched> {
-        let _turn = self.join();
+            .is_ok();
+        if !idle {
+            self.busy.fetch_add(1, Ordering::AcqRel);
+        }
+        // Writes made while this one is counted queue, and go together.
+        let _turn = Turn(&self.busy);
+        if idle {
+            return alone().await;
+        }
+        let job = job();
+        let op = job.op();
         let (reply, answer) = oneshot::channel();
-        self.claims
-            .send((job, reply))
-            .map_err(|_| Unbatched::Alone)?;
-        answer
-            .await
-            .unwrap_or_else(|_| Err(unanswered("claim a key")))
+        if J::queue(self).send((job, reply)).is_err() {
+            // Never received, so never sent.
+            return alone().await;
+        }
+        match answer.await {
+            Ok(Ok(row)) => Ok(row),
+            Ok(Err(Unbatched::Alone)) => alone().await,
+            Ok(Err(Unbatched::Failed(e))) => Err(e),
+            // The task stopped (the store's runtime is shutting down) with the batch
+            // perhaps sent: the write's outcome is unknown.
+            Err(_) => Err(StoreError::Backend {
+                op,
+                source: "the store's batch task stopped before it answered".into(),
+            }),
+        }
     }
-
-    /// `job`'s row of the batch it joined.
-    pub(super) async fn commit(&self, job: CommitJob) -> Result<Row, Unbatched> {
-        let _turn = self.join();
-        let op = job.op;
-        let (reply, answer) = oneshot::channel();
-        self.commits
-            .send((job, reply))
-            .map_err(|_| Unbatched::Alone)?;
-        answer.await.unwrap_or_else(|_| Err(unanswered(op)))
-    }
-
-    fn join(&self) -> Turn<'_> {
-        self.busy.fetch_add(1, Ordering::AcqRel);
-        Turn(&self.busy)
-    }
-}
-
-/// The batch task dropped a member without an answer: it stopped (the store's runtime
-/// is shutting down) with the member's batch perhaps sent, so the write's outcome is
-/// unknown. (A member it never received was never sent: it goes alone.)
-fn unanswered(op: &'static str) -> Unbatched {
-    Unbatched::Failed(StoreError::Backend {
-        op,
-        source: "the store's batch task stopped before it answered".into(),
-    })
 }
 
 /// A write queued, in flight or sent alone; counted in [`Batches`]'s `busy` until
 /// dropped.
-pub(super) struct Turn<'a>(&'a AtomicUsize);
+struct Turn<'a>(&'a AtomicUsize);
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
@@ -270,11 +289,12 @@ impl Drop for Turn<'_> {
 
 /// A write many callers' batches are made of.
 trait Job: Send + Sync + Sized + 'static {
-    /// The key, and the run when one batch may not write a run's rows twice.
-    fn conflicts(&self) -> (&str, Option<&str>);
-    fn run_id(&self) -> &str;
-    fn sync(&self) -> SyncMode;
+    /// Whether one batch may hold only one write of a run (besides one per key).
+    const ONE_PER_RUN: bool;
+    fn fenced(&self) -> &Fenced;
     fn op(&self) -> &'static str;
+    /// Where writes of this kind queue.
+    fn queue(batches: &Batches) -> &mpsc::UnboundedSender<(Self, Reply)>;
     /// Sends `jobs` as one statement: one row per job, in their order.
     fn send(
         target: &Target,
@@ -284,27 +304,23 @@ trait Job: Send + Sync + Sized + 'static {
 }
 
 impl Job for ClaimJob {
-    fn conflicts(&self) -> (&str, Option<&str>) {
-        (&self.key, None)
-    }
+    const ONE_PER_RUN: bool = false;
 
-    fn sync(&self) -> SyncMode {
-        self.sync
+    fn fenced(&self) -> &Fenced {
+        &self.fenced
     }
 
     fn op(&self) -> &'static str {
         "claim a key"
     }
 
-    fn run_id(&self) -> &str {
-        &self.run_id
+    fn queue(batches: &Batches) -> &mpsc::UnboundedSender<(Self, Reply)> {
+        &batches.claims
     }
 
     async fn send(target: &Target, session: &mut Option<Session>, jobs: &[&Self]) -> Answer {
         let manual = target.manual_now();
-        let run_ids: Vec<&str> = jobs.iter().map(|j| j.run_id.as_str()).collect();
-        let lease_tokens: Vec<i64> = jobs.iter().map(|j| j.lease_token).collect();
-        let keys: Vec<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
+        let (run_ids, lease_tokens, keys) = fenced_columns(jobs);
         let holders: Vec<&str> = jobs.iter().map(|j| j.holder.as_str()).collect();
         let leases: Vec<i64> = jobs.iter().map(|j| j.lease_ms).collect();
         let fingerprints: Vec<Option<&str>> =
@@ -330,28 +346,24 @@ impl Job for ClaimJob {
 }
 
 impl Job for CommitJob {
-    fn conflicts(&self) -> (&str, Option<&str>) {
-        // A run's progress row is upserted at most once per statement.
-        (&self.key, Some(&self.run_id))
-    }
+    // A run's progress row is upserted at most once per statement.
+    const ONE_PER_RUN: bool = true;
 
-    fn sync(&self) -> SyncMode {
-        self.sync
+    fn fenced(&self) -> &Fenced {
+        &self.fenced
     }
 
     fn op(&self) -> &'static str {
         self.op
     }
 
-    fn run_id(&self) -> &str {
-        &self.run_id
+    fn queue(batches: &Batches) -> &mpsc::UnboundedSender<(Self, Reply)> {
+        &batches.commits
     }
 
     async fn send(target: &Target, session: &mut Option<Session>, jobs: &[&Self]) -> Answer {
         let manual = target.manual_now();
-        let run_ids: Vec<&str> = jobs.iter().map(|j| j.run_id.as_str()).collect();
-        let lease_tokens: Vec<i64> = jobs.iter().map(|j| j.lease_token).collect();
-        let keys: Vec<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
+        let (run_ids, lease_tokens, keys) = fenced_columns(jobs);
         let tokens: Vec<i64> = jobs.iter().map(|j| j.token).collect();
         let results: Vec<&[u8]> = jobs.iter().map(|j| j.result.as_slice()).collect();
         let has_counts: Vec<bool> = jobs.iter().map(|j| j.counts.is_some()).collect();
@@ -395,6 +407,16 @@ impl Job for CommitJob {
             )
             .await
     }
+}
+
+/// The run, lease token and key columns every batch statement starts with.
+fn fenced_columns<'a, J: Job>(jobs: &[&'a J]) -> (Vec<&'a str>, Vec<i64>, Vec<&'a str>) {
+    let fenced = || jobs.iter().map(|j| j.fenced());
+    (
+        fenced().map(|f| f.run_id.as_str()).collect(),
+        fenced().map(|f| f.lease_token).collect(),
+        fenced().map(|f| f.key.as_str()).collect(),
+    )
 }
 
 /// What a batch's statement gave back: one row per member, in the members' order, or
@@ -466,15 +488,15 @@ fn take_batch<J: Job>(waiting: &mut VecDeque<(J, Reply)>) -> Vec<(J, Reply)> {
     let mut runs = HashSet::new();
     let mut later = VecDeque::new();
     while let Some(job) = waiting.pop_front() {
-        let (key, run) = job.0.conflicts();
-        let meets = keys.contains(key) || run.is_some_and(|r| runs.contains(r));
+        let Fenced { key, run_id, .. } = job.0.fenced();
+        let meets = keys.contains(key) || (J::ONE_PER_RUN && runs.contains(run_id));
         if batch.len() == MAX_ROWS || meets {
             later.push_back(job);
             continue;
         }
-        keys.insert(key.to_owned());
-        if let Some(run) = run {
-            runs.insert(run.to_owned());
+        keys.insert(key.clone());
+        if J::ONE_PER_RUN {
+            runs.insert(run_id.clone());
         }
         batch.push(job);
     }
@@ -482,7 +504,7 @@ fn take_batch<J: Job>(waiting: &mut VecDeque<(J, Reply)>) -> Vec<(J, Reply)> {
     // Runs' rows are locked in the order of the batch's rows: in run order, as every
     // write that locks several runs' rows does (`leases::renew_runs`), so that two of
     // them never wait for each other.
-    batch.sort_by(|a, b| a.0.run_id().cmp(b.0.run_id()));
+    batch.sort_by(|a, b| a.0.fenced().run_id.cmp(&b.0.fenced().run_id));
     batch
 }
 
@@ -529,7 +551,7 @@ fn answer_members<J: Job>(batch: Vec<(J, Reply)>, answer: Answer, target: &Targe
 
 /// The strongest durability any member asks for: a batch is one transaction.
 fn strongest<J: Job>(jobs: &[&J]) -> SyncMode {
-    if jobs.iter().any(|job| matches!(job.sync(), SyncMode::Full)) {
+    if jobs.iter().any(|job| job.fenced().sync == SyncMode::Full) {
         SyncMode::Full
     } else {
         SyncMode::Normal
@@ -564,32 +586,25 @@ impl Target {
         };
         let conn = &session.conn;
         let stmt = conn.prepare_cached(sql).await.map_err(BatchError::Pg)?;
-        // A batch's plan is the same whatever its size (every lookup is by primary
-        // key), so the server plans it once per connection instead of at every call,
-        // where the custom plans it would try first cost more than running them. (The
-        // setting stays with the connection in the pool; the other statements are
-        // lookups by key too.)
-        let set = match (session.sync, sync) {
-            (Some(now), wanted) if now == wanted => None,
-            (None, SyncMode::Full) => {
-                Some("SET plan_cache_mode TO force_generic_plan; SET synchronous_commit TO on")
+        let (fresh, set) = (session.sync.is_none(), session.sync != Some(sync));
+        let plans = async {
+            if fresh {
+                conn.batch_execute(GENERIC_PLANS).await
+            } else {
+                Ok(())
             }
-            (None, SyncMode::Normal) => {
-                Some("SET plan_cache_mode TO force_generic_plan; SET synchronous_commit TO off")
-            }
-            (Some(_), SyncMode::Full) => Some("SET synchronous_commit TO on"),
-            (Some(_), SyncMode::Normal) => Some("SET synchronous_commit TO off"),
         };
-        let rows = match set {
-            Some(set) => {
-                let ((), rows) =
-                    tokio::try_join!(conn.batch_execute(set), conn.query(&stmt, params))
-                        .map_err(BatchError::Pg)?;
-                session.sync = Some(sync);
-                rows
+        let durable = async {
+            if set {
+                conn.batch_execute(durability(sync)).await
+            } else {
+                Ok(())
             }
-            None => conn.query(&stmt, params).await.map_err(BatchError::Pg)?,
         };
+        // Sent in this order, in one round trip.
+        let ((), (), rows) =
+            tokio::try_join!(plans, durable, conn.query(&stmt, params)).map_err(BatchError::Pg)?;
+        session.sync = Some(sync);
         let mut ordered: Vec<Option<Row>> = (0..members).map(|_| None).collect();
         for row in rows {
             let at: i64 = row.try_get(row.len() - 1).map_err(BatchError::Pg)?;

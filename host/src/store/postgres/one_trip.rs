@@ -17,7 +17,7 @@
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
-use super::batch::{ClaimJob, CommitJob, Unbatched};
+use super::batch::{ClaimJob, CommitJob, Fenced};
 use super::{PostgresStore, TxError, is_race, to_sql_int, u32_col, u64_col};
 use crate::store::rules::{ClaimDecision, KeyRow, claim_lost, decide_claim, first_grant};
 use crate::store::{ClaimOutcome, ClaimRequest, Commit, Millis, StoreError, SyncMode};
@@ -106,7 +106,7 @@ impl PostgresStore {
             return Ok(OneTrip::Fallback);
         };
         let lease = Millis::try_from(req.lease.as_millis()).unwrap_or(Millis::MAX);
-        let alone = async || {
+        let alone = || async move {
             let manual = self.manual_now();
             self.one_statement(
                 "claim a key",
@@ -124,24 +124,18 @@ impl PostgresStore {
             )
             .await
         };
-        let row = if let Some(_turn) = self.batches.alone() {
-            alone().await?
-        } else {
-            let job = ClaimJob {
+        let job = || ClaimJob {
+            fenced: Fenced {
                 run_id: req.fence.run_id.clone(),
                 lease_token: token,
                 key: req.key.to_owned(),
-                holder: req.holder.to_owned(),
-                lease_ms: lease,
-                fingerprint: req.fingerprint.map(str::to_owned),
                 sync: req.fence.sync,
-            };
-            match self.batches.claim(job).await {
-                Ok(row) => row,
-                Err(Unbatched::Failed(e)) => return Err(e),
-                Err(Unbatched::Alone) => alone().await?,
-            }
+            },
+            holder: req.holder.to_owned(),
+            lease_ms: lease,
+            fingerprint: req.fingerprint.map(str::to_owned),
         };
+        let row = self.batches.claim(job, alone).await?;
         let read = || -> Result<OneTrip<ClaimOutcome>, TxError> {
             let (fence_held, inserted): (bool, bool) = (row.try_get(0)?, row.try_get(1)?);
             if inserted {
@@ -212,26 +206,20 @@ impl PostgresStore {
             .transpose()
             .map_err(|e| self.tx_error(op, e))?;
         let alone = || self.commit_alone(commit, op, lease_token, token, counts, step);
-        let row = if let Some(_turn) = self.batches.alone() {
-            alone().await?
-        } else {
-            let job = CommitJob {
-                op,
+        let job = || CommitJob {
+            op,
+            fenced: Fenced {
                 run_id: fence.run_id.clone(),
                 lease_token,
                 key: claim.key.to_owned(),
-                token,
-                result: commit.result.to_vec(),
-                counts,
-                checkpoint: step.zip(commit.checkpoint.map(|c| c.state.clone())),
                 sync: fence.sync,
-            };
-            match self.batches.commit(job).await {
-                Ok(row) => row,
-                Err(Unbatched::Failed(e)) => return Err(e),
-                Err(Unbatched::Alone) => alone().await?,
-            }
+            },
+            token,
+            result: commit.result.to_vec(),
+            counts,
+            checkpoint: step.zip(commit.checkpoint.map(|c| c.state.clone())),
         };
+        let row = self.batches.commit(job, alone).await?;
         let (fence_held, committed): (bool, bool) = (
             row.try_get(0).map_err(|e| self.failed(op, e))?,
             row.try_get(1).map_err(|e| self.failed(op, e))?,

@@ -4,7 +4,8 @@
 use crate::store::tests::postgres_harness::{blocking, test_server, url_with_schema};
 use crate::store::tests::{LEASE, block_on};
 use crate::store::{
-    ClaimOutcome, ClaimRequest, PostgresStore, RunFence, Store, StoreError, Submission, SyncMode,
+    Acquired, ClaimOutcome, ClaimRequest, PostgresStore, RunFence, Store, StoreError, Submission,
+    SyncMode,
 };
 
 /// A schema of its own, dropped at the end; `None` when PostgreSQL tests are skipped.
@@ -70,6 +71,25 @@ impl Drop for Schema {
     }
 }
 
+/// Submits run `run_id` (of an empty component) and leases it: its lease token.
+async fn leased(store: &PostgresStore, run_id: &str) -> u64 {
+    store.put_component("00", b"").await.unwrap();
+    let submission = Submission {
+        run_id,
+        agent: "a",
+        digest: "00",
+        namespace: "a",
+        input: b"",
+        authority: b"",
+        replace_authority: false,
+    };
+    store.submit(&submission).await.unwrap();
+    match store.acquire_run(run_id, "w", LEASE).await.unwrap() {
+        Acquired::Leased(run) => run.token,
+        other => panic!("{run_id}: a fresh run is leased, got {other:?}"),
+    }
+}
+
 #[test]
 fn a_schema_from_a_newer_idem_is_refused() {
     let Some(schema) = Schema::create("newer") else {
@@ -110,24 +130,9 @@ fn the_database_refuses_changes_to_a_committed_key_and_tokens_going_down() {
     };
     let store = schema.connect().unwrap();
     block_on(async {
-        store.put_component("00", b"").await.unwrap();
-        let submission = Submission {
-            run_id: "r",
-            agent: "a",
-            digest: "00",
-            namespace: "a",
-            input: b"",
-            authority: b"",
-            replace_authority: false,
-        };
-        store.submit(&submission).await.unwrap();
-        let crate::store::Acquired::Leased(run) = store.acquire_run("r", "w", LEASE).await.unwrap()
-        else {
-            panic!("a fresh run is leased");
-        };
         let fence = RunFence {
             run_id: "r".into(),
-            token: run.token,
+            token: leased(&store, "r").await,
             sync: SyncMode::Normal,
         };
         let req = |key| ClaimRequest {
@@ -187,7 +192,7 @@ fn the_database_refuses_changes_to_a_committed_key_and_tokens_going_down() {
 /// and checkpoint.
 #[test]
 fn many_runs_writes_share_statements_and_each_keeps_its_own_answer() {
-    use crate::store::{Acquired, Checkpoint, ClaimRef, Commit, Counts};
+    use crate::store::{Checkpoint, ClaimRef, Commit, Counts};
     use std::sync::Arc;
 
     let Some(schema) = Schema::create("batch") else {
@@ -196,30 +201,12 @@ fn many_runs_writes_share_statements_and_each_keeps_its_own_answer() {
     let store = Arc::new(schema.connect().unwrap());
     const RUNS: usize = 24;
     block_on(async {
-        store.put_component("00", b"").await.unwrap();
         let mut fences = Vec::new();
         for i in 0..RUNS {
             let run_id = format!("r{i}");
-            let submission = Submission {
-                run_id: &run_id,
-                agent: "a",
-                digest: "00",
-                namespace: "a",
-                input: b"",
-                authority: b"",
-                replace_authority: false,
-            };
-            store.submit(&submission).await.unwrap();
-            let Acquired::Leased(run) = store.acquire_run(&run_id, "w", LEASE).await.unwrap()
-            else {
-                panic!("a fresh run is leased");
-            };
+            let token = leased(&store, &run_id).await;
             // The last run writes with a lease it never had: a zombie's.
-            let token = if i == RUNS - 1 {
-                run.token + 1
-            } else {
-                run.token
-            };
+            let token = if i == RUNS - 1 { token + 1 } else { token };
             fences.push(RunFence {
                 run_id,
                 token,
