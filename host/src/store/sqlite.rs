@@ -263,6 +263,25 @@ impl SqliteStore {
         result.map_err(|e| self.error(op, e))
     }
 
+    /// [`SqliteStore::write`] for a work `f` that borrows what it writes; `owned` makes
+    /// the work that owns it, for when it must go to the database thread (see
+    /// [`DbThread::write_or`]).
+    async fn write_or<T, F, G>(
+        &self,
+        op: &'static str,
+        sync: SyncMode,
+        f: F,
+        owned: impl FnOnce(F) -> G,
+    ) -> Result<T, StoreError>
+    where
+        F: FnOnce(&Connection, Millis) -> Result<T, TxError>,
+        G: FnOnce(&Connection, Millis) -> Result<T, TxError> + Send + 'static,
+        T: Send + 'static,
+    {
+        let result = self.db.write_or(sync, f, owned).await;
+        result.map_err(|e| self.error(op, e))
+    }
+
     /// The store's error for a work that failed during `op`.
     fn error(&self, op: &'static str, e: DbError<TxError>) -> StoreError {
         match e {

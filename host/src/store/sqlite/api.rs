@@ -24,12 +24,7 @@ impl Store for SqliteStore {
     }
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        let req = OwnedRequest::new(req);
-        let floor = self.token_floor;
-        self.write("claim a key", req.sync(), move |conn, now| {
-            claims::claim(conn, &req.borrow(), None, now, floor)
-        })
-        .await
+        self.claim_key("claim a key", req, None).await
     }
 
     async fn take_over(
@@ -37,12 +32,8 @@ impl Store for SqliteStore {
         req: &ClaimRequest<'_>,
         stale_token: u64,
     ) -> Result<ClaimOutcome, StoreError> {
-        let req = OwnedRequest::new(req);
-        let floor = self.token_floor;
-        self.write("take over a claim", req.sync(), move |conn, now| {
-            claims::claim(conn, &req.borrow(), Some(stale_token), now, floor)
-        })
-        .await
+        self.claim_key("take over a claim", req, Some(stale_token))
+            .await
     }
 
     async fn commit(&self, commit: &Commit<'_>) -> Result<(), StoreError> {
@@ -52,21 +43,24 @@ impl Store for SqliteStore {
         if let Some(counts) = commit.counts {
             check_counts(counts)?;
         }
-        let claim = OwnedRef::new(&commit.claim);
-        let result = commit.result.to_vec();
-        let (checkpoint, counts) = (commit.checkpoint.cloned(), commit.counts.copied());
-        let op = match checkpoint {
+        let op = match commit.checkpoint {
             Some(_) => "commit a result and save progress",
             None => "commit a result",
         };
-        self.write(op, claim.fence.sync, move |conn, now| {
-            let commit = Commit {
-                claim: claim.borrow(),
-                result: &result,
-                checkpoint: checkpoint.as_ref(),
-                counts: counts.as_ref(),
-            };
-            claims::commit(conn, &commit, now)
+        let write = |conn: &_, now| claims::commit(conn, commit, now);
+        self.write_or(op, commit.claim.fence.sync, write, |_| {
+            let claim = OwnedRef::new(&commit.claim);
+            let result = commit.result.to_vec();
+            let (checkpoint, counts) = (commit.checkpoint.cloned(), commit.counts.copied());
+            move |conn, now| {
+                let commit = Commit {
+                    claim: claim.borrow(),
+                    result: &result,
+                    checkpoint: checkpoint.as_ref(),
+                    counts: counts.as_ref(),
+                };
+                claims::commit(conn, &commit, now)
+            }
         })
         .await
     }
@@ -558,6 +552,35 @@ fn strongest(modes: impl IntoIterator<Item = SyncMode>) -> SyncMode {
     }
 }
 
+impl SqliteStore {
+    /// Claims `req`'s key, or takes over its claim at `stale_token`.
+    async fn claim_key(
+        &self,
+        op: &'static str,
+        req: &ClaimRequest<'_>,
+        stale_token: Option<u64>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let floor = self.token_floor;
+        let write = |conn: &_, now| claims::claim(conn, req, stale_token, now, floor);
+        self.write_or(op, claim_sync(req), write, |_| {
+            let req = OwnedRequest::new(req);
+            move |conn, now| claims::claim(conn, &req.borrow(), stale_token, now, floor)
+        })
+        .await
+    }
+}
+
+/// How durable a claim's transaction is: a claim that may become durable with its
+/// commit is written without a sync of its own (WAL frames are synced in order, so the
+/// commit's sync covers them).
+fn claim_sync(req: &ClaimRequest<'_>) -> SyncMode {
+    if req.durable {
+        req.fence.sync
+    } else {
+        SyncMode::Normal
+    }
+}
+
 /// A [`ClaimRequest`] that owns its strings.
 struct OwnedRequest {
     key: String,
@@ -577,17 +600,6 @@ impl OwnedRequest {
             fingerprint: req.fingerprint.map(str::to_owned),
             lease: req.lease,
             durable: req.durable,
-        }
-    }
-
-    /// How durable the claim's transaction is: a claim that may become durable with
-    /// its commit is written without a sync of its own (WAL frames are synced in order,
-    /// so the commit's sync covers them).
-    fn sync(&self) -> SyncMode {
-        if self.durable {
-            self.fence.sync
-        } else {
-            SyncMode::Normal
         }
     }
 
