@@ -385,49 +385,42 @@ fn a_write_that_meets_another_writer_waits_on_the_thread() {
     assert_eq!(rows(&db), vec![1, 2, 3]);
 }
 
+/// Inserts `ids` with a write that borrows them, noting in `copied` whether the write
+/// had to be turned into one that owns them.
+fn insert_borrowed(db: &DbThread, ids: &[i64], copied: &AtomicBool) -> Told<usize> {
+    fn insert_all(ids: &[i64], conn: &Connection) -> rusqlite::Result<usize> {
+        for id in ids {
+            insert(conn, *id)?;
+        }
+        Ok(ids.len())
+    }
+    block_on(db.write_or(
+        SyncMode::Normal,
+        |conn, _| insert_all(ids, conn),
+        |_| {
+            copied.store(true, Ordering::SeqCst);
+            let ids = ids.to_vec();
+            move |conn: &Connection, _| insert_all(&ids, conn)
+        },
+    ))
+}
+
 /// A write that borrows what it writes is copied only when it must go to the thread:
 /// on the caller's thread, with the connection free, `owned` is never called; behind
 /// a held thread it is, and the owned work commits there with the same answer.
 #[test]
 fn a_borrowing_write_is_copied_only_when_it_goes_to_the_thread() {
     let (_dir, db) = db();
-    let ids = vec![1_i64, 2];
     let copied = AtomicBool::new(false);
-    let insert_all = |ids: &[i64], conn: &Connection| -> rusqlite::Result<usize> {
-        for id in ids {
-            insert(conn, *id)?;
-        }
-        Ok(ids.len())
-    };
-    let told: Told<usize> = block_on(db.write_or(
-        SyncMode::Normal,
-        |conn, _| insert_all(&ids, conn),
-        |_| {
-            copied.store(true, Ordering::SeqCst);
-            let ids = ids.clone();
-            move |conn: &Connection, _| insert_all(&ids, conn)
-        },
-    ));
-    assert_eq!(told.unwrap(), 2);
+    assert_eq!(insert_borrowed(&db, &[1, 2], &copied).unwrap(), 2);
     assert!(
         !copied.load(Ordering::SeqCst),
         "a write run in place was copied"
     );
 
-    let more = vec![3_i64, 4, 5];
     let release = hold(&db);
-    let told: Told<usize> = std::thread::scope(|scope| {
-        let writer = scope.spawn(|| {
-            block_on(db.write_or(
-                SyncMode::Normal,
-                |conn, _| insert_all(&more, conn),
-                |_| {
-                    copied.store(true, Ordering::SeqCst);
-                    let ids = more.clone();
-                    move |conn: &Connection, _| insert_all(&ids, conn)
-                },
-            ))
-        });
+    let told = std::thread::scope(|scope| {
+        let writer = scope.spawn(|| insert_borrowed(&db, &[3, 4, 5], &copied));
         // The copy is made before the write is queued: once it is, the thread may go.
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while !copied.load(Ordering::SeqCst) {
