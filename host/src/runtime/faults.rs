@@ -4,6 +4,7 @@
 //! host throws the instance and its resource table away without running any guest code,
 //! so everything the guest held is left in the store as a real crash would leave it.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -134,6 +135,10 @@ pub(crate) struct Faults {
     pending: Vec<CrashPoint>,
     recycle_every: Option<u32>,
     chaos: Option<fastrand::Rng>,
+    /// Each key's step number: its place in the order the run first used it (1-based).
+    /// Kept only while a crash point is pending or chaos is on, the only things that
+    /// name steps, so that a long run's memory does not grow with its keys.
+    steps: HashMap<String, u32>,
 }
 
 impl Faults {
@@ -142,7 +147,29 @@ impl Faults {
             pending: plan.crash_at.clone(),
             recycle_every: plan.recycle_every,
             chaos: plan.chaos.map(fastrand::Rng::with_seed),
+            steps: HashMap::new(),
         }
+    }
+
+    /// Whether anything still names steps.
+    fn numbers_steps(&self) -> bool {
+        !self.pending.is_empty() || self.chaos.is_some()
+    }
+
+    /// The step number of `key` (1-based, in the order the run first used its keys), or
+    /// 0 once nothing names steps any more.
+    pub(crate) fn step_of(&mut self, key: &str) -> u32 {
+        if !self.numbers_steps() {
+            return 0;
+        }
+        if let Some(&step) = self.steps.get(key) {
+            return step;
+        }
+        let next = u32::try_from(self.steps.len())
+            .unwrap_or(u32::MAX)
+            .saturating_add(1);
+        self.steps.insert(key.to_owned(), next);
+        next
     }
 
     /// Decides whether to drop the instance at `phase` of step `step`, given how many
@@ -154,6 +181,9 @@ impl Faults {
             .position(|p| p.phase == phase && p.step == step)
         {
             let point = self.pending.swap_remove(i);
+            if !self.numbers_steps() {
+                self.steps = HashMap::new();
+            }
             return Err(Recycle {
                 reason: format!("crash point {point}"),
             });
@@ -221,6 +251,36 @@ mod tests {
         assert!(faults.check(Phase::InEffect, 1, 0).is_ok());
         assert!(faults.check(Phase::InEffect, 2, 0).is_err());
         assert!(faults.check(Phase::InEffect, 2, 0).is_ok());
+    }
+
+    #[test]
+    fn steps_are_numbered_only_while_something_names_them() {
+        let mut faults = Faults::new(&FaultPlan {
+            crash_at: vec!["after-claim:2".parse().unwrap()],
+            ..FaultPlan::default()
+        });
+        assert_eq!(faults.step_of("a"), 1);
+        assert_eq!(faults.step_of("b"), 2);
+        assert_eq!(faults.step_of("a"), 1, "a key keeps its number");
+        assert!(faults.check(Phase::AfterClaim, 2, 0).is_err());
+        // The last point fired: nothing names steps, and nothing is kept for them.
+        assert_eq!(faults.step_of("c"), 0);
+        assert!(faults.steps.is_empty());
+
+        let mut quiet = Faults::new(&FaultPlan {
+            recycle_every: Some(5),
+            ..FaultPlan::default()
+        });
+        for i in 0..1000 {
+            assert_eq!(quiet.step_of(&format!("k{i}")), 0);
+        }
+        assert!(quiet.steps.is_empty());
+
+        let mut chaos = Faults::new(&FaultPlan {
+            chaos: Some(1),
+            ..FaultPlan::default()
+        });
+        assert_eq!((chaos.step_of("x"), chaos.step_of("y")), (1, 2));
     }
 
     #[test]

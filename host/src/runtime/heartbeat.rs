@@ -8,7 +8,7 @@
 //! run's stop signal, and a claim found taken over is marked dead, so nothing more is
 //! sent downstream under it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -37,28 +37,91 @@ struct HeldRun {
     signals: Arc<RunSignals>,
 }
 
+/// What the beat renews. Changed only through its methods, which keep `leases` in step
+/// with the two maps.
 #[derive(Default)]
 struct Registry {
     /// By qualified key.
     claims: HashMap<String, HeldClaim>,
     /// By run id.
     runs: HashMap<String, HeldRun>,
+    /// How many of the claims and runs held have each lease length: the shortest sets
+    /// the beat, found without looking at every one of them at every grant.
+    leases: BTreeMap<Duration, usize>,
 }
 
 impl Registry {
     fn period(&self) -> Duration {
-        let shortest = self
-            .claims
-            .values()
-            .map(|c| c.lease)
-            .chain(self.runs.values().map(|r| r.lease))
-            .min();
-        match shortest {
+        match self.leases.keys().next().copied() {
             // At least once a second while runs are held: renewing a run's lease is how
             // its worker hears that an operator cancelled it.
             Some(lease) => (lease / BEATS_PER_LEASE).clamp(Duration::from_millis(10), IDLE_BEAT),
             None => IDLE_BEAT,
         }
+    }
+
+    fn count_lease(&mut self, lease: Duration) {
+        *self.leases.entry(lease).or_default() += 1;
+    }
+
+    fn uncount_lease(&mut self, lease: Duration) {
+        if let Some(n) = self.leases.get_mut(&lease) {
+            *n -= 1;
+            if *n == 0 {
+                self.leases.remove(&lease);
+            }
+        }
+    }
+
+    fn insert_run(&mut self, run_id: String, run: HeldRun) {
+        self.count_lease(run.lease);
+        if let Some(old) = self.runs.insert(run_id, run) {
+            self.uncount_lease(old.lease);
+        }
+    }
+
+    fn remove_run(&mut self, run_id: &str) {
+        if let Some(old) = self.runs.remove(run_id) {
+            self.uncount_lease(old.lease);
+        }
+    }
+
+    fn insert_claim(&mut self, key: String, claim: HeldClaim) {
+        self.count_lease(claim.lease);
+        if let Some(old) = self.claims.insert(key, claim) {
+            self.uncount_lease(old.lease);
+        }
+    }
+
+    /// Removes every claim of `holder`, ending them: `(key, token, fence)` of each.
+    fn forget(&mut self, holder: &str) -> Vec<(String, u64, RunFence)> {
+        let mut forgotten = Vec::new();
+        let mut leases = Vec::new();
+        self.claims.retain(|key, c| {
+            let keep = c.holder != holder;
+            if !keep {
+                c.live.end();
+                leases.push(c.lease);
+                forgotten.push((key.clone(), c.token, c.fence.clone()));
+            }
+            keep
+        });
+        for lease in leases {
+            self.uncount_lease(lease);
+        }
+        forgotten
+    }
+
+    /// Removes the claim on `key` if `token` still holds it; whether it did.
+    fn remove_claim(&mut self, key: &str, token: u64) -> bool {
+        match self.claims.get(key) {
+            Some(held) if held.token == token => {}
+            _ => return false,
+        }
+        if let Some(old) = self.claims.remove(key) {
+            self.uncount_lease(old.lease);
+        }
+        true
     }
 }
 
@@ -90,7 +153,7 @@ impl Heartbeat {
     pub(crate) fn hold_run(&self, fence: &RunFence, lease: Duration, signals: Arc<RunSignals>) {
         let mut registry = self.lock();
         let before = registry.period();
-        registry.runs.insert(
+        registry.insert_run(
             fence.run_id.clone(),
             HeldRun {
                 fence: fence.clone(),
@@ -111,7 +174,7 @@ impl Heartbeat {
 
     /// Stops renewing a run's lease (it finished, or was given back).
     pub(crate) fn drop_run(&self, run_id: &str) {
-        self.lock().runs.remove(run_id);
+        self.lock().remove_run(run_id);
     }
 
     /// Starts renewing the claim on `key` held by `token`.
@@ -126,7 +189,7 @@ impl Heartbeat {
     ) {
         let mut registry = self.lock();
         let before = registry.period();
-        registry.claims.insert(
+        registry.insert_claim(
             key.to_string(),
             HeldClaim {
                 token,
@@ -141,25 +204,13 @@ impl Heartbeat {
 
     /// Stops renewing the claim on `key` (committed, released or parked).
     pub(crate) fn settle_claim(&self, key: &str, token: u64) {
-        let mut registry = self.lock();
-        if registry.claims.get(key).is_some_and(|c| c.token == token) {
-            registry.claims.remove(key);
-        }
+        self.lock().remove_claim(key, token);
     }
 
     /// Stops renewing every claim of `holder` (its instance was dropped) and returns
     /// them as `(key, token, fence)`.
     pub(crate) fn forget(&self, holder: &str) -> Vec<(String, u64, RunFence)> {
-        let mut forgotten = Vec::new();
-        self.lock().claims.retain(|key, c| {
-            let keep = c.holder != holder;
-            if !keep {
-                c.live.end();
-                forgotten.push((key.clone(), c.token, c.fence.clone()));
-            }
-            keep
-        });
-        forgotten
+        self.lock().forget(holder)
     }
 }
 
@@ -269,9 +320,7 @@ async fn beat(
                         }
                         // Settled since the snapshot is the common case; only a claim
                         // still held here was really lost.
-                        let mut registry = lock();
-                        if registry.claims.get(key).is_some_and(|c| c.token == *token) {
-                            registry.claims.remove(key);
+                        if lock().remove_claim(key, *token) {
                             live.end();
                             tracing::warn!(
                                 key = %crate::text::escape(key, false),
@@ -290,5 +339,77 @@ async fn beat(
             }
         }
         failing = !ok;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::SyncMode;
+    use std::time::Instant;
+
+    fn fence(run_id: &str) -> RunFence {
+        RunFence {
+            run_id: run_id.into(),
+            token: 1,
+            sync: SyncMode::Normal,
+        }
+    }
+
+    fn claim(holder: &str, token: u64, lease: Duration) -> HeldClaim {
+        HeldClaim {
+            token,
+            fence: fence("r"),
+            lease,
+            holder: holder.into(),
+            live: ClaimLive::new(Instant::now(), lease),
+        }
+    }
+
+    fn run(lease: Duration) -> HeldRun {
+        HeldRun {
+            fence: fence("r"),
+            lease,
+            signals: Arc::default(),
+        }
+    }
+
+    /// The beat follows the shortest lease held as claims and runs come, are replaced
+    /// and go, whichever way they go.
+    #[test]
+    fn the_beat_follows_the_shortest_lease_held() {
+        let ms = Duration::from_millis;
+        let mut registry = Registry::default();
+        assert_eq!(registry.period(), IDLE_BEAT);
+
+        registry.insert_run("r".into(), run(ms(2700)));
+        assert_eq!(registry.period(), ms(900));
+        registry.insert_claim("a".into(), claim("h1", 1, ms(900)));
+        registry.insert_claim("b".into(), claim("h1", 1, ms(900)));
+        registry.insert_claim("c".into(), claim("h2", 1, ms(1800)));
+        assert_eq!(registry.period(), ms(300));
+
+        // A stale token removes nothing; the right one removes its claim alone.
+        assert!(!registry.remove_claim("a", 2));
+        assert!(registry.remove_claim("a", 1));
+        assert_eq!(registry.period(), ms(300), "b still holds a 900 ms lease");
+        // A claim taken again with a longer lease no longer counts its old one.
+        registry.insert_claim("b".into(), claim("h2", 2, ms(2400)));
+        assert_eq!(registry.period(), ms(600));
+
+        // Forgetting an instance's claims forgets their leases.
+        registry.insert_claim("d".into(), claim("h3", 1, ms(300)));
+        assert_eq!(registry.period(), ms(100));
+        let forgotten = registry.forget("h3");
+        assert_eq!(forgotten.len(), 1);
+        assert_eq!(forgotten[0].0, "d");
+        assert_eq!(registry.period(), ms(600));
+
+        registry.remove_claim("b", 2);
+        registry.remove_claim("c", 1);
+        assert_eq!(registry.period(), ms(900));
+        registry.remove_run("r");
+        assert_eq!(registry.period(), IDLE_BEAT);
+        assert!(registry.leases.is_empty());
     }
 }

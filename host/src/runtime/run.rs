@@ -598,7 +598,6 @@ impl Host {
             signals,
             counts: leased.record.counts,
             faults: Faults::new(faults),
-            ordinals: Default::default(),
             last_committed: 0,
             fuel_left: authority.limits.max_fuel,
             counts_flushed: std::time::Instant::now(),

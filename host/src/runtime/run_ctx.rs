@@ -2,7 +2,7 @@
 //! from outside (cancel, drain, a lost lease), the deadlines its instances are held to
 //! (`Watch`), and the live holders of this host (orphan detection).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -144,8 +144,6 @@ pub(crate) struct RunCtx {
     pub(crate) signals: Arc<RunSignals>,
     pub(crate) counts: Counts,
     pub(crate) faults: Faults,
-    /// Each key's place in the order the run first used it (1-based).
-    pub(crate) ordinals: HashMap<String, u32>,
     /// The ordinal of the step last committed, which the next progress save follows.
     pub(crate) last_committed: u32,
     /// Fuel this invocation may still burn, over all instances.
@@ -186,11 +184,9 @@ impl RunCtx {
         Some(self.counts)
     }
 
+    /// The step number crash points and chaos know `key` by (0 when none are set).
     pub(crate) fn ordinal(&mut self, key: &str) -> u32 {
-        let next = u32::try_from(self.ordinals.len())
-            .unwrap_or(u32::MAX)
-            .saturating_add(1);
-        *self.ordinals.entry(key.to_string()).or_insert(next)
+        self.faults.step_of(key)
     }
 }
 
