@@ -284,7 +284,7 @@ fn a_ledger_run_on_postgres_end_to_end_with_counts_in_the_database() {
     assert_eq!(q("SELECT count(*) FROM steps WHERE result IS NOT NULL"), 3);
     assert_eq!(q("SELECT count(*) FROM steps WHERE result IS NULL"), 0);
     assert_eq!(q("SELECT count(*) FROM components"), 1);
-    assert_eq!(q("SELECT max(version) FROM idem_migrations"), 4);
+    assert_eq!(q("SELECT max(version) FROM idem_migrations"), 5);
 
     // Running it again executes nothing: every key is committed.
     let again = run_ledger(&url, data.path(), "ledger-1", &["a", "b", "c"]);
@@ -497,4 +497,125 @@ fn a_worker_started_while_the_server_is_down_waits_for_it() {
         std::fs::read_to_string(&log).unwrap()
     );
     assert_eq!(std::fs::read_to_string(&ledger).unwrap().lines().count(), 2);
+}
+
+/// A crash of the server may lose transactions it acknowledged with
+/// `synchronous_commit = off` (a run lease under `--sync normal`, a claim whose step may
+/// run again), while the idem process told of them lives on and holds their tokens.
+/// After the crash, no such token is granted again: a run lease lost with the crash is
+/// refused when its holder writes, and a claim lost with it is granted again under a
+/// greater token. A claim made durable before its effect survives the crash.
+#[test]
+fn tokens_lost_in_a_server_crash_are_never_granted_again() {
+    use idem::store::{
+        Acquired, ClaimOutcome, ClaimRequest, PostgresStore, RunFence, Store, StoreError,
+        Submission, SyncMode,
+    };
+    use std::time::Duration;
+
+    let Some(server) = PrivateServer::start("tokens after a server crash") else {
+        return;
+    };
+    let url = server.url();
+    // Unsynced writes stay in the server's memory until the crash (the WAL writer would
+    // write them out within 200 ms by default).
+    sql(&url, "ALTER SYSTEM SET wal_writer_delay = '10s'");
+    sql(&url, "SELECT pg_reload_conf()");
+    let lease = Duration::from_secs(600);
+    let claim = |store: &PostgresStore, key: &str, fence: &RunFence, durable: bool| {
+        let req = ClaimRequest {
+            key,
+            fence,
+            holder: "h",
+            fingerprint: None,
+            lease,
+            durable,
+        };
+        crate::util::block_on(store.claim(&req))
+    };
+    let granted = |outcome: Result<ClaimOutcome, StoreError>| match outcome {
+        Ok(ClaimOutcome::Granted(grant)) => grant.token,
+        other => panic!("not granted: {other:?}"),
+    };
+    let leased = |store: &PostgresStore, run_id: &str, sync: SyncMode| match crate::util::block_on(
+        store.acquire_run(run_id, "w", lease),
+    )
+    .unwrap()
+    {
+        Acquired::Leased(run) => RunFence {
+            run_id: run_id.into(),
+            token: run.token,
+            sync,
+        },
+        other => panic!("{run_id} not leased: {other:?}"),
+    };
+    let connect = |sync| crate::util::block_on(PostgresStore::connect(&url, sync)).unwrap();
+
+    let (full, normal) = (connect(SyncMode::Full), connect(SyncMode::Normal));
+    crate::util::block_on(async {
+        full.put_component("ab12", b"\0asm").await.unwrap();
+        for run_id in ["r", "s"] {
+            full.submit(&Submission {
+                run_id,
+                agent: "a",
+                digest: "ab12",
+                namespace: "a",
+                input: b"",
+                authority: b"",
+                replace_authority: false,
+            })
+            .await
+            .unwrap();
+        }
+    });
+    // Synced, in this order, so that nothing synced comes after the unsynced writes.
+    let r = leased(&full, "r", SyncMode::Full);
+    let durable = granted(claim(&full, "k-durable", &r, true));
+    let retried = granted(claim(&full, "k-retry", &r, false));
+    let s = leased(&normal, "s", SyncMode::Normal);
+    drop((full, normal));
+
+    server.pg_ctl(&["-m", "immediate", "stop"]);
+    server.pg_ctl(&["start"]);
+    let keys = sql(&url, "SELECT key FROM steps ORDER BY key");
+    assert_eq!(
+        keys,
+        [[Some("k-durable".to_owned())]],
+        "the crash kept the durable claim and lost the other"
+    );
+
+    let (full, normal) = (connect(SyncMode::Full), connect(SyncMode::Normal));
+    // The lost lease's holder is refused, not mistaken for the next holder.
+    let s_again = leased(&normal, "s", SyncMode::Normal);
+    assert!(
+        s_again.token > s.token,
+        "lease token {} granted again",
+        s.token
+    );
+    let refused = claim(&normal, "k-s", &s, true);
+    assert!(
+        matches!(refused, Err(StoreError::LeaseLost { .. })),
+        "{refused:?}"
+    );
+    // The lost claim's key is granted again above the token it had.
+    let again = granted(claim(&full, "k-retry", &r, false));
+    assert!(again > retried, "claim token {retried} granted again");
+    // The durable claim is still held; retaken after its holder died, it moves on too.
+    let taken = crate::util::block_on(full.take_over(
+        &ClaimRequest {
+            key: "k-durable",
+            fence: &r,
+            holder: "h2",
+            fingerprint: None,
+            lease,
+            durable: true,
+        },
+        durable,
+    ));
+    assert!(granted(taken) > durable);
+    assert_eq!(
+        sql(&url, "SELECT epoch FROM epoch"),
+        [[Some("1".to_owned())]],
+        "the crash moved the epoch on once"
+    );
 }

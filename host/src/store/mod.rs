@@ -158,6 +158,19 @@ pub struct ClaimRequest<'a> {
     pub durable: bool,
 }
 
+impl ClaimRequest<'_> {
+    /// How durable the claim's own write must be: a claim that may become durable with
+    /// its commit is written without a sync of its own (the log is synced in order, so
+    /// the commit's sync covers it).
+    pub fn sync(&self) -> SyncMode {
+        if self.durable {
+            self.fence.sync
+        } else {
+            SyncMode::Normal
+        }
+    }
+}
+
 /// A claim handed to a holder.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Grant {

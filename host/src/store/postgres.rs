@@ -8,10 +8,11 @@
 //! lease until the write commits: a worker whose lease was taken over writes nothing
 //! after the takeover. Then come the write's statements and `COMMIT`.
 //!
-//! Every claim is committed as durable as its run asks, even one that may become
-//! durable with its commit (`ClaimRequest::durable` false): this backend keeps no epoch
-//! (SQLite's `epoch.rs`), so a claim lost with a server crash could see its token
-//! granted again.
+//! A claim that may become durable with its commit (`ClaimRequest::durable` false) is
+//! committed with `synchronous_commit = off`: the server flushes its log in order, so
+//! the commit's flush covers it. A server crash may lose it (and any write under
+//! [`SyncMode::Normal`]) after idem was told of it; the store's epoch (`epoch.rs`)
+//! keeps every token granted after such a crash above every token granted before.
 //!
 //! Time is the server's: each transaction reads `now()` once and every lease it grants
 //! or compares uses that value. A store opened with a manual [`Clock`] (tests) passes
@@ -28,6 +29,7 @@
 //! - `postgres.rs`: [`PostgresStore`], [`PostgresOptions`], connecting, and how the
 //!   server's errors become [`StoreError`]s.
 //! - `conn.rs`: a pooled connection, transactions, and the fence check.
+//! - `epoch.rs`: the floor under every token granted, moved on after a server crash.
 //! - `one_trip.rs`: a step's claim and commit, each in one round trip.
 //! - `batch.rs`: group commit, many runs' claims (and commits) in one statement.
 //! - `api.rs`: the [`Store`](super::Store) methods.
@@ -41,6 +43,7 @@ mod batch;
 mod claims;
 mod components;
 mod conn;
+mod epoch;
 mod gc;
 mod leases;
 mod logs;

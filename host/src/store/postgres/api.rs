@@ -54,16 +54,10 @@ impl Store for PostgresStore {
             return Ok(outcome);
         }
         let fence = Some((req.fence, Lock::Share));
-        write_tx!(
-            self,
-            "claim a key",
-            req.fence.sync,
-            fence,
-            |conn, fenced| {
-                held(fenced, req.fence)?;
-                claims::claim(conn, req, None).await
-            }
-        )
+        write_tx!(self, "claim a key", req.sync(), fence, |conn, fenced| {
+            held(fenced, req.fence)?;
+            claims::claim(conn, req, None).await
+        })
     }
 
     async fn take_over(
@@ -75,7 +69,7 @@ impl Store for PostgresStore {
         write_tx!(
             self,
             "take over a claim",
-            req.fence.sync,
+            req.sync(),
             fence,
             |conn, fenced| {
                 held(fenced, req.fence)?;

@@ -38,6 +38,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
+use super::epoch::epoch_alive_floor;
 use super::one_trip::durability;
 use super::{Clock, fault, words};
 use crate::store::{DatabaseFault, Millis, StoreError, SyncMode};
@@ -60,6 +61,9 @@ const MAX_ROWS: usize = 128;
 const CLAIM_MANY: &str = concat!(
     "WITH ",
     "clock AS (SELECT coalesce($1::int8, (extract(epoch FROM now()) * 1000)::int8) AS now), ",
+    "alive AS (",
+    epoch_alive_floor!(),
+    "), ",
     "req AS (SELECT * FROM unnest($2::text[], $3::int8[], $4::text[], $5::text[], $6::int8[],
                                   $7::text[])
              WITH ORDINALITY AS r(run_id, lease_token, key, holder, lease_ms, fingerprint, ord)),
@@ -71,12 +75,13 @@ const CLAIM_MANY: &str = concat!(
                                    FOR SHARE) AS held),
      ins AS (INSERT INTO steps
                  (key, run_id, holder, token, attempt, claimed_at, lease_expires, fingerprint)
-             SELECT req.key, req.run_id, req.holder, (SELECT token + 1 FROM retired WHERE id = 0),
+             SELECT req.key, req.run_id, req.holder,
+                    greatest((SELECT token + 1 FROM retired WHERE id = 0), alive.floor),
                     1, clock.now,
                     CASE WHEN clock.now > 9223372036854775807 - req.lease_ms
                          THEN 9223372036854775807 ELSE clock.now + req.lease_ms END,
                     req.fingerprint
-             FROM req JOIN fence ON fence.ord = req.ord CROSS JOIN clock
+             FROM req JOIN fence ON fence.ord = req.ord CROSS JOIN clock CROSS JOIN alive
              ORDER BY req.key
              ON CONFLICT (key) DO NOTHING
              RETURNING key, token)

@@ -8,6 +8,7 @@
 //! does not grow and any change to a committed row (`steps_rules`).
 
 use super::conn::Conn;
+use super::epoch::token_floor;
 use super::{TxError, to_sql_int, u32_col, u64_col};
 use crate::store::clock::lease_expiry;
 use crate::store::rules::{
@@ -51,6 +52,7 @@ pub(super) async fn claim(
     let now = conn.now;
     let run_id = req.fence.run_id.as_str();
     let lease_expires = lease_expiry(now, req.lease);
+    let floor = token_floor(conn).await?;
     // Most claims are of keys never seen: try the insert first. A concurrent insert of
     // the same key makes this one wait for it, then do nothing. A key never seen may be
     // one gc deleted: its first token starts above every token a deleted key had
@@ -59,7 +61,8 @@ pub(super) async fn claim(
         .query_opt(
             "INSERT INTO steps
                  (key, run_id, holder, token, attempt, claimed_at, lease_expires, fingerprint)
-             VALUES ($1, $2, $3, (SELECT token + 1 FROM retired WHERE id = 0), 1, $4, $5, $6)
+             VALUES ($1, $2, $3, greatest((SELECT token + 1 FROM retired WHERE id = 0), $7),
+                     1, $4, $5, $6)
              ON CONFLICT (key) DO NOTHING
              RETURNING token",
             &[
@@ -69,6 +72,7 @@ pub(super) async fn claim(
                 &now,
                 &lease_expires,
                 &req.fingerprint,
+                &to_sql_int(floor)?,
             ],
         )
         .await?;
@@ -83,7 +87,7 @@ pub(super) async fn claim(
             source: format!("key {:?} vanished while being claimed", req.key).into(),
         }));
     };
-    let grant = match decide_claim(current, req.fingerprint, stale_token, now, 0)? {
+    let grant = match decide_claim(current, req.fingerprint, stale_token, now, floor)? {
         ClaimDecision::Answer(outcome) => return Ok(outcome),
         ClaimDecision::Grant(grant) => grant,
     };

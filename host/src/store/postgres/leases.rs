@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use super::conn::Conn;
+use super::epoch::token_floor;
 use super::runs::{self, end_as_cancelled, lease_from, set_outcome, status_from, unknown_run};
 use super::{TxError, to_sql_int, u64_col};
 use crate::store::clock::lease_expiry;
@@ -59,11 +60,16 @@ pub(super) async fn acquire_runs(
         )
         .await?;
     let expires = lease_expiry(now, lease);
+    let floor = if rows.is_empty() {
+        0
+    } else {
+        token_floor(conn).await?
+    };
     let mut leased = Vec::with_capacity(rows.len());
     for row in &rows {
         let run_id: String = row.try_get(0)?;
         let (last, taken_over) = (u64_col(row, 1)?, row.try_get(2)?);
-        let token = next_token("run lease token", last)?;
+        let token = next_token("run lease token", last)?.max(floor);
         leased.push(grant(conn, &run_id, token, worker, expires, taken_over).await?);
     }
     Ok(leased)
@@ -100,6 +106,7 @@ pub(super) async fn acquire_run(
         }
         LeaseDecision::Held(held) => Ok(Acquired::Held(held)),
         LeaseDecision::Grant { token, taken_over } => {
+            let token = token.max(token_floor(conn).await?);
             let expires = lease_expiry(conn.now, lease);
             grant(conn, run_id, token, worker, expires, taken_over)
                 .await

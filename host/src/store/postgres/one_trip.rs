@@ -18,6 +18,7 @@ use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
 use super::batch::{ClaimJob, CommitJob, Fenced};
+use super::epoch::epoch_alive_floor;
 use super::{PostgresStore, TxError, is_race, to_sql_int, u32_col, u64_col};
 use crate::store::rules::{ClaimDecision, KeyRow, claim_lost, decide_claim, first_grant};
 use crate::store::{ClaimOutcome, ClaimRequest, Commit, Millis, StoreError, SyncMode};
@@ -27,20 +28,27 @@ use crate::store::{ClaimOutcome, ClaimRequest, Commit, Millis, StoreError, SyncM
 /// Returns one row: whether the fence held, whether the key was inserted, the time, the
 /// key's row as the statement's snapshot saw it (all null if it had none), and the token
 /// inserted. A key never seen may be one gc deleted: its first token starts above every
-/// token a deleted key had (`retired`).
+/// token a deleted key had (`retired`), and every token starts at the epoch's floor
+/// (`epoch.rs`); with no epoch alive, nothing is inserted and the general path moves it
+/// on.
 const CLAIM_NEW: &str = concat!(
     "WITH ",
     "clock AS (SELECT coalesce($1::int8, (extract(epoch FROM now()) * 1000)::int8) AS now), ",
+    "alive AS (",
+    epoch_alive_floor!(),
+    "), ",
     "fence AS (SELECT 1 FROM runs
               WHERE run_id = $2 AND lease_token = $3 AND lease_holder IS NOT NULL
               FOR SHARE),
      ins AS (INSERT INTO steps
                  (key, run_id, holder, token, attempt, claimed_at, lease_expires, fingerprint)
-             SELECT $4, $2, $5, (SELECT token + 1 FROM retired WHERE id = 0), 1, clock.now,
+             SELECT $4, $2, $5,
+                    greatest((SELECT token + 1 FROM retired WHERE id = 0), alive.floor),
+                    1, clock.now,
                     CASE WHEN clock.now > 9223372036854775807 - $6::int8
                          THEN 9223372036854775807 ELSE clock.now + $6::int8 END,
                     $7
-             FROM clock, fence
+             FROM clock, fence, alive
              ON CONFLICT (key) DO NOTHING
              RETURNING token)
      SELECT EXISTS (SELECT 1 FROM fence), EXISTS (SELECT 1 FROM ins), (SELECT now FROM clock),
@@ -110,7 +118,7 @@ impl PostgresStore {
             let manual = self.manual_now();
             self.one_statement(
                 "claim a key",
-                req.fence.sync,
+                req.sync(),
                 CLAIM_NEW,
                 &[
                     &manual,
@@ -129,7 +137,7 @@ impl PostgresStore {
                 run_id: req.fence.run_id.clone(),
                 lease_token: token,
                 key: req.key.to_owned(),
-                sync: req.fence.sync,
+                sync: req.sync(),
             },
             holder: req.holder.to_owned(),
             lease_ms: lease,

@@ -17,6 +17,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0002_waits.sql"),
     include_str!("../migrations/postgres/0003_retired.sql"),
     include_str!("../migrations/postgres/0004_recycled.sql"),
+    include_str!("../migrations/postgres/0005_epoch.sql"),
 ];
 
 /// The schema version this build writes and understands.

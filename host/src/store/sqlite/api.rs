@@ -562,22 +562,11 @@ impl SqliteStore {
     ) -> Result<ClaimOutcome, StoreError> {
         let floor = self.token_floor;
         let write = |conn: &_, now| claims::claim(conn, req, stale_token, now, floor);
-        self.write_or(op, claim_sync(req), write, |_| {
+        self.write_or(op, req.sync(), write, |_| {
             let req = OwnedRequest::new(req);
             move |conn, now| claims::claim(conn, &req.borrow(), stale_token, now, floor)
         })
         .await
-    }
-}
-
-/// How durable a claim's transaction is: a claim that may become durable with its
-/// commit is written without a sync of its own (WAL frames are synced in order, so the
-/// commit's sync covers them).
-fn claim_sync(req: &ClaimRequest<'_>) -> SyncMode {
-    if req.durable {
-        req.fence.sync
-    } else {
-        SyncMode::Normal
     }
 }
 
