@@ -511,6 +511,7 @@ fn tokens_lost_in_a_server_crash_are_never_granted_again() {
         Acquired, ClaimOutcome, ClaimRequest, PostgresStore, RunFence, Store, StoreError,
         Submission, SyncMode,
     };
+    use std::sync::Arc;
     use std::time::Duration;
 
     let Some(server) = PrivateServer::start("tokens after a server crash") else {
@@ -584,7 +585,41 @@ fn tokens_lost_in_a_server_crash_are_never_granted_again() {
         "the crash kept the durable claim and lost the other"
     );
 
-    let (full, normal) = (connect(SyncMode::Full), connect(SyncMode::Normal));
+    let (full, normal) = (Arc::new(connect(SyncMode::Full)), connect(SyncMode::Normal));
+    // The first grants after the crash are claims made at once, which go out together:
+    // one of them moves the epoch on, and the lost claim's key, like every other, is
+    // granted above the token it had.
+    let tokens: Vec<u64> = crate::util::block_on(async {
+        let mut claims = tokio::task::JoinSet::new();
+        for i in 0..8 {
+            let (store, fence) = (Arc::clone(&full), r.clone());
+            claims.spawn(async move {
+                let key = match i {
+                    0 => "k-retry".to_owned(),
+                    i => format!("k-{i}"),
+                };
+                let req = ClaimRequest {
+                    key: &key,
+                    fence: &fence,
+                    holder: "h",
+                    fingerprint: None,
+                    lease,
+                    durable: false,
+                };
+                store.claim(&req).await
+            });
+        }
+        let mut tokens = Vec::new();
+        while let Some(claimed) = claims.join_next().await {
+            tokens.push(granted(claimed.unwrap()));
+        }
+        tokens
+    });
+    assert_eq!(tokens.len(), 8);
+    assert!(
+        tokens.iter().all(|&token| token > retried),
+        "claim token {retried} granted again: {tokens:?}"
+    );
     // The lost lease's holder is refused, not mistaken for the next holder.
     let s_again = leased(&normal, "s", SyncMode::Normal);
     assert!(
@@ -597,10 +632,8 @@ fn tokens_lost_in_a_server_crash_are_never_granted_again() {
         matches!(refused, Err(StoreError::LeaseLost { .. })),
         "{refused:?}"
     );
-    // The lost claim's key is granted again above the token it had.
-    let again = granted(claim(&full, "k-retry", &r, false));
-    assert!(again > retried, "claim token {retried} granted again");
-    // The durable claim is still held; retaken after its holder died, it moves on too.
+    // The durable claim is still held; retaken after its holder died, it moves on too
+    // (and, synced, makes everything before it durable).
     let taken = crate::util::block_on(full.take_over(
         &ClaimRequest {
             key: "k-durable",
@@ -617,5 +650,28 @@ fn tokens_lost_in_a_server_crash_are_never_granted_again() {
         sql(&url, "SELECT epoch FROM epoch"),
         [[Some("1".to_owned())]],
         "the crash moved the epoch on once"
+    );
+
+    // A second crash, whose first grant after it is a run lease: the lease granted again
+    // (unsynced) and lost with the crash is refused too.
+    let s_lost = leased(&normal, "s", SyncMode::Normal);
+    drop((full, normal));
+    server.pg_ctl(&["-m", "immediate", "stop"]);
+    server.pg_ctl(&["start"]);
+    let normal = connect(SyncMode::Normal);
+    let s_next = leased(&normal, "s", SyncMode::Normal);
+    assert!(
+        s_next.token > s_lost.token,
+        "lease token {} granted again",
+        s_lost.token
+    );
+    let refused = claim(&normal, "k-s", &s_lost, true);
+    assert!(
+        matches!(refused, Err(StoreError::LeaseLost { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(
+        sql(&url, "SELECT epoch FROM epoch"),
+        [[Some("2".to_owned())]]
     );
 }
