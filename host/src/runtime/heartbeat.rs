@@ -65,12 +65,7 @@ impl Registry {
     }
 
     fn uncount_lease(&mut self, lease: Duration) {
-        if let Some(n) = self.leases.get_mut(&lease) {
-            *n -= 1;
-            if *n == 0 {
-                self.leases.remove(&lease);
-            }
-        }
+        uncount(&mut self.leases, lease);
     }
 
     fn insert_run(&mut self, run_id: String, run: HeldRun) {
@@ -96,19 +91,15 @@ impl Registry {
     /// Removes every claim of `holder`, ending them: `(key, token, fence)` of each.
     fn forget(&mut self, holder: &str) -> Vec<(String, u64, RunFence)> {
         let mut forgotten = Vec::new();
-        let mut leases = Vec::new();
         self.claims.retain(|key, c| {
             let keep = c.holder != holder;
             if !keep {
                 c.live.end();
-                leases.push(c.lease);
+                uncount(&mut self.leases, c.lease);
                 forgotten.push((key.clone(), c.token, c.fence.clone()));
             }
             keep
         });
-        for lease in leases {
-            self.uncount_lease(lease);
-        }
         forgotten
     }
 
@@ -122,6 +113,16 @@ impl Registry {
             self.uncount_lease(old.lease);
         }
         true
+    }
+}
+
+/// Takes one lease of length `lease` off `leases`' count.
+fn uncount(leases: &mut BTreeMap<Duration, usize>, lease: Duration) {
+    if let Some(n) = leases.get_mut(&lease) {
+        *n -= 1;
+        if *n == 0 {
+            leases.remove(&lease);
+        }
     }
 }
 
