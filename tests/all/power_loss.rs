@@ -570,3 +570,31 @@ fn power_loss_under_sync_normal() {
         );
     }
 }
+
+/// The store writes each WAL frame in one write: its VFS joins the frame's header,
+/// which SQLite writes on its own, to the page after it. Over a whole run (no
+/// checkpoint falls in it), every write is a frame but the WAL's own header.
+#[test]
+fn the_store_writes_each_wal_frame_at_once() {
+    for sync in [SyncMode::Normal, SyncMode::Full] {
+        let m = Machine::new();
+        let case = Case {
+            sync,
+            policy: "retry",
+        };
+        let store = m.open(case, "boot-0");
+        m.vfs.take_counts();
+        let (result, _, recorder) = m.run(case, Arc::clone(&store));
+        assert_eq!(result.unwrap().status, RunStatus::Completed);
+        let counts = m.vfs.take_counts();
+        drop(store);
+        m.wait_closed(recorder);
+        assert!(counts.wal_frames >= 2 * STEPS_N, "{sync}: {counts:?}");
+        assert!(
+            counts.writes <= counts.wal_frames + 1,
+            "{sync}: {} writes for {} frames",
+            counts.writes,
+            counts.wal_frames
+        );
+    }
+}

@@ -129,6 +129,15 @@ const WAL_FRAME_HEADER: c_int = 24;
 /// The WAL file's own header, before the first frame.
 const WAL_HEADER: i64 = 32;
 
+/// Whether a write of `amount` bytes to a WAL, past its header, starts a frame: the
+/// frame's header alone, or (through the store's VFS, which joins them) the header and
+/// its page, a power of two from 512 to 65,536 bytes.
+fn starts_frame(amount: c_int) -> bool {
+    amount == WAL_FRAME_HEADER
+        || u32::try_from(amount - WAL_FRAME_HEADER)
+            .is_ok_and(|page| page.is_power_of_two() && (512..=65536).contains(&page))
+}
+
 struct State {
     /// Set at the cut, cleared at the reboot: read on every call, so an atomic.
     cut: AtomicBool,
@@ -581,7 +590,7 @@ unsafe extern "C" fn x_write(
             return rc;
         }
         let shim = shim(file);
-        if shim.wal && amount == WAL_FRAME_HEADER && offset >= WAL_HEADER {
+        if shim.wal && starts_frame(amount) && offset >= WAL_HEADER {
             let header = std::slice::from_raw_parts(buf.cast::<u8>(), 8);
             shim.frames += 1;
             inner.counts.wal_frames += 1;

@@ -17,6 +17,7 @@
 //! - `schema.rs`: opening a file, refusing what is not ours, migrations.
 //! - `claims.rs`, `runs.rs`, `leases.rs`, `components.rs`, `logs.rs`, `waits.rs`: the
 //!   statements, each run inside the transaction the thread opened.
+//! - `vfs.rs`: the VFS every connection writes through: one write per WAL frame.
 
 mod api;
 mod claims;
@@ -34,6 +35,7 @@ mod schema;
 #[cfg(test)]
 mod tests;
 mod thread;
+mod vfs;
 mod waits;
 
 use super::rules::SQL_MAX;
@@ -83,8 +85,8 @@ pub struct OpenOptions {
     /// The store's time: every lease, expiry and timestamp is taken from it, inside
     /// the transaction that writes it.
     pub clock: Clock,
-    /// Tests only: the name of a registered SQLite VFS to open the file through (the
-    /// power-loss tests' simulated disk); `None`, SQLite's default.
+    /// Tests only: the name of a registered SQLite VFS to put under the store's own
+    /// (the power-loss tests' simulated disk); `None`, SQLite's default.
     #[doc(hidden)]
     pub vfs: Option<String>,
     /// Tests only: the boot id the store takes for the running machine's, so that a

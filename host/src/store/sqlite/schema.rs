@@ -75,11 +75,9 @@ pub(super) fn open(path: &Path, options: &OpenOptions) -> Result<(Connection, u6
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let name = sqlite_path(path).map_err(fail)?;
-    let mut conn = match &options.vfs {
-        None => Connection::open_with_flags(name, flags),
-        Some(vfs) => Connection::open_with_flags_and_vfs(name, flags, vfs.as_str()),
-    }
-    .map_err(sql_fail)?;
+    let vfs = super::vfs::coalescing(options.vfs.as_deref()).map_err(sql_fail)?;
+    let mut conn =
+        Connection::open_with_flags_and_vfs(name, flags, vfs.as_str()).map_err(sql_fail)?;
     conn.busy_timeout(options.busy_timeout).map_err(sql_fail)?;
     // SQLite silently falls back to read-only when the file is write-protected.
     if conn.is_readonly(MAIN_DB).map_err(sql_fail)? {
