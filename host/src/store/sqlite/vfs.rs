@@ -195,6 +195,13 @@ unsafe extern "C" fn x_open(
         (*real).pMethods = ptr::null();
         let rc = open(under, name, real, flags, out_flags);
         if rc != ffi::SQLITE_OK {
+            // A VFS may leave methods set on a failed open, and expects them closed;
+            // SQLite will not, as the file it sees has none.
+            if !(*real).pMethods.is_null()
+                && let Some(close) = (*(*real).pMethods).xClose
+            {
+                close(real);
+            }
             return rc;
         }
         ptr::write(
