@@ -478,7 +478,8 @@ fn floor_and_steps(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<
 /// folded saves. A sample is the difference between a run of `2n` steps and one of `n`,
 /// divided by `n`: what a step adds, without what a run writes around its steps (its
 /// submission, lease, instance and end), which the ratio column quotes per run with
-/// the syncs per step (the same difference) and how the transactions of every run
+/// the syncs and writes per step (the same difference; a write per frame: the store
+/// joins each frame's header to its page) and how the transactions of every run
 /// split by frames (frames × transactions). A claim writes its key's `steps` row; a
 /// commit the same row and the run's checkpoint, and the run's counts when they are due
 /// (at most every 250 ms); an insert that splits a leaf writes its neighbours and parent.
@@ -504,7 +505,7 @@ fn frames_per_step(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<
         bed.steps(&host, 10)?;
         let n = turns.n;
         let mut by_size = Vec::<u64>::new();
-        let mut run = |steps: u64| -> anyhow::Result<(f64, f64)> {
+        let mut run = |steps: u64| -> anyhow::Result<(f64, f64, f64)> {
             vfs.take_counts();
             bed.steps(&host, steps)?;
             let counts = vfs.take_counts();
@@ -515,16 +516,22 @@ fn frames_per_step(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<
                 }
                 by_size[frames] += 1;
             }
-            Ok((counts.wal_frames as f64, counts.syncs as f64))
+            Ok((
+                counts.wal_frames as f64,
+                counts.syncs as f64,
+                counts.writes as f64,
+            ))
         };
-        let (mut samples, mut around, mut syncs) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut samples, mut around, mut syncs, mut writes) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..MIN_TURNS {
-            let (frames_n, syncs_n) = run(n)?;
-            let (frames_2n, syncs_2n) = run(2 * n)?;
+            let (frames_n, syncs_n, writes_n) = run(n)?;
+            let (frames_2n, syncs_2n, writes_2n) = run(2 * n)?;
             let per_step = (frames_2n - frames_n) / n as f64;
             samples.push(per_step);
             around.push(frames_n - per_step * n as f64);
             syncs.push((syncs_2n - syncs_n) / n as f64);
+            writes.push((writes_2n - writes_n) / n as f64);
         }
         let split: Vec<String> = by_size
             .iter()
@@ -541,9 +548,11 @@ fn frames_per_step(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<
             "frames",
             samples,
             format!(
-                "{:.0} frames per run beside its steps; {:.2} syncs/step; tx by frames: {}",
+                "{:.0} frames per run beside its steps; {:.2} syncs/step; {:.2} writes/step; \
+                 tx by frames: {}",
                 median(&sorted(around)),
                 median(&sorted(syncs)),
+                median(&sorted(writes)),
                 split.join(", "),
             ),
         );
