@@ -62,6 +62,10 @@ fn failure(message: String) -> rusqlite::Error {
     rusqlite::Error::SqliteFailure(ffi::Error::new(ffi::SQLITE_ERROR), Some(message))
 }
 
+fn nul_in(name: &str) -> rusqlite::Error {
+    failure(format!("SQLite VFS name {name:?} holds a NUL byte"))
+}
+
 /// Our `sqlite3_vfs`. SQLite hands its functions a pointer to `base`, the first field
 /// of a `#[repr(C)]` struct, so the same pointer reaches the rest.
 #[repr(C)]
@@ -78,7 +82,7 @@ fn register(under_name: Option<&str>, name: &str) -> rusqlite::Result<()> {
     let under_c = under_name
         .map(CString::new)
         .transpose()
-        .map_err(|_| failure("a VFS name holds a NUL byte".to_owned()))?;
+        .map_err(|_| nul_in(under_name.unwrap_or_default()))?;
     // SAFETY: `sqlite3_initialize` may be called any number of times from any thread;
     // `sqlite3_vfs_find` takes null (the default) or a NUL-terminated name and returns
     // a registered VFS or null.
@@ -103,10 +107,16 @@ fn register(under_name: Option<&str>, name: &str) -> rusqlite::Result<()> {
             "SQLite VFS {name:?} needs a VFS of version 2 or later under it"
         )));
     }
-    let os_file = usize::try_from(os_file).map_err(|_| failure("bad szOsFile".to_owned()))?;
-    let size = c_int::try_from(REAL_OFFSET + os_file)
-        .map_err(|_| failure("szOsFile out of range".to_owned()))?;
-    let name_c = CString::new(name).map_err(|_| failure("a VFS name holds a NUL".to_owned()))?;
+    let size = usize::try_from(os_file)
+        .ok()
+        .and_then(|os_file| c_int::try_from(REAL_OFFSET + os_file).ok())
+        .ok_or_else(|| {
+            failure(format!(
+                "SQLite VFS {:?} gives its files a size out of range ({os_file} bytes)",
+                under_name.unwrap_or("(default)")
+            ))
+        })?;
+    let name_c = CString::new(name).map_err(|_| nul_in(name))?;
     let vfs = Box::leak(Box::new(Vfs {
         base: ffi::sqlite3_vfs {
             iVersion: 2,

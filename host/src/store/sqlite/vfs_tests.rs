@@ -151,3 +151,11 @@ fn a_store_through_the_vfs_reads_back_what_it_wrote() {
         .unwrap();
     assert_eq!(check, "ok");
 }
+
+#[test]
+fn a_missing_vfs_underneath_is_named_in_the_error() {
+    let err = coalescing(Some("no-such-vfs")).unwrap_err();
+    assert!(err.to_string().contains("\"no-such-vfs\""), "{err}");
+    // Nothing was registered for it: asking again fails the same way.
+    assert!(coalescing(Some("no-such-vfs")).is_err());
+}
