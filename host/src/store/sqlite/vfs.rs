@@ -29,7 +29,7 @@
 // SQLite's VFS is a C interface: SQLite calls these functions with pointers it owns.
 #![allow(unsafe_code)]
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::ffi::{CString, c_char, c_int, c_void};
 use std::ptr;
 use std::sync::{Mutex, PoisonError};
@@ -42,9 +42,8 @@ const HOLD: usize = 24;
 /// The name of the coalescing VFS over `under` (a registered VFS, or SQLite's default
 /// for `None`), registered on first use and kept for the life of the process.
 pub(super) fn coalescing(under: Option<&str>) -> rusqlite::Result<String> {
-    static REGISTERED: Mutex<Option<HashMap<Option<String>, String>>> = Mutex::new(None);
+    static REGISTERED: Mutex<BTreeMap<Option<String>, String>> = Mutex::new(BTreeMap::new());
     let mut registered = REGISTERED.lock().unwrap_or_else(PoisonError::into_inner);
-    let registered = registered.get_or_insert_with(HashMap::new);
     let key = under.map(str::to_owned);
     if let Some(name) = registered.get(&key) {
         return Ok(name.clone());
@@ -296,8 +295,9 @@ macro_rules! flushed {
 }
 
 static WAL_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
-    // Version 2: nothing maps a WAL file into memory (`xFetch` is for the database).
-    iVersion: 2,
+    // Version 1: SQLite keeps its shared memory (version 2) on the database file and
+    // maps only the database into memory (version 3), never a WAL.
+    iVersion: 1,
     xClose: Some(x_close),
     xRead: Some(x_read),
     xWrite: Some(x_write),
@@ -310,10 +310,10 @@ static WAL_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
     xFileControl: Some(x_file_control),
     xSectorSize: Some(x_sector_size),
     xDeviceCharacteristics: Some(x_device_characteristics),
-    xShmMap: Some(x_shm_map),
-    xShmLock: Some(x_shm_lock),
-    xShmBarrier: Some(x_shm_barrier),
-    xShmUnmap: Some(x_shm_unmap),
+    xShmMap: None,
+    xShmLock: None,
+    xShmBarrier: None,
+    xShmUnmap: None,
     xFetch: None,
     xUnfetch: None,
 };
@@ -330,11 +330,10 @@ unsafe extern "C" fn x_write(
             return ffi::SQLITE_IOERR_WRITE;
         };
         let wal = wal(file);
-        let joined_len = c_int::try_from(HOLD + len);
-        if let (true, Ok(joined_len)) = (
-            wal.holding && offset == wal.held_at + HOLD as ffi::sqlite3_int64,
-            joined_len,
-        ) {
+        if wal.holding
+            && offset == wal.held_at + HOLD as ffi::sqlite3_int64
+            && let Ok(joined_len) = c_int::try_from(HOLD + len)
+        {
             wal.holding = false;
             wal.joined.clear();
             wal.joined.extend_from_slice(&wal.held);
@@ -449,50 +448,6 @@ unsafe extern "C" fn x_sector_size(file: *mut ffi::sqlite3_file) -> c_int {
 unsafe extern "C" fn x_device_characteristics(file: *mut ffi::sqlite3_file) -> c_int {
     // SAFETY: an open WAL file. A property of the device: nothing to flush for it.
     unsafe { real_call!(file, xDeviceCharacteristics, 0) }
-}
-
-// SQLite keeps its shared memory on the database file, never on a WAL; these only pass
-// the calls on, should that ever change.
-
-unsafe extern "C" fn x_shm_map(
-    file: *mut ffi::sqlite3_file,
-    page: c_int,
-    size: c_int,
-    extend: c_int,
-    out: *mut *mut c_void,
-) -> c_int {
-    // SAFETY: an open WAL file; `out` is SQLite's out-parameter.
-    unsafe {
-        flushed!(
-            file,
-            xShmMap,
-            ffi::SQLITE_IOERR_SHMMAP,
-            page,
-            size,
-            extend,
-            out
-        )
-    }
-}
-
-unsafe extern "C" fn x_shm_lock(
-    file: *mut ffi::sqlite3_file,
-    offset: c_int,
-    n: c_int,
-    flags: c_int,
-) -> c_int {
-    // SAFETY: an open WAL file.
-    unsafe { flushed!(file, xShmLock, ffi::SQLITE_IOERR_SHMLOCK, offset, n, flags) }
-}
-
-unsafe extern "C" fn x_shm_barrier(file: *mut ffi::sqlite3_file) {
-    // SAFETY: an open WAL file. A barrier orders memory, not the file.
-    unsafe { real_call!(file, xShmBarrier, ()) }
-}
-
-unsafe extern "C" fn x_shm_unmap(file: *mut ffi::sqlite3_file, delete: c_int) -> c_int {
-    // SAFETY: an open WAL file.
-    unsafe { flushed!(file, xShmUnmap, ffi::SQLITE_OK, delete) }
 }
 
 // The rest of the VFS is the underlying one's, called with its own pointer (a VFS may
