@@ -121,7 +121,7 @@ async fn deployed(
     Ok((store, authority))
 }
 
-async fn submit_all(
+pub(crate) async fn submit_all(
     store: &dyn Store,
     agent: &LoadedAgent,
     name: &str,
@@ -146,7 +146,7 @@ async fn submit_all(
     Ok(n)
 }
 
-async fn unfinished(store: &dyn Store) -> anyhow::Result<usize> {
+pub(crate) async fn unfinished(store: &dyn Store) -> anyhow::Result<usize> {
     Ok(store
         .runs(&RunFilter::default())
         .await?
