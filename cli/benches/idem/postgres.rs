@@ -14,15 +14,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
 use idem::runtime::{Authority, Host};
-use idem::store::{
-    Admission, Deployment, PostgresOptions, PostgresStore, RunFilter, Store, SyncMode,
-};
-use idem::worker::{Worker, WorkerOptions};
+use idem::store::{PostgresOptions, PostgresStore, RunFilter, RunStatus, Store, SyncMode};
 use serde_json::json;
 use tokio_postgres::NoTls;
 
 use super::report::{Table, median, micros, progress, sorted};
-use super::service::submit_all;
+use super::service::{bench_worker, deploy, submit_all, unfinished};
 use super::{Bed, BenchHost, CONCURRENCY, Plan, concurrent_runs, repeat};
 
 const DEFAULT_URL: &str = "postgres://root@127.0.0.1:5432/test";
@@ -250,7 +247,7 @@ fn worker_pool(workers: usize) -> usize {
 
 /// Deploys the bench agent as `bench-{workers}w` (sync full), queues `runs` runs of
 /// `steps` steps under it, then starts `workers` workers, each with its own store handle
-/// and host as a worker process has, and drives 64 runs at once: steps per second from
+/// and host as a worker process has, each driving 64 runs at once: steps per second from
 /// the workers' start until every run finished. Loading the agent is included (once per
 /// worker; the bench's cache makes it a few ms).
 async fn workers_rate(
@@ -266,17 +263,8 @@ async fn workers_rate(
     let authority = Authority {
         sync: SyncMode::Full,
         ..Authority::default()
-    }
-    .encode();
-    store.put_component(agent.digest(), agent.bytes()?).await?;
-    store
-        .deploy(&Deployment {
-            name: &name,
-            digest: agent.digest(),
-            authority: &authority,
-            admission: Admission::Explicit,
-        })
-        .await?;
+    };
+    let authority = deploy(&store, agent, &name, &authority).await?;
     let input = json!({ "mode": "steps", "n": steps });
     submit_all(
         &store,
@@ -290,55 +278,46 @@ async fn workers_rate(
         pool_size: worker_pool(workers),
         ..PostgresOptions::default()
     };
+    // Connected before the clock starts: a worker process opens its store once.
+    let mut ready = Vec::with_capacity(workers);
+    for _ in 0..workers {
+        let store: Arc<dyn Store> = Arc::new(PostgresStore::connect_with(url, &options).await?);
+        ready.push(bench_worker(Arc::new(Host::new(
+            Arc::clone(&bed.runtime),
+            store,
+        )?)));
+    }
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let started = Instant::now();
     let mut driving = tokio::task::JoinSet::new();
-    for _ in 0..workers {
-        let store: Arc<dyn Store> = Arc::new(PostgresStore::connect_with(url, &options).await?);
-        let host = Arc::new(Host::new(Arc::clone(&bed.runtime), store)?);
-        let worker = Arc::new(Worker::new(
-            host,
-            WorkerOptions {
-                concurrency: 64,
-                poll: Duration::from_millis(5),
-                ..WorkerOptions::default()
-            },
-        ));
+    for worker in ready {
         let mut stopped = stopped.clone();
         driving.spawn(worker.run(async move {
             let _ = stopped.wait_for(|stop| *stop).await;
         }));
     }
-    let filter = RunFilter {
-        agent: Some(&name),
-        ..RunFilter::default()
-    };
-    loop {
-        let listed = store.runs(&filter).await?;
-        ensure!(
-            listed.len() == runs,
-            "{} runs listed of {runs}",
-            listed.len()
-        );
-        if listed.iter().all(|r| r.status.is_finished()) {
-            break;
-        }
+    // Every earlier row's runs have finished, so what is unfinished is this row's.
+    while unfinished(&store).await? > 0 {
         ensure!(
             started.elapsed() < Duration::from_secs(600),
             "runs through {workers} worker(s) stuck"
         );
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let elapsed = started.elapsed();
     let _ = stop.send(true);
     while let Some(done) = driving.join_next().await {
         done??;
     }
+    let filter = RunFilter {
+        agent: Some(&name),
+        ..RunFilter::default()
+    };
     let completed = store
         .runs(&filter)
         .await?
         .iter()
-        .filter(|r| r.status == idem::store::RunStatus::Completed)
+        .filter(|r| r.status == RunStatus::Completed)
         .count();
     ensure!(completed == runs, "{completed} of {runs} runs completed");
     Ok((runs as u64 * steps) as f64 / elapsed.as_secs_f64())

@@ -107,8 +107,20 @@ async fn deployed(
             ..Limits::default()
         },
         ..Authority::default()
-    }
-    .encode();
+    };
+    let authority = deploy(store.as_ref(), agent, name, &authority).await?;
+    Ok((store, authority))
+}
+
+/// Puts `agent` in `store` and deploys it as `name` with `authority`: the authority as
+/// encoded, for submissions.
+pub(crate) async fn deploy(
+    store: &dyn Store,
+    agent: &LoadedAgent,
+    name: &str,
+    authority: &Authority,
+) -> anyhow::Result<Vec<u8>> {
+    let authority = authority.encode();
     store.put_component(agent.digest(), agent.bytes()?).await?;
     store
         .deploy(&Deployment {
@@ -118,7 +130,19 @@ async fn deployed(
             admission: Admission::Explicit,
         })
         .await?;
-    Ok((store, authority))
+    Ok(authority)
+}
+
+/// A worker as the bench's rows run it: 64 runs at once, looking for more every 5 ms.
+pub(crate) fn bench_worker(host: Arc<Host>) -> Arc<Worker> {
+    Arc::new(Worker::new(
+        host,
+        WorkerOptions {
+            concurrency: 64,
+            poll: Duration::from_millis(5),
+            ..WorkerOptions::default()
+        },
+    ))
 }
 
 pub(crate) async fn submit_all(
@@ -280,14 +304,7 @@ fn short_runs(bed: &Bed, plan: &ServicePlan, table: &mut Table) -> anyhow::Resul
         )
         .await?;
         let host = Arc::new(Host::new(Arc::clone(&bed.runtime), Arc::clone(&store))?);
-        let worker = Arc::new(Worker::new(
-            host,
-            WorkerOptions {
-                concurrency: 64,
-                poll: Duration::from_millis(5),
-                ..WorkerOptions::default()
-            },
-        ));
+        let worker = bench_worker(host);
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
         let started = Instant::now();
         let working = tokio::spawn(Arc::clone(&worker).run(async move {
