@@ -37,8 +37,11 @@ mod report;
 mod service;
 #[path = "idem/sleepers.rs"]
 mod sleepers;
+#[path = "idem/store_step.rs"]
+mod store_step;
 
 use report::{Table, count, median, micros, millis, print_machine, progress, sorted};
+use store_step::StoreStep;
 
 /// How long each thing is measured: turns of work, each adding samples, until `max`
 /// turns or until `budget` is spent (after at least [`MIN_TURNS`]). The budgets keep the
@@ -387,16 +390,22 @@ fn floor_and_steps(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<
             })
             .transpose()?;
         let host = bed.host(&bed.dir.join(format!("steps-{sync}.db")), sync)?;
+        let mut store_alone = bed.tokio.block_on(StoreStep::open(
+            &bed.dir.join(format!("store-step-{sync}.db")),
+            sync,
+        ))?;
         let empty = floor.batch(false, plan.empty_txs)?;
         // Warm-ups: statement caches, page cache, WAL.
         floor.batch(true, 100)?;
         textbook.steps(100)?;
+        bed.tokio.block_on(store_alone.steps(100))?;
         bed.steps(&host, turns.n.min(50))?;
         let (mut one_row, mut folded, mut separate) = (Vec::new(), Vec::new(), Vec::new());
-        let mut reference = Vec::new();
+        let (mut reference, mut store) = (Vec::new(), Vec::new());
         repeat(turns, || {
             one_row.extend(floor.batch(true, turns.n as usize)?);
             reference.extend(textbook.steps(turns.n as usize)?);
+            store.extend(bed.tokio.block_on(store_alone.steps(turns.n as usize))?);
             if let Some((one, four)) = &mut sync_files {
                 fdatasync.extend(one.batch(turns.n as usize)?);
                 fdatasync_4.extend(four.batch(turns.n as usize)?);
@@ -406,7 +415,7 @@ fn floor_and_steps(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<
             Ok(())
         })?;
         floors.push((sync, empty, one_row, reference));
-        steps.push((sync, folded, separate));
+        steps.push((sync, folded, separate, store));
     }
     let mut floor_medians = Vec::new();
     for (sync, empty, one_row, reference) in floors {
@@ -446,7 +455,9 @@ fn floor_and_steps(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<
         fdatasync_4,
         format!("{:.2}× the 4 KiB one", sync_four / sync_one),
     );
-    for ((sync, folded, separate), (floor, textbook)) in steps.into_iter().zip(floor_medians) {
+    for ((sync, folded, separate, store), (floor, textbook)) in steps.into_iter().zip(floor_medians)
+    {
+        let folded_step = median(&sorted(folded.clone()));
         for (samples, how) in [
             (folded, "save folded into commit: 2 tx"),
             (separate, "separate save: 3 tx"),
@@ -469,6 +480,20 @@ fn floor_and_steps(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<
                 ),
             );
         }
+        let alone = median(&sorted(store.clone()));
+        table.row_with_ratio(
+            format!(
+                "store alone: claim + commit with checkpoint straight on `SqliteStore` \
+                 (2 tx, no wasm, no host), sync {sync}"
+            ),
+            "µs",
+            store,
+            format!(
+                "{:.1}× one-row tx, {:.2}× the folded durable step",
+                alone / floor,
+                alone / folded_step
+            ),
+        );
     }
     frames_per_step(bed, plan, table)
 }
