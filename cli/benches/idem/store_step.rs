@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use idem::store::{
-    Acquired, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, SqliteStore, Store,
-    Submission, SyncMode,
+    Acquired, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, RunFence, SqliteStore,
+    Store, Submission, SyncMode,
 };
 
 /// A digest the store takes as a component's name; the row runs nothing from it.
@@ -19,13 +19,14 @@ const DIGEST: &str = "0000000000000000000000000000000000000000000000000000000000
 /// One leased run on its own store, ready to claim and commit keys.
 pub struct StoreStep {
     store: SqliteStore,
-    fence: idem::store::RunFence,
+    fence: RunFence,
     next: u64,
 }
 
 impl StoreStep {
     pub async fn open(path: &Path, sync: SyncMode) -> anyhow::Result<StoreStep> {
-        let store = SqliteStore::open(path, sync).with_context(|| format!("{}", path.display()))?;
+        let store = SqliteStore::open(path, sync)
+            .with_context(|| format!("opening the store-alone row's store {}", path.display()))?;
         store.put_component(DIGEST, b"\0asm").await?;
         let run_id = "store-step";
         store
@@ -46,7 +47,7 @@ impl StoreStep {
             Acquired::Leased(run) => run.token,
             other => bail!("the bench's own run was not leased: {other:?}"),
         };
-        let fence = idem::store::RunFence {
+        let fence = RunFence {
             run_id: run_id.to_owned(),
             token,
             sync,
