@@ -284,9 +284,9 @@ impl Store for SqliteStore {
         lease: Duration,
         skip: &[String],
     ) -> Result<Vec<LeasedRun>, StoreError> {
-        let (worker, skip) = (worker.to_owned(), skip.to_vec());
+        let (worker, skip, floor) = (worker.to_owned(), skip.to_vec(), self.token_floor);
         self.write("acquire runs", self.sync, move |conn, now| {
-            leases::acquire_runs(conn, &worker, max, lease, &skip, now)
+            leases::acquire_runs(conn, &worker, max, lease, &skip, now, floor)
         })
         .await
     }
@@ -297,9 +297,9 @@ impl Store for SqliteStore {
         worker: &str,
         lease: Duration,
     ) -> Result<Acquired, StoreError> {
-        let (run_id, worker) = (run_id.to_owned(), worker.to_owned());
+        let (run_id, worker, floor) = (run_id.to_owned(), worker.to_owned(), self.token_floor);
         self.write("acquire a run", self.sync, move |conn, now| {
-            leases::acquire_run(conn, &run_id, &worker, lease, now)
+            leases::acquire_run(conn, &run_id, &worker, lease, now, floor)
         })
         .await
     }

@@ -6,9 +6,11 @@
 //! the key is then granted again; a token counted on from the key's durable row could
 //! then repeat one that a downstream system already saw. So tokens have a floor,
 //! `epoch << 32`, and the epoch moves on, durably, at the first open after the machine
-//! booted again (Linux's boot id; where there is none, at every open). Within an epoch
-//! tokens count on per key from their row, as before; a store's first epoch is 0, so
-//! its tokens start at 1.
+//! booted again (Linux's boot id; where there is none, at every open). Run leases'
+//! tokens, which fence a run's writes, take the same floor, as on PostgreSQL: a lease
+//! granted under `sync normal` is not synced either. Within an epoch tokens count on
+//! per key and per run from their rows; a store's first epoch is 0, so its tokens
+//! start at 1.
 
 use rusqlite::{Connection, TransactionBehavior};
 

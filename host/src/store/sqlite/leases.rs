@@ -73,7 +73,8 @@ pub(super) fn next_due(conn: &Connection, after: Millis) -> Result<Option<Millis
     Ok(due)
 }
 
-/// Leases up to `max` runs nobody holds a live lease on, oldest first.
+/// Leases up to `max` runs nobody holds a live lease on, oldest first, under tokens
+/// of at least `floor` (`epoch.rs`).
 pub(super) fn acquire_runs(
     conn: &Connection,
     worker: &str,
@@ -81,6 +82,7 @@ pub(super) fn acquire_runs(
     lease: Duration,
     skip: &[String],
     now: Millis,
+    floor: u64,
 ) -> Result<Vec<LeasedRun>, TxError> {
     if max == 0 {
         return Ok(Vec::new());
@@ -115,7 +117,7 @@ pub(super) fn acquire_runs(
     chosen
         .into_iter()
         .map(|(run_id, last, taken_over)| {
-            let token = next_token("run lease token", last)?;
+            let token = next_token("run lease token", last)?.max(floor);
             grant(conn, &run_id, token, worker, expires, now, taken_over)
         })
         .collect()
@@ -123,13 +125,15 @@ pub(super) fn acquire_runs(
 
 /// Leases one run, unless another worker's live lease is on it or it is finished. A
 /// lease the same worker holds is granted again: the worker knows it is not driving
-/// the run (a host keeps that to itself), so it may take it back at once.
+/// the run (a host keeps that to itself), so it may take it back at once. The token is
+/// at least `floor` (`epoch.rs`).
 pub(super) fn acquire_run(
     conn: &Connection,
     run_id: &str,
     worker: &str,
     lease: Duration,
     now: Millis,
+    floor: u64,
 ) -> Result<Acquired, TxError> {
     let row: Option<(RunStatus, Option<RunLeaseInfo>, u64)> = conn
         .prepare_cached(
@@ -154,6 +158,7 @@ pub(super) fn acquire_run(
         }
         LeaseDecision::Held(held) => Ok(Acquired::Held(held)),
         LeaseDecision::Grant { token, taken_over } => {
+            let token = token.max(floor);
             let expires = lease_expiry(now, lease);
             grant(conn, run_id, token, worker, expires, now, taken_over).map(Acquired::Leased)
         }

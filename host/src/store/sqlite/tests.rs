@@ -629,8 +629,9 @@ fn leases_and_timestamps_come_from_the_stores_clock() {
 
 /// After a reboot (a boot id other than the one the store recorded), every token
 /// granted starts above every token of the epoch before, so a claim lost with the power
-/// (one made durable only with its commit) can never see its token handed out again.
-/// Reopening in the same boot keeps the epoch.
+/// (one made durable only with its commit) can never see its token handed out again;
+/// run leases' tokens too, by either way of acquiring one. Reopening in the same boot
+/// keeps the epoch.
 #[test]
 fn tokens_after_a_reboot_start_above_every_token_before_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -655,8 +656,19 @@ fn tokens_after_a_reboot_start_above_every_token_before_it() {
     };
     let store = SqliteStore::open(&path, SyncMode::Full).unwrap();
     let fence = leased(&store, SyncMode::Full);
+    assert_eq!(fence.token, 1);
     assert_eq!(claim(&store, &fence, "a"), 1);
     release(&store, &fence, "a", 1);
+    let submission = Submission {
+        run_id: "run-2",
+        agent: "a",
+        digest: "00",
+        namespace: "ns",
+        input: b"",
+        authority: b"",
+        replace_authority: false,
+    };
+    block_on(store.submit(&submission)).unwrap();
     drop(store);
 
     // The same boot: the epoch stays.
@@ -678,8 +690,15 @@ fn tokens_after_a_reboot_start_above_every_token_before_it() {
         },
         ..fence
     };
+    assert_eq!(fence.token, 1 << 32, "a run lease taken again");
     assert_eq!(claim(&store, &fence, "b"), 1 << 32, "a fresh key");
     assert_eq!(claim(&store, &fence, "a"), 1 << 32, "a released key");
+    let polled = block_on(store.acquire_runs("w", 8, Duration::from_secs(60), &[])).unwrap();
+    let polled: Vec<_> = polled
+        .iter()
+        .map(|run| (run.record.run_id.as_str(), run.token))
+        .collect();
+    assert_eq!(polled, [("run-2", 1 << 32)], "a run leased by a poll");
     drop(store);
     let store = SqliteStore::open(&path, SyncMode::Full).unwrap();
     assert_eq!(store.token_floor, 1 << 32);
