@@ -46,21 +46,24 @@ fn pragma(store: &SqliteStore, name: &'static str) -> i64 {
 }
 
 /// A store with run `run-1` submitted and leased: its fence, asking for `sync`.
+/// Submits run `run_id` (of component `00`, which must be in the store).
+fn submit(store: &SqliteStore, run_id: &str) {
+    let submission = Submission {
+        run_id,
+        agent: "a",
+        digest: "00",
+        namespace: "ns",
+        input: b"",
+        authority: b"",
+        replace_authority: false,
+    };
+    block_on(store.submit(&submission)).unwrap();
+}
+
 fn leased(store: &SqliteStore, sync: SyncMode) -> RunFence {
+    block_on(store.put_component("00", b"")).unwrap();
+    submit(store, "run-1");
     block_on(async {
-        store.put_component("00", b"").await.unwrap();
-        store
-            .submit(&Submission {
-                run_id: "run-1",
-                agent: "a",
-                digest: "00",
-                namespace: "ns",
-                input: b"",
-                authority: b"",
-                replace_authority: false,
-            })
-            .await
-            .unwrap();
         let lease = Duration::from_secs(3600);
         match store.acquire_run("run-1", "w", lease).await.unwrap() {
             Acquired::Leased(run) => RunFence {
@@ -659,16 +662,7 @@ fn tokens_after_a_reboot_start_above_every_token_before_it() {
     assert_eq!(fence.token, 1);
     assert_eq!(claim(&store, &fence, "a"), 1);
     release(&store, &fence, "a", 1);
-    let submission = Submission {
-        run_id: "run-2",
-        agent: "a",
-        digest: "00",
-        namespace: "ns",
-        input: b"",
-        authority: b"",
-        replace_authority: false,
-    };
-    block_on(store.submit(&submission)).unwrap();
+    submit(&store, "run-2");
     drop(store);
 
     // The same boot: the epoch stays.
