@@ -139,14 +139,23 @@ pub(crate) enum LeaseDecision {
     Grant { token: u64, taken_over: bool },
 }
 
+/// The token of a run lease granted after one of token `last`: the next, and at least
+/// `floor`, the store's epoch (a lease granted without a sync may be lost with the
+/// power or a database crash, and its token must not be handed out again).
+pub(crate) fn run_lease_token(last: u64, floor: u64) -> Result<u64, StoreError> {
+    Ok(next_token("run lease token", last)?.max(floor))
+}
+
 /// Decides a request by `worker` for the lease of a run in `status`, whose recorded
-/// lease is `lease` and latest lease token `last`, at `now`. A lease the same worker
-/// holds is granted again: the worker knows it is not driving the run (a host keeps
-/// that to itself), so it may take it back at once.
+/// lease is `lease` and latest lease token `last`, at `now`, with the store's token
+/// floor `floor` ([`run_lease_token`]). A lease the same worker holds is granted again:
+/// the worker knows it is not driving the run (a host keeps that to itself), so it may
+/// take it back at once.
 pub(crate) fn decide_run_lease(
     status: RunStatus,
     lease: Option<RunLeaseInfo>,
     last: u64,
+    floor: u64,
     worker: &str,
     now: Millis,
 ) -> Result<LeaseDecision, StoreError> {
@@ -158,7 +167,7 @@ pub(crate) fn decide_run_lease(
         return Ok(LeaseDecision::Held(held));
     }
     Ok(LeaseDecision::Grant {
-        token: next_token("run lease token", last)?,
+        token: run_lease_token(last, floor)?,
         taken_over,
     })
 }
@@ -306,26 +315,38 @@ mod tests {
             })
         };
         assert!(matches!(
-            decide_run_lease(RunStatus::Running, lease("a", 10), 7, "b", 9).unwrap(),
+            decide_run_lease(RunStatus::Running, lease("a", 10), 7, 0, "b", 9).unwrap(),
             LeaseDecision::Held(_)
         ));
         assert!(matches!(
-            decide_run_lease(RunStatus::Running, lease("a", 10), 7, "a", 9).unwrap(),
+            decide_run_lease(RunStatus::Running, lease("a", 10), 7, 0, "a", 9).unwrap(),
             LeaseDecision::Grant {
                 token: 8,
                 taken_over: true
             }
         ));
         assert!(matches!(
-            decide_run_lease(RunStatus::Queued, None, 0, "b", 9).unwrap(),
+            decide_run_lease(RunStatus::Queued, None, 0, 0, "b", 9).unwrap(),
             LeaseDecision::Grant {
                 token: 1,
                 taken_over: false
             }
         ));
         assert!(matches!(
-            decide_run_lease(RunStatus::Completed, lease("a", 10), 7, "b", 9).unwrap(),
+            decide_run_lease(RunStatus::Completed, lease("a", 10), 7, 0, "b", 9).unwrap(),
             LeaseDecision::Finished
         ));
+        // Above the floor the count goes on; below it, the floor is the token.
+        assert!(matches!(
+            decide_run_lease(RunStatus::Queued, None, 7, 1 << 32, "b", 9).unwrap(),
+            LeaseDecision::Grant {
+                token: 0x1_0000_0000,
+                taken_over: false
+            }
+        ));
+        assert_eq!(
+            run_lease_token((1 << 32) + 4, 1 << 32).unwrap(),
+            (1 << 32) + 5
+        );
     }
 }

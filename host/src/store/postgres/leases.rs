@@ -12,7 +12,7 @@ use super::epoch::token_floor;
 use super::runs::{self, end_as_cancelled, lease_from, set_outcome, status_from, unknown_run};
 use super::{TxError, to_sql_int, u64_col};
 use crate::store::clock::lease_expiry;
-use crate::store::rules::{LeaseDecision, decide_run_lease, next_token};
+use crate::store::rules::{LeaseDecision, decide_run_lease, run_lease_token};
 use crate::store::{Acquired, Counts, LeaseState, LeasedRun, Millis, RunEnd, RunFence, RunStatus};
 
 /// The earliest due time after `after` of an unfinished run nobody holds; the scan
@@ -69,7 +69,7 @@ pub(super) async fn acquire_runs(
     for row in &rows {
         let run_id: String = row.try_get(0)?;
         let (last, taken_over) = (u64_col(row, 1)?, row.try_get(2)?);
-        let token = next_token("run lease token", last)?.max(floor);
+        let token = run_lease_token(last, floor)?;
         leased.push(grant(conn, &run_id, token, worker, expires, taken_over).await?);
     }
     Ok(leased)
@@ -97,7 +97,10 @@ pub(super) async fn acquire_run(
         lease_from(&row, 1)?,
         u64_col(&row, 2)?,
     );
-    match decide_run_lease(status, lease_now, last, worker, conn.now)? {
+    // Read before deciding, as the rule needs it; a grant that finds the epoch lost
+    // must move it on first anyway, and a refusal that does so only moves it early.
+    let floor = token_floor(conn).await?;
+    match decide_run_lease(status, lease_now, last, floor, worker, conn.now)? {
         LeaseDecision::Finished => {
             let record = runs::run(conn, run_id)
                 .await?
@@ -106,7 +109,6 @@ pub(super) async fn acquire_run(
         }
         LeaseDecision::Held(held) => Ok(Acquired::Held(held)),
         LeaseDecision::Grant { token, taken_over } => {
-            let token = token.max(token_floor(conn).await?);
             let expires = lease_expiry(conn.now, lease);
             grant(conn, run_id, token, worker, expires, taken_over)
                 .await

@@ -16,7 +16,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::runs::{self, end_as_cancelled, lease_from, set_outcome, status_from, unknown_run};
 use super::{TxError, to_sql_int, u64_column};
 use crate::store::clock::lease_expiry;
-use crate::store::rules::{LeaseDecision, decide_run_lease, next_token};
+use crate::store::rules::{LeaseDecision, decide_run_lease, run_lease_token};
 use crate::store::{
     Acquired, Counts, LeaseState, LeasedRun, Millis, RunEnd, RunFence, RunLeaseInfo, RunStatus,
     StoreError,
@@ -117,7 +117,7 @@ pub(super) fn acquire_runs(
     chosen
         .into_iter()
         .map(|(run_id, last, taken_over)| {
-            let token = next_token("run lease token", last)?.max(floor);
+            let token = run_lease_token(last, floor)?;
             grant(conn, &run_id, token, worker, expires, now, taken_over)
         })
         .collect()
@@ -151,14 +151,13 @@ pub(super) fn acquire_run(
     let Some((status, lease_now, last)) = row else {
         return Err(unknown_run(run_id));
     };
-    match decide_run_lease(status, lease_now, last, worker, now)? {
+    match decide_run_lease(status, lease_now, last, floor, worker, now)? {
         LeaseDecision::Finished => {
             let record = runs::run(conn, run_id)?.ok_or_else(|| unknown_run(run_id))?;
             Ok(Acquired::Finished(record))
         }
         LeaseDecision::Held(held) => Ok(Acquired::Held(held)),
         LeaseDecision::Grant { token, taken_over } => {
-            let token = token.max(floor);
             let expires = lease_expiry(now, lease);
             grant(conn, run_id, token, worker, expires, now, taken_over).map(Acquired::Leased)
         }

@@ -45,7 +45,6 @@ fn pragma(store: &SqliteStore, name: &'static str) -> i64 {
     })
 }
 
-/// A store with run `run-1` submitted and leased: its fence, asking for `sync`.
 /// Submits run `run_id` (of component `00`, which must be in the store).
 fn submit(store: &SqliteStore, run_id: &str) {
     let submission = Submission {
@@ -60,6 +59,7 @@ fn submit(store: &SqliteStore, run_id: &str) {
     block_on(store.submit(&submission)).unwrap();
 }
 
+/// A store with run `run-1` submitted and leased: its fence, asking for `sync`.
 fn leased(store: &SqliteStore, sync: SyncMode) -> RunFence {
     block_on(store.put_component("00", b"")).unwrap();
     submit(store, "run-1");
