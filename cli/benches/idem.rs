@@ -381,6 +381,7 @@ fn floor_and_steps(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<
     ] {
         let floor = SqliteFloor::open(&bed.dir.join(format!("floor-{sync}.db")), sync)?;
         let mut textbook = Textbook::open(&bed.dir.join(format!("textbook-{sync}.db")), sync)?;
+        let mut bare = BareProtocol::open(&bed.dir.join(format!("bare-{sync}.db")), sync)?;
         let mut sync_files = (sync == SyncMode::Full)
             .then(|| -> anyhow::Result<_> {
                 Ok((
@@ -398,13 +399,15 @@ fn floor_and_steps(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<
         // Warm-ups: statement caches, page cache, WAL.
         floor.batch(true, 100)?;
         textbook.steps(100)?;
+        bare.steps(100)?;
         bed.tokio.block_on(store_alone.steps(100))?;
         bed.steps(&host, turns.n.min(50))?;
         let (mut one_row, mut folded, mut separate) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut reference, mut store) = (Vec::new(), Vec::new());
+        let (mut reference, mut protocol, mut store) = (Vec::new(), Vec::new(), Vec::new());
         repeat(turns, || {
             one_row.extend(floor.batch(true, turns.n as usize)?);
             reference.extend(textbook.steps(turns.n as usize)?);
+            protocol.extend(bare.steps(turns.n as usize)?);
             store.extend(bed.tokio.block_on(store_alone.steps(turns.n as usize))?);
             if let Some((one, four)) = &mut sync_files {
                 fdatasync.extend(one.batch(turns.n as usize)?);
@@ -414,11 +417,11 @@ fn floor_and_steps(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<
             separate.extend(bed.timed_run(&host, turns.n, false)?);
             Ok(())
         })?;
-        floors.push((sync, empty, one_row, reference));
+        floors.push((sync, empty, one_row, reference, protocol));
         steps.push((sync, folded, separate, store));
     }
     let mut floor_medians = Vec::new();
-    for (sync, empty, one_row, reference) in floors {
+    for (sync, empty, one_row, reference, protocol) in floors {
         table.row(
             format!("floor: empty `BEGIN IMMEDIATE; COMMIT`, WAL, sync {sync}"),
             "µs",
@@ -440,7 +443,17 @@ fn floor_and_steps(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<
             reference,
             format!("{:.1}× one-row tx", textbook / floor),
         );
-        floor_medians.push((floor, textbook));
+        let bare = median(&sorted(protocol.clone()));
+        table.row_with_ratio(
+            format!(
+                "reference: idem's protocol bare on rusqlite (claim tx, unsynced; result + \
+                 checkpoint tx, synced under full: 2 tx, no fence, no wasm), sync {sync}"
+            ),
+            "µs",
+            protocol,
+            format!("{:.2}× one-row tx", bare / floor),
+        );
+        floor_medians.push((floor, textbook, bare));
     }
     let sync_one = median(&sorted(fdatasync.clone()));
     table.row(
@@ -455,7 +468,8 @@ fn floor_and_steps(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<
         fdatasync_4,
         format!("{:.2}× the 4 KiB one", sync_four / sync_one),
     );
-    for ((sync, folded, separate, store), (floor, textbook)) in steps.into_iter().zip(floor_medians)
+    for ((sync, folded, separate, store), (floor, textbook, bare)) in
+        steps.into_iter().zip(floor_medians)
     {
         let folded_step = median(&sorted(folded.clone()));
         for (samples, how) in [
@@ -474,7 +488,7 @@ fn floor_and_steps(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<
                 "µs",
                 samples,
                 format!(
-                    "{:.1}× one-row tx, {:.2}× textbook{synced}",
+                    "{:.2}× one-row tx, {:.2}× textbook{synced}",
                     step / floor,
                     step / textbook
                 ),
@@ -489,8 +503,9 @@ fn floor_and_steps(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<
             "µs",
             store,
             format!(
-                "{:.1}× one-row tx, {:.2}× the folded durable step",
+                "{:.2}× one-row tx, {:.2}× the bare protocol, {:.2}× the folded durable step",
                 alone / floor,
+                alone / bare,
                 alone / folded_step
             ),
         );
@@ -683,6 +698,86 @@ impl Textbook {
             unclaim.execute([&key])?;
             commit.execute([])?;
             begin.execute([])?;
+            save.execute(params![self.next, b"null".as_slice()])?;
+            commit.execute([])?;
+            samples.push(micros(t.elapsed()));
+        }
+        Ok(samples)
+    }
+}
+
+/// idem's step protocol with nothing else, straight on rusqlite: the claim inserts the
+/// key's row in a transaction of its own that is not synced (a `Retry` claim: durable
+/// with its commit), then the commit fills the result in and upserts the run's
+/// checkpoint in a second, synced under `full`. No fence, no token floor, no counts, no
+/// wasm: what any store keeping a step's claim apart from its commit pays at least.
+struct BareProtocol {
+    conn: Connection,
+    sync: SyncMode,
+    next: i64,
+}
+
+impl BareProtocol {
+    fn open(db: &Path, sync: SyncMode) -> anyhow::Result<BareProtocol> {
+        let floor = SqliteFloor::open(db, sync)?;
+        floor.conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS steps (key TEXT PRIMARY KEY, holder TEXT,
+                                               token INTEGER NOT NULL, result BLOB)
+                 WITHOUT ROWID;
+             CREATE TABLE IF NOT EXISTS checkpoints (run TEXT PRIMARY KEY,
+                                                     step INTEGER NOT NULL,
+                                                     state BLOB NOT NULL) WITHOUT ROWID;",
+        )?;
+        Ok(BareProtocol {
+            conn: floor.conn,
+            sync,
+            next: 0,
+        })
+    }
+
+    /// Times `n` steps on fresh keys, in µs, keyed as the store keys the bench agent's.
+    fn steps(&mut self, n: usize) -> anyhow::Result<Vec<f64>> {
+        let conn = &self.conn;
+        // SQLite applies `synchronous` when it prepares the pragma (and re-prepares it at
+        // every later run): under `normal`, merely preparing the switch to FULL would
+        // leave the connection syncing every commit.
+        let mut switch = match self.sync {
+            SyncMode::Full => Some((
+                conn.prepare_cached("PRAGMA synchronous = NORMAL")?,
+                conn.prepare_cached("PRAGMA synchronous = FULL")?,
+            )),
+            SyncMode::Normal => None,
+        };
+        let mut begin = conn.prepare_cached("BEGIN IMMEDIATE")?;
+        let mut commit = conn.prepare_cached("COMMIT")?;
+        let mut claim = conn.prepare_cached(
+            "INSERT INTO steps (key, holder, token) VALUES (?1, 'holder-0123456789abcdef', ?2)",
+        )?;
+        let mut result =
+            conn.prepare_cached("UPDATE steps SET result = ?2, holder = NULL WHERE key = ?1")?;
+        let mut save = conn.prepare_cached(
+            "INSERT INTO checkpoints (run, step, state) VALUES ('bare', ?1, ?2)
+             ON CONFLICT (run) DO UPDATE SET step = excluded.step, state = excluded.state",
+        )?;
+        let mut samples = Vec::with_capacity(n);
+        for _ in 0..n {
+            self.next += 1;
+            let key = format!(
+                "bench:bare/s/{:032x}",
+                (self.next as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            );
+            let t = Instant::now();
+            if let Some((unsynced, _)) = &mut switch {
+                unsynced.execute([])?;
+            }
+            begin.execute([])?;
+            claim.execute(params![key, self.next])?;
+            commit.execute([])?;
+            if let Some((_, synced)) = &mut switch {
+                synced.execute([])?;
+            }
+            begin.execute([])?;
+            result.execute(params![key, b"\"ok\"".as_slice()])?;
             save.execute(params![self.next, b"null".as_slice()])?;
             commit.execute([])?;
             samples.push(micros(t.elapsed()));
