@@ -646,6 +646,13 @@ impl SqliteFloor {
     }
 }
 
+/// A reference design's database: the floor's connection (WAL, `sync`) with `schema`.
+fn reference_db(db: &Path, sync: SyncMode, schema: &str) -> anyhow::Result<Connection> {
+    let floor = SqliteFloor::open(db, sync)?;
+    floor.conn.execute_batch(schema)?;
+    Ok(floor.conn)
+}
+
 /// The textbook durable step, straight on rusqlite, as a reference for idem's: claim
 /// the key (one transaction), write the result and delete the claim (a second), upsert
 /// the run's progress (a third); prepared statements, WAL, no wasm.
@@ -656,8 +663,9 @@ struct Textbook {
 
 impl Textbook {
     fn open(db: &Path, sync: SyncMode) -> anyhow::Result<Textbook> {
-        let floor = SqliteFloor::open(db, sync)?;
-        floor.conn.execute_batch(
+        let conn = reference_db(
+            db,
+            sync,
             "CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY, holder TEXT NOT NULL,
                                                 token INTEGER NOT NULL) WITHOUT ROWID;
              CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, value BLOB NOT NULL)
@@ -665,10 +673,7 @@ impl Textbook {
              CREATE TABLE IF NOT EXISTS progress (run TEXT PRIMARY KEY, step INTEGER NOT NULL,
                                                   state BLOB NOT NULL) WITHOUT ROWID;",
         )?;
-        Ok(Textbook {
-            conn: floor.conn,
-            next: 0,
-        })
+        Ok(Textbook { conn, next: 0 })
     }
 
     /// Times `n` steps on fresh keys, in µs.
@@ -719,8 +724,9 @@ struct BareProtocol {
 
 impl BareProtocol {
     fn open(db: &Path, sync: SyncMode) -> anyhow::Result<BareProtocol> {
-        let floor = SqliteFloor::open(db, sync)?;
-        floor.conn.execute_batch(
+        let conn = reference_db(
+            db,
+            sync,
             "CREATE TABLE IF NOT EXISTS steps (key TEXT PRIMARY KEY, holder TEXT,
                                                token INTEGER NOT NULL, result BLOB)
                  WITHOUT ROWID;
@@ -729,7 +735,7 @@ impl BareProtocol {
                                                      state BLOB NOT NULL) WITHOUT ROWID;",
         )?;
         Ok(BareProtocol {
-            conn: floor.conn,
+            conn,
             sync,
             next: 0,
         })
