@@ -744,16 +744,9 @@ impl BareProtocol {
     /// Times `n` steps on fresh keys, in µs, keyed as the store keys the bench agent's.
     fn steps(&mut self, n: usize) -> anyhow::Result<Vec<f64>> {
         let conn = &self.conn;
-        // SQLite applies `synchronous` when it prepares the pragma (and re-prepares it at
-        // every later run): under `normal`, merely preparing the switch to FULL would
-        // leave the connection syncing every commit.
-        let mut switch = match self.sync {
-            SyncMode::Full => Some((
-                conn.prepare_cached("PRAGMA synchronous = NORMAL")?,
-                conn.prepare_cached("PRAGMA synchronous = FULL")?,
-            )),
-            SyncMode::Normal => None,
-        };
+        // Switched as the store switches it: prepared afresh each time, since SQLite
+        // applies a pragma as it prepares it (`thread.rs`, `set_sync`).
+        let full = self.sync == SyncMode::Full;
         let mut begin = conn.prepare_cached("BEGIN IMMEDIATE")?;
         let mut commit = conn.prepare_cached("COMMIT")?;
         let mut claim = conn.prepare_cached(
@@ -773,14 +766,14 @@ impl BareProtocol {
                 (self.next as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
             );
             let t = Instant::now();
-            if let Some((unsynced, _)) = &mut switch {
-                unsynced.execute([])?;
+            if full {
+                conn.execute_batch("PRAGMA synchronous = NORMAL")?;
             }
             begin.execute([])?;
             claim.execute(params![key, self.next])?;
             commit.execute([])?;
-            if let Some((_, synced)) = &mut switch {
-                synced.execute([])?;
+            if full {
+                conn.execute_batch("PRAGMA synchronous = FULL")?;
             }
             begin.execute([])?;
             result.execute(params![key, b"\"ok\"".as_slice()])?;
