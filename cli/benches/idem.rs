@@ -200,7 +200,28 @@ const SECTIONS: [Section; 11] = [
 const CONCURRENCY: [usize; 3] = [1, 8, 64];
 
 fn main() -> anyhow::Result<()> {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let names: Vec<_> = SECTIONS.iter().map(|s| s.0).collect();
+    let usage = format!(
+        "usage: cargo bench -p idem-cli --bench idem -- [--quick] [SECTION...]; sections: {}",
+        names.join(", ")
+    );
+    // Sections to run, by name (`cargo bench --bench idem -- steps resume`): all when
+    // none is named. Checked before anything is set up, so that a typo costs nothing.
+    // cargo itself passes `--bench`.
+    let (mut quick, mut only) = (false, Vec::new());
+    for arg in std::env::args().skip(1) {
+        match arg.as_str() {
+            "--quick" => quick = true,
+            "--bench" => {}
+            "--help" | "-h" => {
+                println!("{usage}");
+                return Ok(());
+            }
+            flag if flag.starts_with('-') => bail!("unknown option {flag:?}; {usage}"),
+            name if names.contains(&name) => only.push(arg),
+            name => bail!("no bench section {name:?}; {usage}"),
+        }
+    }
     let plan = if quick { &QUICK_PLAN } else { &FULL_PLAN };
     let began = Instant::now();
 
@@ -223,19 +244,6 @@ fn main() -> anyhow::Result<()> {
     };
     let mut table = Table::default();
 
-    // Sections to run, by name (`cargo bench --bench idem -- steps resume`): all when
-    // none is named.
-    let only: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
-        .collect();
-    if let Some(unknown) = only.iter().find(|o| !SECTIONS.iter().any(|s| s.0 == *o)) {
-        let names: Vec<_> = SECTIONS.iter().map(|s| s.0).collect();
-        bail!(
-            "no bench section {unknown:?}; sections: {}",
-            names.join(", ")
-        );
-    }
     for (name, what, section) in SECTIONS {
         if only.is_empty() || only.iter().any(|o| o == name) {
             progress(what);
