@@ -753,7 +753,7 @@ impl BareProtocol {
     fn steps(&mut self, n: usize) -> anyhow::Result<Vec<f64>> {
         let conn = &self.conn;
         // Switched as the store switches it: prepared afresh each time, since SQLite
-        // applies a pragma as it prepares it (`thread.rs`, `set_sync`).
+        // applies a pragma as it prepares it (`schema.rs`, `set_durability`).
         let full = self.sync == SyncMode::Full;
         let mut begin = conn.prepare_cached("BEGIN IMMEDIATE")?;
         let mut commit = conn.prepare_cached("COMMIT")?;

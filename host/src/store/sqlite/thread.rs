@@ -526,20 +526,7 @@ impl Worker {
 
     fn set_sync(&mut self, sync: SyncMode) -> rusqlite::Result<()> {
         if self.sync != sync {
-            let value = match sync {
-                SyncMode::Normal => "NORMAL",
-                SyncMode::Full => "FULL",
-            };
-            // A `Full` run whose claims are written `Normal` (one sync per step) switches
-            // twice per step. Not from the statement cache: SQLite applies a pragma as
-            // it prepares it and expires the statement once it has run, so a cached
-            // pragma is parsed again at every run anyway, and swapping the new statement
-            // in costs more than preparing and finalizing a fresh one (6.8k against 4.0k
-            // instructions per pragma, callgrind).
-            let pages = super::schema::wal_autocheckpoint_pages(sync);
-            self.conn.execute_batch(&format!(
-                "PRAGMA synchronous = {value}; PRAGMA wal_autocheckpoint = {pages}"
-            ))?;
+            super::schema::set_durability(&self.conn, sync)?;
             self.sync = sync;
         }
         Ok(())
