@@ -9,17 +9,16 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 mod commands;
+mod exit;
+mod hint;
 #[cfg(feature = "otlp")]
 mod otlp;
 
+use exit::Exit;
+
 fn main() -> ExitCode {
     let args = commands::Args::parse();
-    // A proof crashes the agent on purpose hundreds of times: the warnings each crash
-    // would log are its findings, reported as such at the end.
-    let default_level = match args.command {
-        commands::Command::Prove(_) => "error",
-        _ => "warn",
-    };
+    let default_level = args.command.log_level();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("idem")
@@ -28,7 +27,7 @@ fn main() -> ExitCode {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
-            return commands::Exit::Host.into();
+            return Exit::Host.into();
         }
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("IDEM_LOG")
@@ -43,7 +42,7 @@ fn main() -> ExitCode {
         Ok(None) => (None, None),
         Err(e) => {
             eprintln!("error: {e:#}");
-            return commands::Exit::BadInput.into();
+            return Exit::BadInput.into();
         }
     };
     #[cfg(not(feature = "otlp"))]
@@ -60,10 +59,10 @@ fn main() -> ExitCode {
     match outcome {
         Ok(code) => code.into(),
         Err(err) => {
-            let code = commands::Exit::classify(&err);
+            let code = Exit::classify(&err);
             // Errors carry keys, run ids and agents' words: never raw to a terminal.
             eprintln!("error: {}", idem::text::escape(&format!("{err:#}"), true));
-            if let Some(hint) = commands::hint(&err) {
+            if let Some(hint) = hint::for_error(&err) {
                 eprintln!("hint: {hint}");
             }
             code.into()

@@ -15,8 +15,9 @@ use idem::store::RunStatus;
 use tokio::signal::unix::{SignalKind, signal};
 
 use super::args::{AuthorityArgs, CacheArgs, DbArgs, json_or_file, limit_flag, load_agent};
+use super::display;
 use super::progress::Progress;
-use super::{BadInput, Exit, display};
+use crate::exit::{BadInput, Exit};
 
 #[derive(Debug, Parser)]
 pub struct RunCommand {

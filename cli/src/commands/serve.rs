@@ -15,7 +15,7 @@ use idem::worker::{Worker, WorkerOptions};
 use tokio::signal::unix::{SignalKind, signal};
 
 use super::args::{CacheArgs, DbArgs, duration, protected, size};
-use super::{BadInput, Exit};
+use crate::exit::{BadInput, Exit};
 
 #[derive(Debug, Parser)]
 pub struct ServeCommand {

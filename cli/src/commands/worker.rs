@@ -11,8 +11,8 @@ use idem::store::{DatabaseFault, Store, StoreError};
 use idem::worker::{Worker, WorkerOptions};
 use tokio::signal::unix::{SignalKind, signal};
 
-use super::Exit;
 use super::args::{CacheArgs, DbArgs, duration, protected};
+use crate::exit::Exit;
 
 #[derive(Debug, Parser)]
 pub struct WorkerCommand {
