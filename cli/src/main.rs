@@ -13,6 +13,7 @@ mod exit;
 mod hint;
 #[cfg(feature = "otlp")]
 mod otlp;
+mod shutdown;
 
 use exit::Exit;
 

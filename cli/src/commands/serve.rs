@@ -1,6 +1,7 @@
 //! `idem serve`: the JSON HTTP API, the web page of runs and `/metrics` over a store
 //! (`idem::serve`); with `--worker`, a worker drives runs in the same process. Stops on
-//! SIGTERM or SIGINT: no new requests, the worker drains, then exit 0.
+//! SIGTERM or SIGINT: no new requests, the worker drains, then exit 0; a second signal
+//! exits at once.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -12,10 +13,10 @@ use clap::Parser;
 use idem::runtime::{Host, Runtime, check_namespace};
 use idem::serve::{ServeOptions, Server};
 use idem::worker::{Worker, WorkerOptions};
-use tokio::signal::unix::{SignalKind, signal};
 
 use super::args::{CacheArgs, DbArgs, duration, protected, size};
 use crate::exit::{BadInput, Exit};
+use crate::shutdown::Shutdown;
 
 #[derive(Debug, Parser)]
 pub struct ServeCommand {
@@ -99,13 +100,10 @@ impl ServeCommand {
         let server = Server::bind(Arc::clone(&store), Arc::clone(&runtime), options)
             .await
             .map_err(|e| BadInput(e.to_string()))?;
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let stopped = move || {
-            let mut rx = stop_rx.clone();
-            async move {
-                let _ = rx.wait_for(|stop| *stop).await;
-            }
-        };
+        let shutdown = Shutdown::on_signals(
+            "idem serve",
+            "stopping (send the signal again to exit at once)",
+        )?;
         let worker = if self.worker {
             let host = Arc::new(Host::named(
                 Arc::clone(&runtime),
@@ -122,24 +120,14 @@ impl ServeCommand {
                     ..WorkerOptions::default()
                 },
             ));
-            let shutdown = stopped();
-            Some(tokio::spawn(async move { worker.run(shutdown).await }))
+            let stop = shutdown.requested();
+            Some(tokio::spawn(async move { worker.run(stop).await }))
         } else {
             None
         };
-        let mut term = signal(SignalKind::terminate())?;
-        let mut int = signal(SignalKind::interrupt())?;
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-            eprintln!("idem serve: stopping");
-            let _ = stop_tx.send(true);
-        });
         // Tests and scripts read the address from this line (with port 0 the OS picks).
         eprintln!("idem serve: listening on http://{}", server.local_addr());
-        server.run(stopped()).await?;
+        server.run(shutdown.requested()).await?;
         if let Some(worker) = worker {
             let report = worker.await.context("the worker task failed")??;
             eprintln!(

@@ -9,10 +9,10 @@ use clap::Parser;
 use idem::runtime::{Host, Runtime, check_namespace};
 use idem::store::{DatabaseFault, Store, StoreError};
 use idem::worker::{Worker, WorkerOptions};
-use tokio::signal::unix::{SignalKind, signal};
 
 use super::args::{CacheArgs, DbArgs, duration, protected};
 use crate::exit::Exit;
+use crate::shutdown::Shutdown;
 
 #[derive(Debug, Parser)]
 pub struct WorkerCommand {
@@ -56,27 +56,12 @@ impl WorkerCommand {
                 ..WorkerOptions::default()
             },
         ));
-        let mut term = signal(SignalKind::terminate())?;
-        let mut int = signal(SignalKind::interrupt())?;
-        let shutdown = async move {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-            eprintln!("idem worker: draining (send the signal again to exit at once)");
-            // The second signal ends the process where it stands; every lease it
-            // held expires and other workers take its runs over.
-            tokio::spawn(async move {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = int.recv() => {}
-                }
-                eprintln!("idem worker: exiting at once");
-                std::process::exit(130);
-            });
-        };
+        let shutdown = Shutdown::on_signals(
+            "idem worker",
+            "draining (send the signal again to exit at once)",
+        )?;
         eprintln!("idem worker {} started", host.id());
-        let report = worker.run(shutdown).await?;
+        let report = worker.run(shutdown.requested()).await?;
         eprintln!(
             "idem worker {} stopped: {} runs finished, {} given back, {} lost",
             host.id(),
