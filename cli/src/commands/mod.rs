@@ -7,6 +7,7 @@ mod cancel;
 mod deploy;
 mod display;
 mod gc;
+mod generate;
 mod logs;
 mod ls;
 mod progress;
@@ -20,7 +21,7 @@ mod status;
 mod submit;
 mod worker;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::exit::Exit;
 
@@ -64,6 +65,13 @@ pub enum Command {
     Gc(gc::GcCommand),
     /// Crash-test an agent at every crash point in scratch stores, and report what broke.
     Prove(Box<prove::ProveCommand>),
+    /// Print the completion script of a shell for idem.
+    Completions(generate::CompletionsCommand),
+    /// Print idem's man page (or write a page per command into a directory).
+    Man(generate::ManCommand),
+    /// Print this reference, in Markdown, as docs/reference/cli.md holds it.
+    #[command(hide = true)]
+    CliReference(generate::CliReferenceCommand),
 }
 
 impl Command {
@@ -94,6 +102,9 @@ impl Command {
             Command::Serve(cmd) => cmd.execute().await,
             Command::Gc(cmd) => cmd.execute().await,
             Command::Prove(cmd) => cmd.execute().await,
+            Command::Completions(cmd) => cmd.execute(Args::command()),
+            Command::Man(cmd) => cmd.execute(Args::command()),
+            Command::CliReference(cmd) => cmd.execute(Args::command()),
         }
     }
 }
