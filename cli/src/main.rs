@@ -1,5 +1,13 @@
 //! The `idem` command: parses arguments, sets up logging, runs a subcommand from
 //! `commands/` on a tokio runtime, and maps the outcome to an exit code and a hint.
+//!
+//! # Layout
+//! - `commands/`: a file per subcommand and the dispatcher (`commands/mod.rs`), with the
+//!   flag groups (`args`) and the output helpers (`display`) the subcommands share.
+//! - `exit.rs`: the exit codes, and how an error maps to one.
+//! - `hint.rs`: the `hint:` line that names the flag or command mending an error.
+//! - `shutdown.rs`: SIGTERM and SIGINT, wired once for the commands that drain.
+//! - `otlp.rs`: the export of spans over OTLP (cargo feature `otlp`).
 
 use std::process::ExitCode;
 
