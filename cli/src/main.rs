@@ -1,5 +1,13 @@
 //! The `idem` command: parses arguments, sets up logging, runs a subcommand from
 //! `commands/` on a tokio runtime, and maps the outcome to an exit code and a hint.
+//!
+//! # Layout
+//! - `commands/`: a file per subcommand and the dispatcher (`commands/mod.rs`), with the
+//!   flag groups (`args`) and the output helpers (`display`) the subcommands share.
+//! - `exit.rs`: the exit codes, and how an error maps to one.
+//! - `hint.rs`: the `hint:` line that names the flag or command mending an error.
+//! - `shutdown.rs`: SIGTERM and SIGINT, wired once for the commands that drain.
+//! - `otlp.rs`: the export of spans over OTLP (cargo feature `otlp`).
 
 use std::process::ExitCode;
 
@@ -9,17 +17,17 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 mod commands;
+mod exit;
+mod hint;
 #[cfg(feature = "otlp")]
 mod otlp;
+mod shutdown;
+
+use exit::Exit;
 
 fn main() -> ExitCode {
     let args = commands::Args::parse();
-    // A proof crashes the agent on purpose hundreds of times: the warnings each crash
-    // would log are its findings, reported as such at the end.
-    let default_level = match args.command {
-        commands::Command::Prove(_) => "error",
-        _ => "warn",
-    };
+    let default_level = args.command.log_level();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("idem")
@@ -28,7 +36,7 @@ fn main() -> ExitCode {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
-            return commands::Exit::Host.into();
+            return Exit::Host.into();
         }
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("IDEM_LOG")
@@ -43,7 +51,7 @@ fn main() -> ExitCode {
         Ok(None) => (None, None),
         Err(e) => {
             eprintln!("error: {e:#}");
-            return commands::Exit::BadInput.into();
+            return Exit::BadInput.into();
         }
     };
     #[cfg(not(feature = "otlp"))]
@@ -60,10 +68,10 @@ fn main() -> ExitCode {
     match outcome {
         Ok(code) => code.into(),
         Err(err) => {
-            let code = commands::Exit::classify(&err);
+            let code = Exit::classify(&err);
             // Errors carry keys, run ids and agents' words: never raw to a terminal.
             eprintln!("error: {}", idem::text::escape(&format!("{err:#}"), true));
-            if let Some(hint) = commands::hint(&err) {
+            if let Some(hint) = hint::for_error(&err) {
                 eprintln!("hint: {hint}");
             }
             code.into()

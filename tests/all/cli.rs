@@ -1,5 +1,6 @@
 //! The `idem` binary end to end: the demo's recycling run, `--json`, `status`, resuming
-//! a finished run, and exit codes.
+//! a finished run, exit codes, and what is generated from its clap definitions (the
+//! committed CLI reference, shell completions, man pages).
 
 use idem_test_artifacts::{LEDGER, STEPS};
 
@@ -108,4 +109,59 @@ fn status_of_a_missing_store_is_bad_input() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("no store at"));
     assert!(!db.exists());
+}
+
+/// docs/reference/cli.md is what the binary generates from its clap definitions: a flag
+/// added, renamed or documented anew without regenerating it fails here.
+#[test]
+fn the_committed_cli_reference_is_current() {
+    const REGENERATE: &str = "cargo run -p idem-cli -- cli-reference > docs/reference/cli.md";
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/reference/cli.md");
+    let out = run_cli(&["cli-reference"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let generated = stdout(&out);
+    assert!(generated.contains("## `idem run`"), "{generated}");
+    let committed = std::fs::read_to_string(path).unwrap_or_default();
+    assert!(
+        committed == generated,
+        "docs/reference/cli.md is stale: regenerate it from the repository's root with\n    \
+         {REGENERATE}"
+    );
+}
+
+#[test]
+fn completions_and_man_pages_name_the_commands() {
+    let bash = run_cli(&["completions", "bash"]);
+    assert!(bash.status.success(), "{}", stderr(&bash));
+    let script = stdout(&bash);
+    assert!(script.contains("complete -F _idem"), "{script}");
+    for word in ["submit", "worker", "--run-id"] {
+        assert!(script.contains(word), "{word}: {script}");
+    }
+    let zsh = stdout(&run_cli(&["completions", "zsh"]));
+    assert!(zsh.starts_with("#compdef idem"), "{zsh}");
+    let refused = run_cli(&["completions", "tcsh"]);
+    assert_eq!(refused.status.code(), Some(2));
+
+    let man = run_cli(&["man"]);
+    assert!(man.status.success(), "{}", stderr(&man));
+    let page = stdout(&man);
+    assert!(page.contains(".TH idem 1"), "{page}");
+    assert!(page.contains("idem \\- "), "{page}");
+    assert!(page.contains("submit"), "{page}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let pages = dir.path().join("man1");
+    let out = run_cli(&["man", "--out-dir", pages.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = std::fs::read_to_string(pages.join("idem-run.1")).unwrap();
+    assert!(run.contains(".TH idem-run 1"), "{run}");
+    assert!(run.contains("\\-\\-run\\-id"), "{run}");
+    for page in ["idem.1", "idem-worker.1", "idem-serve.1"] {
+        assert!(pages.join(page).exists(), "{page}");
+    }
+    assert!(
+        !pages.join("idem-cli-reference.1").exists(),
+        "a hidden command has no page"
+    );
 }

@@ -9,7 +9,7 @@ use idem_test_artifacts::FETCHER;
 use serde_json::{Value, json};
 
 use crate::http::{TestServer, committed, post_key};
-use crate::util::{integrity_ok, raw_db, run_cli, stdout};
+use crate::util::{StderrLines, integrity_ok, raw_db, run_cli, stdout};
 
 const KEY: &str = "idempotency-key";
 const TOKEN: &str = "idempotency-token";
@@ -289,4 +289,39 @@ fn an_interrupted_run_gives_its_lease_back_and_resumes_at_once() {
     let steps = server.steps();
     assert_eq!(steps.len(), 6);
     assert!(steps.values().all(|s| s.len() == 1), "each step once");
+}
+
+/// A second signal ends `idem run` where it stands, whichever of SIGINT or SIGTERM it
+/// is: the first waits for the side effect in flight, the second does not.
+#[test]
+fn a_second_signal_ends_an_interrupted_run_at_once() {
+    let server = TestServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let db_path = dir.path().join("idem.db");
+    let db = db_path.to_str().unwrap();
+    // A minute inside the first effect, after its request.
+    let input = json!({ "steps": 2, "url": server.url(), "pause_ms": 60_000, "pause_after": true })
+        .to_string();
+    let mut first = spawn(db, "twice", &input, &server, "10m");
+    let said = StderrLines::of(&mut first);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server.seen().is_empty() {
+        assert!(Instant::now() < deadline, "the run never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    signal(&first, "INT");
+    said.wait_for(
+        "idem run: stopping at the next step",
+        Duration::from_secs(30),
+    );
+    let second = Instant::now();
+    signal(&first, "TERM");
+    let status = first.wait().unwrap();
+    let rest = said.rest();
+    assert_eq!(status.code(), Some(130), "{rest}");
+    assert!(
+        second.elapsed() < Duration::from_secs(30),
+        "it did not wait for the effect"
+    );
+    assert!(rest.contains("idem run: exiting at once"), "{rest}");
 }

@@ -8,10 +8,11 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use idem_test_artifacts::STEPS;
+use idem_test_artifacts::{FETCHER, STEPS};
 use serde_json::{Value, json};
 
-use crate::util::{CliDir, run_cli, stderr, stdout};
+use crate::http::TestServer;
+use crate::util::{CliDir, StderrLines, run_cli, stderr, stdout};
 
 /// A running `idem serve`, stopped (SIGKILL, by its pid) when dropped.
 pub struct Served {
@@ -996,4 +997,88 @@ fn a_client_slow_to_send_its_headers_is_cut_off() {
         "closed after {took:?}, the bound is 1 s"
     );
     assert_eq!(served.get("/api/runs").status, 200, "the server serves on");
+}
+
+/// `idem serve --worker` as a child whose stderr the test reads.
+fn spawn_serve(db: &str) -> (Child, StderrLines) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["serve", "--db", db, "--listen", "127.0.0.1:0", "--worker"])
+        .args(["--poll", "20ms"])
+        .env("IDEM_LOG", "error")
+        .env("XDG_CACHE_HOME", env!("CARGO_TARGET_TMPDIR"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("idem starts");
+    let said = StderrLines::of(&mut child);
+    said.wait_for("idem serve: listening on", Duration::from_secs(60));
+    (child, said)
+}
+
+fn sigterm(child: &Child) {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// SIGTERM stops the server, its worker drained, and exits 0; a second one, while the
+/// worker waits for a side effect in flight, exits at once with 130.
+#[test]
+fn sigterm_stops_serve_and_a_second_exits_at_once() {
+    let cli = CliDir::new();
+    let (idle, said) = spawn_serve(&cli.db());
+    sigterm(&idle);
+    let status = wait_exit(idle, Duration::from_secs(60));
+    let rest = said.rest();
+    assert_eq!(status.code(), Some(0), "{rest}");
+    assert!(rest.contains("idem serve: stopping"), "{rest}");
+    assert!(rest.contains("stopped: 0 runs finished"), "{rest}");
+
+    let server = TestServer::start();
+    let grant = format!("127.0.0.1:{}", server.port());
+    let db = cli.db();
+    let deploy = run_cli(&[
+        "deploy",
+        FETCHER,
+        "--name",
+        "fetcher",
+        "--allow-http",
+        &grant,
+        "--db",
+        &db,
+    ]);
+    assert!(deploy.status.success(), "{}", stderr(&deploy));
+    // A minute inside the effect, after its request: a drain would wait for it.
+    let input = json!({ "steps": 1, "url": server.url(), "pause_ms": 60_000, "pause_after": true });
+    let input = input.to_string();
+    let submit = run_cli(&["submit", "fetcher", "--input", &input, "--db", &db]);
+    assert!(submit.status.success(), "{}", stderr(&submit));
+    let (busy, said) = spawn_serve(&db);
+    wait_for(Duration::from_secs(60), || {
+        (!server.seen().is_empty()).then_some(())
+    });
+    sigterm(&busy);
+    said.wait_for("idem serve: stopping", Duration::from_secs(30));
+    sigterm(&busy);
+    let status = wait_exit(busy, Duration::from_secs(30));
+    let rest = said.rest();
+    assert_eq!(status.code(), Some(130), "{rest}");
+    assert!(rest.contains("idem serve: exiting at once"), "{rest}");
+}
+
+/// Waits for `child` to exit; kills it and panics after `limit`.
+fn wait_exit(mut child: Child, limit: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -248,6 +248,47 @@ pub fn run_cli_env(args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Output {
     cmd.output().expect("idem starts")
 }
 
+/// A child's stderr, read line by line on a thread, so that a test can wait for what
+/// the child says before it acts (a second signal after the first was heard).
+pub struct StderrLines(std::sync::mpsc::Receiver<String>);
+
+impl StderrLines {
+    /// Takes `child`'s piped stderr.
+    pub fn of(child: &mut std::process::Child) -> StderrLines {
+        use std::io::BufRead;
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let (send, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if send.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        StderrLines(lines)
+    }
+
+    /// Waits for a line holding `needle`; panics with what was read after `limit`.
+    pub fn wait_for(&self, needle: &str, limit: std::time::Duration) {
+        let deadline = std::time::Instant::now() + limit;
+        let mut read = String::new();
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.0.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return,
+                Ok(line) => read.push_str(&(line + "\n")),
+                Err(_) => panic!("no line with {needle:?} within {limit:?}; read:\n{read}"),
+            }
+        }
+    }
+
+    /// Every line not read yet, once the child has exited.
+    pub fn rest(self) -> String {
+        self.0.iter().map(|line| line + "\n").collect()
+    }
+}
+
 pub fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }

@@ -12,7 +12,9 @@ use idem_test_artifacts::{FETCHER, HOSTILE, LEDGER};
 use serde_json::{Value, json};
 
 use crate::http::{Seen, TestServer};
-use crate::util::{block_on, integrity_ok, open_store_read_only, run_cli, stderr, stdout};
+use crate::util::{
+    StderrLines, block_on, integrity_ok, open_store_read_only, run_cli, stderr, stdout,
+};
 
 const KEY: &str = "idempotency-key";
 const TOKEN: &str = "idempotency-token";
@@ -367,6 +369,48 @@ fn a_paused_worker_loses_its_runs_and_every_write_it_tries_after_is_refused() {
     signal(&taker, "TERM");
     assert!(taker.wait().unwrap().success());
     integrity_ok(&service.path());
+}
+
+/// A drain waits for the side effects in flight; a second SIGTERM is the operator's word
+/// that waiting is over: the worker exits at once with 130 and its run stays leased, to
+/// be taken over once the lease expires.
+#[test]
+fn a_second_sigterm_ends_a_draining_worker_at_once() {
+    let server = TestServer::start();
+    let service = Service::new();
+    deploy_fetcher(&service, &server, &[]);
+    // The effect sleeps for a minute after its request: a drain would wait for it.
+    let input = json!({ "steps": 1, "url": server.url(), "pause_ms": 60_000, "pause_after": true });
+    service.ok(&[
+        "submit",
+        "fetcher",
+        "--run-id",
+        "slow",
+        "--input",
+        &input.to_string(),
+    ]);
+    let mut worker = service.worker("w", &["--drain-timeout", "5m"]);
+    let said = StderrLines::of(&mut worker);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while server.seen().is_empty() {
+        assert!(Instant::now() < deadline, "the worker never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    signal(&worker, "TERM");
+    said.wait_for("idem worker: draining", Duration::from_secs(30));
+    let second = Instant::now();
+    signal(&worker, "TERM");
+    let status = worker.wait().unwrap();
+    let rest = said.rest();
+    assert_eq!(status.code(), Some(130), "{rest}");
+    assert!(
+        second.elapsed() < Duration::from_secs(30),
+        "it did not wait for the effect"
+    );
+    assert!(rest.contains("idem worker: exiting at once"), "{rest}");
+    let run = block_on(service.store().run("slow")).unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Running);
+    assert!(run.lease.is_some(), "the lease is left to expire: {run:?}");
 }
 
 #[test]

@@ -14,7 +14,7 @@ use idem::store::{
     OpenOptions, PostgresOptions, PostgresStore, SqliteStore, Store, SyncMode, is_postgres_url,
 };
 
-use super::BadInput;
+use crate::exit::BadInput;
 
 /// Where the store is: `--db`.
 #[derive(Debug, Clone, Args)]

@@ -11,7 +11,8 @@ use idem::ops;
 use idem::runtime::{check_namespace, default_cache_dir};
 
 use super::args::{AuthorityArgs, DbArgs, load_agent};
-use super::{Exit, display, op_error};
+use super::display;
+use crate::exit::{Exit, op_error};
 
 #[derive(Debug, Parser)]
 pub struct DeployCommand {

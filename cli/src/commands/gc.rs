@@ -9,7 +9,8 @@ use idem::ops;
 use idem::store::{GcReport, GcRequest};
 
 use super::args::DbArgs;
-use super::{Exit, display, op_error};
+use super::display;
+use crate::exit::{Exit, op_error};
 
 #[derive(Debug, Parser)]
 pub struct GcCommand {

@@ -6,8 +6,8 @@ use std::io::Write;
 use clap::Parser;
 use idem::store::StoreError;
 
-use super::Exit;
 use super::args::DbArgs;
+use crate::exit::Exit;
 
 #[derive(Debug, Parser)]
 pub struct LogsCommand {

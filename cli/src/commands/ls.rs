@@ -4,7 +4,8 @@ use clap::Parser;
 use idem::store::{RunFilter, RunStatus};
 
 use super::args::DbArgs;
-use super::{Exit, display};
+use super::display;
+use crate::exit::Exit;
 
 #[derive(Debug, Parser)]
 pub struct LsCommand {

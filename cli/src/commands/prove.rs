@@ -12,8 +12,9 @@ use idem::prove::{ChildRun, Kills, Progress, ProveOptions, Scenario, Upstream, p
 use idem::runtime::{Authority, Phase, Runtime, check_grants};
 
 use super::args::{AuthorityArgs, CacheArgs, json_or_file, protected};
+use super::display;
 use super::run::default_run_id;
-use super::{BadInput, Exit, display};
+use crate::exit::{BadInput, Exit};
 
 mod report;
 

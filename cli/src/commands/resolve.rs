@@ -8,7 +8,7 @@ use idem::store::Resolution;
 use idem::text::escape_for_terminal as shown;
 
 use super::args::DbArgs;
-use super::{BadInput, Exit, op_error};
+use crate::exit::{BadInput, Exit, op_error};
 
 #[derive(Debug, Parser)]
 #[command(group(clap::ArgGroup::new("how").required(true).args(["result", "retry"])))]

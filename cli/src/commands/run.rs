@@ -12,11 +12,12 @@ use idem::runtime::{
     CrashPoint, Echo, FaultPlan, Host, HttpCapture, RunFailure, RunOptions, RunReport,
 };
 use idem::store::RunStatus;
-use tokio::signal::unix::{SignalKind, signal};
 
 use super::args::{AuthorityArgs, CacheArgs, DbArgs, json_or_file, limit_flag, load_agent};
+use super::display;
 use super::progress::Progress;
-use super::{BadInput, Exit, display};
+use crate::exit::{BadInput, Exit};
+use crate::shutdown::Shutdown;
 
 #[derive(Debug, Parser)]
 pub struct RunCommand {
@@ -107,43 +108,19 @@ impl RunCommand {
         let host = Host::new(Arc::new(runtime), Arc::clone(&store))?;
         // Ctrl-C (or SIGTERM) stops the run the way a worker drains: side effects in
         // flight end at their commit, and the lease is given back, so the next `idem
-        // run` (or a worker) resumes at once instead of waiting for the lease. A second
-        // interrupt exits where it stands.
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let watcher = tokio::spawn(async move {
-            let mut term = signal(SignalKind::terminate()).ok();
-            let interrupt = async {
-                match term.as_mut() {
-                    Some(term) => tokio::select! {
-                        _ = tokio::signal::ctrl_c() => {}
-                        _ = term.recv() => {}
-                    },
-                    None => {
-                        let _ = tokio::signal::ctrl_c().await;
-                    }
-                }
-            };
-            interrupt.await;
-            eprintln!("idem run: stopping at the next step (interrupt again to exit at once)");
-            let _ = stop_tx.send(());
-            let _ = tokio::signal::ctrl_c().await;
-            std::process::exit(130);
-        });
+        // run` (or a worker) resumes at once instead of waiting for the lease.
+        let shutdown = Shutdown::on_signals(
+            "idem run",
+            "stopping at the next step (interrupt again to exit at once)",
+        )?;
         let progress = (!self.quiet && !self.json && std::io::stderr().is_terminal())
             .then(|| Progress::start(Arc::clone(&store), &run_id));
         let echo = progress.as_ref().map_or(Echo::Stderr, Progress::echo);
         let report = host
-            .run_until_echoing(
-                &agent,
-                &opts,
-                async move {
-                    let _ = stop_rx.await;
-                },
-                echo,
-            )
+            .run_until_echoing(&agent, &opts, shutdown.requested(), echo)
             .await
             .with_context(|| format!("run {}", display::name(&run_id)));
-        watcher.abort();
+        drop(shutdown);
         if let Some(progress) = progress {
             progress.finish();
         }

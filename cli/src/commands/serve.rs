@@ -1,6 +1,7 @@
 //! `idem serve`: the JSON HTTP API, the web page of runs and `/metrics` over a store
 //! (`idem::serve`); with `--worker`, a worker drives runs in the same process. Stops on
-//! SIGTERM or SIGINT: no new requests, the worker drains, then exit 0.
+//! SIGTERM or SIGINT: no new requests, the worker drains, then exit 0; a second signal
+//! exits at once.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,13 +10,14 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use idem::runtime::{Host, Runtime, check_namespace};
+use idem::runtime::Runtime;
 use idem::serve::{ServeOptions, Server};
-use idem::worker::{Worker, WorkerOptions};
-use tokio::signal::unix::{SignalKind, signal};
+use idem::worker::WorkerOptions;
 
 use super::args::{CacheArgs, DbArgs, duration, protected, size};
-use super::{BadInput, Exit};
+use super::worker::WorkerSetup;
+use crate::exit::{BadInput, Exit};
+use crate::shutdown::Shutdown;
 
 #[derive(Debug, Parser)]
 pub struct ServeCommand {
@@ -59,94 +61,76 @@ pub struct ServeCommand {
 
 impl ServeCommand {
     pub async fn execute(self) -> anyhow::Result<Exit> {
-        let token = match &self.token_file {
-            Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|e| {
-                    BadInput(format!("cannot read --token-file {}: {e}", path.display()))
-                })?;
-                if text.trim().is_empty() {
-                    return Err(
-                        BadInput(format!("--token-file {} is empty", path.display())).into(),
-                    );
-                }
-                Some(text.trim().to_string())
-            }
-            None => None,
-        };
-        if !self.listen.ip().is_loopback() && token.is_none() {
-            return Err(BadInput(format!(
-                "--listen {} is not loopback: give --token-file",
-                self.listen
-            ))
-            .into());
-        }
-        if self.no_auth && !self.listen.ip().is_loopback() {
-            return Err(BadInput("--no-auth is allowed on loopback only".into()).into());
-        }
-        check_namespace(&self.name)?;
-        let store = self.db.open().await?;
-        let cache = self.cache.dir();
-        let protected = protected(self.db.path(), cache.as_deref());
-        let runtime = Arc::new(Runtime::new(cache)?);
         let options = ServeOptions {
             listen: self.listen,
-            token,
+            token: self.token()?,
             no_auth: self.no_auth,
             max_body_bytes: self.max_body,
             max_component_bytes: self.max_component,
             header_read_timeout: self.header_read_timeout,
         };
+        check_exposure(&options)?;
+        let worker = WorkerSetup::new(
+            "idem serve: worker",
+            &self.name,
+            WorkerOptions {
+                concurrency: self.concurrency as usize,
+                poll: self.poll,
+                ..WorkerOptions::default()
+            },
+        )?;
+        let store = self.db.open().await?;
+        let cache = self.cache.dir();
+        let protected = protected(self.db.path(), cache.as_deref());
+        let runtime = Arc::new(Runtime::new(cache)?);
         let server = Server::bind(Arc::clone(&store), Arc::clone(&runtime), options)
             .await
             .map_err(|e| BadInput(e.to_string()))?;
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let stopped = move || {
-            let mut rx = stop_rx.clone();
-            async move {
-                let _ = rx.wait_for(|stop| *stop).await;
-            }
-        };
+        let shutdown = Shutdown::on_signals(
+            "idem serve",
+            "stopping (send the signal again to exit at once)",
+        )?;
         let worker = if self.worker {
-            let host = Arc::new(Host::named(
-                Arc::clone(&runtime),
-                Arc::clone(&store),
-                &self.name,
-            )?);
-            eprintln!("idem serve: worker {} started", host.id());
-            let worker = Arc::new(Worker::new(
-                host,
-                WorkerOptions {
-                    concurrency: self.concurrency as usize,
-                    poll: self.poll,
-                    protected,
-                    ..WorkerOptions::default()
-                },
-            ));
-            let shutdown = stopped();
-            Some(tokio::spawn(async move { worker.run(shutdown).await }))
+            let worker = worker.build(runtime, store, protected)?;
+            Some(tokio::spawn(worker.run(shutdown.requested())))
         } else {
             None
         };
-        let mut term = signal(SignalKind::terminate())?;
-        let mut int = signal(SignalKind::interrupt())?;
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-            eprintln!("idem serve: stopping");
-            let _ = stop_tx.send(true);
-        });
         // Tests and scripts read the address from this line (with port 0 the OS picks).
         eprintln!("idem serve: listening on http://{}", server.local_addr());
-        server.run(stopped()).await?;
+        server.run(shutdown.requested()).await?;
         if let Some(worker) = worker {
-            let report = worker.await.context("the worker task failed")??;
-            eprintln!(
-                "idem serve: worker stopped: {} runs finished, {} given back, {} lost",
-                report.finished, report.released, report.lost
-            );
+            worker.await.context("the worker task failed")??;
         }
         Ok(Exit::Done)
     }
+
+    /// The bearer token `--token-file` holds, if given.
+    fn token(&self) -> anyhow::Result<Option<String>> {
+        let Some(path) = &self.token_file else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| BadInput(format!("cannot read --token-file {}: {e}", path.display())))?;
+        if text.trim().is_empty() {
+            return Err(BadInput(format!("--token-file {} is empty", path.display())).into());
+        }
+        Ok(Some(text.trim().to_string()))
+    }
+}
+
+/// Refuses to serve beyond loopback without a token, or anywhere but loopback without
+/// authentication.
+fn check_exposure(options: &ServeOptions) -> Result<(), BadInput> {
+    let loopback = options.listen.ip().is_loopback();
+    if !loopback && options.token.is_none() {
+        return Err(BadInput(format!(
+            "--listen {} is not loopback: give --token-file",
+            options.listen
+        )));
+    }
+    if options.no_auth && !loopback {
+        return Err(BadInput("--no-auth is allowed on loopback only".into()));
+    }
+    Ok(())
 }

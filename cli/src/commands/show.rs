@@ -3,9 +3,11 @@
 
 use clap::Parser;
 use idem::ops::RunView;
+use idem::store::{Millis, OpenClaim, RunRecord, StepRecord, WaitRecord};
 
 use super::args::DbArgs;
-use super::{Exit, display};
+use super::display;
+use crate::exit::Exit;
 
 #[derive(Debug, Parser)]
 pub struct ShowCommand {
@@ -26,109 +28,121 @@ impl ShowCommand {
             println!("{}", display::json(&serde_json::to_value(&view)?));
             return Ok(Exit::Done);
         }
-        let RunView {
-            run,
-            steps,
-            waits,
-            open_claims: claims,
-            now,
-            ..
-        } = view;
-        println!("run       {}", display::name(&run.run_id));
-        match display::waiting(&run, now) {
-            Some(waiting) => println!("status    {} ({waiting})", run.status),
-            None => println!("status    {}", run.status),
-        }
-        println!("agent     {} ({})", display::name(&run.agent), run.digest);
-        println!("namespace {}", display::name(&run.namespace));
-        println!("created   {} ago", display::age(now, run.created));
-        match &run.lease {
-            Some(lease) if lease.expires > now => println!(
-                "lease     worker {} token {} expires {}",
-                display::name(&lease.worker),
-                lease.token,
-                display::until(now, lease.expires)
+        print_run(&view.run, view.now);
+        print_steps(&view.steps);
+        print_waits(&view.waits, view.now);
+        print_claims(&view.open_claims, view.now);
+        Ok(Exit::Done)
+    }
+}
+
+/// The run itself: its status, agent, lease, outcome and counts.
+fn print_run(run: &RunRecord, now: Millis) {
+    println!("run       {}", display::name(&run.run_id));
+    match display::waiting(run, now) {
+        Some(waiting) => println!("status    {} ({waiting})", run.status),
+        None => println!("status    {}", run.status),
+    }
+    println!("agent     {} ({})", display::name(&run.agent), run.digest);
+    println!("namespace {}", display::name(&run.namespace));
+    println!("created   {} ago", display::age(now, run.created));
+    match &run.lease {
+        Some(lease) if lease.expires > now => println!(
+            "lease     worker {} token {} expires {}",
+            display::name(&lease.worker),
+            lease.token,
+            display::until(now, lease.expires)
+        ),
+        Some(lease) => println!(
+            "lease     none live (worker {} token {} expired {})",
+            display::name(&lease.worker),
+            lease.token,
+            display::until(now, lease.expires)
+        ),
+        None => println!("lease     none"),
+    }
+    if run.cancel_requested {
+        println!("cancel    requested");
+    }
+    if let Some(note) = &run.note {
+        println!("note      {}", display::name(note));
+    }
+    if let Some(outcome) = &run.outcome {
+        let label = if run.status == idem::store::RunStatus::Completed {
+            "output"
+        } else {
+            "error"
+        };
+        println!("{label:<9} {}", display::payload(outcome));
+    }
+    let c = &run.counts;
+    println!(
+        "counts    executed {}  skipped {}  awaited {}  reclaimed {}  instances {}",
+        c.executed, c.skipped, c.awaited, c.reclaimed, c.instances
+    );
+}
+
+/// Its steps, in the order they were claimed.
+fn print_steps(steps: &[StepRecord]) {
+    println!("steps ({}):", steps.len());
+    for step in steps {
+        let outcome = match (&step.committed_at, &step.parked, &step.holder) {
+            (Some(at), _, _) => format!(
+                "committed in {}ms",
+                at.saturating_sub(step.claimed_at).max(0)
             ),
-            Some(lease) => println!(
-                "lease     none live (worker {} token {} expired {})",
-                display::name(&lease.worker),
-                lease.token,
-                display::until(now, lease.expires)
-            ),
-            None => println!("lease     none"),
-        }
-        if run.cancel_requested {
-            println!("cancel    requested");
-        }
-        if let Some(note) = &run.note {
-            println!("note      {}", display::name(note));
-        }
-        if let Some(outcome) = &run.outcome {
-            let label = if run.status == idem::store::RunStatus::Completed {
-                "output"
-            } else {
-                "error"
-            };
-            println!("{label:<9} {}", display::payload(outcome));
-        }
-        let c = &run.counts;
+            (None, Some(reason), _) => format!("parked in doubt: {}", display::name(reason)),
+            (None, None, Some(holder)) => format!("claimed by {}", display::name(holder)),
+            (None, None, None) => "released".to_string(),
+        };
+        let retake = if step.attempt > 1 { " (retaken)" } else { "" };
         println!(
-            "counts    executed {}  skipped {}  awaited {}  reclaimed {}  instances {}",
-            c.executed, c.skipped, c.awaited, c.reclaimed, c.instances
+            "  {}  attempt {}{retake}  token {}  {}",
+            display::name(&step.key),
+            step.attempt,
+            step.token,
+            outcome
         );
-        println!("steps ({}):", steps.len());
-        for step in &steps {
-            let outcome = match (&step.committed_at, &step.parked, &step.holder) {
-                (Some(at), _, _) => format!(
-                    "committed in {}ms",
-                    at.saturating_sub(step.claimed_at).max(0)
-                ),
-                (None, Some(reason), _) => format!("parked in doubt: {}", display::name(reason)),
-                (None, None, Some(holder)) => format!("claimed by {}", display::name(holder)),
-                (None, None, None) => "released".to_string(),
+    }
+}
+
+/// Its sleeps and signal waits, if any.
+fn print_waits(waits: &[WaitRecord], now: Millis) {
+    if !waits.is_empty() {
+        println!("waits ({}):", waits.len());
+        for wait in waits {
+            let what = match &wait.signal {
+                Some(signal) => format!("signal {}", display::name(signal)),
+                None => "sleep".to_string(),
             };
-            let retake = if step.attempt > 1 { " (retaken)" } else { "" };
+            let due = wait.due.map_or_else(
+                || "no timeout".to_string(),
+                |due| format!("due {}", display::utc(due)),
+            );
+            let state = match (&wait.outcome, wait.settled) {
+                (Some(outcome), Some(at)) => format!("{outcome} at {}", display::utc(at)),
+                _ if wait.signal.is_none() && wait.due.is_some_and(|d| d <= now) => {
+                    "elapsed".to_string()
+                }
+                _ => "pending".to_string(),
+            };
+            println!("  {}  {what}  {due}  {state}", display::name(&wait.key));
+        }
+    }
+}
+
+/// Its claims not committed yet, if any.
+fn print_claims(claims: &[OpenClaim], now: Millis) {
+    if !claims.is_empty() {
+        println!("open claims ({}):", claims.len());
+        for c in claims {
             println!(
-                "  {}  attempt {}{retake}  token {}  {}",
-                display::name(&step.key),
-                step.attempt,
-                step.token,
-                outcome
+                "  {}  attempt {}  token {}  lease expires {}",
+                display::name(&c.key),
+                c.attempt,
+                c.token,
+                display::until(now, c.lease_expires)
             );
         }
-        if !waits.is_empty() {
-            println!("waits ({}):", waits.len());
-            for wait in &waits {
-                let what = match &wait.signal {
-                    Some(signal) => format!("signal {}", display::name(signal)),
-                    None => "sleep".to_string(),
-                };
-                let due = wait.due.map_or_else(
-                    || "no timeout".to_string(),
-                    |due| format!("due {}", display::utc(due)),
-                );
-                let state = match (&wait.outcome, wait.settled) {
-                    (Some(outcome), Some(at)) => format!("{outcome} at {}", display::utc(at)),
-                    _ if wait.signal.is_none() && wait.due.is_some_and(|d| d <= now) => {
-                        "elapsed".to_string()
-                    }
-                    _ => "pending".to_string(),
-                };
-                println!("  {}  {what}  {due}  {state}", display::name(&wait.key));
-            }
-        }
-        if !claims.is_empty() {
-            println!("open claims ({}):", claims.len());
-            for c in &claims {
-                println!(
-                    "  {}  attempt {}  token {}  lease expires {}",
-                    display::name(&c.key),
-                    c.attempt,
-                    c.token,
-                    display::until(now, c.lease_expires)
-                );
-            }
-        }
-        Ok(Exit::Done)
     }
 }

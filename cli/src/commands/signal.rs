@@ -5,7 +5,8 @@ use clap::Parser;
 use idem::runtime;
 
 use super::args::{DbArgs, json_or_file};
-use super::{Exit, display};
+use super::display;
+use crate::exit::Exit;
 
 #[derive(Debug, Parser)]
 pub struct SignalCommand {

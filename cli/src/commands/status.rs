@@ -5,7 +5,8 @@ use clap::Parser;
 use idem::store::{RunFilter, StoreError};
 
 use super::args::DbArgs;
-use super::{Exit, display};
+use super::display;
+use crate::exit::Exit;
 
 #[derive(Debug, Parser)]
 pub struct StatusCommand {

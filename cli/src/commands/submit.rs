@@ -5,7 +5,8 @@ use clap::Parser;
 use idem::ops::{self, SubmitRequest};
 
 use super::args::{AuthorityArgs, DbArgs, json_or_file};
-use super::{Exit, display, op_error};
+use super::display;
+use crate::exit::{Exit, op_error};
 
 #[derive(Debug, Parser)]
 pub struct SubmitCommand {

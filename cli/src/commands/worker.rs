@@ -1,18 +1,19 @@
 //! `idem worker`: lease runs from the store and drive them until SIGTERM or SIGINT;
 //! then drain (no new runs, side effects in flight end, leases given back) and exit 0.
 //! A second signal exits at once; the runs are then taken over after their leases.
+//! [`WorkerSetup`] makes the worker, for `idem serve --worker` too.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use idem::runtime::{Host, Runtime, check_namespace};
+use idem::runtime::{Host, Protected, Runtime, check_namespace};
 use idem::store::{DatabaseFault, Store, StoreError};
-use idem::worker::{Worker, WorkerOptions};
-use tokio::signal::unix::{SignalKind, signal};
+use idem::worker::{Worker, WorkerOptions, WorkerReport};
 
-use super::Exit;
 use super::args::{CacheArgs, DbArgs, duration, protected};
+use crate::exit::Exit;
+use crate::shutdown::Shutdown;
 
 #[derive(Debug, Parser)]
 pub struct WorkerCommand {
@@ -39,52 +40,97 @@ pub struct WorkerCommand {
 
 impl WorkerCommand {
     pub async fn execute(self) -> anyhow::Result<Exit> {
-        check_namespace(&self.name)?;
-        let store = open_when_reachable(&self.db).await?;
-        let cache = self.cache.dir();
-        let protected = protected(self.db.path(), cache.as_deref());
-        let runtime = Runtime::new(cache)?;
-        let host = Arc::new(Host::named(Arc::new(runtime), store, &self.name)?);
-        let worker = Arc::new(Worker::new(
-            Arc::clone(&host),
+        let setup = WorkerSetup::new(
+            "idem worker",
+            &self.name,
             WorkerOptions {
                 concurrency: self.concurrency as usize,
                 lease: self.lease,
                 poll: self.poll,
                 drain_timeout: self.drain_timeout,
-                protected,
                 ..WorkerOptions::default()
             },
-        ));
-        let mut term = signal(SignalKind::terminate())?;
-        let mut int = signal(SignalKind::interrupt())?;
-        let shutdown = async move {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-            eprintln!("idem worker: draining (send the signal again to exit at once)");
-            // The second signal ends the process where it stands; every lease it
-            // held expires and other workers take its runs over.
-            tokio::spawn(async move {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = int.recv() => {}
-                }
-                eprintln!("idem worker: exiting at once");
-                std::process::exit(130);
-            });
-        };
-        eprintln!("idem worker {} started", host.id());
-        let report = worker.run(shutdown).await?;
-        eprintln!(
-            "idem worker {} stopped: {} runs finished, {} given back, {} lost",
-            host.id(),
-            report.finished,
-            report.released,
-            report.lost
-        );
+        )?;
+        let store = open_when_reachable(&self.db).await?;
+        let cache = self.cache.dir();
+        let protected = protected(self.db.path(), cache.as_deref());
+        let runtime = Arc::new(Runtime::new(cache)?);
+        let worker = setup.build(runtime, store, protected)?;
+        let shutdown = Shutdown::on_signals(
+            "idem worker",
+            "draining (send the signal again to exit at once)",
+        )?;
+        worker.run(shutdown.requested()).await?;
         Ok(Exit::Done)
+    }
+}
+
+/// A worker as `idem worker` and `idem serve --worker` make it, so that the two cannot
+/// drift: its name checked before anything is opened, the store and the cache kept out
+/// of every run's directory grants, and what it says on stderr when it starts and stops.
+pub struct WorkerSetup {
+    /// What it calls itself on stderr: `idem worker`, `idem serve: worker`.
+    says: &'static str,
+    name: String,
+    options: WorkerOptions,
+}
+
+impl WorkerSetup {
+    /// A worker named `name` (a unique suffix is added when it is built) that works as
+    /// `options` say; the paths it protects are given to [`WorkerSetup::build`].
+    pub fn new(
+        says: &'static str,
+        name: &str,
+        options: WorkerOptions,
+    ) -> anyhow::Result<WorkerSetup> {
+        check_namespace(name)?;
+        Ok(WorkerSetup {
+            says,
+            name: name.to_string(),
+            options,
+        })
+    }
+
+    /// The worker, driving the runs of `store` on `runtime`; no run's directory grant
+    /// may expose `protected`.
+    pub fn build(
+        self,
+        runtime: Arc<Runtime>,
+        store: Arc<dyn Store>,
+        protected: Vec<Protected>,
+    ) -> anyhow::Result<BuiltWorker> {
+        let host = Host::named(runtime, store, &self.name)?;
+        let id = host.id().to_string();
+        let options = WorkerOptions {
+            protected,
+            ..self.options
+        };
+        Ok(BuiltWorker {
+            says: self.says,
+            id,
+            worker: Arc::new(Worker::new(Arc::new(host), options)),
+        })
+    }
+}
+
+/// A worker ready to run.
+pub struct BuiltWorker {
+    says: &'static str,
+    id: String,
+    worker: Arc<Worker>,
+}
+
+impl BuiltWorker {
+    /// Works until `shutdown` resolves, then drains and returns what it did; says on
+    /// stderr when it started and how it stopped.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<WorkerReport> {
+        eprintln!("{} {} started", self.says, self.id);
+        let report = self.worker.run(shutdown).await?;
+        eprintln!(
+            "{} {} stopped: {} runs finished, {} given back, {} lost",
+            self.says, self.id, report.finished, report.released, report.lost
+        );
+        Ok(report)
     }
 }
 

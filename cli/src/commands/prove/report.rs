@@ -91,6 +91,32 @@ pub fn print(agent: &Path, found: &ProveReport, reproduce: &dyn Fn(&Scenario) ->
         display::name(&agent.to_string_lossy()),
         found.summary.scenarios
     );
+    let total = table(found);
+    println!();
+    if total.not_reached > 0 {
+        println!(
+            "not reached: the crash point lies at a boundary the run never passes (a save the \
+             agent does not make, say), so that scenario ran uninterrupted"
+        );
+    }
+    if total.in_doubt > 0 {
+        println!(
+            "in doubt: effects repeated under a claim retaken in doubt after a crash inside \
+             the effect (same key, higher token): allowed, and flagged to the agent"
+        );
+    }
+    if found.passed() {
+        println!(
+            "verdict: PASSED — every key committed once, no unexplained repeat, the same \
+             output in every scenario"
+        );
+        return;
+    }
+    violations(found, reproduce);
+}
+
+/// The table of scenarios by group, and its total row, which it returns.
+fn table(found: &ProveReport) -> Row {
     let mut order: Vec<String> = vec!["clean".into()];
     order.extend(Phase::ALL.iter().map(|p| p.to_string()));
     order.extend(["chaos".into(), "kills".into()]);
@@ -125,26 +151,12 @@ pub fn print(agent: &Path, found: &ProveReport, reproduce: &dyn Fn(&Scenario) ->
         total.in_doubt,
         total.violations
     );
-    println!();
-    if total.not_reached > 0 {
-        println!(
-            "not reached: the crash point lies at a boundary the run never passes (a save the \
-             agent does not make, say), so that scenario ran uninterrupted"
-        );
-    }
-    if total.in_doubt > 0 {
-        println!(
-            "in doubt: effects repeated under a claim retaken in doubt after a crash inside \
-             the effect (same key, higher token): allowed, and flagged to the agent"
-        );
-    }
-    if found.passed() {
-        println!(
-            "verdict: PASSED — every key committed once, no unexplained repeat, the same \
-             output in every scenario"
-        );
-        return;
-    }
+    total
+}
+
+/// What failed: the verdict's counts, then each failed scenario with its first
+/// violations and the command that reproduces it.
+fn violations(found: &ProveReport, reproduce: &dyn Fn(&Scenario) -> String) {
     let failed: Vec<&ScenarioReport> = found.scenarios.iter().filter(|s| !s.passed()).collect();
     let kinds: Vec<String> = found
         .summary

@@ -1,0 +1,61 @@
+//! What to type next: the library's typed errors, named in its own terms (the run, the
+//! key, the limit), turned into the flags and commands of `idem` that mend them.
+
+use idem::runtime::{AuthorityError, HostError};
+use idem::store::StoreError;
+
+/// What to type next, for an error the library names in its own terms.
+pub fn for_error(err: &anyhow::Error) -> Option<String> {
+    for cause in err.chain() {
+        if let Some(e) = cause.downcast_ref::<HostError>() {
+            return match e {
+                HostError::Pinned { .. } => {
+                    Some("pass --upgrade to resume the run with this component".into())
+                }
+                HostError::NamespaceMismatch { run_id, pinned, .. } => Some(format!(
+                    "resume it with --namespace {} (or leave --namespace out)",
+                    idem::text::escape(pinned, false)
+                ))
+                .filter(|_| !run_id.is_empty()),
+                HostError::InDoubt { run_id, .. } => Some(format!(
+                    "settle each key with `idem resolve {} KEY --result JSON` (the effect \
+                     happened) or `--retry` (it did not), then run it again",
+                    idem::text::escape(run_id, false)
+                )),
+                HostError::Authority(AuthorityError::Wider { .. }) => Some(
+                    "a submission may only narrow what its deployment allows; deploy the \
+                     agent again with the wider grant first"
+                        .into(),
+                ),
+                HostError::Store(e) => for_store(e),
+                HostError::Cache(_) => Some(
+                    "run with --no-cache, or make the directory private: yours, mode 700, below \
+                     directories that only you or root can write to (or sticky ones, like /tmp)"
+                        .into(),
+                ),
+                _ => None,
+            };
+        }
+        if let Some(e) = cause.downcast_ref::<StoreError>() {
+            return for_store(e);
+        }
+    }
+    None
+}
+
+fn for_store(e: &StoreError) -> Option<String> {
+    match e {
+        StoreError::InputMismatch { .. } => {
+            Some("a run id names one input: use another --run-id for other input".into())
+        }
+        StoreError::NamespaceTaken { namespace, .. } => Some(format!(
+            "if this is a new build of that agent, deploy it there explicitly (`idem deploy \
+             AGENT.wasm --name {ns}`) or pass --upgrade; otherwise pick another --namespace",
+            ns = idem::text::escape(namespace, false)
+        )),
+        StoreError::LeaseLost { .. } => {
+            Some("another worker drives the run now; `idem show RUN` says which".into())
+        }
+        _ => None,
+    }
+}
