@@ -11,6 +11,7 @@ mod cache;
 mod cli;
 mod crash_sweep;
 mod dedupe;
+mod doc_links;
 mod fuzz_abi;
 mod gc;
 mod grants;
