@@ -12,8 +12,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use super::http::ClaimLive;
-use super::run_ctx::{RunSignals, Stop};
+use super::claim::ClaimLive;
+use super::stop::{RunSignals, Stop};
 use crate::store::{ClaimRef, LeaseState, RunFence, Store};
 
 /// Renewals per lease period: two may be lost (a slow disk, a busy store) before the

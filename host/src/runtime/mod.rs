@@ -10,9 +10,10 @@
 //!   type (`end.rs`).
 //! - `imports/`: the `idem:agent` interfaces, one file each, on the view of `view.rs`;
 //!   `state.rs`: what a store carries and how its memory is counted; `run_ctx.rs`: what
-//!   a run carries between instances, its stop signals and deadlines; `heartbeat.rs`:
-//!   lease renewal; `faults.rs`: planned drops; `limits.rs`: what a guest may hand the
-//!   host; `authority.rs`: what a run may reach; `http.rs`: the outbound HTTP policy; `capture.rs`: the hook that lets an embedder
+//!   a run carries between instances and its deadlines; `heartbeat.rs`:
+//!   lease renewal; `stop.rs`: how a run is told to stop; `claim.rs`: a claim handed to
+//!   a guest, and whether it still stands; `faults.rs`: planned drops; `limits.rs`: what a guest may hand the
+//!   host; `authority.rs`: what a run may reach; `http/`: the outbound HTTP policy and the gate that holds requests to it; `capture.rs`: the hook that lets an embedder
 //!   answer outbound requests itself and hear of refused ones;
 //!   `output.rs`: the guest's stderr and stdout, escaped, as the run's log.
 
@@ -37,6 +38,7 @@ mod run;
 mod run_ctx;
 mod signal;
 mod state;
+mod stop;
 mod view;
 
 use std::sync::Arc;
@@ -48,22 +50,22 @@ pub use capture::{
     HttpCapture, MAX_CAPTURED_BODY,
 };
 pub use engine::{LoadedAgent, Runtime};
-pub use error::HostError;
+pub use error::{Exposes, GrantError, HostError};
 pub use faults::{CrashPoint, CrashPointError, FaultPlan, Phase, Recycle};
-pub use grants::{Exposes, GrantError, Protected, check_grants};
+pub use grants::{Protected, check_grants};
 pub use http::{
     DEFAULT_KEY_HEADER, DEFAULT_TOKEN_HEADER, HttpDestination, HttpDestinationError, HttpPolicy,
 };
 pub use limits::{InvalidLimit, LimitExceeded, Limits};
 pub use output::{Echo, LOG_KEEP};
 pub use run::{RunFailure, RunOptions, RunReport, Waiting, check_namespace, check_run_id};
-pub use run_ctx::Stop;
 pub use signal::send_signal;
+pub use stop::Stop;
 pub use view::{IdemCtx, IdemCtxView, IdemView};
 
 pub(crate) use limits::cut;
 pub(crate) use output::LogSink;
-pub(crate) use run_ctx::RunSignals;
+pub(crate) use stop::RunSignals;
 
 use crate::store::Store;
 use heartbeat::Heartbeat;

@@ -17,7 +17,8 @@ use super::error::HostError;
 use super::faults::{FaultPlan, Faults};
 use super::limits::{LimitExceeded, Limits, cut};
 use super::output::{Echo, LogSink};
-use super::run_ctx::{RunCtx, RunSignals, Stop};
+use super::run_ctx::RunCtx;
+use super::stop::{RunSignals, Stop};
 use crate::store::StoreError;
 use crate::store::{
     Acquired, Admission, Counts, Deployment, LeasedRun, Millis, RunEnd, RunFence, RunRecord,

@@ -10,7 +10,8 @@ use wasmtime::component::{HasData, ResourceTable};
 use super::faults::Phase;
 use super::http::HttpGate;
 use super::limits::LimitExceeded;
-use super::run_ctx::{RunCtx, Stop, Watch};
+use super::run_ctx::{RunCtx, Watch};
+use super::stop::Stop;
 
 /// The `idem:agent` state of one instance: the run it serves (carried from instance to
 /// instance) and what this instance holds.

@@ -8,9 +8,9 @@ use super::StepFailure;
 use crate::runtime::bindings::idem::agent::once::{Durability, Host, HostClaim};
 use crate::runtime::bindings::{Committed, Obtained, Outcome, StepError, WitCheckpoint};
 use crate::runtime::claim::ClaimHandle;
+use crate::runtime::claim::ClaimLive;
 use crate::runtime::end::{HostTrap, trap_store};
 use crate::runtime::faults::{Phase, Recycle};
-use crate::runtime::http::ClaimLive;
 use crate::runtime::limits::{Limits, cut};
 use crate::runtime::view::IdemCtxView;
 use crate::store::{
