@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::Parser;
 use idem::prove::FileCapture;
 use idem::runtime::{
-    CrashPoint, Echo, FaultPlan, Host, HttpCapture, RunFailure, RunOptions, RunReport,
+    CrashPoint, Echo, FaultPlan, Host, HttpCapture, RunFailure, RunOptions, RunReport, StopSignal,
 };
 use idem::store::RunStatus;
 use tokio::signal::unix::{SignalKind, signal};
@@ -101,6 +101,7 @@ impl RunCommand {
                 })?) as Arc<dyn HttpCapture>),
                 None => None,
             },
+            ..RunOptions::default()
         };
         opts.check()?;
         let store = self.db.open().await?;
@@ -109,7 +110,8 @@ impl RunCommand {
         // flight end at their commit, and the lease is given back, so the next `idem
         // run` (or a worker) resumes at once instead of waiting for the lease. A second
         // interrupt exits where it stands.
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let stop = StopSignal::new();
+        let stop_on_signal = stop.clone();
         let watcher = tokio::spawn(async move {
             let mut term = signal(SignalKind::terminate()).ok();
             let interrupt = async {
@@ -125,22 +127,20 @@ impl RunCommand {
             };
             interrupt.await;
             eprintln!("idem run: stopping at the next step (interrupt again to exit at once)");
-            let _ = stop_tx.send(());
+            stop_on_signal.stop();
             let _ = tokio::signal::ctrl_c().await;
             std::process::exit(130);
         });
         let progress = (!self.quiet && !self.json && std::io::stderr().is_terminal())
             .then(|| Progress::start(Arc::clone(&store), &run_id));
         let echo = progress.as_ref().map_or(Echo::Stderr, Progress::echo);
+        let opts = RunOptions {
+            echo,
+            stop: Some(stop),
+            ..opts
+        };
         let report = host
-            .run_until_echoing(
-                &agent,
-                &opts,
-                async move {
-                    let _ = stop_rx.await;
-                },
-                echo,
-            )
+            .run(&agent, &opts)
             .await
             .with_context(|| format!("run {}", display::name(&run_id)));
         watcher.abort();

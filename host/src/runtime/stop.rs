@@ -1,7 +1,9 @@
-//! Stopping a run from outside its instance: why ([`Stop`]), and the signals one run's
-//! driver, watchdogs and lease renewal share ([`RunSignals`]).
+//! Stopping a run from outside its instance: why ([`Stop`]), the signals one run's
+//! driver, watchdogs and lease renewal share ([`RunSignals`]), and the handle a caller
+//! stops a foreground run with ([`StopSignal`]).
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 /// Why a run is told to stop from outside its instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -64,5 +66,69 @@ impl RunSignals {
     /// check the signal after calling this, then wait, and nothing is missed).
     pub(crate) fn changed(&self) -> tokio::sync::futures::Notified<'_> {
         self.changed.notified()
+    }
+}
+
+/// Stops a foreground run ([`RunOptions::stop`](super::RunOptions::stop)) the way a
+/// worker drains: at the run's next host call outside a side effect, with its lease
+/// given back so that whoever resumes it need not wait for the lease (the report's
+/// status is then [`RunStatus::Running`](crate::store::RunStatus::Running)).
+///
+/// Cheap to clone; every clone raises and hears the same stop, which stays raised.
+#[derive(Debug, Clone, Default)]
+pub struct StopSignal(Arc<StopState>);
+
+#[derive(Debug, Default)]
+struct StopState {
+    raised: AtomicBool,
+    changed: tokio::sync::Notify,
+}
+
+impl StopSignal {
+    /// A signal not raised yet.
+    pub fn new() -> StopSignal {
+        StopSignal::default()
+    }
+
+    /// Raises the stop: every run given this signal stops.
+    pub fn stop(&self) {
+        if !self.0.raised.swap(true, Ordering::SeqCst) {
+            self.0.changed.notify_waiters();
+        }
+    }
+
+    /// Whether the stop was raised.
+    pub fn is_stopped(&self) -> bool {
+        self.0.raised.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once the stop is raised (at once if it already was).
+    pub async fn stopped(&self) {
+        loop {
+            let changed = self.0.changed.notified();
+            if self.is_stopped() {
+                return;
+            }
+            changed.await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_stop_reaches_every_clone_raised_before_or_after_the_wait() {
+        let signal = StopSignal::new();
+        let clone = signal.clone();
+        assert!(!clone.is_stopped());
+        let waiter = tokio::spawn(async move { clone.stopped().await });
+        tokio::task::yield_now().await;
+        signal.stop();
+        waiter.await.unwrap();
+        // Raised already: resolves at once.
+        signal.stopped().await;
+        assert!(signal.is_stopped());
     }
 }
