@@ -12,8 +12,8 @@
 //!   (`instance.rs`: a fresh wasmtime `Store` each, dropped and never reused), and why
 //!   each ended (`end.rs`: one type) becomes what the run does next (`next.rs`),
 //!   applied to the store in one place.
-//! - `imports/`: the `idem:agent` interfaces, one file each, on the view of `view.rs`;
-//!   `state.rs`: what a
+//! - `imports/`: the `idem:agent` interfaces, one file each, on the view of `view.rs`
+//!   (crate-private: see there why embedders do not link them); `state.rs`: what a
 //!   store carries and how its memory is counted; `run_ctx.rs`: what a run carries
 //!   between instances and its deadlines; `stop.rs`: how a run is told to stop;
 //!   `heartbeat.rs`: lease renewal; `claim.rs`: a claim handed to a guest, and whether
@@ -76,7 +76,6 @@ pub use output::{Echo, LOG_KEEP};
 pub use report::{RunFailure, RunReport, Waiting};
 pub use signal::send_signal;
 pub use stop::{Stop, StopSignal};
-pub use view::{IdemCtx, IdemCtxView, IdemView};
 
 pub(crate) use limits::cut;
 pub(crate) use output::LogSink;
