@@ -11,6 +11,7 @@
 
 use std::future::Future;
 
+use idem::runtime::StopSignal;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -79,6 +80,21 @@ impl Shutdown {
                 std::future::pending::<()>().await;
             }
         }
+    }
+}
+
+impl Shutdown {
+    /// The request as the library's [`StopSignal`], for a run's options: raised when
+    /// the stop is asked for.
+    pub fn stop_signal(&self) -> StopSignal {
+        let stop = StopSignal::new();
+        let raise = stop.clone();
+        let requested = self.requested();
+        tokio::spawn(async move {
+            requested.await;
+            raise.stop();
+        });
+        stop
     }
 }
 

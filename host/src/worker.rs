@@ -108,30 +108,32 @@ impl Worker {
         shutdown: impl Future<Output = ()>,
     ) -> Result<WorkerReport, HostError> {
         tokio::pin!(shutdown);
-        let mut report = WorkerReport::default();
-        let mut tasks: JoinSet<(String, Outcome)> = JoinSet::new();
-        let mut signals: HashMap<String, Arc<RunSignals>> = HashMap::new();
-        let mut skipped: HashMap<String, Instant> = HashMap::new();
+        let mut pool = Pool::default();
         let mut failing: Option<String> = None;
         let mut backoff = self.options.poll;
         loop {
-            let idle = tasks.len() >= self.options.concurrency;
+            let idle = pool.tasks.len() >= self.options.concurrency;
             tokio::select! {
                 () = &mut shutdown => break,
-                Some(done) = tasks.join_next() => {
-                    self.settle(done, &mut signals, &mut skipped, &mut report);
+                Some(done) = pool.tasks.join_next() => {
+                    self.settle(done, &mut pool);
                     continue;
                 }
                 () = tokio::time::sleep(backoff), if !idle => {}
             }
-            let free = self.options.concurrency.saturating_sub(tasks.len());
+            let free = self.options.concurrency.saturating_sub(pool.tasks.len());
             if free == 0 {
                 continue;
             }
-            skipped.retain(|_, until| *until > Instant::now());
+            pool.skipped.retain(|_, until| *until > Instant::now());
             // Runs set aside, and the runs this worker drives: the store would grant
             // those to it again, and the new lease would fence its own drive out.
-            let skip: Vec<String> = skipped.keys().chain(signals.keys()).cloned().collect();
+            let skip: Vec<String> = pool
+                .skipped
+                .keys()
+                .chain(pool.signals.keys())
+                .cloned()
+                .collect();
             let leased = self
                 .host
                 .store()
@@ -150,13 +152,7 @@ impl Worker {
                         Duration::ZERO
                     };
                     for run in leased {
-                        let run_signals = Arc::new(RunSignals::default());
-                        signals.insert(run.record.run_id.clone(), Arc::clone(&run_signals));
-                        let worker = Arc::clone(&self);
-                        tasks.spawn(async move {
-                            let run_id = run.record.run_id.clone();
-                            (run_id, worker.serve(run, run_signals).await)
-                        });
+                        self.start(run, &mut pool);
                     }
                 }
                 Err(e) => {
@@ -170,39 +166,54 @@ impl Worker {
                 }
             }
         }
+        self.drain(pool).await
+    }
 
-        // Drain: no new runs; each run ends at its next host call outside a side
-        // effect and gives its lease back.
-        tracing::info!(runs = tasks.len(), "draining");
-        for run_signals in signals.values() {
+    /// Starts driving a run leased from the queue, on a task of its own.
+    fn start(self: &Arc<Self>, run: LeasedRun, pool: &mut Pool) {
+        let run_signals = Arc::new(RunSignals::default());
+        pool.signals
+            .insert(run.record.run_id.clone(), Arc::clone(&run_signals));
+        let worker = Arc::clone(self);
+        pool.tasks.spawn(async move {
+            let run_id = run.record.run_id.clone();
+            (run_id, worker.serve(run, run_signals).await)
+        });
+    }
+
+    /// Takes no new runs; each run ends at its next host call outside a side effect and
+    /// gives its lease back. Past the drain timeout, side effects still in flight have
+    /// their instances ended.
+    async fn drain(&self, mut pool: Pool) -> Result<WorkerReport, HostError> {
+        tracing::info!(runs = pool.tasks.len(), "draining");
+        for run_signals in pool.signals.values() {
             run_signals.raise(Stop::Drain);
         }
         let deadline = tokio::time::Instant::now() + self.options.drain_timeout;
         let mut aborted = false;
-        while !tasks.is_empty() {
+        while !pool.tasks.is_empty() {
             tokio::select! {
-                Some(done) = tasks.join_next() => {
-                    self.settle(done, &mut signals, &mut skipped, &mut report);
-                }
+                Some(done) = pool.tasks.join_next() => self.settle(done, &mut pool),
                 () = tokio::time::sleep_until(deadline), if !aborted => {
-                    tracing::warn!(runs = tasks.len(), "drain timed out; ending the instances of side effects still in flight");
-                    for run_signals in signals.values() {
+                    tracing::warn!(runs = pool.tasks.len(), "drain timed out; ending the instances of side effects still in flight");
+                    for run_signals in pool.signals.values() {
                         run_signals.raise(Stop::Abort);
                     }
                     aborted = true;
                 }
             }
         }
-        Ok(report)
+        Ok(pool.report)
     }
 
-    fn settle(
-        &self,
-        done: Result<(String, Outcome), tokio::task::JoinError>,
-        signals: &mut HashMap<String, Arc<RunSignals>>,
-        skipped: &mut HashMap<String, Instant>,
-        report: &mut WorkerReport,
-    ) {
+    /// Counts a run's task that ended, and forgets its signals.
+    fn settle(&self, done: Result<(String, Outcome), tokio::task::JoinError>, pool: &mut Pool) {
+        let Pool {
+            signals,
+            skipped,
+            report,
+            ..
+        } = pool;
         let Ok((run_id, outcome)) = done else {
             // A task only ends this way if it panicked: the run's lease will expire
             // and another worker takes it over.
@@ -344,6 +355,18 @@ impl Worker {
         }
         Ok(agent)
     }
+}
+
+/// The runs a worker drives now, and what it has done.
+#[derive(Default)]
+struct Pool {
+    /// One task per run driven.
+    tasks: JoinSet<(String, Outcome)>,
+    /// The stop signals of the runs driven, by run id.
+    signals: HashMap<String, Arc<RunSignals>>,
+    /// Runs this worker could not serve, left to others until then.
+    skipped: HashMap<String, Instant>,
+    report: WorkerReport,
 }
 
 /// How serving one run went.

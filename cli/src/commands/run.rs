@@ -102,6 +102,7 @@ impl RunCommand {
                 })?) as Arc<dyn HttpCapture>),
                 None => None,
             },
+            ..RunOptions::default()
         };
         opts.check()?;
         let store = self.db.open().await?;
@@ -116,8 +117,13 @@ impl RunCommand {
         let progress = (!self.quiet && !self.json && std::io::stderr().is_terminal())
             .then(|| Progress::start(Arc::clone(&store), &run_id));
         let echo = progress.as_ref().map_or(Echo::Stderr, Progress::echo);
+        let opts = RunOptions {
+            echo,
+            stop: Some(shutdown.stop_signal()),
+            ..opts
+        };
         let report = host
-            .run_until_echoing(&agent, &opts, shutdown.requested(), echo)
+            .run(&agent, &opts)
             .await
             .with_context(|| format!("run {}", display::name(&run_id)));
         drop(shutdown);

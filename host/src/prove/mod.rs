@@ -16,7 +16,7 @@
 //! - `kills.rs`: the scenario of killed processes.
 //! - `capture.rs`: the HTTP capture; `file_capture.rs`: the same across processes.
 //! - `observe.rs`: the store wrapper that logs what a run did.
-//! - `check.rs`: the invariants. `report.rs`: what a proof found.
+//! - `check/`: the invariants. `report.rs`: what a proof found.
 
 mod capture;
 mod check;
@@ -147,7 +147,30 @@ pub async fn prove(
     };
     let baseline = Baseline::new(&clean, output);
     let answers = Arc::new(Answers::new(clean.captured.exchanges.clone()));
+    let plan = plan(opts, &baseline);
+    progress(Progress::Planned {
+        scenarios: plan.len() + 1,
+    });
+    progress(Progress::Finished(&clean_report));
 
+    let mut reports = vec![clean_report];
+    for scenario in plan {
+        let started = Instant::now();
+        let scratch = Scratch::new(&opts.scratch, &opts.authority)?;
+        let Some(observed) = observe(&ctx, opts, scenario, &scratch, &answers).await? else {
+            continue;
+        };
+        let report = report(scenario, &observed, Some(&baseline), &before, started);
+        progress(Progress::Finished(&report));
+        reports.push(report);
+    }
+    let clean_run = clean_run(&clean, &baseline.keys);
+    Ok(ProveReport::new(opts.run_id.clone(), clean_run, reports))
+}
+
+/// The scenarios after the clean run: a crash at each phase of each of the clean run's
+/// steps (up to `opts.steps`), each chaos seed, and the kills if asked for.
+fn plan(opts: &ProveOptions, baseline: &Baseline) -> Vec<Scenario> {
     let steps = u32::try_from(baseline.keys.len()).unwrap_or(u32::MAX);
     let upto = opts.steps.map_or(steps, |n| n.min(steps));
     let mut plan = Vec::new();
@@ -165,44 +188,39 @@ pub async fn prove(
             seed: kills.seed,
         });
     }
-    progress(Progress::Planned {
-        scenarios: plan.len() + 1,
-    });
-    progress(Progress::Finished(&clean_report));
+    plan
+}
 
-    let mut reports = vec![clean_report];
-    for scenario in plan {
-        let started = Instant::now();
-        let scratch = Scratch::new(&opts.scratch, &opts.authority)?;
-        let observed = match scenario {
-            Scenario::Crash { point } => {
-                let faults = FaultPlan {
-                    crash_at: vec![point],
-                    ..FaultPlan::default()
-                };
-                let capture = Arc::new(Recorder::replay(Arc::clone(&answers)));
-                ctx.run(&scratch, faults, capture).await?
-            }
-            Scenario::Chaos { seed } => {
-                let faults = FaultPlan {
-                    chaos: Some(seed),
-                    ..FaultPlan::default()
-                };
-                let capture = Arc::new(Recorder::replay(Arc::clone(&answers)));
-                ctx.run(&scratch, faults, capture).await?
-            }
-            Scenario::Kills { .. } => match &opts.kills {
-                Some(kills) => kills.run(&opts.scratch, &scratch, opts, &answers).await?,
-                None => continue,
-            },
-            Scenario::Clean => continue,
-        };
-        let report = report(scenario, &observed, Some(&baseline), &before, started);
-        progress(Progress::Finished(&report));
-        reports.push(report);
-    }
-    let clean_run = clean_run(&clean, &baseline.keys);
-    Ok(ProveReport::new(opts.run_id.clone(), clean_run, reports))
+/// Runs one scenario after the clean run in `scratch`, its HTTP answered from the clean
+/// run's `answers`; `None` for a scenario that is not run here.
+async fn observe(
+    ctx: &InProcess<'_>,
+    opts: &ProveOptions,
+    scenario: Scenario,
+    scratch: &Scratch,
+    answers: &Arc<Answers>,
+) -> Result<Option<Observation>, ProveError> {
+    let faults = match scenario {
+        Scenario::Crash { point } => FaultPlan {
+            crash_at: vec![point],
+            ..FaultPlan::default()
+        },
+        Scenario::Chaos { seed } => FaultPlan {
+            chaos: Some(seed),
+            ..FaultPlan::default()
+        },
+        Scenario::Kills { .. } => {
+            return match &opts.kills {
+                Some(kills) => Ok(Some(
+                    kills.run(&opts.scratch, scratch, opts, answers).await?,
+                )),
+                None => Ok(None),
+            };
+        }
+        Scenario::Clean => return Ok(None),
+    };
+    let capture = Arc::new(Recorder::replay(Arc::clone(answers)));
+    Ok(Some(ctx.run(scratch, faults, capture).await?))
 }
 
 fn clean_run(clean: &Observation, keys: &[String]) -> CleanRun {

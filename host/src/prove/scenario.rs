@@ -9,7 +9,9 @@ use super::ProveError;
 use super::capture::Recorder;
 use super::check::{Ended, Files, Observation};
 use super::observe::ObservedStore;
-use crate::runtime::{Authority, DirGrant, FaultPlan, Host, LoadedAgent, RunOptions, Runtime};
+use crate::runtime::{
+    Authority, DirGrant, Echo, FaultPlan, Host, LoadedAgent, RunOptions, Runtime,
+};
 use crate::store::{OpenOptions, RunStatus, SqliteStore, Store};
 
 /// A scratch directory: the store at `idem.db`, each grant's copy under `grants/N`.
@@ -129,8 +131,10 @@ impl InProcess<'_> {
             upgrade: false,
             namespace: self.namespace.map(str::to_string),
             capture: Some(Arc::clone(&capture) as _),
+            echo: Echo::Off,
+            stop: None,
         };
-        let (ended, instances, reclaimed) = match host.run_logged(self.agent, &opts, false).await {
+        let (ended, instances, reclaimed) = match host.run(self.agent, &opts).await {
             Ok(report) => {
                 let ended = match report.status {
                     RunStatus::Completed => Ended::Completed(report.outcome),

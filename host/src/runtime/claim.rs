@@ -1,6 +1,9 @@
-//! The host's record of a claim handed to a guest: what the `claim` resource stands for.
+//! The host's record of a claim handed to a guest: what the `claim` resource stands
+//! for, and whether it still stands ([`ClaimLive`]).
 
-use super::http::ClaimLive;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 /// A claim the guest holds. Lives in the instance's resource table; when the instance
 /// is dropped the table goes with it and the claim stays in the store, orphaned, exactly
@@ -24,4 +27,72 @@ pub struct ClaimHandle {
     pub(crate) span: tracing::Span,
     /// When the step first asked for its key: the span's duration counts from here.
     pub(crate) asked: std::time::Instant,
+}
+
+/// Whether a claim still stands, as far as this host knows: shared by its handle, the
+/// heartbeat that renews it, and every request (and request body) sent under it. It
+/// stops standing when it settles, when the heartbeat finds it taken over, and — without
+/// anyone saying so — when its lease runs out on this host's clock before a renewal
+/// came back (a process paused past its lease must not act on it when it wakes).
+#[derive(Debug, Clone)]
+pub(crate) struct ClaimLive(Arc<LiveState>);
+
+#[derive(Debug)]
+struct LiveState {
+    ended: AtomicBool,
+    /// Until when the lease is known to hold.
+    valid_until: std::sync::Mutex<Instant>,
+}
+
+impl ClaimLive {
+    /// A claim asked for at `asked` with a lease of `lease`.
+    pub(crate) fn new(asked: Instant, lease: Duration) -> ClaimLive {
+        ClaimLive(Arc::new(LiveState {
+            ended: AtomicBool::new(false),
+            valid_until: std::sync::Mutex::new(asked.checked_add(lease).unwrap_or(asked)),
+        }))
+    }
+
+    fn until(&self) -> std::sync::MutexGuard<'_, Instant> {
+        self.0
+            .valid_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A renewal sent at `sent` came back: the lease holds until `sent + lease`.
+    pub(crate) fn renewed(&self, sent: Instant, lease: Duration) {
+        if let Some(until) = sent.checked_add(lease) {
+            let mut current = self.until();
+            *current = (*current).max(until);
+        }
+    }
+
+    /// The claim settled or was lost: nothing more goes out under it.
+    pub(crate) fn end(&self) {
+        self.0.ended.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn is_live(&self) -> bool {
+        !self.0.ended.load(Ordering::SeqCst) && Instant::now() < *self.until()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claim_whose_lease_ran_out_here_is_not_live() {
+        let asked = Instant::now() - Duration::from_secs(2);
+        let live = ClaimLive::new(asked, Duration::from_secs(1));
+        assert!(
+            !live.is_live(),
+            "a paused holder must not act on an expired lease"
+        );
+        live.renewed(Instant::now(), Duration::from_secs(30));
+        assert!(live.is_live());
+        live.end();
+        assert!(!live.is_live());
+    }
 }

@@ -4,7 +4,7 @@
 
 use super::faults::Recycle;
 use super::limits::LimitExceeded;
-use super::run_ctx::Stop;
+use super::stop::Stop;
 use crate::store::{Millis, StoreError};
 
 /// A failure inside a host call that must end the instance (a trap), as opposed to a

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use super::authority::DirGrant;
-use super::error::HostError;
+use super::error::{Exposes, GrantError, HostError};
 
 /// A path idem keeps for itself, which no directory grant may expose.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,58 +22,6 @@ pub enum Protected {
     /// A component cache directory: its key and its entries. A grant may neither
     /// contain it nor lie inside it. It need not exist yet.
     Cache(PathBuf),
-}
-
-/// A grant refused because of what it would expose.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "refusing to grant directory {host} to the agent as {guest}{}: {exposes}",
-    resolved_note(host, resolved)
-)]
-pub struct GrantError {
-    /// The host path, as given.
-    pub host: PathBuf,
-    /// The path the guest would see it under.
-    pub guest: String,
-    /// The host path with symbolic links resolved.
-    pub resolved: PathBuf,
-    /// What the agent would reach.
-    pub exposes: Exposes,
-}
-
-fn resolved_note(host: &Path, resolved: &Path) -> String {
-    if host == resolved {
-        String::new()
-    } else {
-        format!(" (which is {})", resolved.display())
-    }
-}
-
-/// What a refused grant would expose.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum Exposes {
-    /// The grant contains the store.
-    #[error(
-        "it contains the store {} (and its -wal and -shm files), whose records the \
-         agent could rewrite",
-        .0.display()
-    )]
-    Store(PathBuf),
-    /// The grant contains the component cache.
-    #[error(
-        "it contains the component cache {}, where the agent could read the key that \
-         seals compiled code and plant code for idem to run",
-        .0.display()
-    )]
-    ContainsCache(PathBuf),
-    /// The grant lies inside the component cache.
-    #[error(
-        "it lies inside the component cache {}, where the agent could plant code for \
-         idem to run",
-        .0.display()
-    )]
-    InsideCache(PathBuf),
 }
 
 /// Refuses any grant whose directory, symbolic links resolved, contains a protected path

@@ -12,8 +12,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use super::http::ClaimLive;
-use super::run_ctx::{RunSignals, Stop};
+use super::claim::ClaimLive;
+use super::stop::{RunSignals, Stop};
 use crate::store::{ClaimRef, LeaseState, RunFence, Store};
 
 /// Renewals per lease period: two may be lost (a slow disk, a busy store) before the
@@ -221,6 +221,8 @@ impl Drop for Heartbeat {
     }
 }
 
+/// The renewal task: renews everything held a few times per lease period until the
+/// host drops it.
 async fn beat(
     registry: Arc<Mutex<Registry>>,
     wake: Arc<tokio::sync::Notify>,
@@ -241,106 +243,138 @@ async fn beat(
         last = tokio::time::Instant::now();
         // Renew from a snapshot, outside the lock, so that granting and settling never
         // wait on the store.
-        let (runs, claims): (Vec<_>, Vec<_>) = {
-            let registry = lock();
-            (
-                registry
-                    .runs
-                    .values()
-                    .map(|r| (r.fence.clone(), r.lease, Arc::clone(&r.signals)))
-                    .collect(),
-                registry
-                    .claims
-                    .iter()
-                    .map(|(k, c)| (k.clone(), c.token, c.fence.clone(), c.lease, c.live.clone()))
-                    .collect(),
-            )
-        };
-        let mut ok = true;
-        // One batch per lease length: a worker's thousand runs renew in one transaction.
-        let mut runs_by_lease: HashMap<Duration, Vec<(RunFence, Arc<RunSignals>)>> = HashMap::new();
-        for (fence, lease, signals) in runs {
-            runs_by_lease
-                .entry(lease)
-                .or_default()
-                .push((fence, signals));
-        }
-        for (lease, runs) in runs_by_lease {
-            let fences: Vec<RunFence> = runs.iter().map(|(f, _)| f.clone()).collect();
-            match store.renew_runs(&fences, lease).await {
-                Ok(states) => {
-                    for ((fence, signals), state) in runs.iter().zip(states) {
-                        match state {
-                            LeaseState::Held {
-                                cancel_requested: true,
-                                ..
-                            } => signals.raise(Stop::Cancel),
-                            LeaseState::Held { .. } => {}
-                            LeaseState::Lost => {
-                                tracing::warn!(
-                                    run_id = %crate::text::escape(&fence.run_id, false),
-                                    "run lease taken over; the run stops here"
-                                );
-                                signals.raise(Stop::LeaseLost);
-                            }
-                        }
-                    }
-                }
-                Err(e) => {
-                    ok = false;
-                    if !failing {
-                        tracing::warn!(error = %e, "cannot renew run leases; retrying");
-                    }
-                }
-            }
-        }
-        let mut claims_by_lease: HashMap<Duration, Vec<(String, u64, RunFence, ClaimLive)>> =
-            HashMap::new();
-        for (key, token, fence, lease, live) in claims {
-            claims_by_lease
-                .entry(lease)
-                .or_default()
-                .push((key, token, fence, live));
-        }
-        for (lease, claims) in claims_by_lease {
-            let refs: Vec<ClaimRef<'_>> = claims
-                .iter()
-                .map(|(key, token, fence, _)| ClaimRef {
-                    key,
-                    token: *token,
-                    fence,
-                })
-                .collect();
-            let sent = std::time::Instant::now();
-            match store.renew(&refs, lease).await {
-                Ok(held) => {
-                    for ((key, token, _, live), held) in claims.iter().zip(held) {
-                        if held {
-                            live.renewed(sent, lease);
-                            continue;
-                        }
-                        // Settled since the snapshot is the common case; only a claim
-                        // still held here was really lost.
-                        if lock().remove_claim(key, *token) {
-                            live.end();
-                            tracing::warn!(
-                                key = %crate::text::escape(key, false),
-                                token,
-                                "claim taken over before its lease was renewed"
-                            );
-                        }
-                    }
-                }
-                Err(e) => {
-                    ok = false;
-                    if !failing {
-                        tracing::warn!(error = %e, "cannot renew claim leases; retrying");
-                    }
-                }
-            }
-        }
-        failing = !ok;
+        let (runs, claims) = lock().snapshot();
+        let runs_ok = renew_runs(store.as_ref(), runs, failing).await;
+        let claims_ok = renew_claims(store.as_ref(), &registry, claims, failing).await;
+        failing = !(runs_ok && claims_ok);
     }
+}
+
+/// A run lease to renew, as the beat's snapshot holds it.
+type RunToRenew = (RunFence, Duration, Arc<RunSignals>);
+/// A claim lease to renew: its key, token, run, lease and liveness.
+type ClaimToRenew = (String, u64, RunFence, Duration, ClaimLive);
+
+impl Registry {
+    /// What to renew now.
+    fn snapshot(&self) -> (Vec<RunToRenew>, Vec<ClaimToRenew>) {
+        (
+            self.runs
+                .values()
+                .map(|r| (r.fence.clone(), r.lease, Arc::clone(&r.signals)))
+                .collect(),
+            self.claims
+                .iter()
+                .map(|(k, c)| (k.clone(), c.token, c.fence.clone(), c.lease, c.live.clone()))
+                .collect(),
+        )
+    }
+}
+
+/// Renews the run leases, one batch per lease length (a worker's thousand runs renew in
+/// one transaction), and tells each run what the store said: a cancel asked for, or
+/// its lease lost. Whether the store answered; a failure is said once per outage.
+async fn renew_runs(store: &dyn Store, runs: Vec<RunToRenew>, failing: bool) -> bool {
+    let mut ok = true;
+    let mut runs_by_lease: HashMap<Duration, Vec<(RunFence, Arc<RunSignals>)>> = HashMap::new();
+    for (fence, lease, signals) in runs {
+        runs_by_lease
+            .entry(lease)
+            .or_default()
+            .push((fence, signals));
+    }
+    for (lease, runs) in runs_by_lease {
+        let fences: Vec<RunFence> = runs.iter().map(|(f, _)| f.clone()).collect();
+        match store.renew_runs(&fences, lease).await {
+            Ok(states) => {
+                for ((fence, signals), state) in runs.iter().zip(states) {
+                    match state {
+                        LeaseState::Held {
+                            cancel_requested: true,
+                            ..
+                        } => signals.raise(Stop::Cancel),
+                        LeaseState::Held { .. } => {}
+                        LeaseState::Lost => {
+                            tracing::warn!(
+                                run_id = %crate::text::escape(&fence.run_id, false),
+                                "run lease taken over; the run stops here"
+                            );
+                            signals.raise(Stop::LeaseLost);
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                ok = false;
+                if !failing {
+                    tracing::warn!(error = %e, "cannot renew run leases; retrying");
+                }
+            }
+        }
+    }
+    ok
+}
+
+/// Renews the claim leases, one batch per lease length; a claim the store no longer
+/// grants is ended, so nothing more goes out under it. Whether the store answered; a
+/// failure is said once per outage.
+async fn renew_claims(
+    store: &dyn Store,
+    registry: &Mutex<Registry>,
+    claims: Vec<ClaimToRenew>,
+    failing: bool,
+) -> bool {
+    let mut ok = true;
+    let mut claims_by_lease: HashMap<Duration, Vec<(String, u64, RunFence, ClaimLive)>> =
+        HashMap::new();
+    for (key, token, fence, lease, live) in claims {
+        claims_by_lease
+            .entry(lease)
+            .or_default()
+            .push((key, token, fence, live));
+    }
+    for (lease, claims) in claims_by_lease {
+        let refs: Vec<ClaimRef<'_>> = claims
+            .iter()
+            .map(|(key, token, fence, _)| ClaimRef {
+                key,
+                token: *token,
+                fence,
+            })
+            .collect();
+        let sent = std::time::Instant::now();
+        match store.renew(&refs, lease).await {
+            Ok(held) => {
+                for ((key, token, _, live), held) in claims.iter().zip(held) {
+                    if held {
+                        live.renewed(sent, lease);
+                        continue;
+                    }
+                    // Settled since the snapshot is the common case; only a claim still
+                    // held here was really lost.
+                    let lost = registry
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .remove_claim(key, *token);
+                    if lost {
+                        live.end();
+                        tracing::warn!(
+                            key = %crate::text::escape(key, false),
+                            token,
+                            "claim taken over before its lease was renewed"
+                        );
+                    }
+                }
+            }
+            Err(e) => {
+                ok = false;
+                if !failing {
+                    tracing::warn!(error = %e, "cannot renew claim leases; retrying");
+                }
+            }
+        }
+    }
+    ok
 }
 
 #[cfg(test)]

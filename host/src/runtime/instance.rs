@@ -16,10 +16,11 @@ use super::engine::LoadedAgent;
 use super::error::HostError;
 use super::http::HttpGate;
 use super::output::{GuestOutput, LOG_KEEP, LogSink};
-use super::run_ctx::{RunCtx, RunSignals, Stop, Watch};
+use super::run_ctx::{RunCtx, Watch};
 use super::state::InstanceState;
+use super::stop::{RunSignals, Stop};
 use super::view::IdemCtx;
-use crate::store::{ClaimRef, StoreError};
+use crate::store::{ClaimRef, RunFence, StoreError};
 use crate::text;
 
 /// How often a running instance's log is moved to the store.
@@ -50,20 +51,41 @@ impl Host {
         let holder = self.live.holder(run.run_id(), generation);
         let chaos_fuel = run.faults.fuel_budget().unwrap_or(u64::MAX);
         let fuel = chaos_fuel.min(run.fuel_left.unwrap_or(u64::MAX));
-        let watch = Arc::new(Watch::new(&run.limits));
-        let signals = Arc::clone(&run.signals);
-        let (fence, log) = (run.fence.clone(), run.log.clone());
-        let wasi = wasi_ctx(authority, &run.log)?;
-        let gate = HttpGate::new(run.run_id(), &authority.http, run.capture.clone());
+        let watched = Watched {
+            watch: Arc::new(Watch::new(&run.limits)),
+            signals: Arc::clone(&run.signals),
+            fence: run.fence.clone(),
+            log: run.log.clone(),
+        };
         let idem = IdemCtx {
+            gate: HttpGate::new(run.run_id(), &authority.http, run.capture.clone()),
             run,
             generation,
             holder: holder.clone(),
             grants: 0,
             held: Vec::new(),
-            watch: Arc::clone(&watch),
-            gate,
+            watch: Arc::clone(&watched.watch),
         };
+        let mut store = self.instance_store(authority, idem, fuel)?;
+        self.live.enter(&holder);
+        let result = self.watch_call(agent, &mut store, input, &watched).await;
+        self.live.leave(&holder);
+        self.end_orphaned_claims(&holder).await;
+        let burnt = fuel.saturating_sub(store.get_fuel().unwrap_or(0));
+        // The store (and with it the instance and every claim handle it held) is gone
+        // here; only the run's own context goes on.
+        Ok(ended(store.into_data().idem, result, burnt))
+    }
+
+    /// A fresh wasmtime store for one instance, held to the run's memory limit, its
+    /// fuel and its wall-clock limits.
+    fn instance_store(
+        &self,
+        authority: &Authority,
+        idem: IdemCtx,
+        fuel: u64,
+    ) -> Result<WasmStore<InstanceState>, HostError> {
+        let wasi = wasi_ctx(authority, &idem.run.log)?;
         let mut store = WasmStore::new(self.runtime.engine(), InstanceState::new(wasi, idem));
         store.limiter(|state| state as &mut dyn wasmtime::ResourceLimiter);
         store
@@ -76,81 +98,111 @@ impl Host {
             Ok(()) => Ok(wasmtime::UpdateDeadline::Yield(1)),
             Err(limit) => Err(wasmtime::Error::new(limit)),
         });
+        Ok(store)
+    }
 
-        self.live.enter(&holder);
-        let result = {
-            let call = call_run(agent, &mut store, input);
-            tokio::pin!(call);
-            // First due a whole period from now: an interval's immediate first tick
-            // still waits for the timer driver's next millisecond, once per instance.
-            let mut flush =
-                tokio::time::interval_at(tokio::time::Instant::now() + LOG_FLUSH, LOG_FLUSH);
-            loop {
-                tokio::select! {
-                    result = &mut call => break result,
-                    limit = watch.expired() => break Err(wasmtime::Error::new(limit)),
-                    stop = stopped(&signals, &watch) => break Err(wasmtime::Error::new(stop)),
-                    _ = flush.tick() => {
-                        // A long instance's log reaches the store while it runs, not
-                        // only when it ends.
-                        let pending = log.take();
-                        if !pending.is_empty()
-                            && let Err(e) = self.store.append_log(&fence, &pending, LOG_KEEP).await
-                        {
-                            tracing::warn!(error = %e, "cannot write the run's log");
-                        }
+    /// Calls `run` on the instance under its watchdog: a passed deadline or a stop
+    /// signal ends the call; the run's log reaches the store while it runs.
+    async fn watch_call(
+        &self,
+        agent: &LoadedAgent,
+        store: &mut WasmStore<InstanceState>,
+        input: &[u8],
+        watched: &Watched,
+    ) -> wasmtime::Result<Result<Vec<u8>, String>> {
+        let Watched {
+            watch,
+            signals,
+            fence,
+            log,
+        } = watched;
+        let call = call_run(agent, store, input);
+        tokio::pin!(call);
+        // First due a whole period from now: an interval's immediate first tick still
+        // waits for the timer driver's next millisecond, once per instance.
+        let mut flush =
+            tokio::time::interval_at(tokio::time::Instant::now() + LOG_FLUSH, LOG_FLUSH);
+        loop {
+            tokio::select! {
+                result = &mut call => return result,
+                limit = watch.expired() => return Err(wasmtime::Error::new(limit)),
+                stop = stopped(signals, watch) => return Err(wasmtime::Error::new(stop)),
+                _ = flush.tick() => {
+                    // A long instance's log reaches the store while it runs, not only
+                    // when it ends.
+                    let pending = log.take();
+                    if !pending.is_empty()
+                        && let Err(e) = self.store.append_log(fence, &pending, LOG_KEEP).await
+                    {
+                        tracing::warn!(error = %e, "cannot write the run's log");
                     }
                 }
             }
-        };
-        self.live.leave(&holder);
-        // The host knows these claims' holder is gone: end their leases now, so that
-        // whoever runs next (this process or another) retakes them without waiting.
-        // They stay claims: whether their effects ran is still in doubt.
-        let orphans = self.heartbeat.forget(&holder);
-        if !orphans.is_empty() {
-            let refs: Vec<ClaimRef<'_>> = orphans
-                .iter()
-                .map(|(key, token, fence)| ClaimRef {
-                    key,
-                    token: *token,
-                    fence,
-                })
-                .collect();
-            if let Err(e) = self.store.renew(&refs, Duration::ZERO).await {
-                tracing::warn!(error = %e, "cannot end the leases of a dropped instance's claims");
-            }
         }
-        let burnt = fuel.saturating_sub(store.get_fuel().unwrap_or(0));
-        // The store (and with it the instance and every claim handle it held) is gone
-        // here; only the run's own context goes on.
-        let state = store.into_data();
-        let mut run = state.idem.run;
-        let held = state.idem.held;
-        if let Some(left) = &mut run.fuel_left {
-            *left = left.saturating_sub(burnt);
-        }
-        let end = InstanceEnd::classify(
-            result,
-            FuelState {
-                run_budget_spent: run.fuel_left == Some(0),
-                limit: run.limits.max_fuel,
-                chaos: run.faults.chaos(),
-            },
-        );
-        let end = match end {
-            InstanceEnd::Returned(_) if !held.is_empty() => {
-                let prefix = format!("{}:", run.namespace);
-                InstanceEnd::ClaimsLeftOpen(
-                    held.into_iter()
-                        .map(|(key, _)| key.strip_prefix(&prefix).unwrap_or(&key).to_string())
-                        .collect(),
-                )
-            }
-            end => end,
-        };
-        Ok((end, run))
     }
+
+    /// The host knows the claims of a dropped instance's holder are no longer held: ends
+    /// their leases now, so that whoever runs next (this process or another) retakes
+    /// them without waiting. They stay claims: whether their effects ran is still in
+    /// doubt.
+    async fn end_orphaned_claims(&self, holder: &str) {
+        let orphans = self.heartbeat.forget(holder);
+        if orphans.is_empty() {
+            return;
+        }
+        let refs: Vec<ClaimRef<'_>> = orphans
+            .iter()
+            .map(|(key, token, fence)| ClaimRef {
+                key,
+                token: *token,
+                fence,
+            })
+            .collect();
+        if let Err(e) = self.store.renew(&refs, Duration::ZERO).await {
+            tracing::warn!(error = %e, "cannot end the leases of a dropped instance's claims");
+        }
+    }
+}
+
+/// What the watchdog of one instance watches, and where its log goes meanwhile.
+struct Watched {
+    watch: Arc<Watch>,
+    signals: Arc<RunSignals>,
+    fence: RunFence,
+    log: LogSink,
+}
+
+/// Why the instance ended, and the run's context taken back out of it, the fuel it
+/// burnt (`burnt`) taken off the run's.
+fn ended(
+    idem: IdemCtx,
+    result: wasmtime::Result<Result<Vec<u8>, String>>,
+    burnt: u64,
+) -> (InstanceEnd, RunCtx) {
+    let IdemCtx { mut run, held, .. } = idem;
+    if let Some(left) = &mut run.fuel_left {
+        *left = left.saturating_sub(burnt);
+    }
+    let end = InstanceEnd::classify(
+        result,
+        FuelState {
+            run_budget_spent: run.fuel_left == Some(0),
+            limit: run.limits.max_fuel,
+            chaos: run.faults.chaos(),
+        },
+    );
+    let end = match end {
+        InstanceEnd::Returned(_) if !held.is_empty() => {
+            let prefix = format!("{}:", run.namespace);
+            InstanceEnd::ClaimsLeftOpen(
+                held.into_iter()
+                    .map(|(key, _)| key.strip_prefix(&prefix).unwrap_or(&key).to_string())
+                    .collect(),
+            )
+        }
+        end => end,
+    };
+    (end, run)
 }
 
 /// Instantiates the agent and calls its `run`.

@@ -100,101 +100,45 @@ impl Limits {
     /// Checks that every limit is one idem can enforce: no zero lease (two holders
     /// would both believe they hold a key), no duration past a year, no size of zero.
     pub fn check(&self) -> Result<(), InvalidLimit> {
-        let duration = |name, d: Duration, min: Duration, accepted| {
+        let ms = Duration::from_millis;
+        // (field, value, least accepted, what is accepted); the most is MAX_DURATION.
+        // Kept one rule a line, as a table.
+        #[rustfmt::skip]
+        let durations = [
+            ("lease", self.lease, ms(100), "100ms to 365 days"),
+            ("await_timeout", self.await_timeout, Duration::ZERO, "up to 365 days"),
+            ("max_compute", self.max_compute, ms(10), "10ms to 365 days"),
+            ("effect_timeout", self.effect_timeout, ms(10), "10ms to 365 days"),
+        ];
+        for (name, d, min, accepted) in durations {
             if d < min || d > MAX_DURATION {
-                Err(InvalidLimit {
+                return Err(InvalidLimit {
                     name,
                     given: format!("{}ms", d.as_millis()),
                     accepted,
-                })
-            } else {
-                Ok(())
+                });
             }
-        };
-        let size = |name, n: usize, min: usize, max: usize, accepted| {
+        }
+        // (field, value, least, most, what is accepted).
+        #[rustfmt::skip]
+        let sizes = [
+            ("max_key_bytes", self.max_key_bytes, 1, 1 << 16, "1 to 65536 bytes"),
+            ("max_result_bytes", self.max_result_bytes, 1, 1 << 30, "1 byte to 1 GiB"),
+            ("max_state_bytes", self.max_state_bytes, 1, 1 << 30, "1 byte to 1 GiB"),
+            ("max_output_bytes", self.max_output_bytes, 1, 1 << 30, "1 byte to 1 GiB"),
+            ("max_memory_bytes", self.max_memory_bytes, 1 << 20, usize::MAX, "at least 1 MiB"),
+            ("max_handles", self.max_handles, 16, 1 << 20, "16 to 1048576"),
+            ("max_table_elements", self.max_table_elements, 1, usize::MAX, "at least 1"),
+        ];
+        for (name, n, min, max, accepted) in sizes {
             if n < min || n > max {
-                Err(InvalidLimit {
+                return Err(InvalidLimit {
                     name,
                     given: n.to_string(),
                     accepted,
-                })
-            } else {
-                Ok(())
+                });
             }
-        };
-        duration(
-            "lease",
-            self.lease,
-            Duration::from_millis(100),
-            "100ms to 365 days",
-        )?;
-        duration(
-            "await_timeout",
-            self.await_timeout,
-            Duration::ZERO,
-            "up to 365 days",
-        )?;
-        duration(
-            "max_compute",
-            self.max_compute,
-            Duration::from_millis(10),
-            "10ms to 365 days",
-        )?;
-        duration(
-            "effect_timeout",
-            self.effect_timeout,
-            Duration::from_millis(10),
-            "10ms to 365 days",
-        )?;
-        size(
-            "max_key_bytes",
-            self.max_key_bytes,
-            1,
-            1 << 16,
-            "1 to 65536 bytes",
-        )?;
-        size(
-            "max_result_bytes",
-            self.max_result_bytes,
-            1,
-            1 << 30,
-            "1 byte to 1 GiB",
-        )?;
-        size(
-            "max_state_bytes",
-            self.max_state_bytes,
-            1,
-            1 << 30,
-            "1 byte to 1 GiB",
-        )?;
-        size(
-            "max_output_bytes",
-            self.max_output_bytes,
-            1,
-            1 << 30,
-            "1 byte to 1 GiB",
-        )?;
-        size(
-            "max_memory_bytes",
-            self.max_memory_bytes,
-            1 << 20,
-            usize::MAX,
-            "at least 1 MiB",
-        )?;
-        size(
-            "max_handles",
-            self.max_handles,
-            16,
-            1 << 20,
-            "16 to 1048576",
-        )?;
-        size(
-            "max_table_elements",
-            self.max_table_elements,
-            1,
-            usize::MAX,
-            "at least 1",
-        )?;
+        }
         if self.max_instances == 0 {
             return Err(InvalidLimit {
                 name: "max_instances",

@@ -1,6 +1,20 @@
 //! What idem's imports need from a store, reached through a view trait like wasmtime's
-//! `WasiView`: an embedder keeps an [`IdemCtx`] and a `ResourceTable` in its own store
-//! data, implements [`IdemView`], and links idem's imports next to its own.
+//! `WasiView`: the store's data carries an [`IdemCtx`] and a `ResourceTable`, and the
+//! imports (`imports/`) are implemented on the borrowed [`IdemCtxView`].
+//!
+//! The view is crate-private, and so is linking it. A `WasiCtx` is whole once built; an
+//! `IdemCtx` is one instance's share of a run that the host drives: every write it
+//! makes presents the fence of a run lease the host holds and renews; its claims'
+//! leases are renewed by the host's heartbeat, and its holder name is what the host
+//! tells live instances from orphaned ones by; its deadlines are kept by the watchdog
+//! around the call of `run` and the epoch callback; its outbound HTTP passes the gate
+//! that stamps claims; and its imports end the instance with traps (a planned drop, a
+//! wait that suspends the run, a stop, a claim parked in doubt) that only the drive
+//! loop turns into the run's next record. A public constructor would hand an embedder
+//! all of that to redo, and a slip (a run left leased, a store reused after a trap, a
+//! suspension never recorded) breaks exactly-once. Embedders drive runs with
+//! [`Host::run`](super::Host::run) or a [`Worker`](crate::worker::Worker), and answer a
+//! run's outbound HTTP themselves with an [`HttpCapture`](super::HttpCapture).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,11 +24,12 @@ use wasmtime::component::{HasData, ResourceTable};
 use super::faults::Phase;
 use super::http::HttpGate;
 use super::limits::LimitExceeded;
-use super::run_ctx::{RunCtx, Stop, Watch};
+use super::run_ctx::{RunCtx, Watch};
+use super::stop::Stop;
 
 /// The `idem:agent` state of one instance: the run it serves (carried from instance to
 /// instance) and what this instance holds.
-pub struct IdemCtx {
+pub(crate) struct IdemCtx {
     pub(crate) run: RunCtx,
     /// Instances the run had before this one.
     pub(crate) generation: u64,
@@ -43,17 +58,17 @@ impl std::fmt::Debug for IdemCtx {
 }
 
 /// A store whose data carries idem's state.
-pub trait IdemView: Send {
+pub(crate) trait IdemView: Send {
     /// The idem state and the resource table claims live in.
     fn idem(&mut self) -> IdemCtxView<'_>;
 }
 
 /// Borrowed idem state: what the `idem:agent` imports are implemented on.
-pub struct IdemCtxView<'a> {
+pub(crate) struct IdemCtxView<'a> {
     /// The instance's idem state.
-    pub ctx: &'a mut IdemCtx,
+    pub(crate) ctx: &'a mut IdemCtx,
     /// The store's resource table.
-    pub table: &'a mut ResourceTable,
+    pub(crate) table: &'a mut ResourceTable,
 }
 
 /// The [`HasData`] that links idem's imports to any [`IdemView`].

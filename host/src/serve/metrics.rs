@@ -64,6 +64,19 @@ pub(crate) async fn render(
         .count();
 
     let mut registry = Registry::with_prefix("idem");
+    register_runs(&mut registry, &runs);
+    register_counters(&mut registry, &runs);
+    register_gauges(&mut registry, &runs, now, parked);
+    register_step_latency(&mut registry, store, &runs, settled).await?;
+
+    let mut text = String::new();
+    // Writing to a String cannot fail.
+    let _ = encode(&mut text, &registry);
+    Ok(text)
+}
+
+/// `runs`: the runs in the store, by status.
+fn register_runs(registry: &mut Registry, runs: &[RunRecord]) {
     let by_status = Family::<Vec<(String, String)>, Gauge>::default();
     registry.register("runs", "Runs in the store, by status", by_status.clone());
     for status in STATUSES {
@@ -72,6 +85,10 @@ pub(crate) async fn render(
             .get_or_create(&vec![("status".into(), status.as_str().into())])
             .set(n as i64);
     }
+}
+
+/// The counters: what the runs in the store did, summed.
+fn register_counters(registry: &mut Registry, runs: &[RunRecord]) {
     let sum = |f: fn(&RunRecord) -> u64| runs.iter().map(f).sum::<u64>();
     let counters: [(&str, &str, u64); 6] = [
         (
@@ -111,6 +128,10 @@ pub(crate) async fn render(
         counter.inc_by(value);
         registry.register(name, help, counter);
     }
+}
+
+/// The gauges: parked keys, live leases, and the runs a worker would take now.
+fn register_gauges(registry: &mut Registry, runs: &[RunRecord], now: Millis, parked: usize) {
     let gauges: [(&str, &str, usize); 3] = [
         (
             "in_doubt_keys",
@@ -135,14 +156,23 @@ pub(crate) async fn render(
         gauge.set(value as i64);
         registry.register(name, help, gauge);
     }
+}
 
+/// `durable_step_seconds`: the time from each committed step's claim to its commit. The
+/// steps of a settled run are read once and kept in `settled`.
+async fn register_step_latency(
+    registry: &mut Registry,
+    store: &dyn Store,
+    runs: &[RunRecord],
+    settled: &SettledSteps,
+) -> Result<(), StoreError> {
     let latency = Histogram::new(exponential_buckets(0.001, 2.0, 16));
     registry.register(
         "durable_step_seconds",
         "Time from a step's claim to its commit",
         latency.clone(),
     );
-    for run in &runs {
+    for run in runs {
         let settled_run = matches!(run.status, RunStatus::Completed | RunStatus::Cancelled);
         if settled_run {
             let cached = settled
@@ -170,11 +200,7 @@ pub(crate) async fn render(
             m.insert(run.run_id.clone(), seconds);
         }
     }
-
-    let mut text = String::new();
-    // Writing to a String cannot fail.
-    let _ = encode(&mut text, &registry);
-    Ok(text)
+    Ok(())
 }
 
 pub(super) async fn serve(State(state): State<ServeState>) -> Response {

@@ -1,6 +1,7 @@
 //! Whether a cache directory is private: reachable only through directories that no one
 //! but the user and root can change, and writable by the user alone.
 
+use std::ffi::OsString;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component as PathComponent, Path, PathBuf};
 
@@ -42,23 +43,6 @@ impl Walk {
 /// the kernel goes through to reach it, symbolic links followed by hand so that the
 /// directories they lead through are checked too.
 pub(super) fn check_private_dir(dir: &Path, user: u32) -> Result<(), Walk> {
-    use std::ffi::OsString;
-    enum Part {
-        Root,
-        Parent,
-        Name(OsString),
-    }
-    let parts = |path: &Path| -> Vec<Part> {
-        path.components()
-            .filter_map(|c| match c {
-                PathComponent::RootDir => Some(Part::Root),
-                PathComponent::ParentDir => Some(Part::Parent),
-                PathComponent::Normal(name) => Some(Part::Name(name.to_os_string())),
-                PathComponent::CurDir | PathComponent::Prefix(_) => None,
-            })
-            .rev()
-            .collect()
-    };
     let mut resolved = PathBuf::from("/");
     check_ancestor(&resolved, user)?;
     // A stack: the next component is at the end.
@@ -108,17 +92,42 @@ pub(super) fn check_private_dir(dir: &Path, user: u32) -> Result<(), Walk> {
     }
     // `resolved` is now the cache directory itself (or an ancestor, for a path ending
     // in `..`, which is checked as strictly).
-    let meta = std::fs::symlink_metadata(&resolved).map_err(|e| Walk::Io(resolved.clone(), e))?;
+    check_own(&resolved, user)
+}
+
+/// One component of a path, as the walk follows it.
+enum Part {
+    Root,
+    Parent,
+    Name(OsString),
+}
+
+/// The components of `path` as a stack: the first component last.
+fn parts(path: &Path) -> Vec<Part> {
+    path.components()
+        .filter_map(|c| match c {
+            PathComponent::RootDir => Some(Part::Root),
+            PathComponent::ParentDir => Some(Part::Parent),
+            PathComponent::Normal(name) => Some(Part::Name(name.to_os_string())),
+            PathComponent::CurDir | PathComponent::Prefix(_) => None,
+        })
+        .rev()
+        .collect()
+}
+
+/// The cache directory itself: owned by `user`, and writable by no one else.
+fn check_own(dir: &Path, user: u32) -> Result<(), Walk> {
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| Walk::Io(dir.to_path_buf(), e))?;
     if meta.uid() != user {
         return Err(Walk::Unsafe(UnsafeDir::Owner {
-            path: resolved.clone(),
+            path: dir.to_path_buf(),
             owner: meta.uid(),
             user,
         }));
     }
     if meta.mode() & 0o022 != 0 {
         return Err(Walk::Unsafe(UnsafeDir::Writable {
-            path: resolved.clone(),
+            path: dir.to_path_buf(),
             mode: meta.mode() & 0o7777,
         }));
     }

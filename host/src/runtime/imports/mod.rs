@@ -1,6 +1,7 @@
 //! The host's implementations of the `idem:agent` imports, one file per interface, on
-//! [`IdemCtxView`](super::view::IdemCtxView) so that any store with an
-//! [`IdemView`](super::view::IdemView) can link them.
+//! [`IdemCtxView`](super::view::IdemCtxView): linked (`engine.rs`) for any store data
+//! with an [`IdemView`](super::view::IdemView), which is the instance state of
+//! `state.rs` (see `view.rs` for why embedders do not link them).
 
 mod once;
 mod outbound;

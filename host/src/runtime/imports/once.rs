@@ -8,9 +8,9 @@ use super::StepFailure;
 use crate::runtime::bindings::idem::agent::once::{Durability, Host, HostClaim};
 use crate::runtime::bindings::{Committed, Obtained, Outcome, StepError, WitCheckpoint};
 use crate::runtime::claim::ClaimHandle;
+use crate::runtime::claim::ClaimLive;
 use crate::runtime::end::{HostTrap, trap_store};
 use crate::runtime::faults::{Phase, Recycle};
-use crate::runtime::http::ClaimLive;
 use crate::runtime::limits::{Limits, cut};
 use crate::runtime::view::IdemCtxView;
 use crate::store::{
@@ -33,6 +33,17 @@ struct StepSpan {
 /// Milliseconds since `since`, for a span's duration.
 fn millis(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// What a key bound to another input fails with.
+fn key_reused(key: &str, bound: &str, fingerprint: Option<&str>) -> StepError {
+    StepError::KeyReused(format!(
+        "key {} is bound to input {}, not {}; derive the key from the input, or use \
+         another key",
+        text::quoted(key),
+        text::quoted(bound),
+        fingerprint.map_or_else(|| "(none)".to_string(), text::quoted)
+    ))
 }
 
 impl Host for IdemCtxView<'_> {
@@ -69,36 +80,22 @@ impl IdemCtxView<'_> {
         fingerprint: Option<&str>,
         durable: bool,
     ) -> Result<Outcome, StepFailure> {
-        let limits = &self.ctx.run.limits;
-        if let Err(reason) = limits.check_key(&key) {
-            return Err(StepError::InvalidKey(reason).into());
-        }
-        if let Some(reason) = fingerprint.and_then(|f| limits.check_fingerprint(f).err()) {
-            return Err(StepError::InvalidKey(reason).into());
-        }
-        let stored = self.ctx.run.qualify(&key);
-        if self.ctx.held.iter().any(|(k, _)| *k == stored) {
-            // Waiting would wait for this very instance: fail at once instead.
-            return Err(StepError::InvalidKey(format!(
-                "key {} is already claimed by this instance: commit or release that claim \
-                 before running the key again",
-                text::quoted(&key)
-            ))
-            .into());
-        }
+        let stored = self.claimable(&key, fingerprint)?;
         let ordinal = self.ctx.run.ordinal(&key);
         self.ctx.fault(Phase::BeforeClaim, ordinal)?;
 
         // Opened here, under the run's span; a granted step's span lives on in its
         // claim until the commit.
-        let span = tracing::info_span!(
-            "idem.step",
-            key = %text::escape(&stored, false),
-            outcome = tracing::field::Empty,
-            token = tracing::field::Empty,
-            duration_ms = tracing::field::Empty,
-        );
-        let first_asked = Instant::now();
+        let step = StepSpan {
+            span: tracing::info_span!(
+                "idem.step",
+                key = %text::escape(&stored, false),
+                outcome = tracing::field::Empty,
+                token = tracing::field::Empty,
+                duration_ms = tracing::field::Empty,
+            ),
+            asked: Instant::now(),
+        };
         let mut waited = false;
         let mut pause = AWAIT_POLL_MIN;
         // An await timeout too long for the clock's arithmetic simply never ends.
@@ -108,55 +105,18 @@ impl IdemCtxView<'_> {
         loop {
             match outcome {
                 ClaimOutcome::Committed(value) => {
-                    let obtained = if waited {
-                        self.ctx.run.counts.awaited += 1;
-                        Obtained::Awaited
-                    } else {
-                        self.ctx.run.counts.skipped += 1;
-                        Obtained::Skipped
-                    };
-                    let outcome = if waited { "awaited" } else { "skipped" };
-                    span.record("outcome", outcome);
-                    span.record("duration_ms", millis(first_asked));
-                    return Ok(Outcome::Committed(Committed { value, obtained }));
+                    return Ok(self.found_committed(value, waited, &step));
                 }
                 ClaimOutcome::Granted(grant) => {
-                    if let Err(drop) = self.ctx.fault(Phase::AfterClaim, ordinal) {
-                        // The guest never sees this claim, so no side effect began under
-                        // it: give the key back rather than leave it to be retaken in
-                        // doubt — unless it was in doubt already (an earlier holder's
-                        // effect may have run), which the next holder must still hear.
-                        self.drop_ungranted(&stored, &grant).await?;
-                        return Err(drop.into());
-                    }
-                    let outcome = if grant.in_doubt {
-                        "retaken"
-                    } else {
-                        "executed"
-                    };
-                    span.record("outcome", outcome);
-                    span.record("token", grant.token);
-                    let step = StepSpan {
-                        span,
-                        asked: first_asked,
-                    };
-                    let claim = self.grant(stored, key, ordinal, grant, asked, step)?;
-                    return Ok(Outcome::Claimed(claim));
+                    return self.granted(stored, key, ordinal, grant, asked, step).await;
                 }
                 ClaimOutcome::Parked { .. } => {
-                    span.record("outcome", "parked");
+                    step.span.record("outcome", "parked");
                     return Err(StepError::InDoubt(key).into());
                 }
                 ClaimOutcome::Conflict { fingerprint: bound } => {
-                    span.record("outcome", "key-reused");
-                    return Err(StepError::KeyReused(format!(
-                        "key {} is bound to input {}, not {}; derive the key from the input, \
-                         or use another key",
-                        text::quoted(&key),
-                        text::quoted(&bound),
-                        fingerprint.map_or_else(|| "(none)".to_string(), text::quoted)
-                    ))
-                    .into());
+                    step.span.record("outcome", "key-reused");
+                    return Err(key_reused(&key, &bound, fingerprint).into());
                 }
                 ClaimOutcome::Held(held) if self.ctx.run.live.is_orphan(&held.holder) => {
                     // One of our own dropped instances held it: nobody is executing it.
@@ -167,7 +127,7 @@ impl IdemCtxView<'_> {
                 }
                 ClaimOutcome::Held(_) => {
                     if deadline.is_some_and(|d| Instant::now() >= d) {
-                        span.record("outcome", "await-timeout");
+                        step.span.record("outcome", "await-timeout");
                         return Err(StepError::AwaitTimeout(key).into());
                     }
                     waited = true;
@@ -179,6 +139,74 @@ impl IdemCtxView<'_> {
                 }
             }
         }
+    }
+
+    /// Checks that the agent may ask for `key` now: a valid key and fingerprint, not
+    /// already held by this instance. Returns the key as the store names it.
+    fn claimable(&self, key: &str, fingerprint: Option<&str>) -> Result<String, StepFailure> {
+        let limits = &self.ctx.run.limits;
+        if let Err(reason) = limits.check_key(key) {
+            return Err(StepError::InvalidKey(reason).into());
+        }
+        if let Some(reason) = fingerprint.and_then(|f| limits.check_fingerprint(f).err()) {
+            return Err(StepError::InvalidKey(reason).into());
+        }
+        let stored = self.ctx.run.qualify(key);
+        if self.ctx.held.iter().any(|(k, _)| *k == stored) {
+            // Waiting would wait for this very instance: fail at once instead.
+            return Err(StepError::InvalidKey(format!(
+                "key {} is already claimed by this instance: commit or release that claim \
+                 before running the key again",
+                text::quoted(key)
+            ))
+            .into());
+        }
+        Ok(stored)
+    }
+
+    /// The key was found committed: by another holder the step waited for, or before.
+    fn found_committed(&mut self, value: Vec<u8>, waited: bool, step: &StepSpan) -> Outcome {
+        let obtained = if waited {
+            self.ctx.run.counts.awaited += 1;
+            Obtained::Awaited
+        } else {
+            self.ctx.run.counts.skipped += 1;
+            Obtained::Skipped
+        };
+        let outcome = if waited { "awaited" } else { "skipped" };
+        step.span.record("outcome", outcome);
+        step.span.record("duration_ms", millis(step.asked));
+        Outcome::Committed(Committed { value, obtained })
+    }
+
+    /// The claim was granted: handed to the guest, unless the fault plan drops the
+    /// instance first.
+    async fn granted(
+        &mut self,
+        stored: String,
+        key: String,
+        ordinal: u32,
+        grant: Grant,
+        asked: Instant,
+        step: StepSpan,
+    ) -> Result<Outcome, StepFailure> {
+        if let Err(drop) = self.ctx.fault(Phase::AfterClaim, ordinal) {
+            // The guest never sees this claim, so no side effect began under it: give
+            // the key back rather than leave it to be retaken in doubt — unless it was
+            // in doubt already (an earlier holder's effect may have run), which the
+            // next holder must still hear.
+            self.drop_ungranted(&stored, &grant).await?;
+            return Err(drop.into());
+        }
+        let outcome = if grant.in_doubt {
+            "retaken"
+        } else {
+            "executed"
+        };
+        step.span.record("outcome", outcome);
+        step.span.record("token", grant.token);
+        let claim = self.grant(stored, key, ordinal, grant, asked, step)?;
+        Ok(Outcome::Claimed(claim))
     }
 
     // `&mut self`, not `&self`: the view holds the resource table, which is not `Sync`,

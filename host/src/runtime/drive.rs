@@ -1,0 +1,238 @@
+//! Driving a leased run to its end, for the foreground and for workers alike: an
+//! instance after another until one ends the run, each end turned into what the run
+//! does next ([`Next`]) and applied to the store here, in one place — every write
+//! fenced by the run's lease.
+
+use std::sync::Arc;
+
+use tracing::Instrument;
+
+use super::authority::Authority;
+use super::capture::HttpCapture;
+use super::engine::LoadedAgent;
+use super::error::HostError;
+use super::faults::{FaultPlan, Faults};
+use super::host::Host;
+use super::next::Next;
+use super::output::LogSink;
+use super::report::{RunReport, Waiting};
+use super::run_ctx::RunCtx;
+use super::stop::RunSignals;
+use crate::store::{LeasedRun, RunEnd, RunFence, RunStatus, Suspension};
+use crate::text;
+
+/// What every report of one drive shares: where its instance count starts, and whether
+/// the counts it started from were exact.
+struct DriveStart {
+    first_instance: u64,
+    counts_exact: bool,
+}
+
+impl DriveStart {
+    fn report(&self, run: &RunCtx, status: RunStatus, outcome: Vec<u8>) -> RunReport {
+        RunReport {
+            run_id: run.run_id().to_string(),
+            status,
+            outcome,
+            counts: run.counts,
+            counts_exact: self.counts_exact,
+            instances_now: run.counts.instances - self.first_instance,
+            already_finished: false,
+            failure: None,
+            waiting: None,
+        }
+    }
+}
+
+impl Host {
+    /// Drives a leased run to its end (or until it is told to stop), writing nothing
+    /// once its lease is lost.
+    pub(crate) async fn drive(
+        &self,
+        agent: &LoadedAgent,
+        leased: LeasedRun,
+        authority: &Authority,
+        faults: &FaultPlan,
+        log: LogSink,
+        signals: Arc<RunSignals>,
+    ) -> Result<RunReport, HostError> {
+        let _driving = self.start_driving(&leased.record.run_id)?;
+        self.drive_leased(agent, leased, authority, faults, log, signals, None)
+            .await
+    }
+
+    // The foreground and the worker differ in each of these; a struct for one private
+    // call would only move the list.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn drive_leased(
+        &self,
+        agent: &LoadedAgent,
+        leased: LeasedRun,
+        authority: &Authority,
+        faults: &FaultPlan,
+        log: LogSink,
+        signals: Arc<RunSignals>,
+        capture: Option<Arc<dyn HttpCapture>>,
+    ) -> Result<RunReport, HostError> {
+        let fence = RunFence {
+            run_id: leased.record.run_id.clone(),
+            token: leased.token,
+            sync: authority.sync,
+        };
+        self.heartbeat
+            .hold_run(&fence, authority.limits.lease, Arc::clone(&signals));
+        let run = RunCtx {
+            fence,
+            namespace: leased.record.namespace.clone(),
+            store: Arc::clone(&self.store),
+            limits: authority.limits.clone(),
+            live: Arc::clone(&self.live),
+            heartbeat: Arc::clone(&self.heartbeat),
+            signals,
+            counts: leased.record.counts,
+            faults: Faults::new(faults),
+            last_committed: 0,
+            fuel_left: authority.limits.max_fuel,
+            counts_flushed: std::time::Instant::now(),
+            log,
+            capture,
+        };
+        let worker = leased
+            .record
+            .lease
+            .as_ref()
+            .map_or("", |l| l.worker.as_str());
+        let span = tracing::info_span!(
+            "idem.run",
+            run_id = %text::escape(&leased.record.run_id, false),
+            agent = %text::escape(&leased.record.agent, false),
+            worker = %text::escape(worker, false),
+            status = tracing::field::Empty,
+            instances = tracing::field::Empty,
+        );
+        let result = self
+            .drive_instances(agent, authority, &leased.input, run, !leased.taken_over)
+            .instrument(span.clone())
+            .await;
+        if let Ok(report) = &result {
+            span.record("status", report.status.as_str());
+            span.record("instances", report.instances_now);
+        }
+        self.heartbeat.drop_run(&leased.record.run_id);
+        result
+    }
+
+    /// Creates instances for the run until one ends it: the loop of a drive.
+    async fn drive_instances(
+        &self,
+        agent: &LoadedAgent,
+        authority: &Authority,
+        input: &[u8],
+        mut run: RunCtx,
+        counts_exact: bool,
+    ) -> Result<RunReport, HostError> {
+        let start = DriveStart {
+            first_instance: run.counts.instances,
+            counts_exact,
+        };
+        loop {
+            let instances = run.counts.instances - start.first_instance;
+            let next = if instances >= run.limits.max_instances {
+                Next::GiveUp { instances }
+            } else {
+                let (end, back) = self.instance(agent, authority, input, run).await?;
+                run = back;
+                self.flush_log(&run).await;
+                Next::after(end, run.run_id(), &run.limits)
+            };
+            if let Some(report) = self.apply(next, &mut run, &start).await? {
+                return Ok(report);
+            }
+        }
+    }
+
+    /// Applies what the run does next: the one place an instance's end is written to
+    /// the store. Returns the drive's report once the drive is over, `None` to go on
+    /// with a fresh instance.
+    async fn apply(
+        &self,
+        next: Next,
+        run: &mut RunCtx,
+        start: &DriveStart,
+    ) -> Result<Option<RunReport>, HostError> {
+        let store = &self.store;
+        let report = match next {
+            Next::Another { reason } => {
+                tracing::debug!(run_id = %text::escape(run.run_id(), false), %reason, "instance dropped");
+                run.counts.recycled += 1;
+                // The next instance writes the counts as it starts, in the one
+                // transaction a recycle needs for them.
+                return Ok(None);
+            }
+            Next::Finish(ending) => {
+                store
+                    .finish_run(&run.fence, ending.run_end(), &run.counts)
+                    .await?;
+                let mut report = start.report(run, ending.status, ending.outcome);
+                report.failure = ending.failure;
+                report
+            }
+            Next::InDoubt { key } => {
+                store
+                    .finish_run(&run.fence, RunEnd::InDoubt, &run.counts)
+                    .await?;
+                let reason = store
+                    .run(run.run_id())
+                    .await?
+                    .and_then(|r| r.outcome)
+                    .unwrap_or_else(|| format!("in doubt at key {key}").into_bytes());
+                start.report(run, RunStatus::InDoubt, reason)
+            }
+            Next::Suspend(suspend) => {
+                let suspension = Suspension {
+                    due: suspend.due,
+                    signal: suspend.signal.as_deref(),
+                };
+                store
+                    .suspend_run(&run.fence, &run.counts, &suspension)
+                    .await?;
+                let mut report = start.report(run, RunStatus::Running, Vec::new());
+                report.waiting = Some(Waiting {
+                    due: suspend.due,
+                    signal: suspend.signal,
+                });
+                report
+            }
+            Next::Release => {
+                store.release_run(&run.fence, &run.counts, None).await?;
+                start.report(run, RunStatus::Running, Vec::new())
+            }
+            Next::GiveUp { instances } => {
+                store
+                    .release_run(&run.fence, &run.counts, Some("gave up: too many instances"))
+                    .await?;
+                return Err(HostError::TooManyInstances {
+                    run_id: run.run_id().to_string(),
+                    instances,
+                });
+            }
+            Next::Fail(e) => return Err(e),
+        };
+        Ok(Some(report))
+    }
+
+    /// Moves what the agent wrote since the last flush to the run's log in the store.
+    async fn flush_log(&self, run: &RunCtx) {
+        let pending = run.log.take();
+        if pending.is_empty() {
+            return;
+        }
+        if let Err(e) = self
+            .store
+            .append_log(&run.fence, &pending, super::output::LOG_KEEP)
+            .await
+        {
+            tracing::warn!(error = %e, "cannot write the run's log");
+        }
+    }
+}
