@@ -109,7 +109,16 @@ pub fn build_all(root: &Path, out_dir: &Path) -> Result<Vec<Guest>, String> {
     for (dir, name) in apps {
         let summary = docstring_summary(&root.join(&dir).join("app.py"))?;
         let path = if found {
-            Some(componentize(&tool, &root.join(&dir), &sdk, out_dir, &name)?)
+            // Built from a copy: componentize-py writes `__pycache__` next to the
+            // sources it imports, which would touch the watched folders (and make cargo
+            // run this script again) and litter the clone.
+            let app = out_dir.join("python-apps").join(&name);
+            let _ = std::fs::remove_dir_all(&app);
+            copy_dir(&root.join(&dir), &app)?;
+            Some(
+                componentize(&tool, &app, &sdk, out_dir, &name)
+                    .map_err(|e| format!("{dir}/: {e}"))?,
+            )
         } else {
             None
         };
@@ -148,10 +157,7 @@ fn componentize(
         .status()
         .map_err(|err| format!("cannot run {}: {err}", tool.display()))?;
     if !status.success() {
-        return Err(format!(
-            "componentize-py failed on {} ({status})",
-            app.display()
-        ));
+        return Err(format!("componentize-py failed ({status})"));
     }
     Ok(output)
 }
