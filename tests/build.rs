@@ -1,10 +1,23 @@
-//! Builds the guest workspaces (`examples/` and `tests/guests/`) for `wasm32-wasip2` into
-//! a target dir under `OUT_DIR`, checks that each output is a component, and hands the
-//! paths to `src/lib.rs` as `IDEM_GUEST_*` variables; and makes the one guest that is
-//! not Rust, `tests/guests/multimem/agent.wat`, a component of the `idem:agent` world.
+//! Builds every guest the tests run and writes `OUT_DIR/guests.rs`, which `src/lib.rs`
+//! includes: one constant per guest holding its component's path, and `ALL`.
+//!
+//! Guests are found, not listed (as wasmtime's `crates/test-programs/artifacts/build.rs`
+//! finds its test programs), so adding one touches one place:
+//! - Rust: every member of the `examples/` and `tests/guests/` workspaces, found with
+//!   `cargo metadata`, built for `wasm32-wasip2` into a target dir under `OUT_DIR`;
+//! - WAT: every `tests/guests-wat/NAME.wat`, a core module this script makes a component
+//!   of the `idem:agent` world (for guests no Rust compiler would emit);
+//! - Python: every `tests/guests-python/NAME/` app, and the Python examples, built with
+//!   componentize-py when it is set up (`build_python.rs`).
+//!
+//! A guest's constant is its name in upper case with `_` for `-` (`steps` → `STEPS`,
+//! `py-steps` → `PY_STEPS`); its documentation is the first paragraph of the guest's own
+//! doc comment (`//!`, `;;` or the module docstring), which every guest must have.
 
+use std::collections::BTreeSet;
 use std::env;
 use std::ffi::OsString;
+use std::fmt::Write as _;
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -20,78 +33,39 @@ const TARGET: &str = "wasm32-wasip2";
 /// linker.
 const COMPONENT_HEADER: [u8; 8] = *b"\0asm\x0d\0\x01\0";
 
-/// One guest: the workspace it is built in (from the repo root), its package name
-/// (which is also its artifact's name), and the constant that exports its path.
-struct Guest {
-    workspace: &'static str,
-    package: &'static str,
-    constant: &'static str,
-}
-
+/// The Rust guest workspaces, from the repo root. Their members are the guests.
 const WORKSPACES: [&str; 2] = ["examples", "tests/guests"];
 
-const GUESTS: &[Guest] = &[
-    Guest {
-        workspace: "examples",
-        package: "ledger",
-        constant: "LEDGER",
-    },
-    Guest {
-        workspace: "examples",
-        package: "dedupe",
-        constant: "DEDUPE",
-    },
-    Guest {
-        workspace: "examples",
-        package: "approval",
-        constant: "APPROVAL",
-    },
-    Guest {
-        workspace: "tests/guests",
-        package: "steps",
-        constant: "STEPS",
-    },
-    Guest {
-        workspace: "tests/guests",
-        package: "command",
-        constant: "COMMAND",
-    },
-    Guest {
-        workspace: "tests/guests",
-        package: "hostile",
-        constant: "HOSTILE",
-    },
-    Guest {
-        workspace: "tests/guests",
-        package: "fetcher",
-        constant: "FETCHER",
-    },
-    Guest {
-        workspace: "tests/guests",
-        package: "bench",
-        constant: "BENCH",
-    },
-    Guest {
-        workspace: "tests/guests",
-        package: "rogue",
-        constant: "ROGUE",
-    },
-    Guest {
-        workspace: "tests/guests",
-        package: "sloppy",
-        constant: "SLOPPY",
-    },
-    Guest {
-        workspace: "tests/guests",
-        package: "rawabi",
-        constant: "RAWABI",
-    },
-    Guest {
-        workspace: "tests/guests",
-        package: "waiter",
-        constant: "WAITER",
-    },
-];
+/// The folder of the WAT guests, from the repo root.
+const WAT_DIR: &str = "tests/guests-wat";
+
+/// One guest, as the generated code names it.
+pub struct Guest {
+    /// Its name in `ALL`: the package's, the WAT file's stem, or `py-` and the app's.
+    pub name: String,
+    /// Where it comes from, from the repo root (a folder or a file).
+    pub source: String,
+    /// The first paragraph of its doc comment.
+    pub summary: String,
+    /// The component, or `None` for a Python guest left unbuilt (no componentize-py).
+    pub path: Option<PathBuf>,
+}
+
+impl Guest {
+    fn constant(&self) -> String {
+        self.name.to_uppercase().replace('-', "_")
+    }
+}
+
+/// A member of a guest workspace, as `cargo metadata` describes it.
+struct Member {
+    package: String,
+    manifest: PathBuf,
+    /// The file name (without `.wasm`) of the artifact its cdylib or bin target makes.
+    artifact: String,
+    /// The target's root source file, whose `//!` documents the guest.
+    src: PathBuf,
+}
 
 fn main() -> ExitCode {
     match build() {
@@ -109,16 +83,31 @@ fn build() -> Result<(), String> {
         .parent()
         .ok_or("tests/ has no parent folder")?
         .to_path_buf();
-    // One target dir for both workspaces: they share the SDK and its dependencies.
-    let target_dir = PathBuf::from(var("OUT_DIR")?).join("guests");
+    let out_dir = PathBuf::from(var("OUT_DIR")?);
+    let cargo = var("CARGO")?;
 
-    watch(&root);
+    watch_shared(&root);
     check_target_installed()?;
 
-    let cargo = var("CARGO")?;
+    let mut guests = build_rust(&root, &out_dir, &cargo)?;
+    guests.extend(build_wat(&root, &out_dir)?);
+    guests.extend(python::build_all(&root, &out_dir)?);
+
+    let code = generate(&guests)?;
+    let file = out_dir.join("guests.rs");
+    std::fs::write(&file, code).map_err(|e| format!("{}: {e}", file.display()))
+}
+
+/// Builds both Rust workspaces (one target dir: they share the SDK and its
+/// dependencies) and returns their members, each checked to be a component.
+fn build_rust(root: &Path, out_dir: &Path, cargo: &OsString) -> Result<Vec<Guest>, String> {
+    let target_dir = out_dir.join("guests");
+    let release = target_dir.join(TARGET).join("release");
+    let mut guests = Vec::new();
     for workspace in WORKSPACES {
         let dir = root.join(workspace);
-        let mut cmd = clean_command(&cargo);
+        let members = members(cargo, &dir)?;
+        let mut cmd = clean_command(cargo);
         cmd.current_dir(&dir)
             .args(["build", "--release", "--locked", "--target", TARGET])
             .arg("--manifest-path")
@@ -135,38 +124,108 @@ fn build() -> Result<(), String> {
         if !status.success() {
             return Err(format!(
                 "building the guests in {workspace}/ for {TARGET} failed ({status}); \
-                 the nested cargo's output is above"
+                 the nested cargo's output is above (after adding a guest, record it in \
+                 the lock file: cargo update --workspace --offline --manifest-path \
+                 {workspace}/Cargo.toml)"
             ));
         }
+        for member in members {
+            let path = release.join(format!("{}.wasm", member.artifact));
+            check_component(&path, &member.package)?;
+            println!("cargo:rerun-if-changed={}", member.manifest.display());
+            watch_dep_info(&path.with_extension("d"))?;
+            let source = member
+                .manifest
+                .parent()
+                .and_then(|dir| dir.strip_prefix(root).ok())
+                .map_or_else(|| member.package.clone(), |dir| dir.display().to_string());
+            guests.push(Guest {
+                summary: summary(&member.src, "//!")?,
+                name: member.package,
+                source,
+                path: Some(path),
+            });
+        }
     }
-
-    let multimem = build_multimem(&root, &PathBuf::from(var("OUT_DIR")?))?;
-    println!("cargo:rustc-env=IDEM_GUEST_MULTIMEM={multimem}");
-
-    let python = python::build_all(&root, &PathBuf::from(var("OUT_DIR")?))?;
-    for (constant, path) in python {
-        println!("cargo:rustc-env=IDEM_GUEST_{constant}={path}");
-    }
-
-    let release = target_dir.join(TARGET).join("release");
-    for guest in GUESTS {
-        let path = release.join(format!("{}.wasm", guest.package));
-        check_component(&path, guest)?;
-        let path = path
-            .to_str()
-            .ok_or_else(|| format!("{} is not UTF-8", path.display()))?;
-        println!("cargo:rustc-env=IDEM_GUEST_{}={path}", guest.constant);
-    }
-    Ok(())
+    Ok(guests)
 }
 
-/// Makes `tests/guests/multimem/agent.wat`, a core module with two memories, a
-/// component of the `idem:agent` world, the way `cargo component` would a Rust one:
-/// the world goes in as a custom section, and wit-component wraps the module, lifting
-/// `run` and lowering nothing (it imports nothing). Returns the component's path.
-fn build_multimem(root: &Path, out_dir: &Path) -> Result<String, String> {
-    let source = root.join("tests/guests/multimem/agent.wat");
-    let mut module = wat::parse_file(&source).map_err(|e| format!("{}: {e}", source.display()))?;
+/// The members of the workspace in `dir`, in the order its manifest lists them.
+fn members(cargo: &OsString, dir: &Path) -> Result<Vec<Member>, String> {
+    let manifest = dir.join("Cargo.toml");
+    let output = clean_command(cargo)
+        .args([
+            "metadata",
+            "--no-deps",
+            "--offline",
+            "--format-version",
+            "1",
+        ])
+        .arg("--manifest-path")
+        .arg(&manifest)
+        .output()
+        .map_err(|err| format!("cannot run {}: {err}", cargo.to_string_lossy()))?;
+    if !output.status.success() {
+        return Err(format!(
+            "cargo metadata on {} failed ({}): {}",
+            manifest.display(),
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    let meta: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .map_err(|err| format!("cargo metadata on {}: {err}", manifest.display()))?;
+    let text = |value: &serde_json::Value| value.as_str().unwrap_or_default().to_owned();
+    let mut members = Vec::new();
+    for package in meta["packages"].as_array().into_iter().flatten() {
+        let name = text(&package["name"]);
+        // A component comes from a cdylib (an agent) or a bin (a command).
+        let target = package["targets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find_map(|target| {
+                let kinds = target["kind"].as_array()?;
+                let is = |kind: &str| kinds.iter().any(|k| k == kind);
+                let artifact = text(&target["name"]);
+                if is("cdylib") {
+                    Some((artifact.replace('-', "_"), target))
+                } else if is("bin") {
+                    Some((artifact, target))
+                } else {
+                    None
+                }
+            });
+        let Some((artifact, target)) = target else {
+            return Err(format!(
+                "guest {name} ({}) has no cdylib or bin target: it makes no component",
+                manifest.display()
+            ));
+        };
+        members.push(Member {
+            package: name,
+            manifest: PathBuf::from(text(&package["manifest_path"])),
+            artifact,
+            src: PathBuf::from(text(&target["src_path"])),
+        });
+    }
+    Ok(members)
+}
+
+/// Makes each `tests/guests-wat/NAME.wat`, a core module, a component of the
+/// `idem:agent` world, the way `cargo component` would a Rust one: the world goes in as
+/// a custom section, and wit-component wraps the module, lifting `run` and lowering
+/// what it imports.
+fn build_wat(root: &Path, out_dir: &Path) -> Result<Vec<Guest>, String> {
+    let dir = root.join(WAT_DIR);
+    let mut sources = Vec::new();
+    for entry in std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))? {
+        let path = entry.map_err(|e| format!("{}: {e}", dir.display()))?.path();
+        if path.extension().is_some_and(|ext| ext == "wat") {
+            sources.push(path);
+        }
+    }
+    sources.sort();
     let mut resolve = wit_parser::Resolve::default();
     let (package, _) = resolve
         .push_dir(root.join("wit"))
@@ -174,49 +233,174 @@ fn build_multimem(root: &Path, out_dir: &Path) -> Result<String, String> {
     let world = resolve
         .select_world(&[package], Some("agent"))
         .map_err(|e| format!("wit/ has no world `agent`: {e:#}"))?;
-    wit_component::embed_component_metadata(
-        &mut module,
-        &resolve,
-        world,
-        wit_component::StringEncoding::UTF8,
-    )
-    .map_err(|e| format!("embedding the world in {}: {e:#}", source.display()))?;
-    let component = wit_component::ComponentEncoder::default()
-        .validate(true)
-        .module(&module)
-        .and_then(|encoder| encoder.encode())
-        .map_err(|e| format!("making {} a component: {e:#}", source.display()))?;
-    let path = out_dir.join("multimem.wasm");
-    std::fs::write(&path, component).map_err(|e| format!("{}: {e}", path.display()))?;
-    path.to_str()
-        .map(str::to_owned)
-        .ok_or_else(|| format!("{} is not UTF-8", path.display()))
+    let mut guests = Vec::new();
+    for source in sources {
+        let name = source
+            .file_stem()
+            .and_then(|stem| stem.to_str())
+            .ok_or_else(|| format!("{} has no UTF-8 name", source.display()))?
+            .to_owned();
+        let mut module =
+            wat::parse_file(&source).map_err(|e| format!("{}: {e}", source.display()))?;
+        wit_component::embed_component_metadata(
+            &mut module,
+            &resolve,
+            world,
+            wit_component::StringEncoding::UTF8,
+        )
+        .map_err(|e| format!("embedding the world in {}: {e:#}", source.display()))?;
+        let component = wit_component::ComponentEncoder::default()
+            .validate(true)
+            .module(&module)
+            .and_then(|encoder| encoder.encode())
+            .map_err(|e| format!("making {} a component: {e:#}", source.display()))?;
+        let path = out_dir.join(format!("{name}.wasm"));
+        std::fs::write(&path, component).map_err(|e| format!("{}: {e}", path.display()))?;
+        guests.push(Guest {
+            summary: summary(&source, ";;")?,
+            source: format!("{WAT_DIR}/{name}.wat"),
+            name,
+            path: Some(path),
+        });
+    }
+    Ok(guests)
 }
 
-/// Names what the guests are built from, so that cargo reruns this script (and the
-/// nested builds) only when one of them changed. Guest packages are watched one by one
-/// rather than through their workspace folder: a `target/` left there by a manual
-/// build must not trigger rebuilds.
-fn watch(root: &Path) {
+/// The first paragraph of the comment that opens `file`, its lines starting with
+/// `marker`, joined into one line.
+pub fn summary(file: &Path, marker: &str) -> Result<String, String> {
+    let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let lines: Vec<&str> = text
+        .lines()
+        .map_while(|line| line.strip_prefix(marker))
+        .map(str::trim)
+        .take_while(|line| !line.is_empty())
+        .collect();
+    paragraph(file, &lines)
+}
+
+/// `lines` as one paragraph, or an error saying that `file` must document its guest.
+pub fn paragraph(file: &Path, lines: &[&str]) -> Result<String, String> {
+    if lines.is_empty() {
+        return Err(format!(
+            "{} does not open with a doc comment saying what the guest does; \
+             its first paragraph documents the guest's constant",
+            file.display()
+        ));
+    }
+    Ok(lines.join(" "))
+}
+
+/// The code `src/lib.rs` includes: a documented constant per guest, and `ALL` with
+/// the guests that were built.
+fn generate(guests: &[Guest]) -> Result<String, String> {
+    let mut code = String::from("// Generated by tests/build.rs: one constant per guest.\n");
+    let mut constants = BTreeSet::new();
+    for guest in guests {
+        let constant = guest.constant();
+        let valid = constant
+            .chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+            && constant.starts_with(|c: char| c.is_ascii_uppercase());
+        if !valid {
+            return Err(format!(
+                "guest {:?} ({}) makes no Rust constant name: name it with letters, digits \
+                 and `-`, starting with a letter",
+                guest.name, guest.source
+            ));
+        }
+        if !constants.insert(constant.clone()) {
+            return Err(format!(
+                "two guests are named {:?} (one is {}): rename one",
+                guest.name, guest.source
+            ));
+        }
+        let path = match &guest.path {
+            Some(path) => path
+                .to_str()
+                .ok_or_else(|| format!("{} is not UTF-8", path.display()))?,
+            None => "",
+        };
+        let built_from = match guest.path {
+            Some(_) => format!("Built from `{}`.", guest.source),
+            None => format!(
+                "Built from `{}`; empty: componentize-py was not found when the tests were \
+                 built, and the tests of this guest are SKIPPED.",
+                guest.source
+            ),
+        };
+        let _ = writeln!(
+            code,
+            "\n#[doc = {:?}]\n#[doc = \"\"]\n#[doc = {built_from:?}]\npub const {constant}: &str = {path:?};",
+            guest.summary,
+        );
+    }
+    code.push_str(
+        "\n/// Every guest that was built, as `(name, path)`, for tests that go over them all: \
+         the Python guests only when componentize-py was found.\npub const ALL: &[(&str, &str)] = &[\n",
+    );
+    for guest in guests.iter().filter(|guest| guest.path.is_some()) {
+        let _ = writeln!(code, "    ({:?}, {}),", guest.name, guest.constant());
+    }
+    code.push_str(
+        "];\n\n/// Every constant, built or not.\n#[cfg(test)]\nconst CONSTANTS: &[&str] = &[\n",
+    );
+    for constant in &constants {
+        let _ = writeln!(code, "    {constant:?},");
+    }
+    code.push_str("];\n");
+    Ok(code)
+}
+
+/// Names what every guest is built from, so that cargo reruns this script (and the
+/// nested builds) when one of them changed. A guest workspace's folder is not watched
+/// as a whole: a `target/` left there by a manual build must not trigger rebuilds. Each
+/// Rust guest's own sources come from its dep-info ([`watch_dep_info`]).
+fn watch_shared(root: &Path) {
     let mut paths = vec![
         root.join("wit"),
         root.join("guest-sdk/Cargo.toml"),
-        root.join("guest-sdk/src"),
         // The SDK takes its dependency versions from the root workspace.
         root.join("Cargo.toml"),
+        // A new WAT guest changes the folder.
+        root.join(WAT_DIR),
     ];
     for workspace in WORKSPACES {
+        // A new member changes the workspace's manifest.
         paths.push(root.join(workspace).join("Cargo.toml"));
         paths.push(root.join(workspace).join("Cargo.lock"));
     }
-    for guest in GUESTS {
-        paths.push(root.join(guest.workspace).join(guest.package));
-    }
-    paths.push(root.join("tests/guests/multimem"));
     paths.extend(python::watched(root));
     for path in paths {
         println!("cargo:rerun-if-changed={}", path.display());
     }
+}
+
+/// Watches every file the dep-info `file` (makefile syntax, written by cargo next to an
+/// artifact) says the artifact was built from: its sources, the SDK's, its
+/// dependencies'.
+fn watch_dep_info(file: &Path) -> Result<(), String> {
+    let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let mut seen = BTreeSet::new();
+    for line in text.lines() {
+        let Some((_, deps)) = line.split_once(": ") else {
+            continue;
+        };
+        let mut parts = deps.split_whitespace();
+        while let Some(part) = parts.next() {
+            // A space in a path is escaped with a backslash.
+            let mut path = part.to_owned();
+            while path.ends_with('\\') {
+                path.pop();
+                path.push(' ');
+                path.push_str(parts.next().unwrap_or_default());
+            }
+            if seen.insert(path.clone()) {
+                println!("cargo:rerun-if-changed={path}");
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Fails early, and says what to do, when the standard library for the guests' target
@@ -238,18 +422,11 @@ fn check_target_installed() -> Result<(), String> {
     ))
 }
 
-fn check_component(path: &Path, guest: &Guest) -> Result<(), String> {
+fn check_component(path: &Path, package: &str) -> Result<(), String> {
     let mut header = [0_u8; 8];
     File::open(path)
         .and_then(|mut file| file.read_exact(&mut header))
-        .map_err(|err| {
-            format!(
-                "guest {} ({}/) did not produce {}: {err}",
-                guest.package,
-                guest.workspace,
-                path.display()
-            )
-        })?;
+        .map_err(|err| format!("guest {package} did not produce {}: {err}", path.display()))?;
     if header != COMPONENT_HEADER {
         return Err(format!(
             "{} is not a WebAssembly component (header {header:02x?})",

@@ -1,23 +1,15 @@
 """The shared key vectors of ``wit/keys.md``, checked on CPython: the key code of the
 SDK is pure Python, so it runs here as it runs inside the component."""
 
-import importlib
 import json
-import pathlib
-import sys
-import types
 import unittest
 
-SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "idem"
-VECTORS = SRC / "wit" / "key-vectors.json"
+from fakehost import SRC, idem
 
-# Load `idem._keys` without `idem/__init__`, which needs the component's bindings.
-_pkg = types.ModuleType("idem")
-_pkg.__path__ = [str(SRC)]
-sys.modules.setdefault("idem", _pkg)
-keys = importlib.import_module("idem._keys")
-_json = importlib.import_module("idem._json")
-errors = importlib.import_module("idem._errors")
+keys = idem._keys
+_json = idem._json
+errors = idem._errors
+VECTORS = SRC / "idem" / "wit" / "key-vectors.json"
 
 
 class KeyVectors(unittest.TestCase):
@@ -30,7 +22,9 @@ class KeyVectors(unittest.TestCase):
                 shared = keys.Key.shared(v["step"], v["content"])
                 self.assertEqual(shared.text, v["shared"])
                 self.assertEqual(f"{data['run_id']}/{shared.text}", v["for_run"])
-                self.assertEqual(keys.Key("k").with_input(v["content"]).fingerprint, v["fingerprint"])
+                self.assertEqual(
+                    keys.Key("k").with_input(v["content"]).fingerprint, v["fingerprint"]
+                )
 
     def test_tuples_and_dataclasses_encode_as_rust_does(self):
         from dataclasses import dataclass
@@ -40,7 +34,9 @@ class KeyVectors(unittest.TestCase):
             to: str
             amount: int
 
-        self.assertEqual(keys.Key.shared("step", (1, "a")).text, "step/2010945388e2de98f5651051478912aa")
+        self.assertEqual(
+            keys.Key.shared("step", (1, "a")).text, "step/2010945388e2de98f5651051478912aa"
+        )
         self.assertEqual(_json.dumps(Charge("alice", 300), "c"), b'{"to":"alice","amount":300}')
 
     def test_unencodable_content_is_a_codec_error(self):

@@ -1,18 +1,19 @@
 //! Python agents (built with componentize-py against `guest-sdk-python`) under the same
 //! assertions as the Rust guests: the crash sweep, seeded chaos, the in-doubt policies
-//! with `idem resolve`, HTTP to a loopback server, keys shared with a Rust agent, and
-//! the Python ledger's side-effect log against the Rust ledger's.
+//! with `idem resolve`, HTTP to a loopback server, keys shared with a Rust agent, the
+//! Python ledger's side-effect log against the Rust ledger's, and step retries
+//! (`idem.run_once_retry`) against the Rust SDK's.
 //!
 //! Where componentize-py is not set up (`scripts/test` does it), each test prints
 //! `SKIPPED: Python ...` and returns.
 
 use idem::runtime::{CrashPoint, FaultPlan, HttpPolicy, Phase};
 use idem::store::RunStatus;
-use idem_test_artifacts::{LEDGER, PY_LEDGER, PY_STEPS, STEPS};
+use idem_test_artifacts::{LEDGER, PY_LEDGER, PY_STEPS, PY_WAITER, STEPS, WAITER};
 use serde_json::json;
 
 use crate::http::TestServer;
-use crate::util::{TestHost, agent, key_counts};
+use crate::util::{TestHost, agent, block_on, key_counts, raw_db};
 
 /// The Python guest's path, or `None` (with a loud note) when it was not built.
 fn built(path: &'static str, test: &str) -> Option<&'static str> {
@@ -361,4 +362,102 @@ fn python_in_doubt_probe_does_not_repeat_the_effect() {
         FaultPlan::default(),
     );
     assert_eq!(report.outcome, clean.outcome);
+}
+
+/// `idem.run_once_retry` in the waiter's Python twin against `run_once_retry` in the Rust
+/// waiter, same input and run id, separate stores: each attempt appends a line to a
+/// file, so the attempts are counted where they happened. Two failures then success,
+/// a permanent error, and attempts spent — each with a crash after the retried step's
+/// commit, whose replay must not attempt again. Both languages make the same attempts
+/// in the same instances, back off under the same keys for the same delays, log the
+/// same reasons, and commit byte-identical results, so either reads the other's.
+#[test]
+fn python_step_retries_attempt_exactly_as_the_rust_sdk_does() {
+    let Some(py) = built(PY_WAITER, "step retries") else {
+        return;
+    };
+    let cases = [
+        (
+            json!({"fail": 2, "max_attempts": 5, "initial_ms": 50}),
+            "ok-3",
+            3,
+        ),
+        (
+            json!({"fail": 9, "permanent": true, "max_attempts": 5, "initial_ms": 50}),
+            "error: refused 1 (permanent, at attempt 1)",
+            1,
+        ),
+        (
+            json!({"fail": 9, "max_attempts": 3, "initial_ms": 50}),
+            "error: flaky 3 (gave up after attempt 3)",
+            3,
+        ),
+    ];
+    for (retry, what, attempts) in cases {
+        let mut seen = Vec::new();
+        for guest in [WAITER, py] {
+            let t = TestHost::new();
+            let input = json!({"log": "/data/retry.log", "waits": [{"retry": retry}]});
+            let faults = FaultPlan {
+                crash_at: vec!["before-claim:3".parse().unwrap()],
+                ..FaultPlan::default()
+            };
+            let mut opts = t.options("retried", input, faults);
+            // The same namespace, so that the stored keys are comparable.
+            opts.namespace = Some("waiter".into());
+            let report = t.run_with(&agent(guest), &opts).unwrap();
+            let ctx = format!("{guest}, {retry}");
+            assert_eq!(report.status, RunStatus::Completed, "{ctx}");
+            let expected = json!({ "results": [what] }).to_string();
+            assert_eq!(String::from_utf8_lossy(&report.outcome), expected, "{ctx}");
+
+            let log = std::fs::read_to_string(t.data().join("retry.log")).unwrap();
+            let lines: Vec<&str> = log.lines().collect();
+            let tries: Vec<&str> = lines
+                .iter()
+                .copied()
+                .filter(|l| l.starts_with("try "))
+                .collect();
+            assert_eq!(tries.len(), attempts, "{ctx}: {lines:?}");
+            for (n, line) in tries.iter().enumerate() {
+                // Each failed attempt ends its instance with the backoff.
+                let expected = format!("try 0 attempt={} gen={n}", n + 1);
+                assert_eq!(*line, expected, "{ctx}: {lines:?}");
+            }
+            assert_eq!(lines.first(), Some(&"start gen=0"), "{ctx}");
+            assert_eq!(
+                lines.iter().filter(|l| l.starts_with("after ")).count(),
+                1,
+                "{ctx}"
+            );
+
+            let waits = block_on(t.store().waits("retried")).unwrap();
+            let backoff: Vec<(String, i64)> = waits
+                .iter()
+                .map(|w| (w.key.clone(), w.due.unwrap() - w.created))
+                .collect();
+            // One backoff after each failed attempt but the last: 50 ms, doubling.
+            let delays: Vec<i64> = backoff.iter().map(|(_, d)| *d).collect();
+            assert_eq!(delays, [50, 100][..attempts - 1], "{ctx}");
+            let committed: Vec<(String, Vec<u8>)> = {
+                let conn = raw_db(&t.db());
+                let mut q = conn
+                    .prepare("SELECT key, result FROM steps WHERE run_id = ?1 ORDER BY key")
+                    .unwrap();
+                q.query_map(["retried"], |row| Ok((row.get(0)?, row.get(1)?)))
+                    .unwrap()
+                    .map(Result::unwrap)
+                    .collect()
+            };
+            let logs = String::from_utf8(block_on(t.store().logs("retried")).unwrap()).unwrap();
+            let reasons: Vec<String> = logs
+                .lines()
+                .filter(|l| l.contains("; retrying in "))
+                .map(str::to_owned)
+                .collect();
+            assert_eq!(reasons.len(), attempts - 1, "{ctx}: {logs}");
+            seen.push((log, report.outcome, backoff, committed, reasons));
+        }
+        assert_eq!(seen[0], seen[1], "Rust, then Python, for {retry}");
+    }
 }

@@ -14,6 +14,7 @@ Import everything at module top level: the import runs once, when the component 
 built, not on every instance.
 """
 
+from . import http
 from ._agent import agent
 from ._errors import (
     AwaitTimeout,
@@ -21,6 +22,7 @@ from ._errors import (
     ClaimSettled,
     ClaimsHeld,
     CodecError,
+    EffectFailed,
     HttpDenied,
     HttpError,
     IdemError,
@@ -35,17 +37,52 @@ from ._errors import (
     WaitError,
     WaitKeyReused,
 )
+from ._host import generation, run_id
 from ._keys import Key
 from ._once import FAIL, RETRY, Checkpoint, Once, Outcome, Step, load, once, run_once, save
-from ._host import generation, run_id
+from ._retry import Permanent, RetryPolicy, Transient, run_once_retry
 from ._waits import sleep, sleep_until, wait_for_signal
-from . import http
 
 __all__ = [
-    "agent", "Key", "run_once", "once", "Once", "Outcome", "Step", "RETRY", "FAIL",
-    "Checkpoint", "load", "save", "run_id", "generation", "http", "IdemError",
-    "StepError", "InvalidKey", "TooLarge", "ClaimLost", "AwaitTimeout", "InDoubt",
-    "KeyReused", "CodecError", "ClaimSettled", "HttpError", "HttpDenied",
-    "sleep", "sleep_until", "wait_for_signal", "WaitError", "InvalidWaitKey",
-    "InvalidTime", "WaitKeyReused", "ClaimsHeld", "TimedOut",
+    "FAIL",
+    "RETRY",
+    "AwaitTimeout",
+    "Checkpoint",
+    "ClaimLost",
+    "ClaimSettled",
+    "ClaimsHeld",
+    "CodecError",
+    "EffectFailed",
+    "HttpDenied",
+    "HttpError",
+    "IdemError",
+    "InDoubt",
+    "InvalidKey",
+    "InvalidTime",
+    "InvalidWaitKey",
+    "Key",
+    "KeyReused",
+    "Once",
+    "Outcome",
+    "Permanent",
+    "RetryPolicy",
+    "Step",
+    "StepError",
+    "TimedOut",
+    "TooLarge",
+    "Transient",
+    "WaitError",
+    "WaitKeyReused",
+    "agent",
+    "generation",
+    "http",
+    "load",
+    "once",
+    "run_id",
+    "run_once",
+    "run_once_retry",
+    "save",
+    "sleep",
+    "sleep_until",
+    "wait_for_signal",
 ]

@@ -5,11 +5,13 @@ from __future__ import annotations
 import inspect
 import sys
 import traceback
-from typing import Any, Callable
-
-from componentize_py_types import Err
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from . import _json
+from ._host import Err
+
+F = TypeVar("F", bound=Callable[[Any], Any])
 
 
 def _describe(exc: BaseException) -> str:
@@ -29,11 +31,12 @@ def _input_type(fn: Callable[..., Any]) -> Any:
         return None
     hint = params[0].annotation
     if isinstance(hint, str):
-        hint = fn.__globals__.get(hint)
+        # `from __future__ import annotations` leaves the annotation a name.
+        hint = getattr(fn, "__globals__", {}).get(hint)
     return None if hint is inspect.Parameter.empty else hint
 
 
-def agent(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+def agent(fn: F) -> F:
     """Makes ``fn`` the agent: ``fn(input)`` gets the run's input decoded from JSON (a
     dataclass when its parameter is annotated with one) and returns the output (JSON
     or a dataclass). Any exception it lets escape fails the run with the exception's
@@ -48,9 +51,11 @@ def agent(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
             try:
                 value = _json.build(in_type, _json.loads(input, "input"), "input")
                 return _json.dumps(fn(value), "output")
-            except BaseException as exc:  # noqa: BLE001 - every failure is the run's error
+            except BaseException as exc:
+                # Every failure is the run's error, never a trap.
                 raise Err(_describe(exc)) from None
 
-    # componentize-py calls the export on the app module's `WitWorld`.
-    setattr(sys.modules[fn.__module__], "WitWorld", WitWorld)
+    # componentize-py calls the export on the app module's `WitWorld`, an attribute
+    # the module does not declare (so set by name, as the type checker wants).
+    setattr(sys.modules[fn.__module__], "WitWorld", WitWorld)  # noqa: B010
     return fn

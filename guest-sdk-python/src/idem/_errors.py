@@ -98,6 +98,16 @@ class TimedOut(IdemError):
         self.name = name
 
 
+class EffectFailed(IdemError):
+    """A step's side effect failed for good: :func:`~idem.run_once_retry` committed its
+    last error as the step's result (the error was permanent, or the attempts were
+    spent), and every later call with the key raises this again without running it."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"side effect failed: {message}")
+        self.message = message
+
+
 class CodecError(IdemError):
     """A value could not be encoded to, or decoded from, JSON."""
 

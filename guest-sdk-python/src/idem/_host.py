@@ -1,4 +1,5 @@
-"""The raw bindings, reached in one place; the rest of the SDK never imports them."""
+"""The raw bindings componentize-py generates, reached in one place: the rest of the SDK
+imports them from here, and turns their errors into the SDK's exceptions here."""
 
 from __future__ import annotations
 
@@ -6,9 +7,35 @@ from typing import NoReturn
 
 from componentize_py_types import Err
 from wit_world.imports import idem_agent_types as types
-from wit_world.imports import once, outbound, progress, run_info, waits  # noqa: F401
+from wit_world.imports import (
+    once,
+    outbound,
+    outgoing_handler,
+    progress,
+    run_info,
+    streams,
+    waits,
+)
+from wit_world.imports import wasi_http_types as http_types
 
 from . import _errors
+
+__all__ = [
+    "Err",
+    "generation",
+    "http_types",
+    "once",
+    "outbound",
+    "outgoing_handler",
+    "progress",
+    "raise_step_error",
+    "raise_wait_error",
+    "run_id",
+    "run_info",
+    "streams",
+    "types",
+    "waits",
+]
 
 
 def run_id() -> str:
@@ -21,7 +48,7 @@ def generation() -> int:
     return run_info.generation()
 
 
-_STEP_ERRORS = {
+_STEP_ERRORS: dict[type, type[_errors.StepError]] = {
     types.StepError_InvalidKey: _errors.InvalidKey,
     types.StepError_TooLarge: _errors.TooLarge,
     types.StepError_ClaimLost: _errors.ClaimLost,
@@ -31,19 +58,14 @@ _STEP_ERRORS = {
 }
 
 
-def _raise(err: Err, classes: dict, default: type) -> NoReturn:
-    # A WIT error variant's case names the exception; its payload is the detail.
+def raise_step_error(err: Err[types.StepError]) -> NoReturn:
+    """Turns a WIT ``step-error`` into the SDK's exception for it: the variant's case
+    names the exception, its payload is the detail."""
     value = err.value
-    cls = classes.get(type(value), default)
-    raise cls(str(getattr(value, "value", value))) from None
+    raise _STEP_ERRORS.get(type(value), _errors.StepError)(value.value) from None
 
 
-def raise_step_error(err: Err) -> NoReturn:
-    """Turns a WIT ``step-error`` into the SDK's exception for it."""
-    _raise(err, _STEP_ERRORS, _errors.StepError)
-
-
-_WAIT_ERRORS = {
+_WAIT_ERRORS: dict[type, type[_errors.WaitError]] = {
     waits.WaitError_InvalidKey: _errors.InvalidWaitKey,
     waits.WaitError_InvalidTime: _errors.InvalidTime,
     waits.WaitError_KeyReused: _errors.WaitKeyReused,
@@ -51,6 +73,7 @@ _WAIT_ERRORS = {
 }
 
 
-def raise_wait_error(err: Err) -> NoReturn:
+def raise_wait_error(err: Err[waits.WaitError]) -> NoReturn:
     """Turns a WIT ``wait-error`` into the SDK's exception for it."""
-    _raise(err, _WAIT_ERRORS, _errors.WaitError)
+    value = err.value
+    raise _WAIT_ERRORS.get(type(value), _errors.WaitError)(value.value) from None

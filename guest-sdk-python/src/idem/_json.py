@@ -26,9 +26,7 @@ def dumps(value: Any, what: str) -> bytes:
     Raises :class:`CodecError` naming ``what`` when it cannot be encoded.
     """
     try:
-        text = json.dumps(
-            _plain(value), separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        )
+        text = json.dumps(_plain(value), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as err:
         raise CodecError(f"{what}: {err}") from err
     return text.encode("utf-8")

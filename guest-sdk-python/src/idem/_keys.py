@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Optional
+from typing import Any
 
 from . import _json
 
@@ -23,27 +23,27 @@ class Key:
     'charge/dce02a7b0ea5eefdb57dbe5cae1a5dec'
     """
 
-    __slots__ = ("text", "fingerprint")
+    __slots__ = ("fingerprint", "text")
 
-    def __init__(self, text: str, fingerprint: Optional[str] = None) -> None:
+    def __init__(self, text: str, fingerprint: str | None = None) -> None:
         if not isinstance(text, str):
             raise TypeError(f"a key is a str, got {type(text).__name__}")
         self.text = text
         self.fingerprint = fingerprint
 
     @classmethod
-    def shared(cls, step: str, content: Any) -> "Key":
+    def shared(cls, step: str, content: Any) -> Key:
         """A key shared by every run: ``{step}/{hash}``."""
         return cls(f"{step}/{content_hash(content)}")
 
     @classmethod
-    def for_run(cls, step: str, content: Any) -> "Key":
+    def for_run(cls, step: str, content: Any) -> Key:
         """A key private to this run: ``{run_id}/{step}/{hash}``."""
         from ._host import run_id
 
         return cls(f"{run_id()}/{step}/{content_hash(content)}")
 
-    def with_input(self, input: Any) -> "Key":
+    def with_input(self, input: Any) -> Key:
         """Binds the key to ``input``: reusing it with other input fails with ``KeyReused``."""
         return Key(self.text, f"sha256:{content_hash(input)}")
 
@@ -63,5 +63,6 @@ class Key:
         return hash((self.text, self.fingerprint))
 
 
-def as_key(key: "Key | str") -> Key:
+def as_key(key: Key | str) -> Key:
+    """``key`` as a :class:`Key`: a ``str`` is taken as the key's text."""
     return key if isinstance(key, Key) else Key(key)

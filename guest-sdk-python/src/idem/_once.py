@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Tuple, Union
-
-from componentize_py_types import Err
+from types import TracebackType
+from typing import Any, Literal, TypeAlias
 
 from . import _errors, _json
+from ._host import Err, raise_step_error, types
 from ._host import once as wit_once
 from ._host import progress as wit_progress
-from ._host import raise_step_error
 from ._keys import Key, as_key
 
 
@@ -51,21 +51,26 @@ class Step:
 #: running the effect) and ``(False, None)`` when it was not.
 RETRY = "retry"
 FAIL = "fail"
-Probe = Callable[[Step], Tuple[bool, Any]]
-Policy = Union[str, Probe]
+Probe: TypeAlias = Callable[[Step], tuple[bool, Any]]
+Policy: TypeAlias = str | Probe
 
 #: A checkpoint to save with the commit: ``(step, state)`` or a function of the value.
-Save = Union[Tuple[int, Any], Callable[[Any], Tuple[int, Any]]]
+Save: TypeAlias = tuple[int, Any] | Callable[[Any], tuple[int, Any]]
 
 
-def _checkpoint(save: Optional[Save], value: Any) -> Optional[Tuple[int, bytes]]:
+def _checkpoint(save: Save | None, value: Any) -> wit_progress.Checkpoint | None:
     if save is None:
         return None
     step, state = save(value) if callable(save) else save
-    return int(step), _json.dumps(state, "checkpoint state")
+    return wit_progress.Checkpoint(int(step), _json.dumps(state, "checkpoint state"))
 
 
-def _claim(key: Key, policy: Policy) -> Union[wit_once.Claim, wit_once.Committed]:
+def step_of(claim: wit_once.Claim) -> Step:
+    """What the side effect may know about ``claim``."""
+    return Step(claim.key(), claim.attempt(), claim.token(), claim.in_doubt())
+
+
+def _claim(key: Key, policy: Policy) -> wit_once.Claim | wit_once.Committed:
     # A step that retries in doubt needs its claim durable only with its commit (one
     # sync per step); one that stops or probes in doubt needs it durable before the
     # effect, or a crash of the machine could hide that the effect began.
@@ -76,12 +81,11 @@ def _claim(key: Key, policy: Policy) -> Union[wit_once.Claim, wit_once.Committed
         outcome = wit_once.run_once_with(key.text, key.fingerprint, durability)
     except Err as err:
         raise_step_error(err)
-    if isinstance(outcome, wit_once.Outcome_Claimed):
-        return outcome.value
     return outcome.value
 
 
-def _obtained(committed: wit_once.Committed) -> Outcome:
+def obtained(committed: wit_once.Committed) -> Outcome:
+    """How a committed result reached this call."""
     if committed.obtained == wit_once.Obtained.AWAITED:
         return Outcome.AWAITED
     return Outcome.SKIPPED
@@ -101,7 +105,7 @@ class Once:
 
     def __init__(
         self,
-        key: "Key | str",
+        key: Key | str,
         *,
         in_doubt: Policy = RETRY,
         type: Any = None,
@@ -109,13 +113,13 @@ class Once:
         self.key = as_key(key)
         self._policy = in_doubt
         self._type = type
-        self._claim: Optional[wit_once.Claim] = None
-        self._save: Optional[Save] = None
+        self._claim: wit_once.Claim | None = None
+        self._save: Save | None = None
         self._settled = False
         self.done = False
         self.value: Any = None
-        self.outcome: Optional[Outcome] = None
-        self.step: Optional[Step] = None
+        self.outcome: Outcome | None = None
+        self.step: Step | None = None
 
     # The claim's facts, for the body of the `with` block.
     @property
@@ -135,7 +139,7 @@ class Once:
             raise _errors.ClaimSettled(f"{self.key}: no claim is held (the key was committed)")
         return self.step
 
-    def __enter__(self) -> "Once":
+    def __enter__(self) -> Once:
         self._begin()
         return self
 
@@ -145,7 +149,7 @@ class Once:
             self._found(got)
             return
         claim = got
-        self.step = Step(claim.key(), claim.attempt(), claim.token(), claim.in_doubt())
+        self.step = step_of(claim)
         self._claim = claim
         if not self.step.in_doubt or self._policy == RETRY:
             return
@@ -175,9 +179,9 @@ class Once:
         self._settled = True
         value = _json.loads(committed.value, f"committed result of {self.key}")
         self.value = _json.build(self._type, value, f"committed result of {self.key}")
-        self.outcome = _obtained(committed)
+        self.outcome = obtained(committed)
 
-    def commit(self, value: Any = None, *, save: Optional[Save] = None) -> None:
+    def commit(self, value: Any = None, *, save: Save | None = None) -> None:
         """Commits ``value`` (JSON) as the key's result, with the checkpoint ``save``
         written in the same transaction when given."""
         if self._settled or self._claim is None:
@@ -190,29 +194,29 @@ class Once:
             raise
         claim, self._claim = self._claim, None
         self._settled = True
-        then = None if checkpoint is None else wit_progress.Checkpoint(*checkpoint)
         try:
-            wit_once.Claim.commit(claim, data, then)
+            wit_once.Claim.commit(claim, data, checkpoint)
         except Err as err:
-            lost = err.value
-            from ._host import types
-
-            if isinstance(lost, types.StepError_ClaimLost):
+            if isinstance(err.value, types.StepError_ClaimLost):
                 # The claim was taken over while the effect ran: the taker's commit is
                 # the key's result, if it made one.
                 got = _claim(self.key, self._policy)
                 if isinstance(got, wit_once.Committed):
                     self._found(got)
                     self.outcome = Outcome.AWAITED
-                    if checkpoint is not None:
-                        save_raw(*_checkpoint(save, self.value))  # type: ignore[misc]
+                    _save_checkpoint(save, self.value)
                     return
                 wit_once.Claim.release(got)
             raise_step_error(err)
         self.done = True
         self.value = value
-        assert self.step is not None
-        self.outcome = Outcome.RECLAIMED if self.step.in_doubt else Outcome.EXECUTED
+        in_doubt = self.step is not None and self.step.in_doubt
+        self.outcome = Outcome.RECLAIMED if in_doubt else Outcome.EXECUTED
+
+    def _result(self) -> tuple[Any, Outcome]:
+        if self.outcome is None:
+            raise _errors.IdemError(f"{self.key}: the step has no result yet")
+        return self.value, self.outcome
 
     def release(self) -> None:
         """Gives the claim back without a result; a later attempt retries the key."""
@@ -221,7 +225,12 @@ class Once:
             self._settled = True
             wit_once.Claim.release(claim)
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
         if self._claim is None:
             return False
         self.release()
@@ -233,20 +242,20 @@ class Once:
         return False
 
 
-def once(key: "Key | str", *, in_doubt: Policy = RETRY, type: Any = None) -> Once:
+def once(key: Key | str, *, in_doubt: Policy = RETRY, type: Any = None) -> Once:
     """A durable step for a ``with`` block; see :class:`Once`."""
     return Once(key, in_doubt=in_doubt, type=type)
 
 
 def run_once(
-    key: "Key | str",
+    key: Key | str,
     fn: Callable[[Step], Any],
     *,
     in_doubt: Policy = RETRY,
     fingerprint: Any = None,
-    save: Optional[Save] = None,
+    save: Save | None = None,
     type: Any = None,
-) -> Tuple[Any, Outcome]:
+) -> tuple[Any, Outcome]:
     """Runs ``fn(step)`` at most once per committed ``key``; returns ``(value, outcome)``.
 
     A committed key hands back its stored result without calling ``fn``. When ``fn``
@@ -261,20 +270,27 @@ def run_once(
     step._save = save
     step._begin()
     if step.done:
-        if save is not None and step.outcome != Outcome.PROBED:
-            save_raw(*_checkpoint(save, step.value))  # type: ignore[misc]
-        return step.value, step.outcome  # type: ignore[return-value]
-    assert step.step is not None
+        if step.outcome != Outcome.PROBED:
+            _save_checkpoint(save, step.value)
+        return step._result()
     try:
-        value = fn(step.step)
+        value = fn(step._require_step())
     except BaseException:
         step.release()
         raise
     step.commit(value, save=save)
-    return step.value, step.outcome  # type: ignore[return-value]
+    return step._result()
 
 
-def save_raw(step: int, state: bytes) -> None:
+def _save_checkpoint(save: Save | None, value: Any) -> None:
+    # A step found committed saves its checkpoint apart: the commit that carried it
+    # was another call's.
+    checkpoint = _checkpoint(save, value)
+    if checkpoint is not None:
+        _save_raw(checkpoint.step, checkpoint.state)
+
+
+def _save_raw(step: int, state: bytes) -> None:
     try:
         wit_progress.save(step, state)
     except Err as err:
@@ -289,7 +305,7 @@ class Checkpoint:
     state: Any
 
 
-def load(type: Any = None) -> Optional[Checkpoint]:
+def load(type: Any = None) -> Checkpoint | None:
     """The run's last checkpoint, or ``None`` on a fresh run."""
     raw = wit_progress.load()
     if raw is None:
@@ -300,4 +316,4 @@ def load(type: Any = None) -> Optional[Checkpoint]:
 
 def save(step: int, state: Any = None) -> None:
     """Replaces the run's checkpoint with ``step`` and ``state`` (JSON)."""
-    save_raw(int(step), _json.dumps(state, "checkpoint state"))
+    _save_raw(int(step), _json.dumps(state, "checkpoint state"))

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-from typing import Any, Optional, Union
-
-from componentize_py_types import Err
+from typing import Any, TypeAlias
 
 from . import _errors, _json
-from ._host import raise_wait_error
+from ._host import Err, raise_wait_error
 from ._host import waits as wit_waits
 
 #: A point in time: an aware ``datetime``, or seconds since the Unix epoch.
-When = Union[_dt.datetime, float, int]
+When: TypeAlias = _dt.datetime | float
+
+_U64_MAX = (1 << 64) - 1
 
 
 def _millis(seconds: float, what: str) -> int:
@@ -30,8 +30,8 @@ def _millis(seconds: float, what: str) -> int:
         raise ValueError(f"{what} must be zero or more seconds, not {seconds!r}")
     if math.isinf(seconds):
         # Beyond what the host keeps: it refuses the wait with its own reason.
-        return (1 << 64) - 1
-    return min(round(seconds * 1000), (1 << 64) - 1)
+        return _U64_MAX
+    return min(round(seconds * 1000), _U64_MAX)
 
 
 def sleep(key: str, seconds: float) -> None:
@@ -43,7 +43,11 @@ def sleep(key: str, seconds: float) -> None:
     Raises :class:`WaitError` (an invalid key, a time beyond what the host keeps, a
     key used by another kind of wait, a claim still held).
     """
-    ms = _millis(seconds, "a sleep")
+    sleep_ms(key, _millis(seconds, "a sleep"))
+
+
+def sleep_ms(key: str, ms: int) -> None:
+    """:func:`sleep` for ``ms`` milliseconds, as the host counts them."""
     try:
         wit_waits.sleep(key, wit_waits.Wake_After(ms))
     except Err as err:
@@ -71,7 +75,7 @@ def sleep_until(key: str, when: When) -> None:
         raise_wait_error(err)
 
 
-def wait_for_signal(key: str, name: str, timeout: Optional[float] = None) -> Any:
+def wait_for_signal(key: str, name: str, timeout: float | None = None) -> Any:
     """Receives a signal called ``name`` sent to this run (``idem signal RUN NAME
     --payload JSON``) and returns its payload decoded from JSON; waits for one, holding
     no instance, for at most ``timeout`` seconds (``None``: for ever). A signal sent

@@ -16,18 +16,17 @@ and fencing token (``Idempotency-Key`` and ``Idempotency-Token``; see
 
 from __future__ import annotations
 
+import contextlib
 import json as _jsonlib
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, List, Mapping, Optional, Tuple, Union
-
-from componentize_py_types import Err
-from wit_world.imports import outgoing_handler, streams
-from wit_world.imports import wasi_http_types as t
+from typing import Any
 
 from ._errors import HttpDenied, HttpError
-from ._host import outbound
+from ._host import Err, outbound, outgoing_handler, streams
+from ._host import http_types as t
 
-__all__ = ["Response", "request", "get", "post", "put", "delete", "set_header_names"]
+__all__ = ["Response", "delete", "get", "post", "put", "request", "set_header_names"]
 
 _WRITE_CHUNK = 4096
 _READ_CHUNK = 64 * 1024
@@ -46,7 +45,7 @@ class Response:
     """A response read to its end. Header names are lower-case."""
 
     status: int
-    headers: List[Tuple[str, bytes]] = field(default_factory=list)
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
     body: bytes = b""
 
     @property
@@ -54,7 +53,7 @@ class Response:
         """Whether the status is 2xx."""
         return 200 <= self.status < 300
 
-    def header(self, name: str) -> Optional[str]:
+    def header(self, name: str) -> str | None:
         """The first value of header ``name`` (any case), if present and UTF-8."""
         for k, v in self.headers:
             if k.lower() == name.lower():
@@ -66,35 +65,37 @@ class Response:
 
     @property
     def text(self) -> str:
+        """The body as UTF-8, any invalid byte replaced."""
         return self.body.decode("utf-8", errors="replace")
 
     def json(self) -> Any:
+        """The body decoded from JSON."""
         return _jsonlib.loads(self.body)
 
 
-_METHODS = {
-    "GET": t.Method_Get,
-    "HEAD": t.Method_Head,
-    "POST": t.Method_Post,
-    "PUT": t.Method_Put,
-    "DELETE": t.Method_Delete,
-    "CONNECT": t.Method_Connect,
-    "OPTIONS": t.Method_Options,
-    "TRACE": t.Method_Trace,
-    "PATCH": t.Method_Patch,
+_METHODS: dict[str, t.Method] = {
+    "GET": t.Method_Get(),
+    "HEAD": t.Method_Head(),
+    "POST": t.Method_Post(),
+    "PUT": t.Method_Put(),
+    "DELETE": t.Method_Delete(),
+    "CONNECT": t.Method_Connect(),
+    "OPTIONS": t.Method_Options(),
+    "TRACE": t.Method_Trace(),
+    "PATCH": t.Method_Patch(),
 }
 
 
 @dataclass
 class _Url:
     full: str
-    scheme: Any
+    scheme: t.Scheme
     https: bool
     authority: str
     path_with_query: str
 
     @classmethod
-    def parse(cls, full: str) -> "_Url":
+    def parse(cls, full: str) -> _Url:
         def bad(why: str) -> HttpError:
             return HttpError(f"bad URL {full!r}: {why}")
 
@@ -108,17 +109,18 @@ class _Url:
         if not authority:
             raise bad("no host")
         https = scheme.lower() == "https"
-        return cls(full, t.Scheme_Https() if https else t.Scheme_Http(), https, authority,
-                   path or "/")
+        return cls(
+            full, t.Scheme_Https() if https else t.Scheme_Http(), https, authority, path or "/"
+        )
 
     def destination(self) -> str:
-        head, sep, port = self.authority.rpartition(":")
+        _, sep, port = self.authority.rpartition(":")
         if sep and "]" not in port:
             return self.authority
         return f"{self.authority}:{443 if self.https else 80}"
 
 
-def _error(url: _Url, code: Any) -> HttpError:
+def _error(url: _Url, code: t.ErrorCode) -> HttpError:
     if isinstance(code, t.ErrorCode_HttpRequestDenied):
         return HttpDenied(
             f"HTTP request to {url.destination()} denied by the host: it sends only to "
@@ -132,10 +134,10 @@ def request(
     method: str,
     url: str,
     *,
-    headers: Union[Mapping[str, str], Iterable[Tuple[str, str]], None] = None,
-    body: Union[bytes, str, None] = None,
+    headers: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
+    body: bytes | str | None = None,
     json: Any = None,
-    timeout: Optional[float] = None,
+    timeout: float | None = None,
 ) -> Response:
     """Sends a request and reads the whole response.
 
@@ -161,28 +163,23 @@ def request(
     except Err as err:
         raise HttpError(f"headers of {url} cannot be sent: {err.value}") from None
     req = t.OutgoingRequest(fields)
-    m = _METHODS.get(method)
-    for what, call in (
-        ("method", lambda: req.set_method(m() if m else t.Method_Other(method))),
-        ("scheme", lambda: req.set_scheme(u.scheme)),
-        ("authority", lambda: req.set_authority(u.authority)),
-        ("path", lambda: req.set_path_with_query(u.path_with_query)),
-    ):
-        try:
-            call()
-        except Err:
-            raise HttpError(f"{what} of {url} refused") from None
+    _set("method", url, lambda: req.set_method(_METHODS.get(method) or t.Method_Other(method)))
+    _set("scheme", url, lambda: req.set_scheme(u.scheme))
+    _set("authority", url, lambda: req.set_authority(u.authority))
+    _set("path", url, lambda: req.set_path_with_query(u.path_with_query))
     out_body = req.body()
     options = None
     if timeout is not None:
         options = t.RequestOptions()
         nanos = max(0, int(timeout * 1e9))
-        for setter in (options.set_connect_timeout, options.set_first_byte_timeout,
-                       options.set_between_bytes_timeout):
-            try:
+        for setter in (
+            options.set_connect_timeout,
+            options.set_first_byte_timeout,
+            options.set_between_bytes_timeout,
+        ):
+            # A host without this timeout keeps its own.
+            with contextlib.suppress(Err):
                 setter(nanos)
-            except Err:
-                pass  # a host without this timeout keeps its own
     try:
         future = outgoing_handler.handle(req, options)
     except Err as err:
@@ -214,7 +211,14 @@ def request(
     return _read(inner.value, u)
 
 
-def _read(resp: Any, u: _Url) -> Response:
+def _set(what: str, url: str, setter: Callable[[], None]) -> None:
+    try:
+        setter()
+    except Err:
+        raise HttpError(f"{what} of {url} refused") from None
+
+
+def _read(resp: t.IncomingResponse, u: _Url) -> Response:
     with resp:
         status = resp.status()
         with resp.headers() as h:
@@ -236,16 +240,20 @@ def _read(resp: Any, u: _Url) -> Response:
 
 
 def get(url: str, **kw: Any) -> Response:
+    """:func:`request` with method GET."""
     return request("GET", url, **kw)
 
 
 def post(url: str, **kw: Any) -> Response:
+    """:func:`request` with method POST."""
     return request("POST", url, **kw)
 
 
 def put(url: str, **kw: Any) -> Response:
+    """:func:`request` with method PUT."""
     return request("PUT", url, **kw)
 
 
 def delete(url: str, **kw: Any) -> Response:
+    """:func:`request` with method DELETE."""
     return request("DELETE", url, **kw)

@@ -100,7 +100,9 @@ def run(input: dict) -> dict:
                 idem.save(i + 1, mix(checksum, value))
         elif input.get("fold"):
             value, _ = idem.run_once(
-                key, effect, in_doubt=policy,
+                key,
+                effect,
+                in_doubt=policy,
                 save=lambda v, i=i, c=checksum: (i + 1, mix(c, v)),
             )
         else:

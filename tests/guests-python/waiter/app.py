@@ -1,9 +1,13 @@
-"""Test agent, the Python twin of ``tests/guests/waiter`` (without its retry waits):
-the same input, the same log lines, the same keys and the same output, so the same
-tests run on both.
+"""Test agent, the Python twin of ``tests/guests/waiter``: the same input, the same log
+lines, the same keys and the same output, so the same tests run on both.
 
 Input: ``{"log": "/data/waiter.log", "waits": [{"sleep_ms": 3600000},
 {"until_ms": 1700000000000}, {"signal": "approval", "timeout_ms": 60000}]}``.
+
+A wait may instead be ``{"retry": {"fail": 2, "permanent": false, "max_attempts": 3,
+"initial_ms": 1000, "jitter": false}}``: an ``idem.run_once_retry`` step (key
+``flaky/{i}``) whose first ``fail`` attempts fail, each attempt appending ``try {i}
+attempt={n} gen={generation}``; its ``what`` is ``ok-{attempt}`` or ``error: {message}``.
 
 Wait ``i`` has the key ``wait-{i}``. The agent first appends ``start gen={generation}``
 (once, under a key), then per wait, after it is over, appends
@@ -26,6 +30,32 @@ def append(path: str, line: str) -> None:
         os.close(fd)
 
 
+def retried(log, i, retry):
+    """The ``retry`` wait: what the retried step ended with."""
+    policy = idem.RetryPolicy(
+        max_attempts=retry["max_attempts"],
+        initial_delay=retry["initial_ms"] / 1000,
+        jitter=retry.get("jitter", False),
+    )
+
+    def effect(step):
+        try:
+            append(log, f"try {i} attempt={step.attempt} gen={idem.generation()}")
+        except OSError as err:
+            raise idem.Transient(err) from err
+        if step.attempt > retry["fail"]:
+            return step.attempt
+        if retry.get("permanent", False):
+            raise idem.Permanent(f"refused {step.attempt}")
+        raise idem.Transient(f"flaky {step.attempt}")
+
+    try:
+        attempt, _ = idem.run_once_retry(idem.Key.for_run("flaky", i), effect, policy=policy)
+    except idem.EffectFailed as failed:
+        return f"error: {failed.message}"
+    return f"ok-{attempt}"
+
+
 @idem.agent
 def run(input):
     log = input["log"]
@@ -36,7 +66,9 @@ def run(input):
     results = []
     for i, wait in enumerate(input["waits"]):
         key = f"wait-{i}"
-        if wait.get("signal") is not None:
+        if wait.get("retry") is not None:
+            what = retried(log, i, wait["retry"])
+        elif wait.get("signal") is not None:
             timeout_ms = wait.get("timeout_ms")
             timeout = None if timeout_ms is None else timeout_ms / 1000
             try:
