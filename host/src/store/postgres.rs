@@ -450,7 +450,7 @@ impl From<StoreError> for TxError {
 }
 
 // PostgreSQL integers are signed; the API counts in u64/u32. Values a caller passes are
-// checked before anything is sent (`check_*` in the SQLite backend, shared here); values
+// checked before anything is sent (`rules::check_*`, shared with SQLite); values
 // read back that are out of range are refused rather than wrapped.
 
 fn to_sql_int(value: u64) -> Result<i64, TxError> {

@@ -1,12 +1,14 @@
 //! The decisions every backend makes the same way, in one place: what a claim of a key
 //! gets given the key's row, which token a grant takes, and whether a run's lease may
-//! be granted. A backend reads the row (locking it as its database needs), asks here,
-//! and writes what the answer says; so the two backends cannot drift apart on a rule,
-//! and the store suite, which runs on both, checks one implementation.
+//! be granted, which values a store refuses to keep, and what gc collects. A backend
+//! reads the row (locking it as its database needs), asks here, and writes what the
+//! answer says; so the two backends cannot drift apart on a rule, and the store suite,
+//! which runs on both, checks one implementation. The backends never import each other:
+//! what they share is here.
 
 use super::{
-    ClaimOutcome, GcReport, GcRequest, Grant, HeldClaim, Millis, RunLeaseInfo, RunStatus,
-    StoreError,
+    Checkpoint, ClaimOutcome, Counts, GcReport, GcRequest, Grant, HeldClaim, MAX_STEP, Millis,
+    RunLeaseInfo, RunStatus, StoreError,
 };
 
 /// The largest token, count or step a store keeps: both backends store them as signed
@@ -170,6 +172,30 @@ pub(crate) fn decide_run_lease(
         token: run_lease_token(last, floor)?,
         taken_over,
     })
+}
+
+/// Refuses a value beyond `max`, naming it as `what`.
+fn check_range(what: &'static str, value: u64, max: u64) -> Result<(), StoreError> {
+    if value <= max {
+        Ok(())
+    } else {
+        Err(StoreError::OutOfRange { what, value, max })
+    }
+}
+
+/// Refuses counts a store cannot keep, before anything is written.
+pub(crate) fn check_counts(counts: &Counts) -> Result<(), StoreError> {
+    check_range("count executed", counts.executed, SQL_MAX)?;
+    check_range("count skipped", counts.skipped, SQL_MAX)?;
+    check_range("count awaited", counts.awaited, SQL_MAX)?;
+    check_range("count reclaimed", counts.reclaimed, SQL_MAX)?;
+    check_range("count instances", counts.instances, SQL_MAX)?;
+    check_range("count recycled", counts.recycled, SQL_MAX)
+}
+
+/// Refuses a checkpoint a store cannot keep, before anything is written.
+pub(crate) fn check_checkpoint(checkpoint: &Checkpoint) -> Result<(), StoreError> {
+    check_range("checkpoint step", checkpoint.step, MAX_STEP)
 }
 
 /// Rows `Store::gc` deletes per transaction: small enough that the writers it shares

@@ -8,7 +8,7 @@ use super::conn::{Fenced, Lock, write_tx};
 use super::one_trip::OneTrip;
 use super::{PostgresStore, TxError, claims, components, gc, leases, logs, runs, waits};
 use crate::store::clock::lease_expiry;
-use crate::store::sqlite::{check_checkpoint, check_counts};
+use crate::store::rules::{check_checkpoint, check_counts};
 use crate::store::{
     Acquired, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
     Deployment, DeploymentRecord, GcReport, GcRequest, LeaseState, LeasedRun, Millis, OpenClaim,

@@ -5,10 +5,9 @@
 
 use std::time::Duration;
 
-use super::{
-    SqliteStore, check_checkpoint, check_counts, claims, components, gc, leases, logs, runs, waits,
-};
+use super::{SqliteStore, claims, components, gc, leases, logs, runs, waits};
 use crate::store::clock::lease_expiry;
+use crate::store::rules::{check_checkpoint, check_counts};
 use crate::store::waits::OwnedWaitKind;
 use crate::store::{
     Acquired, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
