@@ -57,7 +57,7 @@ pub(crate) enum ClaimDecision {
 
 /// Decides a claim of a key whose row is `row`, asked with fingerprint `asked`, at
 /// `now`; `stale_token` names a live claim the claimant may take over
-/// (`Store::take_over`). A grant's token is at least `floor` ([`first_grant`]).
+/// (`InstanceStore::take_over`). A grant's token is at least `floor` ([`first_grant`]).
 ///
 /// In order: another fingerprint is a conflict; a committed result is handed back; a
 /// parked key stays parked; a released claim is granted afresh; a claim whose holder
@@ -198,7 +198,7 @@ pub(crate) fn check_checkpoint(checkpoint: &Checkpoint) -> Result<(), StoreError
     check_range("checkpoint step", checkpoint.step, MAX_STEP)
 }
 
-/// Rows `Store::gc` deletes per transaction: small enough that the writers it shares
+/// Rows `OperatorStore::gc` deletes per transaction: small enough that the writers it shares
 /// the store with (a worker's steps) wait a few milliseconds at most.
 pub(crate) const GC_BATCH: usize = 256;
 

@@ -1,10 +1,12 @@
 //! The values of durable waits: sleeps and signals a run waits on while it holds no
-//! instance and no lease ([`Store::wait`](super::Store::wait),
-//! [`Store::suspend_run`](super::Store::suspend_run),
-//! [`Store::send_signal`](super::Store::send_signal)).
+//! instance and no lease ([`InstanceStore::wait`],
+//! [`WorkerStore::suspend_run`],
+//! [`OperatorStore::send_signal`]).
 
 use std::time::Duration;
 
+#[cfg(doc)]
+use super::{InstanceStore, OperatorStore, WorkerStore};
 use super::{Millis, RunFence};
 
 /// The longest a run may sleep or wait for a signal: 100 years. Anything longer is a
@@ -37,7 +39,7 @@ pub enum WaitKind<'a> {
     },
 }
 
-/// A wait of a run, recorded under a key of that run: [`Store::wait`](super::Store::wait).
+/// A wait of a run, recorded under a key of that run: [`InstanceStore::wait`].
 #[derive(Debug, Clone)]
 pub struct WaitRequest<'a> {
     /// The run and its lease.
@@ -64,7 +66,7 @@ pub enum WaitState {
     },
 }
 
-/// What a suspended run waits for: [`Store::suspend_run`](super::Store::suspend_run).
+/// What a suspended run waits for: [`WorkerStore::suspend_run`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Suspension<'a> {
     /// When it is due without a signal (`None`: never).
@@ -90,7 +92,7 @@ pub struct WaitRecord {
     pub settled: Option<Millis>,
 }
 
-/// What [`Store::send_signal`](super::Store::send_signal) did.
+/// What [`OperatorStore::send_signal`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SignalSent {
     /// The signal's sequence number within the store.

@@ -71,8 +71,8 @@ fn fence_and_retired(conn: &Connection, fence: &RunFence) -> Result<u64, TxError
     }
 }
 
-/// Claims `req.key` by the rules of `Store::claim`; with `stale_token`, also takes a
-/// live claim held by that token (`Store::take_over`). Tokens granted are at least
+/// Claims `req.key` by the rules of `InstanceStore::claim`; with `stale_token`, also takes a
+/// live claim held by that token (`InstanceStore::take_over`). Tokens granted are at least
 /// `floor` (`epoch.rs`).
 pub(super) fn claim(
     conn: &Connection,
