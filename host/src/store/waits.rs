@@ -133,6 +133,68 @@ pub(crate) fn due_at(now: Millis, kind: &WaitKind<'_>) -> Result<Option<Millis>,
     }
 }
 
+/// A wait as asked, checked: when it is due if it is new, and the signal it waits for
+/// (`None` for a sleep).
+pub(crate) struct Asked<'a> {
+    pub(crate) due: Option<Millis>,
+    pub(crate) signal: Option<&'a str>,
+}
+
+/// Checks a wait before anything is read or written: its time ([`due_at`]) and its
+/// signal's name; the reason it is refused, if it is.
+pub(crate) fn asked<'a>(now: Millis, kind: &WaitKind<'a>) -> Result<Asked<'a>, String> {
+    let due = due_at(now, kind)?;
+    let signal = match kind {
+        WaitKind::Sleep(_) => None,
+        WaitKind::Signal { name, .. } => {
+            check_signal_name(name)?;
+            Some(*name)
+        }
+    };
+    Ok(Asked { due, signal })
+}
+
+/// A wait's row as a backend read it.
+pub(crate) struct WaitRow {
+    pub(crate) signal: Option<String>,
+    pub(crate) due: Option<Millis>,
+    pub(crate) outcome: Option<String>,
+    pub(crate) payload: Option<Vec<u8>>,
+}
+
+/// Where a wait recorded before stands, before any signal is looked for.
+pub(crate) enum Recorded {
+    /// Over: the answer it gave when it settled, given again.
+    Settled(WaitState),
+    /// Not over: due at this time (`None`: only a signal ends it).
+    Open(Option<Millis>),
+}
+
+impl WaitRow {
+    /// Where the wait stands, asked again as `asked`; the reason it is refused if its
+    /// key was used for another kind of wait.
+    pub(crate) fn state(self, key: &str, asked: &Asked<'_>) -> Result<Recorded, String> {
+        if self.signal.as_deref() != asked.signal {
+            return Err(reused(key, self.signal.as_deref(), asked.signal));
+        }
+        Ok(match self.outcome.as_deref() {
+            Some("received") => {
+                Recorded::Settled(WaitState::Received(self.payload.unwrap_or_default()))
+            }
+            Some(_) => Recorded::Settled(WaitState::TimedOut),
+            None => Recorded::Open(self.due),
+        })
+    }
+}
+
+/// Where an open sleep due at `due` stands at `now`.
+pub(crate) fn sleep_state(due: Option<Millis>, now: Millis) -> WaitState {
+    match due {
+        Some(due) if due > now => WaitState::Pending { due: Some(due) },
+        _ => WaitState::Elapsed,
+    }
+}
+
 /// Checks a signal name: 1 to 128 bytes of visible text.
 pub fn check_signal_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
