@@ -61,6 +61,7 @@ pub use run_ctx::Stop;
 pub use signal::send_signal;
 pub use view::{IdemCtx, IdemCtxView, IdemView};
 
+#[cfg(feature = "prove")]
 pub(crate) use limits::cut;
 pub(crate) use output::LogSink;
 pub(crate) use run_ctx::RunSignals;

@@ -235,6 +235,7 @@ impl Host {
 
     /// [`Host::run`], the agent's stderr and stdout shown on idem's own stderr only if
     /// `echo` (they go to the run's log either way).
+    #[cfg(feature = "prove")]
     pub(crate) async fn run_logged(
         &self,
         agent: &LoadedAgent,

@@ -112,6 +112,20 @@ pub enum StoreError {
         /// What went wrong, in words.
         reason: String,
     },
+    /// The location names a backend this build of idem was compiled without (its cargo
+    /// feature is off): [`open`](super::open) refuses it rather than guess.
+    #[error(
+        "cannot open store {location}: this build of idem has no {backend} backend (the \
+         `{feature}` cargo feature is off)"
+    )]
+    BackendNotBuilt {
+        /// The database path or URL (without a password).
+        location: String,
+        /// The backend: `SQLite` or `PostgreSQL`.
+        backend: &'static str,
+        /// The cargo feature of `idem-host` that builds it.
+        feature: &'static str,
+    },
     /// The store was written by a newer idem.
     #[error(
         "store {location} has schema version {found}, newer than this idem supports \

@@ -57,6 +57,7 @@ pub struct GcReport {
 
 impl GcReport {
     /// Adds `other`'s counts to these.
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
     pub(crate) fn add(&mut self, other: &GcReport) {
         self.runs += other.runs;
         self.results += other.results;

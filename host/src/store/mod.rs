@@ -62,11 +62,14 @@
 //! - `clock.rs`: the store's time, and a manual clock tests drive.
 //! - `error.rs`: [`StoreError`] and [`DatabaseFault`], in no backend's words.
 //! - `parked.rs`: the keys a run parked in doubt, as an operator names them.
-//! - `rules.rs`: the decisions both backends make alike (claims, tokens, run leases,
+//! - `open.rs`: opening a store by its location, with the backends this build has.
+//! - `rules/`: the decisions both backends make alike (claims, tokens, leases, waits,
 //!   the values a store cannot keep, gc); the backends share nothing else and never
 //!   import each other.
-//! - `sqlite/`: the SQLite backend; `migrations/sqlite/`: its numbered schema.
-//! - `postgres/`: the PostgreSQL backend; `migrations/postgres/`: its numbered schema.
+//! - `sqlite/`: the SQLite backend (cargo feature `sqlite`); `migrations/sqlite/`: its
+//!   numbered schema.
+//! - `postgres/`: the PostgreSQL backend (cargo feature `postgres`);
+//!   `migrations/postgres/`: its numbered schema.
 
 mod claims;
 mod clock;
@@ -75,15 +78,21 @@ mod error;
 mod fence;
 mod gc;
 #[cfg(test)]
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod model_tests;
+mod open;
 mod parked;
+#[cfg(feature = "postgres")]
 mod postgres;
 mod progress;
 mod roles;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod rules;
 mod runs;
+#[cfg(feature = "sqlite")]
 mod sqlite;
 #[cfg(test)]
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod tests;
 mod waits;
 
@@ -96,14 +105,17 @@ pub use deploy::{Admission, Deployment, DeploymentRecord};
 pub use error::{DatabaseFault, StoreError};
 pub use fence::{ParseSyncModeError, RunFence, SyncMode};
 pub use gc::{GcReport, GcRequest};
+pub use open::{Location, StoreOptions, is_postgres_url, open};
 pub use parked::{ParkedKeys, ParkedMatch, qualified_key};
-pub use postgres::{PostgresOptions, PostgresStore, is_postgres_url};
+#[cfg(feature = "postgres")]
+pub use postgres::{PostgresOptions, PostgresStore};
 pub use progress::{Checkpoint, Counts, MAX_STEP};
 pub use roles::{CatalogStore, InstanceStore, OperatorStore, Overlay, Store, WorkerStore};
 pub use runs::{
     Acquired, Cancelled, LeaseState, LeasedRun, RunEnd, RunFilter, RunLeaseInfo, RunRecord,
     RunStatus, Submission, Submitted,
 };
+#[cfg(feature = "sqlite")]
 pub use sqlite::{OpenOptions, SqliteStore};
 pub use waits::{
     MAX_SIGNAL_NAME_BYTES, MAX_WAIT, SignalSent, Suspension, WaitKind, WaitRecord, WaitRequest,

@@ -63,6 +63,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{NoTls, Socket};
 
+use super::open::redact;
 use super::{Clock, DatabaseFault, StoreError, SyncMode};
 
 /// How [`PostgresStore::connect_with`] connects.
@@ -326,31 +327,6 @@ fn describe(config: &tokio_postgres::Config) -> String {
         .unwrap_or_default();
     let db = config.get_dbname().or(config.get_user()).unwrap_or("");
     format!("postgres://{user}{host}:{port}/{db}")
-}
-
-/// A URL that did not parse, with anything between `:` and `@` (a password) hidden.
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    match rest.split_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{scheme}://{user}@{host}")
-        }
-        None => url.to_owned(),
-    }
-}
-
-/// Whether `url` names a PostgreSQL database rather than a SQLite file.
-///
-/// ```
-/// assert!(idem::store::is_postgres_url("postgres://idem@db/idem"));
-/// assert!(idem::store::is_postgres_url("postgresql://localhost/idem"));
-/// assert!(!idem::store::is_postgres_url("idem.db"));
-/// ```
-pub fn is_postgres_url(url: &str) -> bool {
-    url.starts_with("postgres://") || url.starts_with("postgresql://")
 }
 
 /// The fault a server error stands for, if the user can do something about it.

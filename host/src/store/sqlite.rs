@@ -13,6 +13,7 @@
 //! - `sqlite.rs`: [`SqliteStore`], [`OpenOptions`], and how SQLite's errors become
 //!   [`StoreError`]s.
 //! - `api.rs`: the [`Store`] methods: what each hands the thread, and how durable.
+//! - `owned.rs`: the API's borrowed values, owned to cross to the thread.
 //! - `thread.rs`: the database thread and group commit.
 //! - `schema.rs`: opening a file, refusing what is not ours, migrations.
 //! - `claims.rs`, `runs.rs`, `leases.rs`, `components.rs`, `logs.rs`, `waits.rs`: the
@@ -30,6 +31,7 @@ mod leases;
 mod logs;
 #[cfg(test)]
 mod migration_tests;
+mod owned;
 mod runs;
 mod schema;
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::conn::{Fenced, Lock, write_tx};
 use super::one_trip::OneTrip;
 use super::{PostgresStore, TxError, claims, components, gc, leases, logs, runs, waits};
-use crate::store::clock::lease_expiry;
+use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
 use crate::store::{
     Acquired, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,

@@ -10,7 +10,7 @@
 use super::conn::Conn;
 use super::epoch::token_floor;
 use super::{TxError, to_sql_int, u32_col, u64_col};
-use crate::store::clock::lease_expiry;
+use crate::store::rules::lease_expiry;
 use crate::store::rules::{
     ClaimDecision, KeyRow, claim_lost, decide_claim, first_grant, next_token,
 };

@@ -5,7 +5,7 @@
 use super::TxError;
 use super::conn::Conn;
 use super::runs::{save_counts, status_from, unknown_run};
-use crate::store::waits::{Recorded, WaitRow, asked, sleep_state};
+use crate::store::rules::{Recorded, WaitRow, asked, sleep_state};
 use crate::store::{
     Counts, Millis, RunFence, RunStatus, SignalSent, StoreError, Suspension, WaitKind, WaitRecord,
     WaitState, check_signal_name,

@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
+use super::owned::{OwnedEnd, OwnedRef, OwnedRequest, OwnedWaitKind};
 use super::{SqliteStore, claims, components, gc, leases, logs, runs, waits};
-use crate::store::clock::lease_expiry;
+use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
-use crate::store::waits::OwnedWaitKind;
 use crate::store::{
     Acquired, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
     Counts, Deployment, DeploymentRecord, GcReport, GcRequest, InstanceStore, LeaseState,
@@ -576,92 +576,5 @@ impl SqliteStore {
             move |conn, now| claims::claim(conn, &req.borrow(), stale_token, now, floor)
         })
         .await
-    }
-}
-
-/// A [`ClaimRequest`] that owns its strings.
-struct OwnedRequest {
-    key: String,
-    fence: RunFence,
-    holder: String,
-    fingerprint: Option<String>,
-    lease: Duration,
-    durable: bool,
-}
-
-impl OwnedRequest {
-    fn new(req: &ClaimRequest<'_>) -> OwnedRequest {
-        OwnedRequest {
-            key: req.key.to_owned(),
-            fence: req.fence.clone(),
-            holder: req.holder.to_owned(),
-            fingerprint: req.fingerprint.map(str::to_owned),
-            lease: req.lease,
-            durable: req.durable,
-        }
-    }
-
-    fn borrow(&self) -> ClaimRequest<'_> {
-        ClaimRequest {
-            key: &self.key,
-            fence: &self.fence,
-            holder: &self.holder,
-            fingerprint: self.fingerprint.as_deref(),
-            lease: self.lease,
-            durable: self.durable,
-        }
-    }
-}
-
-/// A [`ClaimRef`] that owns its strings.
-struct OwnedRef {
-    key: String,
-    token: u64,
-    fence: RunFence,
-}
-
-impl OwnedRef {
-    fn new(claim: &ClaimRef<'_>) -> OwnedRef {
-        OwnedRef {
-            key: claim.key.to_owned(),
-            token: claim.token,
-            fence: claim.fence.clone(),
-        }
-    }
-
-    fn borrow(&self) -> ClaimRef<'_> {
-        ClaimRef {
-            key: &self.key,
-            token: self.token,
-            fence: &self.fence,
-        }
-    }
-}
-
-/// A [`RunEnd`] that owns its bytes.
-enum OwnedEnd {
-    Completed(Vec<u8>),
-    Failed(String),
-    InDoubt,
-    Cancelled,
-}
-
-impl OwnedEnd {
-    fn new(end: RunEnd<'_>) -> OwnedEnd {
-        match end {
-            RunEnd::Completed(output) => OwnedEnd::Completed(output.to_vec()),
-            RunEnd::Failed(error) => OwnedEnd::Failed(error.to_owned()),
-            RunEnd::InDoubt => OwnedEnd::InDoubt,
-            RunEnd::Cancelled => OwnedEnd::Cancelled,
-        }
-    }
-
-    fn borrow(&self) -> RunEnd<'_> {
-        match self {
-            OwnedEnd::Completed(output) => RunEnd::Completed(output),
-            OwnedEnd::Failed(error) => RunEnd::Failed(error),
-            OwnedEnd::InDoubt => RunEnd::InDoubt,
-            OwnedEnd::Cancelled => RunEnd::Cancelled,
-        }
     }
 }

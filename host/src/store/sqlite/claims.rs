@@ -14,7 +14,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use super::leases::{check_fence, fence_holds, lease_lost};
 use super::runs::{self, set_outcome};
 use super::{TxError, to_sql_int, u32_column, u64_column};
-use crate::store::clock::lease_expiry;
+use crate::store::rules::lease_expiry;
 use crate::store::rules::{
     ClaimDecision, KeyRow, claim_lost, decide_claim, first_grant, next_token,
 };

@@ -7,7 +7,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::TxError;
 use super::leases::check_fence;
 use super::runs::{save_counts, status_from, unknown_run};
-use crate::store::waits::{Recorded, WaitRow, asked, sleep_state};
+use crate::store::rules::{Recorded, WaitRow, asked, sleep_state};
 use crate::store::{
     Counts, Millis, RunFence, RunStatus, SignalSent, StoreError, Suspension, WaitKind, WaitRecord,
     WaitState, check_signal_name,

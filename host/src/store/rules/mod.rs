@@ -1,10 +1,17 @@
 //! The decisions every backend makes the same way, in one place: what a claim of a key
-//! gets given the key's row, which token a grant takes, and whether a run's lease may
-//! be granted, which values a store refuses to keep, and what gc collects. A backend
-//! reads the row (locking it as its database needs), asks here, and writes what the
-//! answer says; so the two backends cannot drift apart on a rule, and the store suite,
-//! which runs on both, checks one implementation. The backends never import each other:
-//! what they share is here.
+//! gets given the key's row, which token a grant takes, whether a run's lease may be
+//! granted, when a lease runs out, which values a store refuses to keep, what gc
+//! collects, and the rules of waits (`waits.rs`). A backend reads the row (locking it
+//! as its database needs), asks here, and writes what the answer says; so the two
+//! backends cannot drift apart on a rule, and the store suite, which runs on both,
+//! checks one implementation. The backends never import each other: what they share
+//! is here.
+
+mod waits;
+
+pub(crate) use waits::{Recorded, WaitRow, asked, sleep_state};
+
+use std::time::Duration;
 
 use super::{
     Checkpoint, ClaimOutcome, Counts, GcReport, GcRequest, Grant, HeldClaim, MAX_STEP, Millis,
@@ -14,6 +21,13 @@ use super::{
 /// The largest token, count or step a store keeps: both backends store them as signed
 /// 64-bit integers.
 pub(crate) const SQL_MAX: u64 = i64::MAX as u64;
+
+/// When a lease of `lease` taken at `now` runs out. Saturates: an absurdly long lease
+/// simply never expires.
+pub(crate) fn lease_expiry(now: Millis, lease: Duration) -> Millis {
+    let lease = Millis::try_from(lease.as_millis()).unwrap_or(Millis::MAX);
+    now.saturating_add(lease)
+}
 
 /// The grant of a key nobody claimed before, with tokens at least `floor` (the store's
 /// epoch: tokens after a reboot start above every token before it).
