@@ -223,3 +223,32 @@ pub(crate) fn human_duration(d: Duration) -> String {
         format!("{}ms", d.as_millis())
     }
 }
+
+/// A database URL with anything between `:` and `@` (a password) hidden: what errors name.
+pub(crate) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.split_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}@{host}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn a_password_is_never_named() {
+        assert_eq!(
+            redact("postgres://idem:s3cret@db/idem"),
+            "postgres://idem@db/idem"
+        );
+        assert_eq!(redact("postgres://db/idem"), "postgres://db/idem");
+        assert_eq!(redact("idem.db"), "idem.db");
+    }
+}

@@ -141,38 +141,15 @@ async fn connect_postgres(url: &str, options: &StoreOptions) -> Result<Arc<dyn S
 #[cfg(not(feature = "postgres"))]
 async fn connect_postgres(url: &str, _: &StoreOptions) -> Result<Arc<dyn Store>, StoreError> {
     Err(StoreError::BackendNotBuilt {
-        location: redact(url),
+        location: super::error::redact(url),
         backend: "PostgreSQL",
         feature: "postgres",
     })
 }
 
-/// A URL with anything between `:` and `@` (a password) hidden: what errors name.
-pub(crate) fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    match rest.split_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{scheme}://{user}@{host}")
-        }
-        None => url.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_password_is_never_named() {
-        assert_eq!(
-            redact("postgres://idem:s3cret@db/idem"),
-            "postgres://idem@db/idem"
-        );
-        assert_eq!(redact("postgres://db/idem"), "postgres://db/idem");
-    }
 
     #[cfg(not(feature = "postgres"))]
     #[tokio::test]
@@ -195,6 +172,23 @@ mod tests {
             "cannot open store postgres://idem@db/idem: this build of idem has no PostgreSQL \
              backend (the `postgres` cargo feature is off)"
         );
+    }
+
+    #[cfg(not(feature = "sqlite"))]
+    #[tokio::test]
+    async fn a_file_without_the_backend_is_refused_by_name() {
+        let e = open("idem.db", &StoreOptions::default()).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                StoreError::BackendNotBuilt {
+                    feature: "sqlite",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(!std::path::Path::new("idem.db").exists());
     }
 
     #[cfg(feature = "sqlite")]
@@ -220,5 +214,12 @@ mod tests {
         };
         let store = open(location, &read_only).await.unwrap();
         assert!(store.run("nothing").await.unwrap().is_none());
+        assert!(matches!(
+            store.put_component("00", b"").await.unwrap_err(),
+            StoreError::Database {
+                fault: crate::store::DatabaseFault::ReadOnly,
+                ..
+            }
+        ));
     }
 }

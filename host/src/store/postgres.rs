@@ -63,7 +63,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{NoTls, Socket};
 
-use super::open::redact;
+use super::error::redact;
 use super::{Clock, DatabaseFault, StoreError, SyncMode};
 
 /// How [`PostgresStore::connect_with`] connects.
