@@ -14,7 +14,8 @@ use super::{Store, StoreError, SyncMode};
 /// use std::path::Path;
 /// use idem::store::Location;
 ///
-/// assert_eq!(Location::parse("postgres://idem@db/idem"), Location::Postgres("postgres://idem@db/idem"));
+/// let url = "postgres://idem@db/idem";
+/// assert_eq!(Location::parse(url), Location::Postgres(url));
 /// assert_eq!(Location::parse("idem.db"), Location::Sqlite(Path::new("idem.db")));
 /// assert_eq!(Location::parse("idem.db").path(), Some(Path::new("idem.db")));
 /// ```

@@ -116,7 +116,7 @@ impl Default for PostgresOptions {
 /// any machine) that connects to it.
 ///
 /// ```no_run
-/// use idem::store::{PostgresStore, Store, SyncMode};
+/// use idem::store::{PostgresStore, SyncMode, WorkerStore};
 ///
 /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let store = PostgresStore::connect("postgres://idem@db.internal/idem", SyncMode::Full).await?;

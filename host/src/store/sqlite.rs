@@ -124,8 +124,8 @@ impl Default for OpenOptions {
 /// ```
 /// use std::time::Duration;
 /// use idem::store::{
-///     Acquired, ClaimOutcome, ClaimRef, ClaimRequest, Commit, RunFence, SqliteStore, Store,
-///     SyncMode,
+///     Acquired, CatalogStore, ClaimOutcome, ClaimRef, ClaimRequest, Commit, InstanceStore,
+///     OperatorStore, RunFence, SqliteStore, SyncMode, WorkerStore,
 /// };
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {

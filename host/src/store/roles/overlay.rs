@@ -36,7 +36,7 @@ use crate::store::{
 /// let path = dir.path().join("idem.db");
 /// let base: Arc<dyn Store> = Arc::new(SqliteStore::open(&path, SyncMode::Normal)?);
 /// // A decorator of the instance role would wrap `Arc::clone(&base)` here.
-/// let instance: Arc<dyn InstanceStore> = Arc::clone(&base);
+/// let instance = Arc::clone(&base) as Arc<dyn InstanceStore>;
 /// let store: Arc<dyn Store> = Arc::new(Overlay::new(base).with_instance(instance));
 /// # drop(store);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
