@@ -8,8 +8,9 @@
 //! at any host call and resume the run on a fresh one, in this process or another.
 //!
 //! # Layout
-//! - [`store`]: durable state behind the async [`Store`](store::Store) trait (claims,
-//!   runs and their leases, components); the SQLite backend.
+//! - [`store`]: durable state behind async role traits summed up as
+//!   [`Store`](store::Store) (claims, runs and their leases, components); the SQLite
+//!   and PostgreSQL backends.
 //! - [`runtime`]: the wasmtime engine, instance lifecycle, and the host imports; a
 //!   [`Host`](runtime::Host) drives runs.
 //! - [`prove`]: crash-tests an agent at every crash point and checks what it did.
@@ -18,6 +19,18 @@
 //!   the commands and the HTTP API.
 //! - [`serve`]: the HTTP API, the web page of runs, and the metrics.
 //! - [`text`]: guest- and store-derived text made safe to show.
+//!
+//! Cargo features pick the parts that are compiled; all are on by default:
+//! - `sqlite`: the SQLite backend, `store::SqliteStore`.
+//! - `postgres`: the PostgreSQL backend, `store::PostgresStore` (tokio-postgres and
+//!   deadpool).
+//! - `serve`: the [`serve`] module (axum, prometheus-client, the hyper server).
+//! - `prove`: the [`prove`] module; turns on `sqlite`.
+//!
+//! With `default-features = false, features = ["sqlite"]`, an embedder gets the
+//! runtime, workers and operator functions on SQLite and compiles none of the HTTP
+//! server, metrics or PostgreSQL client; [`store::open`] refuses the location of a
+//! backend left out with [`StoreError::BackendNotBuilt`](store::StoreError::BackendNotBuilt).
 //!
 //! # Embedding
 //! ```no_run
@@ -40,8 +53,10 @@
 //! ```
 
 pub mod ops;
+#[cfg(feature = "prove")]
 pub mod prove;
 pub mod runtime;
+#[cfg(feature = "serve")]
 pub mod serve;
 pub mod store;
 pub mod text;

@@ -324,7 +324,8 @@ pub fn parse_age(what: &'static str, text: &str) -> Result<Duration, OpError> {
         .ok_or_else(bad)
 }
 
-/// Deletes finished runs and what only they used, as `req` says ([`Store::gc`]).
+/// Deletes finished runs and what only they used, as `req` says
+/// ([`OperatorStore::gc`](crate::store::OperatorStore::gc)).
 pub async fn gc(store: &dyn Store, req: &GcRequest) -> Result<GcReport, OpError> {
     Ok(store.gc(req).await?)
 }

@@ -508,8 +508,8 @@ fn a_worker_started_while_the_server_is_down_waits_for_it() {
 #[test]
 fn tokens_lost_in_a_server_crash_are_never_granted_again() {
     use idem::store::{
-        Acquired, ClaimOutcome, ClaimRequest, PostgresStore, RunFence, Store, StoreError,
-        Submission, SyncMode,
+        Acquired, CatalogStore, ClaimOutcome, ClaimRequest, InstanceStore, OperatorStore,
+        PostgresStore, RunFence, StoreError, Submission, SyncMode, WorkerStore,
     };
     use std::sync::Arc;
     use std::time::Duration;

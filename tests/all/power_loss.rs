@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use idem::runtime::{Authority, DirGrant, FaultPlan, Host, RunOptions, RunReport};
 use idem::store::{
-    Clock, OpenOptions, Resolution, RunStatus, SqliteStore, StepRecord, Store, SyncMode,
+    Clock, InstanceStore, OpenOptions, OperatorStore, Resolution, RunStatus, SqliteStore,
+    StepRecord, Store, SyncMode,
 };
 use idem_test_artifacts::STEPS;
 use idem_test_artifacts::power_loss::{CutAt, PowerLossVfs};
@@ -208,8 +209,8 @@ impl Machine {
         case: Case,
         store: Arc<SqliteStore>,
     ) -> (Result<RunReport, String>, Record, Arc<Recorder>) {
-        let recorder = Arc::new(Recorder::new(store));
-        let host: Host = host(Arc::clone(&recorder) as Arc<dyn Store>);
+        let (recorder, recorded) = Recorder::over(store);
+        let host: Host = host(recorded);
         let result = block_on(host.run(&agent(STEPS), &self.options(case)));
         drop(host);
         let record = recorder.record();
@@ -277,8 +278,8 @@ fn uncut(case: Case, steps: u64) -> (RunReport, String, u64, u64) {
         &json!({ "steps": steps, "log": "/data/log.txt", "policy": case.policy }),
     )
     .unwrap();
-    let recorder = Arc::new(Recorder::new(Arc::clone(&store) as Arc<dyn Store>));
-    let host: Host = host(Arc::clone(&recorder) as Arc<dyn Store>);
+    let (recorder, recorded) = Recorder::over(Arc::clone(&store) as Arc<dyn Store>);
+    let host: Host = host(recorded);
     let report = block_on(host.run(&agent(STEPS), &options)).unwrap();
     drop(host);
     assert_eq!(report.status, RunStatus::Completed);

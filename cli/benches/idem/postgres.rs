@@ -14,7 +14,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
 use idem::runtime::{Authority, Host};
-use idem::store::{PostgresOptions, PostgresStore, RunFilter, RunStatus, Store, SyncMode};
+use idem::store::{
+    CatalogStore, OperatorStore, PostgresOptions, PostgresStore, RunFilter, RunStatus, Store,
+    SyncMode, WorkerStore,
+};
 use serde_json::json;
 use tokio_postgres::NoTls;
 

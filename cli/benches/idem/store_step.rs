@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use idem::store::{
-    Acquired, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, RunFence, SqliteStore,
-    Store, Submission, SyncMode,
+    Acquired, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
+    InstanceStore, OperatorStore, RunFence, SqliteStore, Submission, SyncMode, WorkerStore,
 };
 
 /// A digest the store takes as a component's name; the row runs nothing from it.

@@ -10,9 +10,7 @@ use idem::runtime::{
     Authority, DirGrant, HttpDestination, LoadedAgent, Protected, Runtime, check_grants,
     default_cache_dir,
 };
-use idem::store::{
-    OpenOptions, PostgresOptions, PostgresStore, SqliteStore, Store, SyncMode, is_postgres_url,
-};
+use idem::store::{self, Location, Store, StoreOptions, SyncMode};
 
 use crate::exit::BadInput;
 
@@ -33,51 +31,43 @@ pub struct DbArgs {
 impl DbArgs {
     /// Opens (creating and migrating if needed) the store for writing.
     pub async fn open(&self) -> anyhow::Result<Arc<dyn Store>> {
-        match self.path() {
-            Some(path) => Ok(Arc::new(SqliteStore::open_with(
-                path,
-                &OpenOptions::default(),
-            )?)),
-            None => self.connect(false).await,
-        }
+        Ok(store::open(&self.db, &self.options()).await?)
     }
 
     /// Opens an existing store for reading only: looking never changes it.
     pub async fn open_read_only(&self) -> anyhow::Result<Arc<dyn Store>> {
-        match self.path() {
-            Some(path) => {
-                self.must_exist(path)?;
-                Ok(Arc::new(SqliteStore::open_read_only(path)?))
-            }
-            None => self.connect(true).await,
+        if let Some(path) = self.path() {
+            self.must_exist(path)?;
         }
+        let options = StoreOptions {
+            read_only: true,
+            ..self.options()
+        };
+        Ok(store::open(&self.db, &options).await?)
     }
 
     /// Opens an existing store for writing; a missing one is a mistake, not a new store.
     pub async fn open_existing(&self) -> anyhow::Result<Arc<dyn Store>> {
-        match self.path() {
-            Some(path) => {
-                self.must_exist(path)?;
-                self.open().await
-            }
-            None => self.connect(true).await,
+        if let Some(path) = self.path() {
+            self.must_exist(path)?;
         }
+        let options = StoreOptions {
+            existing_only: true,
+            ..self.options()
+        };
+        Ok(store::open(&self.db, &options).await?)
     }
 
     /// The store's file, or `None` for a PostgreSQL URL.
     pub fn path(&self) -> Option<&std::path::Path> {
-        (!is_postgres_url(&self.db)).then(|| std::path::Path::new(&self.db))
+        Location::parse(&self.db).path()
     }
 
-    async fn connect(&self, existing_only: bool) -> anyhow::Result<Arc<dyn Store>> {
-        let options = PostgresOptions {
+    fn options(&self) -> StoreOptions {
+        StoreOptions {
             pool_size: self.db_pool.max(1),
-            existing_only,
-            ..PostgresOptions::default()
-        };
-        Ok(Arc::new(
-            PostgresStore::connect_with(&self.db, &options).await?,
-        ))
+            ..StoreOptions::default()
+        }
     }
 
     fn must_exist(&self, path: &std::path::Path) -> anyhow::Result<()> {

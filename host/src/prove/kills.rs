@@ -15,7 +15,7 @@ use super::check::{Ended, Observation};
 use super::scenario::Scratch;
 use super::{ProveError, ProveOptions, file_capture};
 use crate::runtime::Authority;
-use crate::store::{OpenOptions, RunStatus, SqliteStore, Store};
+use crate::store::{OpenOptions, OperatorStore, RunStatus, SqliteStore};
 
 /// The lease the killed processes' runs and claims get: a killed holder's lease must run
 /// out before the next process may go on, so it is short (the test suite's kill soak

@@ -1,15 +1,15 @@
-//! A store that remembers what a run did to it: every `run-once` answer, commit,
-//! release, checkpoint load and save, in order. It wraps the scenario's real store and
-//! changes nothing; the invariants are read off its log afterwards.
+//! A decorator of the store's instance role that remembers what a run did to it: every
+//! `run-once` answer, commit, checkpoint load and save, in order. It wraps the
+//! scenario's real store and changes nothing; the invariants are read off its log
+//! afterwards. The other roles are the real store's, through an
+//! [`Overlay`](crate::store::Overlay).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::store::{
-    Acquired, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
-    Deployment, DeploymentRecord, GcReport, GcRequest, LeaseState, LeasedRun, Millis, OpenClaim,
-    Resolution, RunEnd, RunFence, RunFilter, RunRecord, SignalSent, StepRecord, Store, StoreError,
-    Submission, Submitted, Suspension, WaitRecord, WaitRequest, WaitState,
+    Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts, InstanceStore, RunFence,
+    StoreError, WaitRequest, WaitState,
 };
 
 /// What one `run-once` call got from the store. A wait on a live holder is not an
@@ -47,14 +47,14 @@ pub(crate) enum Event {
 
 /// The wrapper.
 #[derive(Debug)]
-pub(crate) struct ObservedStore {
-    inner: Arc<dyn Store>,
+pub(crate) struct ObservedInstance {
+    inner: Arc<dyn InstanceStore>,
     events: Mutex<Vec<Event>>,
 }
 
-impl ObservedStore {
-    pub(crate) fn new(inner: Arc<dyn Store>) -> ObservedStore {
-        ObservedStore {
+impl ObservedInstance {
+    pub(crate) fn new(inner: Arc<dyn InstanceStore>) -> ObservedInstance {
+        ObservedInstance {
             inner,
             events: Mutex::default(),
         }
@@ -92,11 +92,7 @@ impl ObservedStore {
 }
 
 #[async_trait::async_trait]
-impl Store for ObservedStore {
-    async fn now(&self) -> Result<Millis, StoreError> {
-        self.inner.now().await
-    }
-
+impl InstanceStore for ObservedInstance {
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         let outcome = self.inner.claim(req).await?;
         self.call(req, &outcome);
@@ -138,126 +134,8 @@ impl Store for ObservedStore {
         self.inner.park(claim, reason).await
     }
 
-    async fn resolve(
-        &self,
-        run_id: &str,
-        key: &str,
-        resolution: Resolution<'_>,
-    ) -> Result<(), StoreError> {
-        self.inner.resolve(run_id, key, resolution).await
-    }
-
     async fn committed(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.inner.committed(key).await
-    }
-
-    async fn open_claims(&self, run_id: Option<&str>) -> Result<Vec<OpenClaim>, StoreError> {
-        self.inner.open_claims(run_id).await
-    }
-
-    async fn steps(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
-        self.inner.steps(run_id).await
-    }
-
-    async fn put_component(&self, digest: &str, bytes: &[u8]) -> Result<bool, StoreError> {
-        self.inner.put_component(digest, bytes).await
-    }
-
-    async fn component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        self.inner.component(digest).await
-    }
-
-    async fn has_component(&self, digest: &str) -> Result<bool, StoreError> {
-        self.inner.has_component(digest).await
-    }
-
-    async fn deploy(&self, deployment: &Deployment<'_>) -> Result<DeploymentRecord, StoreError> {
-        self.inner.deploy(deployment).await
-    }
-
-    async fn deployment(&self, name: &str) -> Result<Option<DeploymentRecord>, StoreError> {
-        self.inner.deployment(name).await
-    }
-
-    async fn deployments(&self) -> Result<Vec<DeploymentRecord>, StoreError> {
-        self.inner.deployments().await
-    }
-
-    async fn admitted(&self, namespace: &str, digest: &str) -> Result<Option<bool>, StoreError> {
-        self.inner.admitted(namespace, digest).await
-    }
-
-    async fn submit(&self, submission: &Submission<'_>) -> Result<Submitted, StoreError> {
-        self.inner.submit(submission).await
-    }
-
-    async fn run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
-        self.inner.run(run_id).await
-    }
-
-    async fn run_authority(&self, run_id: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        self.inner.run_authority(run_id).await
-    }
-
-    async fn runs(&self, filter: &RunFilter<'_>) -> Result<Vec<RunRecord>, StoreError> {
-        self.inner.runs(filter).await
-    }
-
-    async fn upgrade_run(&self, run_id: &str, from: &str, to: &str) -> Result<(), StoreError> {
-        self.inner.upgrade_run(run_id, from, to).await
-    }
-
-    async fn next_due(&self, after: Millis) -> Result<Option<Millis>, StoreError> {
-        self.inner.next_due(after).await
-    }
-
-    async fn acquire_runs(
-        &self,
-        worker: &str,
-        max: usize,
-        lease: Duration,
-        skip: &[String],
-    ) -> Result<Vec<LeasedRun>, StoreError> {
-        self.inner.acquire_runs(worker, max, lease, skip).await
-    }
-
-    async fn acquire_run(
-        &self,
-        run_id: &str,
-        worker: &str,
-        lease: Duration,
-    ) -> Result<Acquired, StoreError> {
-        self.inner.acquire_run(run_id, worker, lease).await
-    }
-
-    async fn renew_runs(
-        &self,
-        fences: &[RunFence],
-        lease: Duration,
-    ) -> Result<Vec<LeaseState>, StoreError> {
-        self.inner.renew_runs(fences, lease).await
-    }
-
-    async fn release_run(
-        &self,
-        fence: &RunFence,
-        counts: &Counts,
-        note: Option<&str>,
-    ) -> Result<(), StoreError> {
-        self.inner.release_run(fence, counts, note).await
-    }
-
-    async fn finish_run(
-        &self,
-        fence: &RunFence,
-        end: RunEnd<'_>,
-        counts: &Counts,
-    ) -> Result<(), StoreError> {
-        self.inner.finish_run(fence, end, counts).await
-    }
-
-    async fn cancel_run(&self, run_id: &str) -> Result<Cancelled, StoreError> {
-        self.inner.cancel_run(run_id).await
     }
 
     async fn load_progress(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
@@ -294,40 +172,7 @@ impl Store for ObservedStore {
         self.inner.append_log(fence, bytes, keep).await
     }
 
-    async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError> {
-        self.inner.logs(run_id).await
-    }
-
     async fn wait(&self, req: &WaitRequest<'_>) -> Result<WaitState, StoreError> {
         self.inner.wait(req).await
-    }
-
-    async fn suspend_run(
-        &self,
-        fence: &RunFence,
-        counts: &Counts,
-        suspension: &Suspension<'_>,
-    ) -> Result<(), StoreError> {
-        self.inner.suspend_run(fence, counts, suspension).await
-    }
-
-    async fn send_signal(
-        &self,
-        run_id: &str,
-        name: &str,
-        payload: &[u8],
-        max_payload: usize,
-    ) -> Result<SignalSent, StoreError> {
-        self.inner
-            .send_signal(run_id, name, payload, max_payload)
-            .await
-    }
-
-    async fn waits(&self, run_id: &str) -> Result<Vec<WaitRecord>, StoreError> {
-        self.inner.waits(run_id).await
-    }
-
-    async fn gc(&self, req: &GcRequest) -> Result<GcReport, StoreError> {
-        self.inner.gc(req).await
     }
 }

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use super::ProveError;
 use super::capture::Recorder;
 use super::check::{Ended, Files, Observation};
-use super::observe::ObservedStore;
+use super::observe::ObservedInstance;
 use crate::runtime::{
     Authority, DirGrant, Echo, FaultPlan, Host, LoadedAgent, RunOptions, Runtime,
 };
-use crate::store::{OpenOptions, RunStatus, SqliteStore, Store};
+use crate::store::{OpenOptions, Overlay, RunStatus, SqliteStore, Store};
 
 /// A scratch directory: the store at `idem.db`, each grant's copy under `grants/N`.
 pub(crate) struct Scratch {
@@ -117,11 +117,14 @@ impl InProcess<'_> {
         faults: FaultPlan,
         capture: Arc<Recorder>,
     ) -> Result<Observation, ProveError> {
-        let sqlite = SqliteStore::open_with(&scratch.db(), &OpenOptions::default())?;
-        let store = Arc::new(ObservedStore::new(Arc::new(sqlite)));
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open_with(
+            &scratch.db(),
+            &OpenOptions::default(),
+        )?);
+        let observed = Arc::new(ObservedInstance::new(Arc::clone(&store) as _));
         let host = Host::new(
             Arc::clone(self.runtime),
-            Arc::clone(&store) as Arc<dyn Store>,
+            Arc::new(Overlay::new(Arc::clone(&store)).with_instance(Arc::clone(&observed) as _)),
         )?;
         let opts = RunOptions {
             run_id: self.run_id.to_string(),
@@ -155,7 +158,7 @@ impl InProcess<'_> {
         Ok(Observation {
             ended,
             namespace,
-            events: store.events(),
+            events: observed.events(),
             steps: store.steps(self.run_id).await?,
             open: store.open_claims(Some(self.run_id)).await?,
             captured: capture.captured(),

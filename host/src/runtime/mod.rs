@@ -77,6 +77,7 @@ pub use report::{RunFailure, RunReport, Waiting};
 pub use signal::send_signal;
 pub use stop::{Stop, StopSignal};
 
+#[cfg(feature = "prove")]
 pub(crate) use limits::cut;
 pub(crate) use output::LogSink;
 pub(crate) use stop::RunSignals;

@@ -72,10 +72,3 @@ impl Clock {
         self.manual.is_some()
     }
 }
-
-/// When a lease of `lease` taken at `now` runs out. Saturates: an absurdly long lease
-/// simply never expires.
-pub(crate) fn lease_expiry(now: Millis, lease: Duration) -> Millis {
-    let lease = Millis::try_from(lease.as_millis()).unwrap_or(Millis::MAX);
-    now.saturating_add(lease)
-}

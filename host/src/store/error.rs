@@ -112,6 +112,20 @@ pub enum StoreError {
         /// What went wrong, in words.
         reason: String,
     },
+    /// The location names a backend this build of idem was compiled without (its cargo
+    /// feature is off): [`open`](super::open) refuses it rather than guess.
+    #[error(
+        "cannot open store {location}: this build of idem has no {backend} backend (the \
+         `{feature}` cargo feature is off)"
+    )]
+    BackendNotBuilt {
+        /// The database path or URL (without a password).
+        location: String,
+        /// The backend: `SQLite` or `PostgreSQL`.
+        backend: &'static str,
+        /// The cargo feature of `idem-host` that builds it.
+        feature: &'static str,
+    },
     /// The store was written by a newer idem.
     #[error(
         "store {location} has schema version {found}, newer than this idem supports \
@@ -207,5 +221,34 @@ pub(crate) fn human_duration(d: Duration) -> String {
         format!("{}s", d.as_secs())
     } else {
         format!("{}ms", d.as_millis())
+    }
+}
+
+/// A database URL with anything between `:` and `@` (a password) hidden: what errors name.
+pub(crate) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.split_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}@{host}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn a_password_is_never_named() {
+        assert_eq!(
+            redact("postgres://idem:s3cret@db/idem"),
+            "postgres://idem@db/idem"
+        );
+        assert_eq!(redact("postgres://db/idem"), "postgres://db/idem");
+        assert_eq!(redact("idem.db"), "idem.db");
     }
 }

@@ -63,6 +63,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{NoTls, Socket};
 
+use super::error::redact;
 use super::{Clock, DatabaseFault, StoreError, SyncMode};
 
 /// How [`PostgresStore::connect_with`] connects.
@@ -115,7 +116,7 @@ impl Default for PostgresOptions {
 /// any machine) that connects to it.
 ///
 /// ```no_run
-/// use idem::store::{PostgresStore, Store, SyncMode};
+/// use idem::store::{PostgresStore, SyncMode, WorkerStore};
 ///
 /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let store = PostgresStore::connect("postgres://idem@db.internal/idem", SyncMode::Full).await?;
@@ -328,31 +329,6 @@ fn describe(config: &tokio_postgres::Config) -> String {
     format!("postgres://{user}{host}:{port}/{db}")
 }
 
-/// A URL that did not parse, with anything between `:` and `@` (a password) hidden.
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    match rest.split_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{scheme}://{user}@{host}")
-        }
-        None => url.to_owned(),
-    }
-}
-
-/// Whether `url` names a PostgreSQL database rather than a SQLite file.
-///
-/// ```
-/// assert!(idem::store::is_postgres_url("postgres://idem@db/idem"));
-/// assert!(idem::store::is_postgres_url("postgresql://localhost/idem"));
-/// assert!(!idem::store::is_postgres_url("idem.db"));
-/// ```
-pub fn is_postgres_url(url: &str) -> bool {
-    url.starts_with("postgres://") || url.starts_with("postgresql://")
-}
-
 /// The fault a server error stands for, if the user can do something about it.
 fn fault(e: &tokio_postgres::Error) -> Option<DatabaseFault> {
     if e.is_closed() {
@@ -450,7 +426,7 @@ impl From<StoreError> for TxError {
 }
 
 // PostgreSQL integers are signed; the API counts in u64/u32. Values a caller passes are
-// checked before anything is sent (`check_*` in the SQLite backend, shared here); values
+// checked before anything is sent (`rules::check_*`, shared with SQLite); values
 // read back that are out of range are refused rather than wrapped.
 
 fn to_sql_int(value: u64) -> Result<i64, TxError> {

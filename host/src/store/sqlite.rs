@@ -13,6 +13,7 @@
 //! - `sqlite.rs`: [`SqliteStore`], [`OpenOptions`], and how SQLite's errors become
 //!   [`StoreError`]s.
 //! - `api.rs`: the [`Store`] methods: what each hands the thread, and how durable.
+//! - `owned.rs`: the API's borrowed values, owned to cross to the thread.
 //! - `thread.rs`: the database thread and group commit.
 //! - `schema.rs`: opening a file, refusing what is not ours, migrations.
 //! - `claims.rs`, `runs.rs`, `leases.rs`, `components.rs`, `logs.rs`, `waits.rs`: the
@@ -30,6 +31,7 @@ mod leases;
 mod logs;
 #[cfg(test)]
 mod migration_tests;
+mod owned;
 mod runs;
 mod schema;
 #[cfg(test)]
@@ -38,7 +40,6 @@ mod thread;
 mod vfs;
 mod waits;
 
-use super::rules::SQL_MAX;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -46,7 +47,7 @@ use rusqlite::{Connection, ErrorCode, Row};
 
 use thread::{DbError, DbThread, Failure, WorkFailure};
 
-use super::{Checkpoint, Clock, Counts, DatabaseFault, MAX_STEP, Millis, StoreError, SyncMode};
+use super::{Clock, DatabaseFault, Millis, StoreError, SyncMode};
 
 /// How [`SqliteStore::open_with`] opens a store. [`SqliteStore::open`] takes the
 /// defaults but for the sync mode.
@@ -123,8 +124,8 @@ impl Default for OpenOptions {
 /// ```
 /// use std::time::Duration;
 /// use idem::store::{
-///     Acquired, ClaimOutcome, ClaimRef, ClaimRequest, Commit, RunFence, SqliteStore, Store,
-///     SyncMode,
+///     Acquired, CatalogStore, ClaimOutcome, ClaimRef, ClaimRequest, Commit, InstanceStore,
+///     OperatorStore, RunFence, SqliteStore, SyncMode, WorkerStore,
 /// };
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -387,7 +388,7 @@ impl From<StoreError> for TxError {
 }
 
 // SQLite integers are i64; the API counts in u64/u32. Values a caller passes are
-// checked before anything is sent to the thread (`check_*`); values read back that are
+// checked before anything is sent to the thread (`rules::check_*`); values read back that are
 // out of range are refused rather than wrapped, so a corrupt row cannot turn into a
 // plausible token.
 
@@ -403,27 +404,4 @@ fn u64_column(row: &Row<'_>, idx: usize) -> rusqlite::Result<u64> {
 fn u32_column(row: &Row<'_>, idx: usize) -> rusqlite::Result<u32> {
     let value: i64 = row.get(idx)?;
     u32::try_from(value).map_err(|_| rusqlite::Error::IntegralValueOutOfRange(idx, value))
-}
-
-fn check_range(what: &'static str, value: u64, max: u64) -> Result<(), StoreError> {
-    if value <= max {
-        Ok(())
-    } else {
-        Err(StoreError::OutOfRange { what, value, max })
-    }
-}
-
-/// Refuses counts a store cannot keep, before anything is written.
-pub(in crate::store) fn check_counts(counts: &Counts) -> Result<(), StoreError> {
-    check_range("count executed", counts.executed, SQL_MAX)?;
-    check_range("count skipped", counts.skipped, SQL_MAX)?;
-    check_range("count awaited", counts.awaited, SQL_MAX)?;
-    check_range("count reclaimed", counts.reclaimed, SQL_MAX)?;
-    check_range("count instances", counts.instances, SQL_MAX)?;
-    check_range("count recycled", counts.recycled, SQL_MAX)
-}
-
-/// Refuses a checkpoint a store cannot keep, before anything is written.
-pub(in crate::store) fn check_checkpoint(checkpoint: &Checkpoint) -> Result<(), StoreError> {
-    check_range("checkpoint step", checkpoint.step, MAX_STEP)
 }

@@ -1,10 +1,12 @@
 //! The values of durable waits: sleeps and signals a run waits on while it holds no
-//! instance and no lease ([`Store::wait`](super::Store::wait),
-//! [`Store::suspend_run`](super::Store::suspend_run),
-//! [`Store::send_signal`](super::Store::send_signal)).
+//! instance and no lease ([`InstanceStore::wait`],
+//! [`WorkerStore::suspend_run`],
+//! [`OperatorStore::send_signal`]).
 
 use std::time::Duration;
 
+#[cfg(doc)]
+use super::{InstanceStore, OperatorStore, WorkerStore};
 use super::{Millis, RunFence};
 
 /// The longest a run may sleep or wait for a signal: 100 years. Anything longer is a
@@ -37,7 +39,7 @@ pub enum WaitKind<'a> {
     },
 }
 
-/// A wait of a run, recorded under a key of that run: [`Store::wait`](super::Store::wait).
+/// A wait of a run, recorded under a key of that run: [`InstanceStore::wait`].
 #[derive(Debug, Clone)]
 pub struct WaitRequest<'a> {
     /// The run and its lease.
@@ -64,7 +66,7 @@ pub enum WaitState {
     },
 }
 
-/// What a suspended run waits for: [`Store::suspend_run`](super::Store::suspend_run).
+/// What a suspended run waits for: [`WorkerStore::suspend_run`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Suspension<'a> {
     /// When it is due without a signal (`None`: never).
@@ -90,45 +92,13 @@ pub struct WaitRecord {
     pub settled: Option<Millis>,
 }
 
-/// What [`Store::send_signal`](super::Store::send_signal) did.
+/// What [`OperatorStore::send_signal`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SignalSent {
     /// The signal's sequence number within the store.
     pub id: u64,
     /// The run was waiting for this signal: it is due now.
     pub woke: bool,
-}
-
-/// The time a wait is due, from when it was first reached; `None` for an absurd one
-/// (beyond [`MAX_WAIT`] or before the epoch).
-pub(crate) fn due_at(now: Millis, kind: &WaitKind<'_>) -> Result<Option<Millis>, String> {
-    let after = |d: Duration| -> Result<Millis, String> {
-        if d > MAX_WAIT {
-            return Err(format!(
-                "{} s is longer than the longest wait a store keeps ({} s, 100 years)",
-                d.as_secs(),
-                MAX_WAIT.as_secs()
-            ));
-        }
-        let ms = Millis::try_from(d.as_millis()).unwrap_or(Millis::MAX);
-        Ok(now.saturating_add(ms))
-    };
-    match kind {
-        WaitKind::Sleep(Wake::After(d)) => after(*d).map(Some),
-        WaitKind::Sleep(Wake::At(at)) => {
-            let latest = after(MAX_WAIT)?;
-            if *at < 0 {
-                Err(format!("time {at} ms is before the Unix epoch"))
-            } else if *at > latest {
-                Err(format!(
-                    "time {at} ms is more than 100 years away (the longest wait a store keeps)"
-                ))
-            } else {
-                Ok(Some(*at))
-            }
-        }
-        WaitKind::Signal { timeout, .. } => timeout.map(after).transpose(),
-    }
 }
 
 /// Checks a signal name: 1 to 128 bytes of visible text.
@@ -144,50 +114,4 @@ pub fn check_signal_name(name: &str) -> Result<(), String> {
     }
     crate::text::check_visible(name)
         .map_err(|hidden| format!("signal name holds {hidden}; use visible text"))
-}
-
-/// Why a wait's key cannot be used for this wait: it was used for another kind.
-pub(crate) fn reused(key: &str, recorded: Option<&str>, wanted: Option<&str>) -> String {
-    let kind = |signal: Option<&str>| match signal {
-        None => "a sleep".to_string(),
-        Some(name) => format!("a wait for signal {}", crate::text::quoted(name)),
-    };
-    format!(
-        "key {} was used for {}, not {}; give each wait its own key",
-        crate::text::quoted(key),
-        kind(recorded),
-        kind(wanted)
-    )
-}
-
-/// A [`WaitKind`] that owns its name, to be sent to another thread.
-#[derive(Debug, Clone)]
-pub(crate) enum OwnedWaitKind {
-    Sleep(Wake),
-    Signal {
-        name: String,
-        timeout: Option<Duration>,
-    },
-}
-
-impl OwnedWaitKind {
-    pub(crate) fn new(kind: &WaitKind<'_>) -> Self {
-        match *kind {
-            WaitKind::Sleep(wake) => OwnedWaitKind::Sleep(wake),
-            WaitKind::Signal { name, timeout } => OwnedWaitKind::Signal {
-                name: name.to_owned(),
-                timeout,
-            },
-        }
-    }
-
-    pub(crate) fn borrow(&self) -> WaitKind<'_> {
-        match self {
-            OwnedWaitKind::Sleep(wake) => WaitKind::Sleep(*wake),
-            OwnedWaitKind::Signal { name, timeout } => WaitKind::Signal {
-                name,
-                timeout: *timeout,
-            },
-        }
-    }
 }

@@ -29,7 +29,11 @@ mod model;
 
 use model::{Lease, Model};
 
-use super::tests::{Harness, PostgresHarness, SqliteHarness, block_on};
+#[cfg(feature = "postgres")]
+use super::tests::PostgresHarness;
+#[cfg(feature = "sqlite")]
+use super::tests::SqliteHarness;
+use super::tests::{Harness, block_on};
 use super::{
     Acquired, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Clock, Commit, Counts, Grant,
     LeaseState, Millis, Resolution, RunFence, Store, StoreError, Submission, SyncMode,
@@ -270,10 +274,12 @@ impl Stores {
 /// Makes a fresh store of one backend on the clock, or `None` when it is skipped.
 type Backend = fn(&Clock) -> Option<Box<dyn Harness>>;
 
+#[cfg(feature = "sqlite")]
 fn sqlite(clock: &Clock) -> Option<Box<dyn Harness>> {
     Some(Box::new(SqliteHarness::create(clock)?))
 }
 
+#[cfg(feature = "postgres")]
 fn postgres(clock: &Clock) -> Option<Box<dyn Harness>> {
     Some(Box::new(PostgresHarness::create(clock)?))
 }
@@ -658,11 +664,13 @@ fn config() -> Config {
 proptest! {
     #![proptest_config(config())]
 
+    #[cfg(feature = "sqlite")]
     #[test]
     fn sqlite_keeps_the_rules_of_the_model(ops in proptest::collection::vec(op(), 1..MAX_OPS)) {
         block_on(run_case(sqlite, &ops))?;
     }
 
+    #[cfg(feature = "postgres")]
     #[test]
     fn postgres_keeps_the_rules_of_the_model(ops in proptest::collection::vec(op(), 1..MAX_OPS)) {
         // Skipped (loudly, once per case) without IDEM_TEST_POSTGRES.

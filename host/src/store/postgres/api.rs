@@ -1,19 +1,21 @@
-//! The [`Store`] methods of [`PostgresStore`]: which transaction each opens (how
-//! durable, with which fence and lock) and which statements run in it. Values a store
-//! cannot keep are refused here, before anything is sent.
+//! The [`Store`](crate::store::Store) of [`PostgresStore`], role by role: which
+//! transaction each method opens (how durable, with which fence and lock) and which
+//! statements run in it. Values a store cannot keep are refused here, before anything
+//! is sent.
 
 use std::time::Duration;
 
 use super::conn::{Fenced, Lock, write_tx};
 use super::one_trip::OneTrip;
 use super::{PostgresStore, TxError, claims, components, gc, leases, logs, runs, waits};
-use crate::store::clock::lease_expiry;
-use crate::store::sqlite::{check_checkpoint, check_counts};
+use crate::store::rules::lease_expiry;
+use crate::store::rules::{check_checkpoint, check_counts};
 use crate::store::{
-    Acquired, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
-    Deployment, DeploymentRecord, GcReport, GcRequest, LeaseState, LeasedRun, Millis, OpenClaim,
-    Resolution, RunEnd, RunFence, RunFilter, RunRecord, SignalSent, StepRecord, Store, StoreError,
-    Submission, Submitted, Suspension, SyncMode, WaitRecord, WaitRequest, WaitState,
+    Acquired, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
+    Counts, Deployment, DeploymentRecord, GcReport, GcRequest, InstanceStore, LeaseState,
+    LeasedRun, Millis, OpenClaim, OperatorStore, Resolution, RunEnd, RunFence, RunFilter,
+    RunRecord, SignalSent, StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode,
+    WaitRecord, WaitRequest, WaitState, WorkerStore,
 };
 
 /// Refuses a write whose fence did not hold.
@@ -40,15 +42,7 @@ impl PostgresStore {
 }
 
 #[async_trait::async_trait]
-impl Store for PostgresStore {
-    async fn now(&self) -> Result<Millis, StoreError> {
-        if self.clock.is_manual() {
-            return Ok(self.clock.now());
-        }
-        self.read("read the time", async |conn| self.server_now(conn).await)
-            .await
-    }
-
+impl InstanceStore for PostgresStore {
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         if let OneTrip::Done(outcome) = self.claim_in_one_trip(req).await? {
             return Ok(outcome);
@@ -147,194 +141,11 @@ impl Store for PostgresStore {
         )
     }
 
-    async fn resolve(
-        &self,
-        run_id: &str,
-        key: &str,
-        resolution: Resolution<'_>,
-    ) -> Result<(), StoreError> {
-        write_tx!(
-            self,
-            "resolve an in-doubt key",
-            self.sync,
-            None,
-            |conn, _f| { claims::resolve(conn, run_id, key, resolution).await }
-        )
-    }
-
     async fn committed(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.read("read a result", async |conn| {
             claims::committed(conn, key).await
         })
         .await
-    }
-
-    async fn open_claims(&self, run_id: Option<&str>) -> Result<Vec<OpenClaim>, StoreError> {
-        self.read("list open claims", async |conn| {
-            claims::open_claims(conn, run_id).await
-        })
-        .await
-    }
-
-    async fn steps(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
-        self.read("list a run's steps", async |conn| {
-            claims::steps(conn, run_id).await
-        })
-        .await
-    }
-
-    async fn put_component(&self, digest: &str, bytes: &[u8]) -> Result<bool, StoreError> {
-        write_tx!(self, "store a component", self.sync, None, |conn, _f| {
-            components::put_component(conn, digest, bytes).await
-        })
-    }
-
-    async fn has_component(&self, digest: &str) -> Result<bool, StoreError> {
-        self.read("look up a component", async |conn| {
-            components::known(conn, digest).await
-        })
-        .await
-    }
-
-    async fn component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        self.read("read a component", async |conn| {
-            components::component(conn, digest).await
-        })
-        .await
-    }
-
-    async fn deploy(&self, deployment: &Deployment<'_>) -> Result<DeploymentRecord, StoreError> {
-        write_tx!(self, "deploy a component", self.sync, None, |conn, _f| {
-            components::deploy(conn, deployment).await
-        })
-    }
-
-    async fn deployment(&self, name: &str) -> Result<Option<DeploymentRecord>, StoreError> {
-        self.read("read a deployment", async |conn| {
-            components::deployment(conn, name).await
-        })
-        .await
-    }
-
-    async fn deployments(&self) -> Result<Vec<DeploymentRecord>, StoreError> {
-        self.read("list deployments", async |conn| {
-            components::deployments(conn).await
-        })
-        .await
-    }
-
-    async fn admitted(&self, namespace: &str, digest: &str) -> Result<Option<bool>, StoreError> {
-        self.read("read a namespace's members", async |conn| {
-            components::admitted(conn, namespace, digest).await
-        })
-        .await
-    }
-
-    async fn submit(&self, submission: &Submission<'_>) -> Result<Submitted, StoreError> {
-        write_tx!(self, "submit a run", self.sync, None, |conn, _f| {
-            runs::submit(conn, submission).await
-        })
-    }
-
-    async fn run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
-        self.read("read a run", async |conn| runs::run(conn, run_id).await)
-            .await
-    }
-
-    async fn run_authority(&self, run_id: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        self.read("read a run's authority", async |conn| {
-            runs::authority(conn, run_id).await
-        })
-        .await
-    }
-
-    async fn runs(&self, filter: &RunFilter<'_>) -> Result<Vec<RunRecord>, StoreError> {
-        self.read("list runs", async |conn| runs::runs(conn, filter).await)
-            .await
-    }
-
-    async fn upgrade_run(&self, run_id: &str, from: &str, to: &str) -> Result<(), StoreError> {
-        write_tx!(self, "upgrade a run", self.sync, None, |conn, _f| {
-            runs::upgrade_run(conn, run_id, from, to).await
-        })
-    }
-
-    async fn next_due(&self, after: Millis) -> Result<Option<Millis>, StoreError> {
-        self.read("find the next due run", async |conn| {
-            leases::next_due(conn, after).await
-        })
-        .await
-    }
-
-    async fn acquire_runs(
-        &self,
-        worker: &str,
-        max: usize,
-        lease: Duration,
-        skip: &[String],
-    ) -> Result<Vec<LeasedRun>, StoreError> {
-        write_tx!(self, "acquire runs", self.sync, None, |conn, _f| {
-            leases::acquire_runs(conn, worker, max, lease, skip).await
-        })
-    }
-
-    async fn acquire_run(
-        &self,
-        run_id: &str,
-        worker: &str,
-        lease: Duration,
-    ) -> Result<Acquired, StoreError> {
-        write_tx!(self, "acquire a run", self.sync, None, |conn, _f| {
-            leases::acquire_run(conn, run_id, worker, lease).await
-        })
-    }
-
-    async fn renew_runs(
-        &self,
-        fences: &[RunFence],
-        lease: Duration,
-    ) -> Result<Vec<LeaseState>, StoreError> {
-        if fences.is_empty() {
-            return Ok(Vec::new());
-        }
-        let sync = strongest(fences.iter().map(|f| f.sync));
-        write_tx!(self, "renew run leases", sync, None, |conn, _f| {
-            leases::renew_runs(conn, fences, lease_expiry(conn.now, lease)).await
-        })
-    }
-
-    async fn release_run(
-        &self,
-        fence: &RunFence,
-        counts: &Counts,
-        note: Option<&str>,
-    ) -> Result<(), StoreError> {
-        check_counts(counts)?;
-        let with = Some((fence, Lock::Update));
-        write_tx!(self, "release a run", fence.sync, with, |conn, fenced| {
-            held(fenced, fence)?;
-            leases::release_run(conn, fence, counts, note).await
-        })
-    }
-
-    async fn finish_run(
-        &self,
-        fence: &RunFence,
-        end: RunEnd<'_>,
-        counts: &Counts,
-    ) -> Result<(), StoreError> {
-        check_counts(counts)?;
-        let with = Some((fence, Lock::Update));
-        write_tx!(self, "finish a run", fence.sync, with, |conn, fenced| {
-            held(fenced, fence)?;
-            leases::finish_run(conn, fence, end, counts).await
-        })
-    }
-
-    async fn cancel_run(&self, run_id: &str) -> Result<Cancelled, StoreError> {
-        write_tx!(self, "cancel a run", self.sync, None, |conn, _f| {
-            runs::cancel_run(conn, run_id).await
-        })
     }
 
     async fn load_progress(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
@@ -403,19 +214,81 @@ impl Store for PostgresStore {
         )
     }
 
-    async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError> {
-        self.read("read a run's log", async |conn| {
-            logs::read(conn, run_id).await
-        })
-        .await
-    }
-
     async fn wait(&self, req: &WaitRequest<'_>) -> Result<WaitState, StoreError> {
         let fence = req.fence;
         let with = Some((fence, Lock::Update));
         write_tx!(self, "record a wait", fence.sync, with, |conn, fenced| {
             held(fenced, fence)?;
             waits::wait(conn, fence, req.key, &req.kind).await
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl WorkerStore for PostgresStore {
+    async fn now(&self) -> Result<Millis, StoreError> {
+        if self.clock.is_manual() {
+            return Ok(self.clock.now());
+        }
+        self.read("read the time", async |conn| self.server_now(conn).await)
+            .await
+    }
+
+    async fn next_due(&self, after: Millis) -> Result<Option<Millis>, StoreError> {
+        self.read("find the next due run", async |conn| {
+            leases::next_due(conn, after).await
+        })
+        .await
+    }
+
+    async fn acquire_runs(
+        &self,
+        worker: &str,
+        max: usize,
+        lease: Duration,
+        skip: &[String],
+    ) -> Result<Vec<LeasedRun>, StoreError> {
+        write_tx!(self, "acquire runs", self.sync, None, |conn, _f| {
+            leases::acquire_runs(conn, worker, max, lease, skip).await
+        })
+    }
+
+    async fn acquire_run(
+        &self,
+        run_id: &str,
+        worker: &str,
+        lease: Duration,
+    ) -> Result<Acquired, StoreError> {
+        write_tx!(self, "acquire a run", self.sync, None, |conn, _f| {
+            leases::acquire_run(conn, run_id, worker, lease).await
+        })
+    }
+
+    async fn renew_runs(
+        &self,
+        fences: &[RunFence],
+        lease: Duration,
+    ) -> Result<Vec<LeaseState>, StoreError> {
+        if fences.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sync = strongest(fences.iter().map(|f| f.sync));
+        write_tx!(self, "renew run leases", sync, None, |conn, _f| {
+            leases::renew_runs(conn, fences, lease_expiry(conn.now, lease)).await
+        })
+    }
+
+    async fn release_run(
+        &self,
+        fence: &RunFence,
+        counts: &Counts,
+        note: Option<&str>,
+    ) -> Result<(), StoreError> {
+        check_counts(counts)?;
+        let with = Some((fence, Lock::Update));
+        write_tx!(self, "release a run", fence.sync, with, |conn, fenced| {
+            held(fenced, fence)?;
+            leases::release_run(conn, fence, counts, note).await
         })
     }
 
@@ -433,6 +306,123 @@ impl Store for PostgresStore {
         })
     }
 
+    async fn finish_run(
+        &self,
+        fence: &RunFence,
+        end: RunEnd<'_>,
+        counts: &Counts,
+    ) -> Result<(), StoreError> {
+        check_counts(counts)?;
+        let with = Some((fence, Lock::Update));
+        write_tx!(self, "finish a run", fence.sync, with, |conn, fenced| {
+            held(fenced, fence)?;
+            leases::finish_run(conn, fence, end, counts).await
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl CatalogStore for PostgresStore {
+    async fn put_component(&self, digest: &str, bytes: &[u8]) -> Result<bool, StoreError> {
+        write_tx!(self, "store a component", self.sync, None, |conn, _f| {
+            components::put_component(conn, digest, bytes).await
+        })
+    }
+
+    async fn has_component(&self, digest: &str) -> Result<bool, StoreError> {
+        self.read("look up a component", async |conn| {
+            components::known(conn, digest).await
+        })
+        .await
+    }
+
+    async fn component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.read("read a component", async |conn| {
+            components::component(conn, digest).await
+        })
+        .await
+    }
+
+    async fn deploy(&self, deployment: &Deployment<'_>) -> Result<DeploymentRecord, StoreError> {
+        write_tx!(self, "deploy a component", self.sync, None, |conn, _f| {
+            components::deploy(conn, deployment).await
+        })
+    }
+
+    async fn deployment(&self, name: &str) -> Result<Option<DeploymentRecord>, StoreError> {
+        self.read("read a deployment", async |conn| {
+            components::deployment(conn, name).await
+        })
+        .await
+    }
+
+    async fn deployments(&self) -> Result<Vec<DeploymentRecord>, StoreError> {
+        self.read("list deployments", async |conn| {
+            components::deployments(conn).await
+        })
+        .await
+    }
+
+    async fn admitted(&self, namespace: &str, digest: &str) -> Result<Option<bool>, StoreError> {
+        self.read("read a namespace's members", async |conn| {
+            components::admitted(conn, namespace, digest).await
+        })
+        .await
+    }
+
+    async fn upgrade_run(&self, run_id: &str, from: &str, to: &str) -> Result<(), StoreError> {
+        write_tx!(self, "upgrade a run", self.sync, None, |conn, _f| {
+            runs::upgrade_run(conn, run_id, from, to).await
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl OperatorStore for PostgresStore {
+    async fn submit(&self, submission: &Submission<'_>) -> Result<Submitted, StoreError> {
+        write_tx!(self, "submit a run", self.sync, None, |conn, _f| {
+            runs::submit(conn, submission).await
+        })
+    }
+
+    async fn run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
+        self.read("read a run", async |conn| runs::run(conn, run_id).await)
+            .await
+    }
+
+    async fn run_authority(&self, run_id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.read("read a run's authority", async |conn| {
+            runs::authority(conn, run_id).await
+        })
+        .await
+    }
+
+    async fn runs(&self, filter: &RunFilter<'_>) -> Result<Vec<RunRecord>, StoreError> {
+        self.read("list runs", async |conn| runs::runs(conn, filter).await)
+            .await
+    }
+
+    async fn cancel_run(&self, run_id: &str) -> Result<Cancelled, StoreError> {
+        write_tx!(self, "cancel a run", self.sync, None, |conn, _f| {
+            runs::cancel_run(conn, run_id).await
+        })
+    }
+
+    async fn resolve(
+        &self,
+        run_id: &str,
+        key: &str,
+        resolution: Resolution<'_>,
+    ) -> Result<(), StoreError> {
+        write_tx!(
+            self,
+            "resolve an in-doubt key",
+            self.sync,
+            None,
+            |conn, _f| { claims::resolve(conn, run_id, key, resolution).await }
+        )
+    }
+
     async fn send_signal(
         &self,
         run_id: &str,
@@ -445,9 +435,30 @@ impl Store for PostgresStore {
         })
     }
 
+    async fn open_claims(&self, run_id: Option<&str>) -> Result<Vec<OpenClaim>, StoreError> {
+        self.read("list open claims", async |conn| {
+            claims::open_claims(conn, run_id).await
+        })
+        .await
+    }
+
+    async fn steps(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
+        self.read("list a run's steps", async |conn| {
+            claims::steps(conn, run_id).await
+        })
+        .await
+    }
+
     async fn waits(&self, run_id: &str) -> Result<Vec<WaitRecord>, StoreError> {
         self.read("read a run's waits", async |conn| {
             waits::waits(conn, run_id).await
+        })
+        .await
+    }
+
+    async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError> {
+        self.read("read a run's log", async |conn| {
+            logs::read(conn, run_id).await
         })
         .await
     }

@@ -40,8 +40,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
+use super::conn::durability;
 use super::epoch::epoch_alive_floor;
-use super::one_trip::durability;
 use super::{Clock, fault, words};
 use crate::store::{DatabaseFault, Millis, StoreError, SyncMode};
 

@@ -10,7 +10,7 @@
 use super::conn::Conn;
 use super::epoch::token_floor;
 use super::{TxError, to_sql_int, u32_col, u64_col};
-use crate::store::clock::lease_expiry;
+use crate::store::rules::lease_expiry;
 use crate::store::rules::{
     ClaimDecision, KeyRow, claim_lost, decide_claim, first_grant, next_token,
 };
@@ -42,8 +42,8 @@ async fn current(conn: &Conn, key: &str) -> Result<Option<KeyRow>, TxError> {
     }))
 }
 
-/// Claims `req.key` by the rules of `Store::claim`; with `stale_token`, also takes a
-/// live claim held by that token (`Store::take_over`). The caller checked the fence.
+/// Claims `req.key` by the rules of `InstanceStore::claim`; with `stale_token`, also takes a
+/// live claim held by that token (`InstanceStore::take_over`). The caller checked the fence.
 pub(super) async fn claim(
     conn: &Conn,
     req: &ClaimRequest<'_>,

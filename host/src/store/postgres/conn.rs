@@ -12,6 +12,14 @@ use crate::store::{Millis, RunFence, StoreError, SyncMode};
 /// else the server's, as of the transaction's start.
 const NOW: &str = "SELECT coalesce($1::int8, (extract(epoch FROM now()) * 1000)::int8)";
 
+/// The statement that makes a session's next transactions as durable as `sync` asks.
+pub(super) fn durability(sync: SyncMode) -> &'static str {
+    match sync {
+        SyncMode::Full => "SET synchronous_commit TO on",
+        SyncMode::Normal => "SET synchronous_commit TO off",
+    }
+}
+
 /// How a transaction locks its run's row while it checks the fence.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Lock {

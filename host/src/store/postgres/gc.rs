@@ -1,4 +1,4 @@
-//! Retention on PostgreSQL: the statements of `Store::gc`, in small transactions so
+//! Retention on PostgreSQL: the statements of `OperatorStore::gc`, in small transactions so
 //! that workers' steps go on between them.
 //!
 //! The walk is SQLite's (`sqlite/gc.rs`): keys in order a chunk at a time, read first

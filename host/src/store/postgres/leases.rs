@@ -11,7 +11,7 @@ use super::conn::Conn;
 use super::epoch::token_floor;
 use super::runs::{self, end_as_cancelled, lease_from, set_outcome, status_from, unknown_run};
 use super::{TxError, to_sql_int, u64_col};
-use crate::store::clock::lease_expiry;
+use crate::store::rules::lease_expiry;
 use crate::store::rules::{LeaseDecision, decide_run_lease, run_lease_token};
 use crate::store::{Acquired, Counts, LeaseState, LeasedRun, Millis, RunEnd, RunFence, RunStatus};
 

@@ -18,6 +18,7 @@ use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
 use super::batch::{ClaimJob, CommitJob, Fenced};
+use super::conn::durability;
 use super::epoch::epoch_alive_floor;
 use super::{PostgresStore, TxError, is_race, to_sql_int, u32_col, u64_col};
 use crate::store::rules::{ClaimDecision, KeyRow, claim_lost, decide_claim, first_grant};
@@ -57,14 +58,6 @@ const CLAIM_NEW: &str = concat!(
      FROM (SELECT 1) AS one
      LEFT JOIN steps s ON s.key = $4"
 );
-
-/// The statement that makes a session's next transactions as durable as `sync` asks.
-pub(super) fn durability(sync: SyncMode) -> &'static str {
-    match sync {
-        SyncMode::Full => "SET synchronous_commit TO on",
-        SyncMode::Normal => "SET synchronous_commit TO off",
-    }
-}
 
 /// What [`PostgresStore::claim_in_one_trip`] settled.
 pub(super) enum OneTrip<T> {

@@ -7,7 +7,7 @@
 //! a transaction-scoped advisory lock on the schema's name before they look, so one
 //! migrates and the others find it done.
 
-use super::conn::write_tx;
+use super::conn::{Conn, write_tx};
 use super::{PostgresStore, TxError, connect_reason, fault};
 use crate::store::{DatabaseFault, StoreError, SyncMode};
 
@@ -25,33 +25,7 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// Brings the store's schema up to date, or refuses one that is newer.
 pub(super) async fn migrate(store: &PostgresStore, existing_only: bool) -> Result<(), StoreError> {
-    // The first connection tells apart the faults an operator fixes before anything
-    // can work: the server down, the user or password refused, no such database.
-    let probe = store.pool.get().await.map_err(|e| {
-        let (reason, unreachable) = match &e {
-            deadpool_postgres::PoolError::Backend(e) => (
-                connect_reason(e, store.user.as_deref(), &store.dbname),
-                fault(e) == Some(DatabaseFault::Unreachable),
-            ),
-            other => (format!("cannot reach the server: {other}"), true),
-        };
-        if unreachable {
-            // A fault that may pass by itself (the server restarting): typed, so that a
-            // caller that can wait (a worker) tells it from one an operator must fix.
-            StoreError::Database {
-                location: store.location.clone(),
-                op: "connect",
-                fault: DatabaseFault::Unreachable,
-                detail: reason,
-            }
-        } else {
-            StoreError::Open {
-                location: store.location.clone(),
-                reason,
-            }
-        }
-    })?;
-    drop(probe);
+    probe(store).await?;
     let op = "migrate the schema";
     let applied: Result<i64, StoreError> =
         write_tx!(store, op, SyncMode::Full, None, |conn, _fenced| {
@@ -60,56 +34,7 @@ pub(super) async fn migrate(store: &PostgresStore, existing_only: bool) -> Resul
                 &[],
             )
             .await?;
-            let exists: bool = conn
-                .query_one(
-                    "SELECT EXISTS (SELECT 1 FROM pg_tables
-                                WHERE schemaname = current_schema()
-                                  AND tablename = 'idem_migrations')",
-                    &[],
-                )
-                .await?
-                .try_get(0)?;
-            let from: i64 = if exists {
-                conn.query_one(
-                    "SELECT coalesce(max(version), 0)::int8 FROM idem_migrations",
-                    &[],
-                )
-                .await?
-                .try_get(0)?
-            } else {
-                let tables: i64 = conn
-                    .query_one(
-                        "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()",
-                        &[],
-                    )
-                    .await?
-                    .try_get(0)?;
-                if existing_only {
-                    return Err(TxError::Store(StoreError::Open {
-                        location: store.location.clone(),
-                        reason: "no idem store is there (`idem run` or `idem deploy` creates one)"
-                            .to_owned(),
-                    }));
-                }
-                if tables > 0 {
-                    return Err(TxError::Store(StoreError::Open {
-                        location: store.location.clone(),
-                        reason: format!(
-                            "its schema holds {tables} tables but no idem store; idem left it \
-                         untouched (point the URL at an empty database or schema)"
-                        ),
-                    }));
-                }
-                conn.execute(
-                    "CREATE TABLE idem_migrations (
-                     version    int8 PRIMARY KEY,
-                     applied_at timestamptz NOT NULL DEFAULT now()
-                 )",
-                    &[],
-                )
-                .await?;
-                0
-            };
+            let from = version(conn, store, existing_only).await?;
             if from > SCHEMA_VERSION {
                 return Err(TxError::Store(StoreError::SchemaTooNew {
                     location: store.location.clone(),
@@ -137,4 +62,91 @@ pub(super) async fn migrate(store: &PostgresStore, existing_only: bool) -> Resul
         );
     }
     Ok(())
+}
+
+/// Takes a first connection, telling apart the faults an operator fixes before
+/// anything can work (the user or password refused, no such database) from the server
+/// being down.
+async fn probe(store: &PostgresStore) -> Result<(), StoreError> {
+    let probe = store.pool.get().await.map_err(|e| {
+        let (reason, unreachable) = match &e {
+            deadpool_postgres::PoolError::Backend(e) => (
+                connect_reason(e, store.user.as_deref(), &store.dbname),
+                fault(e) == Some(DatabaseFault::Unreachable),
+            ),
+            other => (format!("cannot reach the server: {other}"), true),
+        };
+        if unreachable {
+            // A fault that may pass by itself (the server restarting): typed, so that a
+            // caller that can wait (a worker) tells it from one an operator must fix.
+            StoreError::Database {
+                location: store.location.clone(),
+                op: "connect",
+                fault: DatabaseFault::Unreachable,
+                detail: reason,
+            }
+        } else {
+            StoreError::Open {
+                location: store.location.clone(),
+                reason,
+            }
+        }
+    })?;
+    drop(probe);
+    Ok(())
+}
+
+/// The schema's version, in the migration's transaction: 0 for a schema idem never
+/// wrote, whose version table is created here, unless the schema holds other tables
+/// (not ours to touch) or only an existing store was asked for.
+async fn version(conn: &Conn, store: &PostgresStore, existing_only: bool) -> Result<i64, TxError> {
+    let exists: bool = conn
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_tables
+                        WHERE schemaname = current_schema()
+                          AND tablename = 'idem_migrations')",
+            &[],
+        )
+        .await?
+        .try_get(0)?;
+    if exists {
+        return Ok(conn
+            .query_one(
+                "SELECT coalesce(max(version), 0)::int8 FROM idem_migrations",
+                &[],
+            )
+            .await?
+            .try_get(0)?);
+    }
+    let tables: i64 = conn
+        .query_one(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()",
+            &[],
+        )
+        .await?
+        .try_get(0)?;
+    if existing_only {
+        return Err(TxError::Store(StoreError::Open {
+            location: store.location.clone(),
+            reason: "no idem store is there (`idem run` or `idem deploy` creates one)".to_owned(),
+        }));
+    }
+    if tables > 0 {
+        return Err(TxError::Store(StoreError::Open {
+            location: store.location.clone(),
+            reason: format!(
+                "its schema holds {tables} tables but no idem store; idem left it \
+                 untouched (point the URL at an empty database or schema)"
+            ),
+        }));
+    }
+    conn.execute(
+        "CREATE TABLE idem_migrations (
+             version    int8 PRIMARY KEY,
+             applied_at timestamptz NOT NULL DEFAULT now()
+         )",
+        &[],
+    )
+    .await?;
+    Ok(0)
 }

@@ -4,8 +4,8 @@
 use crate::store::tests::postgres_harness::{blocking, test_server, url_with_schema};
 use crate::store::tests::{LEASE, block_on};
 use crate::store::{
-    Acquired, ClaimOutcome, ClaimRequest, PostgresStore, RunFence, Store, StoreError, Submission,
-    SyncMode,
+    Acquired, CatalogStore, ClaimOutcome, ClaimRequest, InstanceStore, OperatorStore,
+    PostgresStore, RunFence, StoreError, Submission, SyncMode, WorkerStore,
 };
 
 /// A schema of its own, dropped at the end; `None` when PostgreSQL tests are skipped.

@@ -5,7 +5,7 @@
 use super::TxError;
 use super::conn::Conn;
 use super::runs::{save_counts, status_from, unknown_run};
-use crate::store::waits::{due_at, reused};
+use crate::store::rules::{Recorded, WaitRow, asked, sleep_state};
 use crate::store::{
     Counts, Millis, RunFence, RunStatus, SignalSent, StoreError, Suspension, WaitKind, WaitRecord,
     WaitState, check_signal_name,
@@ -27,14 +27,7 @@ pub(super) async fn wait(
             reason,
         })
     };
-    let due_now = due_at(now, kind).map_err(refused)?;
-    let wanted = match kind {
-        WaitKind::Sleep(_) => None,
-        WaitKind::Signal { name, .. } => {
-            check_signal_name(name).map_err(refused)?;
-            Some(*name)
-        }
-    };
+    let asked = asked(now, kind).map_err(refused)?;
     let row = conn
         .query_opt(
             "SELECT signal, due, outcome, payload FROM waits WHERE run_id = $1 AND key = $2",
@@ -43,42 +36,47 @@ pub(super) async fn wait(
         .await?;
     let due = match row {
         Some(row) => {
-            let signal: Option<String> = row.try_get(0)?;
-            if signal.as_deref() != wanted {
-                return Err(refused(reused(key, signal.as_deref(), wanted)));
+            let row = WaitRow {
+                signal: row.try_get(0)?,
+                due: row.try_get(1)?,
+                outcome: row.try_get(2)?,
+                payload: row.try_get(3)?,
+            };
+            match row.state(key, &asked).map_err(refused)? {
+                Recorded::Settled(state) => return Ok(state),
+                Recorded::Open(due) => due,
             }
-            let outcome: Option<String> = row.try_get(2)?;
-            match outcome.as_deref() {
-                Some("received") => {
-                    let payload: Option<Vec<u8>> = row.try_get(3)?;
-                    return Ok(WaitState::Received(payload.unwrap_or_default()));
-                }
-                Some(_) => return Ok(WaitState::TimedOut),
-                None => {}
-            }
-            row.try_get::<_, Option<i64>>(1)?
         }
         None => {
             conn.execute(
                 "INSERT INTO waits (run_id, key, signal, due, created) VALUES ($1, $2, $3, $4, $5)",
-                &[&fence.run_id, &key, &wanted, &due_now, &now],
+                &[&fence.run_id, &key, &asked.signal, &asked.due, &now],
             )
             .await?;
-            due_now
+            asked.due
         }
     };
-    let Some(name) = wanted else {
-        return Ok(match due {
-            Some(due) if due > now => WaitState::Pending { due: Some(due) },
-            _ => WaitState::Elapsed,
-        });
-    };
+    match asked.signal {
+        None => Ok(sleep_state(due, now)),
+        Some(name) => take_signal(conn, &fence.run_id, key, name, due).await,
+    }
+}
+
+/// A signal wait not over: takes the oldest signal `name` sent to the run and not yet
+/// received, or times the wait out once `due` passed.
+async fn take_signal(
+    conn: &Conn,
+    run_id: &str,
+    key: &str,
+    name: &str,
+    due: Option<Millis>,
+) -> Result<WaitState, TxError> {
     let signal = conn
         .query_opt(
             "SELECT id, payload FROM signals
              WHERE run_id = $1 AND name = $2 AND taken_by IS NULL ORDER BY id LIMIT 1
              FOR UPDATE",
-            &[&fence.run_id, &name],
+            &[&run_id, &name],
         )
         .await?;
     if let Some(signal) = signal {
@@ -88,12 +86,12 @@ pub(super) async fn wait(
             &[&id, &key],
         )
         .await?;
-        settle(conn, &fence.run_id, key, "received", Some(&payload)).await?;
+        settle(conn, run_id, key, "received", Some(&payload)).await?;
         return Ok(WaitState::Received(payload));
     }
     match due {
-        Some(due) if due <= now => {
-            settle(conn, &fence.run_id, key, "timed-out", None).await?;
+        Some(due) if due <= conn.now => {
+            settle(conn, run_id, key, "timed-out", None).await?;
             Ok(WaitState::TimedOut)
         }
         due => Ok(WaitState::Pending { due }),

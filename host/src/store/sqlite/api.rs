@@ -1,28 +1,24 @@
-//! The [`Store`] methods of [`SqliteStore`]: what each copies for the database thread
-//! (work crosses threads, so it owns what it needs), how durable its write must be, and
-//! which statements do it. Values a store cannot keep are refused here, before anything
-//! is sent.
+//! The [`Store`](crate::store::Store) of [`SqliteStore`], role by role: what each method
+//! copies for the database thread (work crosses threads, so it owns what it needs), how
+//! durable its write must be, and which statements do it. Values a store cannot keep
+//! are refused here, before anything is sent.
 
 use std::time::Duration;
 
-use super::{
-    SqliteStore, check_checkpoint, check_counts, claims, components, gc, leases, logs, runs, waits,
-};
-use crate::store::clock::lease_expiry;
-use crate::store::waits::OwnedWaitKind;
+use super::owned::{OwnedEnd, OwnedRef, OwnedRequest, OwnedWaitKind};
+use super::{SqliteStore, claims, components, gc, leases, logs, runs, waits};
+use crate::store::rules::lease_expiry;
+use crate::store::rules::{check_checkpoint, check_counts};
 use crate::store::{
-    Acquired, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
-    Deployment, DeploymentRecord, GcReport, GcRequest, LeaseState, LeasedRun, Millis, OpenClaim,
-    Resolution, RunEnd, RunFence, RunFilter, RunRecord, SignalSent, StepRecord, Store, StoreError,
-    Submission, Submitted, Suspension, SyncMode, WaitRecord, WaitRequest, WaitState,
+    Acquired, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
+    Counts, Deployment, DeploymentRecord, GcReport, GcRequest, InstanceStore, LeaseState,
+    LeasedRun, Millis, OpenClaim, OperatorStore, Resolution, RunEnd, RunFence, RunFilter,
+    RunRecord, SignalSent, StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode,
+    WaitRecord, WaitRequest, WaitState, WorkerStore,
 };
 
 #[async_trait::async_trait]
-impl Store for SqliteStore {
-    async fn now(&self) -> Result<Millis, StoreError> {
-        Ok(self.clock.now())
-    }
-
+impl InstanceStore for SqliteStore {
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         self.claim_key("claim a key", req, None).await
     }
@@ -100,174 +96,79 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn resolve(
-        &self,
-        run_id: &str,
-        key: &str,
-        resolution: Resolution<'_>,
-    ) -> Result<(), StoreError> {
-        let (run_id, key) = (run_id.to_owned(), key.to_owned());
-        let result = match resolution {
-            Resolution::Commit(result) => Some(result.to_vec()),
-            Resolution::Retry => None,
-        };
-        self.write("resolve an in-doubt key", self.sync, move |conn, now| {
-            let resolution = match &result {
-                Some(result) => Resolution::Commit(result),
-                None => Resolution::Retry,
-            };
-            claims::resolve(conn, &run_id, &key, resolution, now)
-        })
-        .await
-    }
-
     async fn committed(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let key = key.to_owned();
         self.read("read a result", move |conn| claims::committed(conn, &key))
             .await
     }
 
-    async fn open_claims(&self, run_id: Option<&str>) -> Result<Vec<OpenClaim>, StoreError> {
-        let run_id = run_id.map(str::to_owned);
-        self.read("list open claims", move |conn| {
-            claims::open_claims(conn, run_id.as_deref())
-        })
-        .await
-    }
-
-    async fn steps(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
+    async fn load_progress(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
         let run_id = run_id.to_owned();
-        self.read("list a run's steps", move |conn| {
-            claims::steps(conn, &run_id)
+        self.read("load progress", move |conn| {
+            runs::load_progress(conn, &run_id)
         })
         .await
     }
 
-    async fn has_component(&self, digest: &str) -> Result<bool, StoreError> {
-        let digest = digest.to_owned();
-        self.read("look up a component", move |conn| {
-            components::known(conn, &digest)
-        })
-        .await
-    }
-
-    async fn put_component(&self, digest: &str, bytes: &[u8]) -> Result<bool, StoreError> {
-        // Most runs start with a component the store already holds: looking first spares
-        // copying its bytes (19 MB for a Python agent) into a write that does nothing.
-        if self.has_component(digest).await? {
-            return Ok(false);
+    async fn save_progress(
+        &self,
+        fence: &RunFence,
+        checkpoint: &Checkpoint,
+        counts: Option<&Counts>,
+    ) -> Result<(), StoreError> {
+        check_checkpoint(checkpoint)?;
+        if let Some(counts) = counts {
+            check_counts(counts)?;
         }
-        let large = bytes.len() >= components::CHECKPOINT_AFTER_BYTES;
-        let (digest, bytes) = (digest.to_owned(), bytes.to_vec());
-        let inserted = self
-            .write("store a component", self.sync, move |conn, now| {
-                components::put_component(conn, &digest, &bytes, now)
-            })
-            .await?;
-        if inserted && large {
-            self.read("checkpoint after storing a component", |conn| {
-                components::checkpoint(conn)
-            })
-            .await
-            .unwrap_or_else(
-                |e| tracing::debug!(error = %e, "no checkpoint after storing a component"),
-            );
-        }
-        Ok(inserted)
-    }
-
-    async fn component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        let digest = digest.to_owned();
-        self.read("read a component", move |conn| {
-            components::component(conn, &digest)
+        let (fence, checkpoint, counts) = (fence.clone(), checkpoint.clone(), counts.copied());
+        self.write("save progress", fence.sync, move |conn, now| {
+            leases::check_fence(conn, &fence)?;
+            if let Some(counts) = &counts {
+                runs::save_counts(conn, &fence.run_id, counts, now)?;
+            }
+            runs::save_checkpoint(conn, &fence.run_id, &checkpoint, now)
         })
         .await
     }
 
-    async fn deploy(&self, deployment: &Deployment<'_>) -> Result<DeploymentRecord, StoreError> {
-        let (name, digest) = (deployment.name.to_owned(), deployment.digest.to_owned());
-        let (authority, admission) = (deployment.authority.to_vec(), deployment.admission);
-        self.write("deploy a component", self.sync, move |conn, now| {
-            let deployment = Deployment {
-                name: &name,
-                digest: &digest,
-                authority: &authority,
-                admission,
-            };
-            components::deploy(conn, &deployment, now)
+    async fn save_counts(&self, fence: &RunFence, counts: &Counts) -> Result<(), StoreError> {
+        check_counts(counts)?;
+        let (fence, counts) = (fence.clone(), *counts);
+        self.write("save counts", fence.sync, move |conn, now| {
+            leases::check_fence(conn, &fence)?;
+            runs::save_counts(conn, &fence.run_id, &counts, now)
         })
         .await
     }
 
-    async fn deployment(&self, name: &str) -> Result<Option<DeploymentRecord>, StoreError> {
-        let name = name.to_owned();
-        self.read("read a deployment", move |conn| {
-            components::deployment(conn, &name)
+    async fn append_log(
+        &self,
+        fence: &RunFence,
+        bytes: &[u8],
+        keep: usize,
+    ) -> Result<(), StoreError> {
+        let (fence, bytes) = (fence.clone(), bytes.to_vec());
+        self.write("append to a run's log", fence.sync, move |conn, _| {
+            leases::check_fence(conn, &fence)?;
+            logs::append(conn, &fence.run_id, &bytes, keep)
         })
         .await
     }
 
-    async fn deployments(&self) -> Result<Vec<DeploymentRecord>, StoreError> {
-        self.read("list deployments", components::deployments).await
-    }
-
-    async fn admitted(&self, namespace: &str, digest: &str) -> Result<Option<bool>, StoreError> {
-        let (namespace, digest) = (namespace.to_owned(), digest.to_owned());
-        self.read("read a namespace's members", move |conn| {
-            components::admitted(conn, &namespace, &digest)
+    async fn wait(&self, req: &WaitRequest<'_>) -> Result<WaitState, StoreError> {
+        let (fence, key) = (req.fence.clone(), req.key.to_owned());
+        let kind = OwnedWaitKind::new(&req.kind);
+        self.write("record a wait", fence.sync, move |conn, now| {
+            waits::wait(conn, &fence, &key, &kind.borrow(), now)
         })
         .await
     }
+}
 
-    async fn submit(&self, submission: &Submission<'_>) -> Result<Submitted, StoreError> {
-        let (run_id, agent) = (submission.run_id.to_owned(), submission.agent.to_owned());
-        let (digest, namespace) = (
-            submission.digest.to_owned(),
-            submission.namespace.to_owned(),
-        );
-        let (input, authority) = (submission.input.to_vec(), submission.authority.to_vec());
-        let replace_authority = submission.replace_authority;
-        self.write("submit a run", self.sync, move |conn, now| {
-            let submission = Submission {
-                run_id: &run_id,
-                agent: &agent,
-                digest: &digest,
-                namespace: &namespace,
-                input: &input,
-                authority: &authority,
-                replace_authority,
-            };
-            runs::submit(conn, &submission, now)
-        })
-        .await
-    }
-
-    async fn run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
-        let run_id = run_id.to_owned();
-        self.read("read a run", move |conn| runs::run(conn, &run_id))
-            .await
-    }
-
-    async fn run_authority(&self, run_id: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        let run_id = run_id.to_owned();
-        self.read("read a run's authority", move |conn| {
-            runs::authority(conn, &run_id)
-        })
-        .await
-    }
-
-    async fn runs(&self, filter: &RunFilter<'_>) -> Result<Vec<RunRecord>, StoreError> {
-        let filter = runs::OwnedFilter::from(filter);
-        self.read("list runs", move |conn| runs::runs(conn, &filter))
-            .await
-    }
-
-    async fn upgrade_run(&self, run_id: &str, from: &str, to: &str) -> Result<(), StoreError> {
-        let (run_id, from, to) = (run_id.to_owned(), from.to_owned(), to.to_owned());
-        self.write("upgrade a run", self.sync, move |conn, now| {
-            runs::upgrade_run(conn, &run_id, &from, &to, now)
-        })
-        .await
+#[async_trait::async_trait]
+impl WorkerStore for SqliteStore {
+    async fn now(&self) -> Result<Millis, StoreError> {
+        Ok(self.clock.now())
     }
 
     async fn next_due(&self, after: Millis) -> Result<Option<Millis>, StoreError> {
@@ -334,96 +235,6 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn finish_run(
-        &self,
-        fence: &RunFence,
-        end: RunEnd<'_>,
-        counts: &Counts,
-    ) -> Result<(), StoreError> {
-        check_counts(counts)?;
-        let (fence, counts, end) = (fence.clone(), *counts, OwnedEnd::new(end));
-        self.write("finish a run", fence.sync, move |conn, now| {
-            leases::finish_run(conn, &fence, end.borrow(), &counts, now)
-        })
-        .await
-    }
-
-    async fn cancel_run(&self, run_id: &str) -> Result<Cancelled, StoreError> {
-        let run_id = run_id.to_owned();
-        self.write("cancel a run", self.sync, move |conn, now| {
-            runs::cancel_run(conn, &run_id, now)
-        })
-        .await
-    }
-
-    async fn load_progress(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
-        let run_id = run_id.to_owned();
-        self.read("load progress", move |conn| {
-            runs::load_progress(conn, &run_id)
-        })
-        .await
-    }
-
-    async fn save_progress(
-        &self,
-        fence: &RunFence,
-        checkpoint: &Checkpoint,
-        counts: Option<&Counts>,
-    ) -> Result<(), StoreError> {
-        check_checkpoint(checkpoint)?;
-        if let Some(counts) = counts {
-            check_counts(counts)?;
-        }
-        let (fence, checkpoint, counts) = (fence.clone(), checkpoint.clone(), counts.copied());
-        self.write("save progress", fence.sync, move |conn, now| {
-            leases::check_fence(conn, &fence)?;
-            if let Some(counts) = &counts {
-                runs::save_counts(conn, &fence.run_id, counts, now)?;
-            }
-            runs::save_checkpoint(conn, &fence.run_id, &checkpoint, now)
-        })
-        .await
-    }
-
-    async fn save_counts(&self, fence: &RunFence, counts: &Counts) -> Result<(), StoreError> {
-        check_counts(counts)?;
-        let (fence, counts) = (fence.clone(), *counts);
-        self.write("save counts", fence.sync, move |conn, now| {
-            leases::check_fence(conn, &fence)?;
-            runs::save_counts(conn, &fence.run_id, &counts, now)
-        })
-        .await
-    }
-
-    async fn append_log(
-        &self,
-        fence: &RunFence,
-        bytes: &[u8],
-        keep: usize,
-    ) -> Result<(), StoreError> {
-        let (fence, bytes) = (fence.clone(), bytes.to_vec());
-        self.write("append to a run's log", fence.sync, move |conn, _| {
-            leases::check_fence(conn, &fence)?;
-            logs::append(conn, &fence.run_id, &bytes, keep)
-        })
-        .await
-    }
-
-    async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError> {
-        let run_id = run_id.to_owned();
-        self.read("read a run's log", move |conn| logs::read(conn, &run_id))
-            .await
-    }
-
-    async fn wait(&self, req: &WaitRequest<'_>) -> Result<WaitState, StoreError> {
-        let (fence, key) = (req.fence.clone(), req.key.to_owned());
-        let kind = OwnedWaitKind::new(&req.kind);
-        self.write("record a wait", fence.sync, move |conn, now| {
-            waits::wait(conn, &fence, &key, &kind.borrow(), now)
-        })
-        .await
-    }
-
     async fn suspend_run(
         &self,
         fence: &RunFence,
@@ -443,6 +254,182 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn finish_run(
+        &self,
+        fence: &RunFence,
+        end: RunEnd<'_>,
+        counts: &Counts,
+    ) -> Result<(), StoreError> {
+        check_counts(counts)?;
+        let (fence, counts, end) = (fence.clone(), *counts, OwnedEnd::new(end));
+        self.write("finish a run", fence.sync, move |conn, now| {
+            leases::finish_run(conn, &fence, end.borrow(), &counts, now)
+        })
+        .await
+    }
+}
+
+#[async_trait::async_trait]
+impl CatalogStore for SqliteStore {
+    async fn put_component(&self, digest: &str, bytes: &[u8]) -> Result<bool, StoreError> {
+        // Most runs start with a component the store already holds: looking first spares
+        // copying its bytes (19 MB for a Python agent) into a write that does nothing.
+        if self.has_component(digest).await? {
+            return Ok(false);
+        }
+        let large = bytes.len() >= components::CHECKPOINT_AFTER_BYTES;
+        let (digest, bytes) = (digest.to_owned(), bytes.to_vec());
+        let inserted = self
+            .write("store a component", self.sync, move |conn, now| {
+                components::put_component(conn, &digest, &bytes, now)
+            })
+            .await?;
+        if inserted && large {
+            self.read("checkpoint after storing a component", |conn| {
+                components::checkpoint(conn)
+            })
+            .await
+            .unwrap_or_else(
+                |e| tracing::debug!(error = %e, "no checkpoint after storing a component"),
+            );
+        }
+        Ok(inserted)
+    }
+
+    async fn has_component(&self, digest: &str) -> Result<bool, StoreError> {
+        let digest = digest.to_owned();
+        self.read("look up a component", move |conn| {
+            components::known(conn, &digest)
+        })
+        .await
+    }
+
+    async fn component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let digest = digest.to_owned();
+        self.read("read a component", move |conn| {
+            components::component(conn, &digest)
+        })
+        .await
+    }
+
+    async fn deploy(&self, deployment: &Deployment<'_>) -> Result<DeploymentRecord, StoreError> {
+        let (name, digest) = (deployment.name.to_owned(), deployment.digest.to_owned());
+        let (authority, admission) = (deployment.authority.to_vec(), deployment.admission);
+        self.write("deploy a component", self.sync, move |conn, now| {
+            let deployment = Deployment {
+                name: &name,
+                digest: &digest,
+                authority: &authority,
+                admission,
+            };
+            components::deploy(conn, &deployment, now)
+        })
+        .await
+    }
+
+    async fn deployment(&self, name: &str) -> Result<Option<DeploymentRecord>, StoreError> {
+        let name = name.to_owned();
+        self.read("read a deployment", move |conn| {
+            components::deployment(conn, &name)
+        })
+        .await
+    }
+
+    async fn deployments(&self) -> Result<Vec<DeploymentRecord>, StoreError> {
+        self.read("list deployments", components::deployments).await
+    }
+
+    async fn admitted(&self, namespace: &str, digest: &str) -> Result<Option<bool>, StoreError> {
+        let (namespace, digest) = (namespace.to_owned(), digest.to_owned());
+        self.read("read a namespace's members", move |conn| {
+            components::admitted(conn, &namespace, &digest)
+        })
+        .await
+    }
+
+    async fn upgrade_run(&self, run_id: &str, from: &str, to: &str) -> Result<(), StoreError> {
+        let (run_id, from, to) = (run_id.to_owned(), from.to_owned(), to.to_owned());
+        self.write("upgrade a run", self.sync, move |conn, now| {
+            runs::upgrade_run(conn, &run_id, &from, &to, now)
+        })
+        .await
+    }
+}
+
+#[async_trait::async_trait]
+impl OperatorStore for SqliteStore {
+    async fn submit(&self, submission: &Submission<'_>) -> Result<Submitted, StoreError> {
+        let (run_id, agent) = (submission.run_id.to_owned(), submission.agent.to_owned());
+        let (digest, namespace) = (
+            submission.digest.to_owned(),
+            submission.namespace.to_owned(),
+        );
+        let (input, authority) = (submission.input.to_vec(), submission.authority.to_vec());
+        let replace_authority = submission.replace_authority;
+        self.write("submit a run", self.sync, move |conn, now| {
+            let submission = Submission {
+                run_id: &run_id,
+                agent: &agent,
+                digest: &digest,
+                namespace: &namespace,
+                input: &input,
+                authority: &authority,
+                replace_authority,
+            };
+            runs::submit(conn, &submission, now)
+        })
+        .await
+    }
+
+    async fn run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
+        let run_id = run_id.to_owned();
+        self.read("read a run", move |conn| runs::run(conn, &run_id))
+            .await
+    }
+
+    async fn run_authority(&self, run_id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let run_id = run_id.to_owned();
+        self.read("read a run's authority", move |conn| {
+            runs::authority(conn, &run_id)
+        })
+        .await
+    }
+
+    async fn runs(&self, filter: &RunFilter<'_>) -> Result<Vec<RunRecord>, StoreError> {
+        let filter = runs::OwnedFilter::from(filter);
+        self.read("list runs", move |conn| runs::runs(conn, &filter))
+            .await
+    }
+
+    async fn cancel_run(&self, run_id: &str) -> Result<Cancelled, StoreError> {
+        let run_id = run_id.to_owned();
+        self.write("cancel a run", self.sync, move |conn, now| {
+            runs::cancel_run(conn, &run_id, now)
+        })
+        .await
+    }
+
+    async fn resolve(
+        &self,
+        run_id: &str,
+        key: &str,
+        resolution: Resolution<'_>,
+    ) -> Result<(), StoreError> {
+        let (run_id, key) = (run_id.to_owned(), key.to_owned());
+        let result = match resolution {
+            Resolution::Commit(result) => Some(result.to_vec()),
+            Resolution::Retry => None,
+        };
+        self.write("resolve an in-doubt key", self.sync, move |conn, now| {
+            let resolution = match &result {
+                Some(result) => Resolution::Commit(result),
+                None => Resolution::Retry,
+            };
+            claims::resolve(conn, &run_id, &key, resolution, now)
+        })
+        .await
+    }
+
     async fn send_signal(
         &self,
         run_id: &str,
@@ -457,12 +444,34 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn open_claims(&self, run_id: Option<&str>) -> Result<Vec<OpenClaim>, StoreError> {
+        let run_id = run_id.map(str::to_owned);
+        self.read("list open claims", move |conn| {
+            claims::open_claims(conn, run_id.as_deref())
+        })
+        .await
+    }
+
+    async fn steps(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
+        let run_id = run_id.to_owned();
+        self.read("list a run's steps", move |conn| {
+            claims::steps(conn, &run_id)
+        })
+        .await
+    }
+
     async fn waits(&self, run_id: &str) -> Result<Vec<WaitRecord>, StoreError> {
         let run_id = run_id.to_owned();
         self.read("read a run's waits", move |conn| {
             waits::waits(conn, &run_id)
         })
         .await
+    }
+
+    async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError> {
+        let run_id = run_id.to_owned();
+        self.read("read a run's log", move |conn| logs::read(conn, &run_id))
+            .await
     }
 
     async fn gc(&self, req: &GcRequest) -> Result<GcReport, StoreError> {
@@ -567,92 +576,5 @@ impl SqliteStore {
             move |conn, now| claims::claim(conn, &req.borrow(), stale_token, now, floor)
         })
         .await
-    }
-}
-
-/// A [`ClaimRequest`] that owns its strings.
-struct OwnedRequest {
-    key: String,
-    fence: RunFence,
-    holder: String,
-    fingerprint: Option<String>,
-    lease: Duration,
-    durable: bool,
-}
-
-impl OwnedRequest {
-    fn new(req: &ClaimRequest<'_>) -> OwnedRequest {
-        OwnedRequest {
-            key: req.key.to_owned(),
-            fence: req.fence.clone(),
-            holder: req.holder.to_owned(),
-            fingerprint: req.fingerprint.map(str::to_owned),
-            lease: req.lease,
-            durable: req.durable,
-        }
-    }
-
-    fn borrow(&self) -> ClaimRequest<'_> {
-        ClaimRequest {
-            key: &self.key,
-            fence: &self.fence,
-            holder: &self.holder,
-            fingerprint: self.fingerprint.as_deref(),
-            lease: self.lease,
-            durable: self.durable,
-        }
-    }
-}
-
-/// A [`ClaimRef`] that owns its strings.
-struct OwnedRef {
-    key: String,
-    token: u64,
-    fence: RunFence,
-}
-
-impl OwnedRef {
-    fn new(claim: &ClaimRef<'_>) -> OwnedRef {
-        OwnedRef {
-            key: claim.key.to_owned(),
-            token: claim.token,
-            fence: claim.fence.clone(),
-        }
-    }
-
-    fn borrow(&self) -> ClaimRef<'_> {
-        ClaimRef {
-            key: &self.key,
-            token: self.token,
-            fence: &self.fence,
-        }
-    }
-}
-
-/// A [`RunEnd`] that owns its bytes.
-enum OwnedEnd {
-    Completed(Vec<u8>),
-    Failed(String),
-    InDoubt,
-    Cancelled,
-}
-
-impl OwnedEnd {
-    fn new(end: RunEnd<'_>) -> OwnedEnd {
-        match end {
-            RunEnd::Completed(output) => OwnedEnd::Completed(output.to_vec()),
-            RunEnd::Failed(error) => OwnedEnd::Failed(error.to_owned()),
-            RunEnd::InDoubt => OwnedEnd::InDoubt,
-            RunEnd::Cancelled => OwnedEnd::Cancelled,
-        }
-    }
-
-    fn borrow(&self) -> RunEnd<'_> {
-        match self {
-            OwnedEnd::Completed(output) => RunEnd::Completed(output),
-            OwnedEnd::Failed(error) => RunEnd::Failed(error),
-            OwnedEnd::InDoubt => RunEnd::InDoubt,
-            OwnedEnd::Cancelled => RunEnd::Cancelled,
-        }
     }
 }

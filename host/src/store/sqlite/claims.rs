@@ -14,7 +14,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use super::leases::{check_fence, fence_holds, lease_lost};
 use super::runs::{self, set_outcome};
 use super::{TxError, to_sql_int, u32_column, u64_column};
-use crate::store::clock::lease_expiry;
+use crate::store::rules::lease_expiry;
 use crate::store::rules::{
     ClaimDecision, KeyRow, claim_lost, decide_claim, first_grant, next_token,
 };
@@ -71,8 +71,8 @@ fn fence_and_retired(conn: &Connection, fence: &RunFence) -> Result<u64, TxError
     }
 }
 
-/// Claims `req.key` by the rules of `Store::claim`; with `stale_token`, also takes a
-/// live claim held by that token (`Store::take_over`). Tokens granted are at least
+/// Claims `req.key` by the rules of `InstanceStore::claim`; with `stale_token`, also takes a
+/// live claim held by that token (`InstanceStore::take_over`). Tokens granted are at least
 /// `floor` (`epoch.rs`).
 pub(super) fn claim(
     conn: &Connection,

@@ -11,8 +11,9 @@ use rusqlite::{Connection, OpenFlags};
 use super::{OpenOptions, SqliteStore};
 use crate::store::tests::block_on;
 use crate::store::{
-    Acquired, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts, DatabaseFault, Grant, RunFence,
-    RunFilter, Store, StoreError, Submission, SyncMode,
+    Acquired, CatalogStore, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts, DatabaseFault,
+    Grant, InstanceStore, OperatorStore, RunFence, RunFilter, StoreError, Submission, SyncMode,
+    WorkerStore,
 };
 
 const LEASE: Duration = Duration::from_secs(60);

@@ -1,4 +1,4 @@
-//! Retention on SQLite: the statements of `Store::gc`, each run in a small read or
+//! Retention on SQLite: the statements of `OperatorStore::gc`, each run in a small read or
 //! write of the database thread so that a worker's steps go on between them.
 //!
 //! `steps` has no index by run (a step's transaction would pay for it), so gc walks

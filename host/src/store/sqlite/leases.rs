@@ -15,7 +15,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::runs::{self, end_as_cancelled, lease_from, set_outcome, status_from, unknown_run};
 use super::{TxError, to_sql_int, u64_column};
-use crate::store::clock::lease_expiry;
+use crate::store::rules::lease_expiry;
 use crate::store::rules::{LeaseDecision, decide_run_lease, run_lease_token};
 use crate::store::{
     Acquired, Counts, LeaseState, LeasedRun, Millis, RunEnd, RunFence, RunLeaseInfo, RunStatus,

@@ -11,8 +11,9 @@ use super::SqliteStore;
 use super::schema::SCHEMA_VERSION;
 use crate::store::tests::block_on;
 use crate::store::{
-    Acquired, Admission, Checkpoint, ClaimOutcome, ClaimRequest, Counts, Deployment, OpenClaim,
-    RunFence, RunFilter, RunStatus, Store, StoreError, SyncMode,
+    Acquired, Admission, CatalogStore, Checkpoint, ClaimOutcome, ClaimRequest, Counts, Deployment,
+    InstanceStore, OpenClaim, OperatorStore, RunFence, RunFilter, RunStatus, StoreError, SyncMode,
+    WorkerStore,
 };
 
 /// Creates a store file at schema `version` (its first `version` migrations) with the

@@ -11,8 +11,8 @@ use super::schema::SCHEMA_VERSION;
 use super::{OpenOptions, SqliteStore};
 use crate::store::tests::block_on;
 use crate::store::{
-    Acquired, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts, RunFence, Store,
-    StoreError, Submission, SyncMode,
+    Acquired, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
+    InstanceStore, OperatorStore, RunFence, StoreError, Submission, SyncMode, WorkerStore,
 };
 
 fn open_error(path: &Path) -> String {

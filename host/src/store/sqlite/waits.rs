@@ -7,7 +7,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::TxError;
 use super::leases::check_fence;
 use super::runs::{save_counts, status_from, unknown_run};
-use crate::store::waits::due_at;
+use crate::store::rules::{Recorded, WaitRow, asked, sleep_state};
 use crate::store::{
     Counts, Millis, RunFence, RunStatus, SignalSent, StoreError, Suspension, WaitKind, WaitRecord,
     WaitState, check_signal_name,
@@ -30,76 +30,65 @@ pub(super) fn wait(
             reason,
         })
     };
-    let due_now = due_at(now, kind).map_err(refused)?;
-    let wanted = match kind {
-        WaitKind::Sleep(_) => None,
-        WaitKind::Signal { name, .. } => {
-            check_signal_name(name).map_err(refused)?;
-            Some(*name)
-        }
-    };
-    type Row = (
-        Option<String>,
-        Option<Millis>,
-        Option<String>,
-        Option<Vec<u8>>,
-    );
-    let row: Option<Row> = conn
+    let asked = asked(now, kind).map_err(refused)?;
+    let row = conn
         .prepare_cached(
             "SELECT signal, due, outcome, payload FROM waits WHERE run_id = ?1 AND key = ?2",
         )?
         .query_row(params![fence.run_id, key], |row| {
-            Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+            Ok(WaitRow {
+                signal: row.get(0)?,
+                due: row.get(1)?,
+                outcome: row.get(2)?,
+                payload: row.get(3)?,
+            })
         })
         .optional()?;
     let due = match row {
-        Some((signal, due, outcome, payload)) => {
-            if signal.as_deref() != wanted {
-                return Err(refused(super::super::waits::reused(
-                    key,
-                    signal.as_deref(),
-                    wanted,
-                )));
-            }
-            match outcome.as_deref() {
-                Some("received") => return Ok(WaitState::Received(payload.unwrap_or_default())),
-                Some(_) => return Ok(WaitState::TimedOut),
-                None => {}
-            }
-            due
-        }
+        Some(row) => match row.state(key, &asked).map_err(refused)? {
+            Recorded::Settled(state) => return Ok(state),
+            Recorded::Open(due) => due,
+        },
         None => {
             conn.prepare_cached(
                 "INSERT INTO waits (run_id, key, signal, due, created) VALUES (?1, ?2, ?3, ?4, ?5)",
             )?
-            .execute(params![fence.run_id, key, wanted, due_now, now])?;
-            due_now
+            .execute(params![fence.run_id, key, asked.signal, asked.due, now])?;
+            asked.due
         }
     };
-    let Some(name) = wanted else {
-        return Ok(match due {
-            Some(due) if due > now => WaitState::Pending { due: Some(due) },
-            _ => WaitState::Elapsed,
-        });
-    };
+    match asked.signal {
+        None => Ok(sleep_state(due, now)),
+        Some(name) => take_signal(conn, &fence.run_id, key, name, due, now),
+    }
+}
+
+/// A signal wait not over: takes the oldest signal `name` sent to the run and not yet
+/// received, or times the wait out once `due` passed.
+fn take_signal(
+    conn: &Connection,
+    run_id: &str,
+    key: &str,
+    name: &str,
+    due: Option<Millis>,
+    now: Millis,
+) -> Result<WaitState, TxError> {
     let signal: Option<(i64, Vec<u8>)> = conn
         .prepare_cached(
             "SELECT id, payload FROM signals
              WHERE run_id = ?1 AND name = ?2 AND taken_by IS NULL ORDER BY id LIMIT 1",
         )?
-        .query_row(params![fence.run_id, name], |row| {
-            Ok((row.get(0)?, row.get(1)?))
-        })
+        .query_row(params![run_id, name], |row| Ok((row.get(0)?, row.get(1)?)))
         .optional()?;
     if let Some((id, payload)) = signal {
         conn.prepare_cached("UPDATE signals SET taken_by = ?2 WHERE id = ?1")?
             .execute(params![id, key])?;
-        settle(conn, &fence.run_id, key, "received", Some(&payload), now)?;
+        settle(conn, run_id, key, "received", Some(&payload), now)?;
         return Ok(WaitState::Received(payload));
     }
     match due {
         Some(due) if due <= now => {
-            settle(conn, &fence.run_id, key, "timed-out", None, now)?;
+            settle(conn, run_id, key, "timed-out", None, now)?;
             Ok(WaitState::TimedOut)
         }
         due => Ok(WaitState::Pending { due }),

@@ -20,6 +20,7 @@ mod claims;
 mod deploy;
 mod gc;
 mod leases;
+#[cfg(feature = "postgres")]
 pub(crate) mod postgres_harness;
 mod runs;
 mod shared;
@@ -30,9 +31,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{
-    Acquired, ClaimOutcome, ClaimRef, ClaimRequest, Clock, Grant, Millis, OpenOptions, RunFence,
-    SqliteStore, Store, Submission, Submitted, SyncMode,
+    Acquired, ClaimOutcome, ClaimRef, ClaimRequest, Clock, Grant, Millis, RunFence, Store,
+    Submission, Submitted, SyncMode,
 };
+#[cfg(feature = "sqlite")]
+use super::{OpenOptions, SqliteStore};
 
 /// Runs a future to completion on a runtime of its own: store tests are synchronous
 /// `#[test]`s that drive the async store.
@@ -167,18 +170,23 @@ macro_rules! store_tests {
     };
 }
 
+#[cfg(feature = "sqlite")]
 store_tests!(sqlite: SqliteHarness);
+#[cfg(feature = "postgres")]
 store_tests!(postgres: PostgresHarness);
 
+#[cfg(feature = "postgres")]
 pub(crate) use postgres_harness::PostgresHarness;
 
 /// A SQLite store in a file of its own temporary directory: real WAL, real locks.
+#[cfg(feature = "sqlite")]
 pub(crate) struct SqliteHarness {
     dir: tempfile::TempDir,
     clock: Clock,
     store: Option<Arc<SqliteStore>>,
 }
 
+#[cfg(feature = "sqlite")]
 impl SqliteHarness {
     fn open(&self) -> Arc<SqliteStore> {
         let options = OpenOptions {
@@ -189,6 +197,7 @@ impl SqliteHarness {
     }
 }
 
+#[cfg(feature = "sqlite")]
 impl Harness for SqliteHarness {
     fn create(clock: &Clock) -> Option<Self> {
         let mut harness = SqliteHarness {

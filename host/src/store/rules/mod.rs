@@ -1,17 +1,33 @@
 //! The decisions every backend makes the same way, in one place: what a claim of a key
-//! gets given the key's row, which token a grant takes, and whether a run's lease may
-//! be granted. A backend reads the row (locking it as its database needs), asks here,
-//! and writes what the answer says; so the two backends cannot drift apart on a rule,
-//! and the store suite, which runs on both, checks one implementation.
+//! gets given the key's row, which token a grant takes, whether a run's lease may be
+//! granted, when a lease runs out, which values a store refuses to keep, what gc
+//! collects, and the rules of waits (`waits.rs`). A backend reads the row (locking it
+//! as its database needs), asks here, and writes what the answer says; so the two
+//! backends cannot drift apart on a rule, and the store suite, which runs on both,
+//! checks one implementation. The backends never import each other: what they share
+//! is here.
+
+mod waits;
+
+pub(crate) use waits::{Recorded, WaitRow, asked, sleep_state};
+
+use std::time::Duration;
 
 use super::{
-    ClaimOutcome, GcReport, GcRequest, Grant, HeldClaim, Millis, RunLeaseInfo, RunStatus,
-    StoreError,
+    Checkpoint, ClaimOutcome, Counts, GcReport, GcRequest, Grant, HeldClaim, MAX_STEP, Millis,
+    RunLeaseInfo, RunStatus, StoreError,
 };
 
 /// The largest token, count or step a store keeps: both backends store them as signed
 /// 64-bit integers.
 pub(crate) const SQL_MAX: u64 = i64::MAX as u64;
+
+/// When a lease of `lease` taken at `now` runs out. Saturates: an absurdly long lease
+/// simply never expires.
+pub(crate) fn lease_expiry(now: Millis, lease: Duration) -> Millis {
+    let lease = Millis::try_from(lease.as_millis()).unwrap_or(Millis::MAX);
+    now.saturating_add(lease)
+}
 
 /// The grant of a key nobody claimed before, with tokens at least `floor` (the store's
 /// epoch: tokens after a reboot start above every token before it).
@@ -55,7 +71,7 @@ pub(crate) enum ClaimDecision {
 
 /// Decides a claim of a key whose row is `row`, asked with fingerprint `asked`, at
 /// `now`; `stale_token` names a live claim the claimant may take over
-/// (`Store::take_over`). A grant's token is at least `floor` ([`first_grant`]).
+/// (`InstanceStore::take_over`). A grant's token is at least `floor` ([`first_grant`]).
 ///
 /// In order: another fingerprint is a conflict; a committed result is handed back; a
 /// parked key stays parked; a released claim is granted afresh; a claim whose holder
@@ -172,7 +188,31 @@ pub(crate) fn decide_run_lease(
     })
 }
 
-/// Rows `Store::gc` deletes per transaction: small enough that the writers it shares
+/// Refuses a value beyond `max`, naming it as `what`.
+fn check_range(what: &'static str, value: u64, max: u64) -> Result<(), StoreError> {
+    if value <= max {
+        Ok(())
+    } else {
+        Err(StoreError::OutOfRange { what, value, max })
+    }
+}
+
+/// Refuses counts a store cannot keep, before anything is written.
+pub(crate) fn check_counts(counts: &Counts) -> Result<(), StoreError> {
+    check_range("count executed", counts.executed, SQL_MAX)?;
+    check_range("count skipped", counts.skipped, SQL_MAX)?;
+    check_range("count awaited", counts.awaited, SQL_MAX)?;
+    check_range("count reclaimed", counts.reclaimed, SQL_MAX)?;
+    check_range("count instances", counts.instances, SQL_MAX)?;
+    check_range("count recycled", counts.recycled, SQL_MAX)
+}
+
+/// Refuses a checkpoint a store cannot keep, before anything is written.
+pub(crate) fn check_checkpoint(checkpoint: &Checkpoint) -> Result<(), StoreError> {
+    check_range("checkpoint step", checkpoint.step, MAX_STEP)
+}
+
+/// Rows `OperatorStore::gc` deletes per transaction: small enough that the writers it shares
 /// the store with (a worker's steps) wait a few milliseconds at most.
 pub(crate) const GC_BATCH: usize = 256;
 

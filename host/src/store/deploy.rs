@@ -1,0 +1,46 @@
+//! Deployments: a name pointing at a component, and how a component joins a namespace.
+
+use super::Millis;
+#[cfg(doc)]
+use super::{CatalogStore, StoreError};
+
+/// A component deployed under a name: [`CatalogStore::deploy`].
+#[derive(Debug, Clone)]
+pub struct Deployment<'a> {
+    /// The name (which is also the namespace its runs' keys live in by default).
+    pub name: &'a str,
+    /// The component's digest; the component must be in the store.
+    pub digest: &'a str,
+    /// The most the deployment's runs may reach, as the runtime encodes it.
+    pub authority: &'a [u8],
+    /// How the component joins the name's namespace.
+    pub admission: Admission,
+}
+
+/// How a component joins a namespace that other components may already use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Admission {
+    /// An operator's explicit act (`deploy`, or an upgrade): the component joins the
+    /// namespace whoever else is in it.
+    Explicit,
+    /// Implied by running a component under a name: it joins only a namespace nobody
+    /// uses yet, or one it is already in; otherwise [`StoreError::NamespaceTaken`].
+    FirstUse,
+}
+
+/// A deployment as the store keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DeploymentRecord {
+    /// The name.
+    pub name: String,
+    /// The component it points at.
+    pub digest: String,
+    /// The authority it grants, encoded.
+    #[serde(skip)]
+    pub authority: Vec<u8>,
+    /// When it was deployed.
+    pub deployed_at: Millis,
+    /// How its component joined the namespace.
+    pub admission: Admission,
+}

@@ -1,0 +1,85 @@
+//! Retention: what gc deletes, and what it reports it deleted.
+
+use std::time::Duration;
+
+use super::Millis;
+#[cfg(doc)]
+use super::{OperatorStore, WorkerStore};
+
+/// What [`OperatorStore::gc`] deletes: finished runs, and the keys, claims, progress, logs,
+/// waits and components only they used.
+///
+/// Times are ages measured back from the store's own clock ([`WorkerStore::now`]), so every
+/// handle on a store collects the same rows whoever asks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GcRequest {
+    /// Runs that finished at least this long ago go (their record, input, outcome,
+    /// checkpoint, log, waits, signals and upgrades).
+    pub finished_before: Duration,
+    /// Keys committed (or, for a claim never committed, claimed) less than this long
+    /// ago stay, even when the run that committed them goes: a run reusing such a key
+    /// finds its result and does not run its step again. A key left behind by a
+    /// deleted run goes at a later gc, once it is older than the window.
+    pub dedupe_window: Duration,
+    /// Failed runs count as finished too. They are resumable (submitting one again
+    /// resumes it), so by default they stay.
+    pub include_failed: bool,
+    /// Count what would go, and delete nothing.
+    pub dry_run: bool,
+}
+
+/// What [`OperatorStore::gc`] deleted (or, on a dry run, would delete): rows, per table.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct GcReport {
+    /// Runs, each with its input and outcome.
+    pub runs: u64,
+    /// Committed keys (results).
+    pub results: u64,
+    /// Claims never committed (released, or left by a run that stopped).
+    pub claims: u64,
+    /// Checkpoints.
+    pub checkpoints: u64,
+    /// Chunks of run logs.
+    pub log_chunks: u64,
+    /// Durable sleeps and signal waits.
+    pub waits: u64,
+    /// Signals sent to runs.
+    pub signals: u64,
+    /// Records of runs moved to another component.
+    pub upgrades: u64,
+    /// Components no run and no deployment uses.
+    pub components: u64,
+    /// Runs finished before this time (on the store's clock) were collected.
+    pub runs_before: Millis,
+    /// Keys committed before this time were collected.
+    pub keys_before: Millis,
+}
+
+impl GcReport {
+    /// Adds `other`'s counts to these.
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub(crate) fn add(&mut self, other: &GcReport) {
+        self.runs += other.runs;
+        self.results += other.results;
+        self.claims += other.claims;
+        self.checkpoints += other.checkpoints;
+        self.log_chunks += other.log_chunks;
+        self.waits += other.waits;
+        self.signals += other.signals;
+        self.upgrades += other.upgrades;
+        self.components += other.components;
+    }
+
+    /// Rows of every kind, summed.
+    pub fn total(&self) -> u64 {
+        self.runs
+            + self.results
+            + self.claims
+            + self.checkpoints
+            + self.log_chunks
+            + self.waits
+            + self.signals
+            + self.upgrades
+            + self.components
+    }
+}

@@ -1,0 +1,47 @@
+//! [`CatalogStore`]: what runs are made from — components and deployments.
+
+use std::fmt;
+
+use crate::store::{Deployment, DeploymentRecord, StoreError};
+
+/// What runs are made from: components by digest, deployments (a name pointing at a
+/// component, with the authority it grants), the components a namespace admits, and
+/// moving a run to another component.
+///
+/// Called by deploying (`ops.rs`), by a host starting a run from a component file, and
+/// by a worker loading the component a leased run is pinned to.
+#[async_trait::async_trait]
+pub trait CatalogStore: Send + Sync + fmt::Debug {
+    /// Stores a component's bytes under their digest (hex SHA-256, checked by the
+    /// caller). Returns whether they were new; storing the same bytes again is a no-op.
+    async fn put_component(&self, digest: &str, bytes: &[u8]) -> Result<bool, StoreError>;
+
+    /// Whether the store holds the component `digest`: asked before
+    /// [`CatalogStore::put_component`] so that a start with a component the store already has
+    /// need not read the component's file at all.
+    async fn has_component(&self, digest: &str) -> Result<bool, StoreError>;
+
+    /// A component's bytes.
+    async fn component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Points `deployment.name` at a component (which must be in the store, else
+    /// [`StoreError::UnknownComponent`]) with an authority, and admits the component
+    /// to the name's namespace as `deployment.admission` allows. Deploying what the
+    /// name already points at, with the same authority, changes nothing.
+    async fn deploy(&self, deployment: &Deployment<'_>) -> Result<DeploymentRecord, StoreError>;
+
+    /// What a name points at now.
+    async fn deployment(&self, name: &str) -> Result<Option<DeploymentRecord>, StoreError>;
+
+    /// Every name and what it points at now, by name.
+    async fn deployments(&self) -> Result<Vec<DeploymentRecord>, StoreError>;
+
+    /// Whether a component was admitted to a namespace ([`CatalogStore::deploy`]): `None` if
+    /// the namespace has no component yet, else whether this one is among them.
+    async fn admitted(&self, namespace: &str, digest: &str) -> Result<Option<bool>, StoreError>;
+
+    /// Moves run `run_id` from the component `from` to the component `to` and records
+    /// the upgrade; fails with [`StoreError::UnknownRun`] if the run does not exist with
+    /// digest `from`.
+    async fn upgrade_run(&self, run_id: &str, from: &str, to: &str) -> Result<(), StoreError>;
+}

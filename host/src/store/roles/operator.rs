@@ -1,0 +1,86 @@
+//! [`OperatorStore`]: what an operator does to runs, and sees of them.
+
+use std::fmt;
+
+use crate::store::{
+    Cancelled, GcReport, GcRequest, OpenClaim, Resolution, RunFilter, RunRecord, SignalSent,
+    StepRecord, StoreError, Submission, Submitted, WaitRecord,
+};
+#[cfg(doc)]
+use crate::store::{InstanceStore, RunStatus, WorkerStore};
+
+/// What an operator does to runs and sees of them: submitting, listing and looking at
+/// runs (their record, steps, open claims, waits, log), cancelling, settling a parked
+/// key, sending a signal, and collecting what finished.
+///
+/// Called by the operator's functions (`ops.rs`), the HTTP API (`serve/`), the CLI's
+/// commands and `prove`'s checks.
+#[async_trait::async_trait]
+pub trait OperatorStore: Send + Sync + fmt::Debug {
+    /// Creates the run as [`RunStatus::Queued`] if it is new; returns it either way. An
+    /// existing run with other input is refused ([`StoreError::InputMismatch`]); a failed
+    /// one is set back to running (submitting again resumes it); a finished one is
+    /// returned as it is.
+    async fn submit(&self, submission: &Submission<'_>) -> Result<Submitted, StoreError>;
+
+    /// The run's record, if it exists.
+    async fn run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError>;
+
+    /// The authority the run was submitted with (encoded), if the run exists.
+    async fn run_authority(&self, run_id: &str) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Runs, newest first.
+    async fn runs(&self, filter: &RunFilter<'_>) -> Result<Vec<RunRecord>, StoreError>;
+
+    /// Cancels a run: at once if no worker holds a live lease on it, else by asking its
+    /// worker. Fails with [`StoreError::UnknownRun`], or [`StoreError::RunFinished`] for a
+    /// run that completed or was cancelled already.
+    async fn cancel_run(&self, run_id: &str) -> Result<Cancelled, StoreError>;
+
+    /// Settles a key parked by run `run_id`: commits a result under a fresh token, or
+    /// releases the claim for a retry. The run goes back to [`RunStatus::Running`] (with
+    /// no lease, so any worker may take it) once none of its keys is parked. Fails with
+    /// [`StoreError::NotInDoubt`] if the key is not parked by that run.
+    async fn resolve(
+        &self,
+        run_id: &str,
+        key: &str,
+        resolution: Resolution<'_>,
+    ) -> Result<(), StoreError>;
+
+    /// Sends signal `name` with `payload` to run `run_id`; if the run is suspended
+    /// waiting for it, the run is due at once. Fails with [`StoreError::UnknownRun`],
+    /// [`StoreError::RunFinished`] for a run that completed, failed or was cancelled,
+    /// and [`StoreError::SignalRefused`] for an invalid name or a payload over
+    /// `max_payload` bytes.
+    async fn send_signal(
+        &self,
+        run_id: &str,
+        name: &str,
+        payload: &[u8],
+        max_payload: usize,
+    ) -> Result<SignalSent, StoreError>;
+
+    /// Claims not committed yet, of one run or of all runs, ordered by key.
+    async fn open_claims(&self, run_id: Option<&str>) -> Result<Vec<OpenClaim>, StoreError>;
+
+    /// The keys run `run_id` claimed (and still holds or committed), in the order their
+    /// latest claims were granted.
+    async fn steps(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError>;
+
+    /// The run's waits, in the order they were first reached.
+    async fn waits(&self, run_id: &str) -> Result<Vec<WaitRecord>, StoreError>;
+
+    /// The run's log (the last bytes its agent wrote to stderr and stdout).
+    async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError>;
+
+    /// Deletes what `req` names ([`GcRequest`]) and reports how many rows of each kind
+    /// went; with `req.dry_run`, deletes nothing and reports the same counts. Never
+    /// deletes a row a live run (queued, running, suspended, in doubt) holds, a parked
+    /// key, a claim whose lease is live, or a key inside the dedupe window.
+    ///
+    /// Works in small transactions, so that the store's other writers keep going while
+    /// it runs. Fencing tokens keep increasing per key across a deletion: a key granted
+    /// again after gc deleted it gets a token greater than every token it had.
+    async fn gc(&self, req: &GcRequest) -> Result<GcReport, StoreError>;
+}

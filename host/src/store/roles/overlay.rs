@@ -1,0 +1,319 @@
+//! [`Overlay`]: a store whose roles come from separate handles, so that a decorator
+//! replaces the one role it observes and the rest is the underlying store's.
+//!
+//! Why an overlay type, written once here, rather than the other ways to let a
+//! decorator wrap one role:
+//! - the host holding one handle per role would put four handles in every
+//!   constructor that takes a store (`Host`, workers, the HTTP API) and in every
+//!   embedder's code, for the sake of decorators that only `prove` and tests use;
+//! - default methods forwarding to an inner store would let a decorator that forgot a
+//!   method of its role forward it silently; here a decorator implements its whole
+//!   role (the compiler holds it to every method) and nothing else;
+//! - a macro writing the forwards at each decorator would hide code and repeat it.
+//!
+//! Each call through an overlay costs one more dynamic call and boxed future; the
+//! backends are not wrapped in one unless a decorator asks for it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{CatalogStore, InstanceStore, OperatorStore, Store, WorkerStore};
+use crate::store::{
+    Acquired, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
+    Deployment, DeploymentRecord, GcReport, GcRequest, LeaseState, LeasedRun, Millis, OpenClaim,
+    Resolution, RunEnd, RunFence, RunFilter, RunRecord, SignalSent, StepRecord, StoreError,
+    Submission, Submitted, Suspension, WaitRecord, WaitRequest, WaitState,
+};
+
+/// A [`Store`] assembled from one handle per role: an underlying store's, with any
+/// role replaced (by a decorator of that role, usually).
+///
+/// ```
+/// use std::sync::Arc;
+/// use idem::store::{InstanceStore, Overlay, SqliteStore, Store, SyncMode};
+///
+/// let dir = tempfile::tempdir()?;
+/// let path = dir.path().join("idem.db");
+/// let base: Arc<dyn Store> = Arc::new(SqliteStore::open(&path, SyncMode::Normal)?);
+/// // A decorator of the instance role would wrap `Arc::clone(&base)` here.
+/// let instance = Arc::clone(&base) as Arc<dyn InstanceStore>;
+/// let store: Arc<dyn Store> = Arc::new(Overlay::new(base).with_instance(instance));
+/// # drop(store);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Overlay {
+    instance: Arc<dyn InstanceStore>,
+    worker: Arc<dyn WorkerStore>,
+    catalog: Arc<dyn CatalogStore>,
+    operator: Arc<dyn OperatorStore>,
+}
+
+impl Overlay {
+    /// Every role from `store`.
+    pub fn new(store: Arc<dyn Store>) -> Overlay {
+        Overlay {
+            instance: Arc::clone(&store) as Arc<dyn InstanceStore>,
+            worker: Arc::clone(&store) as Arc<dyn WorkerStore>,
+            catalog: Arc::clone(&store) as Arc<dyn CatalogStore>,
+            operator: store,
+        }
+    }
+
+    /// The instance role from `instance` instead.
+    pub fn with_instance(mut self, instance: Arc<dyn InstanceStore>) -> Overlay {
+        self.instance = instance;
+        self
+    }
+
+    /// The worker role from `worker` instead.
+    pub fn with_worker(mut self, worker: Arc<dyn WorkerStore>) -> Overlay {
+        self.worker = worker;
+        self
+    }
+
+    /// The catalog role from `catalog` instead.
+    pub fn with_catalog(mut self, catalog: Arc<dyn CatalogStore>) -> Overlay {
+        self.catalog = catalog;
+        self
+    }
+
+    /// The operator role from `operator` instead.
+    pub fn with_operator(mut self, operator: Arc<dyn OperatorStore>) -> Overlay {
+        self.operator = operator;
+        self
+    }
+}
+
+#[async_trait::async_trait]
+impl InstanceStore for Overlay {
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        self.instance.claim(req).await
+    }
+
+    async fn take_over(
+        &self,
+        req: &ClaimRequest<'_>,
+        stale_token: u64,
+    ) -> Result<ClaimOutcome, StoreError> {
+        self.instance.take_over(req, stale_token).await
+    }
+
+    async fn commit(&self, commit: &Commit<'_>) -> Result<(), StoreError> {
+        self.instance.commit(commit).await
+    }
+
+    async fn release(&self, claim: &ClaimRef<'_>) -> Result<bool, StoreError> {
+        self.instance.release(claim).await
+    }
+
+    async fn renew(
+        &self,
+        claims: &[ClaimRef<'_>],
+        lease: Duration,
+    ) -> Result<Vec<bool>, StoreError> {
+        self.instance.renew(claims, lease).await
+    }
+
+    async fn park(&self, claim: &ClaimRef<'_>, reason: &str) -> Result<(), StoreError> {
+        self.instance.park(claim, reason).await
+    }
+
+    async fn committed(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.instance.committed(key).await
+    }
+
+    async fn load_progress(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
+        self.instance.load_progress(run_id).await
+    }
+
+    async fn save_progress(
+        &self,
+        fence: &RunFence,
+        checkpoint: &Checkpoint,
+        counts: Option<&Counts>,
+    ) -> Result<(), StoreError> {
+        self.instance.save_progress(fence, checkpoint, counts).await
+    }
+
+    async fn save_counts(&self, fence: &RunFence, counts: &Counts) -> Result<(), StoreError> {
+        self.instance.save_counts(fence, counts).await
+    }
+
+    async fn append_log(
+        &self,
+        fence: &RunFence,
+        bytes: &[u8],
+        keep: usize,
+    ) -> Result<(), StoreError> {
+        self.instance.append_log(fence, bytes, keep).await
+    }
+
+    async fn wait(&self, req: &WaitRequest<'_>) -> Result<WaitState, StoreError> {
+        self.instance.wait(req).await
+    }
+}
+
+#[async_trait::async_trait]
+impl WorkerStore for Overlay {
+    async fn now(&self) -> Result<Millis, StoreError> {
+        self.worker.now().await
+    }
+
+    async fn next_due(&self, after: Millis) -> Result<Option<Millis>, StoreError> {
+        self.worker.next_due(after).await
+    }
+
+    async fn acquire_runs(
+        &self,
+        worker: &str,
+        max: usize,
+        lease: Duration,
+        skip: &[String],
+    ) -> Result<Vec<LeasedRun>, StoreError> {
+        self.worker.acquire_runs(worker, max, lease, skip).await
+    }
+
+    async fn acquire_run(
+        &self,
+        run_id: &str,
+        worker: &str,
+        lease: Duration,
+    ) -> Result<Acquired, StoreError> {
+        self.worker.acquire_run(run_id, worker, lease).await
+    }
+
+    async fn renew_runs(
+        &self,
+        fences: &[RunFence],
+        lease: Duration,
+    ) -> Result<Vec<LeaseState>, StoreError> {
+        self.worker.renew_runs(fences, lease).await
+    }
+
+    async fn release_run(
+        &self,
+        fence: &RunFence,
+        counts: &Counts,
+        note: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.worker.release_run(fence, counts, note).await
+    }
+
+    async fn suspend_run(
+        &self,
+        fence: &RunFence,
+        counts: &Counts,
+        suspension: &Suspension<'_>,
+    ) -> Result<(), StoreError> {
+        self.worker.suspend_run(fence, counts, suspension).await
+    }
+
+    async fn finish_run(
+        &self,
+        fence: &RunFence,
+        end: RunEnd<'_>,
+        counts: &Counts,
+    ) -> Result<(), StoreError> {
+        self.worker.finish_run(fence, end, counts).await
+    }
+}
+
+#[async_trait::async_trait]
+impl CatalogStore for Overlay {
+    async fn put_component(&self, digest: &str, bytes: &[u8]) -> Result<bool, StoreError> {
+        self.catalog.put_component(digest, bytes).await
+    }
+
+    async fn has_component(&self, digest: &str) -> Result<bool, StoreError> {
+        self.catalog.has_component(digest).await
+    }
+
+    async fn component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.catalog.component(digest).await
+    }
+
+    async fn deploy(&self, deployment: &Deployment<'_>) -> Result<DeploymentRecord, StoreError> {
+        self.catalog.deploy(deployment).await
+    }
+
+    async fn deployment(&self, name: &str) -> Result<Option<DeploymentRecord>, StoreError> {
+        self.catalog.deployment(name).await
+    }
+
+    async fn deployments(&self) -> Result<Vec<DeploymentRecord>, StoreError> {
+        self.catalog.deployments().await
+    }
+
+    async fn admitted(&self, namespace: &str, digest: &str) -> Result<Option<bool>, StoreError> {
+        self.catalog.admitted(namespace, digest).await
+    }
+
+    async fn upgrade_run(&self, run_id: &str, from: &str, to: &str) -> Result<(), StoreError> {
+        self.catalog.upgrade_run(run_id, from, to).await
+    }
+}
+
+#[async_trait::async_trait]
+impl OperatorStore for Overlay {
+    async fn submit(&self, submission: &Submission<'_>) -> Result<Submitted, StoreError> {
+        self.operator.submit(submission).await
+    }
+
+    async fn run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
+        self.operator.run(run_id).await
+    }
+
+    async fn run_authority(&self, run_id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.operator.run_authority(run_id).await
+    }
+
+    async fn runs(&self, filter: &RunFilter<'_>) -> Result<Vec<RunRecord>, StoreError> {
+        self.operator.runs(filter).await
+    }
+
+    async fn cancel_run(&self, run_id: &str) -> Result<Cancelled, StoreError> {
+        self.operator.cancel_run(run_id).await
+    }
+
+    async fn resolve(
+        &self,
+        run_id: &str,
+        key: &str,
+        resolution: Resolution<'_>,
+    ) -> Result<(), StoreError> {
+        self.operator.resolve(run_id, key, resolution).await
+    }
+
+    async fn send_signal(
+        &self,
+        run_id: &str,
+        name: &str,
+        payload: &[u8],
+        max_payload: usize,
+    ) -> Result<SignalSent, StoreError> {
+        self.operator
+            .send_signal(run_id, name, payload, max_payload)
+            .await
+    }
+
+    async fn open_claims(&self, run_id: Option<&str>) -> Result<Vec<OpenClaim>, StoreError> {
+        self.operator.open_claims(run_id).await
+    }
+
+    async fn steps(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
+        self.operator.steps(run_id).await
+    }
+
+    async fn waits(&self, run_id: &str) -> Result<Vec<WaitRecord>, StoreError> {
+        self.operator.waits(run_id).await
+    }
+
+    async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError> {
+        self.operator.logs(run_id).await
+    }
+
+    async fn gc(&self, req: &GcRequest) -> Result<GcReport, StoreError> {
+        self.operator.gc(req).await
+    }
+}

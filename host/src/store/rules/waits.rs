@@ -1,0 +1,115 @@
+//! The rules of durable waits both backends keep: when a wait is due, which waits are
+//! refused, and where a recorded wait stands. A backend reads the wait's row and
+//! writes what these say.
+
+use std::time::Duration;
+
+use crate::store::{MAX_WAIT, Millis, WaitKind, WaitState, Wake, check_signal_name};
+
+/// The time a wait is due, from when it was first reached; `None` for an absurd one
+/// (beyond [`MAX_WAIT`] or before the epoch).
+pub(crate) fn due_at(now: Millis, kind: &WaitKind<'_>) -> Result<Option<Millis>, String> {
+    let after = |d: Duration| -> Result<Millis, String> {
+        if d > MAX_WAIT {
+            return Err(format!(
+                "{} s is longer than the longest wait a store keeps ({} s, 100 years)",
+                d.as_secs(),
+                MAX_WAIT.as_secs()
+            ));
+        }
+        let ms = Millis::try_from(d.as_millis()).unwrap_or(Millis::MAX);
+        Ok(now.saturating_add(ms))
+    };
+    match kind {
+        WaitKind::Sleep(Wake::After(d)) => after(*d).map(Some),
+        WaitKind::Sleep(Wake::At(at)) => {
+            let latest = after(MAX_WAIT)?;
+            if *at < 0 {
+                Err(format!("time {at} ms is before the Unix epoch"))
+            } else if *at > latest {
+                Err(format!(
+                    "time {at} ms is more than 100 years away (the longest wait a store keeps)"
+                ))
+            } else {
+                Ok(Some(*at))
+            }
+        }
+        WaitKind::Signal { timeout, .. } => timeout.map(after).transpose(),
+    }
+}
+
+/// A wait as asked, checked: when it is due if it is new, and the signal it waits for
+/// (`None` for a sleep).
+pub(crate) struct Asked<'a> {
+    pub(crate) due: Option<Millis>,
+    pub(crate) signal: Option<&'a str>,
+}
+
+/// Checks a wait before anything is read or written: its time ([`due_at`]) and its
+/// signal's name; the reason it is refused, if it is.
+pub(crate) fn asked<'a>(now: Millis, kind: &WaitKind<'a>) -> Result<Asked<'a>, String> {
+    let due = due_at(now, kind)?;
+    let signal = match kind {
+        WaitKind::Sleep(_) => None,
+        WaitKind::Signal { name, .. } => {
+            check_signal_name(name)?;
+            Some(*name)
+        }
+    };
+    Ok(Asked { due, signal })
+}
+
+/// A wait's row as a backend read it.
+pub(crate) struct WaitRow {
+    pub(crate) signal: Option<String>,
+    pub(crate) due: Option<Millis>,
+    pub(crate) outcome: Option<String>,
+    pub(crate) payload: Option<Vec<u8>>,
+}
+
+/// Where a wait recorded before stands, before any signal is looked for.
+pub(crate) enum Recorded {
+    /// Over: the answer it gave when it settled, given again.
+    Settled(WaitState),
+    /// Not over: due at this time (`None`: only a signal ends it).
+    Open(Option<Millis>),
+}
+
+impl WaitRow {
+    /// Where the wait stands, asked again as `asked`; the reason it is refused if its
+    /// key was used for another kind of wait.
+    pub(crate) fn state(self, key: &str, asked: &Asked<'_>) -> Result<Recorded, String> {
+        if self.signal.as_deref() != asked.signal {
+            return Err(reused(key, self.signal.as_deref(), asked.signal));
+        }
+        Ok(match self.outcome.as_deref() {
+            Some("received") => {
+                Recorded::Settled(WaitState::Received(self.payload.unwrap_or_default()))
+            }
+            Some(_) => Recorded::Settled(WaitState::TimedOut),
+            None => Recorded::Open(self.due),
+        })
+    }
+}
+
+/// Where an open sleep due at `due` stands at `now`.
+pub(crate) fn sleep_state(due: Option<Millis>, now: Millis) -> WaitState {
+    match due {
+        Some(due) if due > now => WaitState::Pending { due: Some(due) },
+        _ => WaitState::Elapsed,
+    }
+}
+
+/// Why a wait's key cannot be used for this wait: it was used for another kind.
+pub(crate) fn reused(key: &str, recorded: Option<&str>, wanted: Option<&str>) -> String {
+    let kind = |signal: Option<&str>| match signal {
+        None => "a sleep".to_string(),
+        Some(name) => format!("a wait for signal {}", crate::text::quoted(name)),
+    };
+    format!(
+        "key {} was used for {}, not {}; give each wait its own key",
+        crate::text::quoted(key),
+        kind(recorded),
+        kind(wanted)
+    )
+}

@@ -1,0 +1,237 @@
+//! Runs: submitting one, where it stands, the leases workers hold on it, and how it
+//! ends.
+
+use std::fmt;
+use std::str::FromStr;
+
+#[cfg(doc)]
+use super::{CatalogStore, InstanceStore, OperatorStore, RunFence, WorkerStore};
+use super::{Counts, Millis};
+
+/// A run to create (or find, if it exists): [`OperatorStore::submit`].
+#[derive(Debug, Clone)]
+pub struct Submission<'a> {
+    /// The run's id.
+    pub run_id: &'a str,
+    /// The deployment name the run was submitted under (the agent's name).
+    pub agent: &'a str,
+    /// Hex SHA-256 of the component the run is made from; the component must be in the
+    /// store ([`CatalogStore::put_component`]).
+    pub digest: &'a str,
+    /// The namespace the run's keys live in.
+    pub namespace: &'a str,
+    /// The run's input bytes.
+    pub input: &'a [u8],
+    /// What the run may reach, as the runtime encodes it; opaque to the store.
+    pub authority: &'a [u8],
+    /// For an existing run: replace its authority with this one (an operator resuming
+    /// it in the foreground decides again); otherwise the run keeps what it had.
+    pub replace_authority: bool,
+}
+
+/// What [`OperatorStore::submit`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Submitted {
+    /// The run as it now stands.
+    pub record: RunRecord,
+    /// Whether this call created it.
+    pub created: bool,
+}
+
+/// Where a run stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RunStatus {
+    /// Submitted, never started by any worker.
+    Queued,
+    /// Started and not finished: a worker drives it, or will once its lease is free.
+    Running,
+    /// The agent returned its output.
+    Completed,
+    /// The agent returned an error (or trapped, or hit a limit); submitting or running
+    /// it again resumes it.
+    Failed,
+    /// The agent stopped rather than repeat a side effect that may already have
+    /// happened; [`OperatorStore::resolve`] settles the parked key, then the run can resume.
+    InDoubt,
+    /// An operator cancelled it ([`OperatorStore::cancel_run`]).
+    Cancelled,
+}
+
+impl RunStatus {
+    /// The status's name, as the store and the CLI spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Queued => "queued",
+            RunStatus::Running => "running",
+            RunStatus::Completed => "completed",
+            RunStatus::Failed => "failed",
+            RunStatus::InDoubt => "in-doubt",
+            RunStatus::Cancelled => "cancelled",
+        }
+    }
+
+    /// Whether no worker will drive the run again without an operator's act.
+    pub fn is_finished(self) -> bool {
+        !matches!(self, RunStatus::Queued | RunStatus::Running)
+    }
+}
+
+impl fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for RunStatus {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [
+            RunStatus::Queued,
+            RunStatus::Running,
+            RunStatus::Completed,
+            RunStatus::Failed,
+            RunStatus::InDoubt,
+            RunStatus::Cancelled,
+        ]
+        .into_iter()
+        .find(|status| status.as_str() == s)
+        .ok_or_else(|| {
+            format!(
+                "unknown run status {s:?}: expected queued, running, completed, failed, \
+                 in-doubt or cancelled"
+            )
+        })
+    }
+}
+
+/// The lease a worker holds on a run.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RunLeaseInfo {
+    /// The worker's name.
+    pub worker: String,
+    /// The lease's token.
+    pub token: u64,
+    /// When it runs out unless renewed, on the store's clock.
+    pub expires: Millis,
+}
+
+/// A run as the store knows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RunRecord {
+    /// The run's id.
+    pub run_id: String,
+    /// The agent's name: the deployment the run was submitted under.
+    pub agent: String,
+    /// Digest of the component the run is pinned to.
+    pub digest: String,
+    /// The namespace the run's keys live in.
+    pub namespace: String,
+    /// Where the run stands.
+    pub status: RunStatus,
+    /// The output (when completed), the error text (when failed) or the reason (in
+    /// doubt, cancelled).
+    #[serde(skip)]
+    pub outcome: Option<Vec<u8>>,
+    /// The step of the last checkpoint, if any.
+    pub step: Option<u64>,
+    /// The counts as last written.
+    pub counts: Counts,
+    /// The worker lease on the run, if one was granted and not given back. It may have
+    /// expired: compare `expires` with [`WorkerStore::now`].
+    pub lease: Option<RunLeaseInfo>,
+    /// An operator asked for the run to be cancelled; its worker stops it at its next
+    /// host call.
+    pub cancel_requested: bool,
+    /// Why the last worker that held the run gave it back without finishing it (it
+    /// could not provide what the run needs, say), if it said.
+    pub note: Option<String>,
+    /// The run is suspended in a wait ([`WorkerStore::suspend_run`]), holding no lease: no
+    /// worker takes it before this time on the store's clock, unless its signal comes.
+    /// `Some(Millis::MAX)` for a wait only a signal ends.
+    pub wake_at: Option<Millis>,
+    /// The signal the suspended run waits for, if it waits for one.
+    pub waiting_for: Option<String>,
+    /// When the run was submitted.
+    pub created: Millis,
+    /// When the run's record last changed.
+    pub updated: Millis,
+}
+
+/// A run leased to a worker, with what the worker needs to drive it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeasedRun {
+    /// The run, with its status already `running` and its lease the caller's.
+    pub record: RunRecord,
+    /// The lease's token: every write for the run presents it ([`RunFence`]).
+    pub token: u64,
+    /// The run's input.
+    pub input: Vec<u8>,
+    /// The run's authority, as submitted.
+    pub authority: Vec<u8>,
+    /// Whether the run's previous lease ran out instead of being given back or
+    /// finished: its holder died, and counts it had not written yet are lost.
+    pub taken_over: bool,
+}
+
+/// What [`WorkerStore::acquire_run`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acquired {
+    /// The lease is the caller's.
+    Leased(LeasedRun),
+    /// Another worker holds a live lease on the run.
+    Held(RunLeaseInfo),
+    /// The run is finished ([`RunStatus::is_finished`]); nothing was changed.
+    Finished(RunRecord),
+}
+
+/// What a worker learned renewing one of its run leases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseState {
+    /// Still the worker's, until this time on the store's clock.
+    Held {
+        /// The new expiry.
+        expires: Millis,
+        /// An operator asked for the run to be cancelled.
+        cancel_requested: bool,
+    },
+    /// Another lease was granted since (or the run ended): stop writing for the run.
+    Lost,
+}
+
+/// How a run ended, as its worker records it ([`WorkerStore::finish_run`]).
+#[derive(Debug, Clone, Copy)]
+pub enum RunEnd<'a> {
+    /// The agent returned these output bytes.
+    Completed(&'a [u8]),
+    /// The agent returned this error (or the host ended the run with it).
+    Failed(&'a str),
+    /// The run stopped in doubt; [`InstanceStore::park`] recorded the key and reason.
+    InDoubt,
+    /// The run was cancelled; its open claims are released in the same transaction.
+    Cancelled,
+}
+
+/// What [`OperatorStore::cancel_run`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cancelled {
+    /// No worker held the run: it is cancelled now and its open claims are released.
+    Now,
+    /// A worker holds the run: it stops it at its next host call.
+    Requested {
+        /// The worker's lease.
+        lease: RunLeaseInfo,
+    },
+}
+
+/// Which runs [`OperatorStore::runs`] lists.
+#[derive(Debug, Clone, Default)]
+pub struct RunFilter<'a> {
+    /// Only runs with this status.
+    pub status: Option<RunStatus>,
+    /// Only runs of this agent (deployment name).
+    pub agent: Option<&'a str>,
+    /// At most this many, newest first; `None` for all.
+    pub limit: Option<usize>,
+}
