@@ -9,6 +9,7 @@ mod bench_guest;
 mod browser;
 mod cache;
 mod cli;
+mod compat;
 mod crash_sweep;
 mod dedupe;
 mod doc_links;
