@@ -188,3 +188,33 @@ fn odd_store_paths_are_files_or_refused_never_hangs_or_uris() {
         "the store is the file of that name, not an in-memory database"
     );
 }
+
+/// `--db :memory:` reads as SQLite's in-memory database, but every store path is a file:
+/// it used to leave a durable store named `:memory:` in the working directory. It is
+/// refused before anything is created; `./:memory:` is a file of that name.
+#[test]
+fn memory_store_name_is_refused_not_made_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let idem = |db: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .current_dir(dir.path())
+            .args(["run", LEDGER, "--db", db, "--input", r#"{"items":[]}"#])
+            .env("XDG_CACHE_HOME", env!("CARGO_TARGET_TMPDIR"))
+            .output()
+            .unwrap()
+    };
+    let out = idem(":memory:");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("in-memory") && err.contains("./:memory:"),
+        "{err}"
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "nothing is created: {left:?}");
+
+    // The agent fails on this input (it has no log to write), after the store opened.
+    let out = idem("./:memory:");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(dir.path().join(":memory:").is_file());
+}
