@@ -22,7 +22,8 @@
 //!   reach; `http/`: the outbound HTTP policy and the gate that holds requests to it;
 //!   `capture.rs`: the hook that lets an embedder answer outbound requests itself and
 //!   hear of refused ones; `output.rs`: the guest's stderr and stdout, escaped, as the
-//!   run's log; `error.rs`: the runtime's errors.
+//!   run's log; `regular_file.rs`: files a user names, opened without waiting on a
+//!   FIFO; `error.rs`: the runtime's errors.
 
 mod agent_bytes;
 mod authority;
@@ -48,6 +49,7 @@ mod names;
 mod next;
 mod options;
 mod output;
+mod regular_file;
 mod report;
 mod run_ctx;
 mod signal;
@@ -73,6 +75,7 @@ pub use limits::{InvalidLimit, LimitExceeded, Limits};
 pub use names::{check_namespace, check_run_id};
 pub use options::RunOptions;
 pub use output::{Echo, LOG_KEEP};
+pub use regular_file::open_regular_file;
 pub use report::{RunFailure, RunReport, Waiting};
 pub use signal::send_signal;
 pub use stop::{Stop, StopSignal};
