@@ -1,6 +1,7 @@
 //! A `--dir` grant must not hand the agent idem's own files: one that contains the
 //! store or the component cache (or lies inside the cache) is refused before anything
-//! runs, symbolic links resolved, and the store is left as it was.
+//! runs, symbolic links resolved, and the store is left as it was; nor may two grants
+//! share one guest path.
 
 use std::path::{Path, PathBuf};
 
@@ -121,4 +122,57 @@ fn grants_over_the_store_or_the_cache_are_refused() {
         );
         assert_eq!(store_digest(&db), digest, "{extra:?}: the store changed");
     }
+}
+
+/// Two directories granted under one guest path used to be accepted, the agent seeing
+/// only one of them: `idem run`, `idem deploy` and `idem submit` refuse them, however
+/// the guest path is spelled, before anything is written.
+#[test]
+fn two_grants_onto_one_guest_path_are_refused() {
+    let bed = Bed::new();
+    for sub in ["shared/a", "shared/b"] {
+        std::fs::create_dir_all(bed.path(sub)).unwrap();
+    }
+    let db = bed.path("state/idem.db");
+    let db = db.to_str().unwrap();
+    let grant = |dir: &str, guest: &str| format!("{}::{guest}", bed.path(dir).display());
+    let (a, b) = (grant("shared/a", "/data"), grant("shared/b", "data/"));
+    let idem =
+        |args: &[&str]| run_cli_env(args, &[("XDG_CACHE_HOME", bed.path("xdg").as_os_str())]);
+    let refused = |out: std::process::Output| {
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains("guest path \"data/\"")
+                && err.contains(bed.path("shared/a").to_str().unwrap())
+                && err.contains(bed.path("shared/b").to_str().unwrap()),
+            "the error names the guest path and both directories: {err}"
+        );
+    };
+
+    let run = ["run", HOSTILE, "--db", db, "--input", INPUT];
+    refused(idem(&[&run[..], &["--dir", &a, "--dir", &b]].concat()));
+    let deploy = ["deploy", HOSTILE, "--db", db, "--name", "hostile"];
+    refused(idem(&[&deploy[..], &["--dir", &a, "--dir", &b]].concat()));
+    assert!(!bed.path("state/idem.db").exists(), "nothing was written");
+
+    let whole = grant("shared", "/data");
+    let deployed = idem(&[&deploy[..], &["--dir", &whole]].concat());
+    assert!(deployed.status.success(), "{}", stderr(&deployed));
+    let submit = ["submit", "hostile", "--db", db, "--input", INPUT];
+    refused(idem(&[&submit[..], &["--dir", &a, "--dir", &b]].concat()));
+    let status = idem(&["ls", "--db", db]);
+    assert!(
+        !crate::util::stdout(&status).contains("hostile-"),
+        "no run was submitted: {}",
+        crate::util::stdout(&status)
+    );
+    let one = idem(&[&submit[..], &["--dir", &a]].concat());
+    assert!(
+        one.status.success(),
+        "one narrower grant fits: {}",
+        stderr(&one)
+    );
+    let listed = crate::util::stdout(&idem(&["ls", "--db", db]));
+    assert!(listed.contains("hostile-"), "{listed}");
 }
