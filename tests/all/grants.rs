@@ -176,3 +176,59 @@ fn two_grants_onto_one_guest_path_are_refused() {
     let listed = crate::util::stdout(&idem(&["ls", "--db", db]));
     assert!(listed.contains("hostile-"), "{listed}");
 }
+
+/// A guest could leave a symbolic link on the host's disk that points outside its grant
+/// (wasmtime refuses only absolute targets): nothing of the guest's own follows it, but
+/// a host program that does goes where the guest chose. A target with a `..` component
+/// is refused, so every link a guest makes resolves below the directory it sits in,
+/// wherever it or its directories are later moved within the grant.
+#[test]
+fn guest_symlinks_stay_inside_their_grant() {
+    let bed = Bed::new();
+    let data = bed.path("data");
+    let db = bed.path("state/idem.db");
+    let grant = format!("{}::/data", data.display());
+    let links = serde_json::json!({
+        "mode": "symlink",
+        "copy": [
+            ["../state/idem.db", "up"],
+            ["/etc/passwd", "absolute"],
+            ["sub/../../state", "sneaky"],
+            ["..", "parent"],
+            ["inside.txt", "in"],
+            ["sub/./deeper", "down"],
+            [".", "self"],
+        ],
+    })
+    .to_string();
+    let out = run_cli_env(
+        &[
+            "run",
+            HOSTILE,
+            "--db",
+            db.to_str().unwrap(),
+            "--dir",
+            &grant,
+            "--input",
+            &links,
+            "--json",
+        ],
+        &[("XDG_CACHE_HOME", bed.path("xdg").as_os_str())],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        doc["output"], "not-permitted,not-permitted,not-permitted,not-permitted,ok,ok,ok",
+        "{doc}"
+    );
+    for refused in ["up", "absolute", "sneaky", "parent"] {
+        assert!(
+            std::fs::symlink_metadata(data.join(refused)).is_err(),
+            "{refused} was made"
+        );
+    }
+    assert_eq!(
+        std::fs::read_link(data.join("in")).unwrap(),
+        Path::new("inside.txt")
+    );
+}

@@ -147,6 +147,8 @@ impl Runtime {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| HostError::Engine(format!("{e:#}")))?;
+        super::guest_links::add_to_linker(&mut linker)
+            .map_err(|e| HostError::Engine(format!("{e:#}")))?;
         // Always linked, so agents built with HTTP load; the gate in `http.rs` refuses
         // every request the run's policy does not grant.
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)

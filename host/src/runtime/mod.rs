@@ -4,7 +4,8 @@
 //!   once and cached on disk (sealed with a per-user key, in a directory only the user
 //!   can change), an `InstancePre` per agent.
 //! - [`check_grants`] (`grants.rs`): refuses directory grants that would expose the
-//!   store or the component cache to an agent.
+//!   store or the component cache to an agent; `guest_links.rs` keeps the symbolic
+//!   links an agent makes inside its grant.
 //! - [`Host`] (`host.rs`): what every run of a process shares. [`Host::run`]
 //!   (`foreground.rs`, `deploy.rs`) drives one run in the foreground as
 //!   [`RunOptions`] (`options.rs`) say and returns a [`RunReport`] (`report.rs`); a
@@ -39,6 +40,7 @@ mod error;
 mod faults;
 mod foreground;
 mod grants;
+mod guest_links;
 mod heartbeat;
 mod host;
 mod http;
