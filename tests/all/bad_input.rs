@@ -188,3 +188,108 @@ fn odd_store_paths_are_files_or_refused_never_hangs_or_uris() {
         "the store is the file of that name, not an in-memory database"
     );
 }
+
+/// `--db :memory:` reads as SQLite's in-memory database, but every store path is a file:
+/// it used to leave a durable store named `:memory:` in the working directory. It is
+/// refused before anything is created; `./:memory:` is a file of that name.
+#[test]
+fn memory_store_name_is_refused_not_made_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let idem = |db: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .current_dir(dir.path())
+            .args(["run", LEDGER, "--db", db, "--input", r#"{"items":[]}"#])
+            .env("XDG_CACHE_HOME", env!("CARGO_TARGET_TMPDIR"))
+            .output()
+            .unwrap()
+    };
+    let out = idem(":memory:");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("in-memory") && err.contains("./:memory:"),
+        "{err}"
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "nothing is created: {left:?}");
+
+    // The agent fails on this input (it has no log to write), after the store opened.
+    let out = idem("./:memory:");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(dir.path().join(":memory:").is_file());
+}
+
+/// `idem` with `args`, in `dir`, given `stdin`; `None` if it was still running after
+/// 30 s (then killed): what used to happen to a FIFO with no writer.
+fn idem_within(dir: &Path, args: &[&str], stdin: &[u8]) -> Option<std::process::Output> {
+    use std::io::Write;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .current_dir(dir)
+        .args(args)
+        .env("XDG_CACHE_HOME", env!("CARGO_TARGET_TMPDIR"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Some(child.wait_with_output().unwrap())
+}
+
+/// A FIFO with no writer as `--input @FILE` or as the agent used to hang `idem` in
+/// `open` forever: both are refused at once, naming what the file is; a regular file
+/// and `@-` (stdin) still give the input.
+#[test]
+fn fifo_inputs_and_agents_are_refused_never_waited_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    std::fs::create_dir(dir.path().join("data")).unwrap();
+    let grant = format!("{}::/data", dir.path().join("data").display());
+    let input = r#"{"items":["x"],"log":"/data/l.log"}"#;
+    std::fs::write(dir.path().join("input.json"), input).unwrap();
+    let run = |agent: &str, input: &str, stdin: &str| {
+        let args = [
+            "run", agent, "--db", "idem.db", "--dir", &grant, "--input", input,
+        ];
+        idem_within(dir.path(), &args, stdin.as_bytes())
+            .unwrap_or_else(|| panic!("idem {args:?} hung"))
+    };
+
+    let out = run(LEDGER, "@fifo", "");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("cannot read --input file fifo: it is a named pipe (FIFO)")
+            && err.contains("@-"),
+        "{err}"
+    );
+    let out = run("fifo", input, "");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("cannot read agent fifo") && err.contains("named pipe (FIFO)"),
+        "{err}"
+    );
+    assert!(!dir.path().join("idem.db").exists(), "nothing was opened");
+
+    let out = run(LEDGER, "@input.json", "");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = run(LEDGER, "@-", r#"{"items":["y"],"log":"/data/l.log"}"#);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let log = std::fs::read_to_string(dir.path().join("data/l.log")).unwrap();
+    assert!(log.contains("item=x") && log.contains("item=y"), "{log}");
+}

@@ -1,6 +1,7 @@
 //! A `--dir` grant must not hand the agent idem's own files: one that contains the
 //! store or the component cache (or lies inside the cache) is refused before anything
-//! runs, symbolic links resolved, and the store is left as it was.
+//! runs, symbolic links resolved, and the store is left as it was; nor may two grants
+//! share one guest path.
 
 use std::path::{Path, PathBuf};
 
@@ -121,4 +122,113 @@ fn grants_over_the_store_or_the_cache_are_refused() {
         );
         assert_eq!(store_digest(&db), digest, "{extra:?}: the store changed");
     }
+}
+
+/// Two directories granted under one guest path used to be accepted, the agent seeing
+/// only one of them: `idem run`, `idem deploy` and `idem submit` refuse them, however
+/// the guest path is spelled, before anything is written.
+#[test]
+fn two_grants_onto_one_guest_path_are_refused() {
+    let bed = Bed::new();
+    for sub in ["shared/a", "shared/b"] {
+        std::fs::create_dir_all(bed.path(sub)).unwrap();
+    }
+    let db = bed.path("state/idem.db");
+    let db = db.to_str().unwrap();
+    let grant = |dir: &str, guest: &str| format!("{}::{guest}", bed.path(dir).display());
+    let (a, b) = (grant("shared/a", "/data"), grant("shared/b", "data/"));
+    let idem =
+        |args: &[&str]| run_cli_env(args, &[("XDG_CACHE_HOME", bed.path("xdg").as_os_str())]);
+    let refused = |out: std::process::Output| {
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains("guest path \"data/\"")
+                && err.contains(bed.path("shared/a").to_str().unwrap())
+                && err.contains(bed.path("shared/b").to_str().unwrap()),
+            "the error names the guest path and both directories: {err}"
+        );
+    };
+
+    let run = ["run", HOSTILE, "--db", db, "--input", INPUT];
+    refused(idem(&[&run[..], &["--dir", &a, "--dir", &b]].concat()));
+    let deploy = ["deploy", HOSTILE, "--db", db, "--name", "hostile"];
+    refused(idem(&[&deploy[..], &["--dir", &a, "--dir", &b]].concat()));
+    assert!(!bed.path("state/idem.db").exists(), "nothing was written");
+
+    let whole = grant("shared", "/data");
+    let deployed = idem(&[&deploy[..], &["--dir", &whole]].concat());
+    assert!(deployed.status.success(), "{}", stderr(&deployed));
+    let submit = ["submit", "hostile", "--db", db, "--input", INPUT];
+    refused(idem(&[&submit[..], &["--dir", &a, "--dir", &b]].concat()));
+    let status = idem(&["ls", "--db", db]);
+    assert!(
+        !crate::util::stdout(&status).contains("hostile-"),
+        "no run was submitted: {}",
+        crate::util::stdout(&status)
+    );
+    let one = idem(&[&submit[..], &["--dir", &a]].concat());
+    assert!(
+        one.status.success(),
+        "one narrower grant fits: {}",
+        stderr(&one)
+    );
+    let listed = crate::util::stdout(&idem(&["ls", "--db", db]));
+    assert!(listed.contains("hostile-"), "{listed}");
+}
+
+/// A guest could leave a symbolic link on the host's disk that points outside its grant
+/// (wasmtime refuses only absolute targets): nothing of the guest's own follows it, but
+/// a host program that does goes where the guest chose. A target with a `..` component
+/// is refused, so every link a guest makes resolves below the directory it sits in,
+/// wherever it or its directories are later moved within the grant.
+#[test]
+fn guest_symlinks_stay_inside_their_grant() {
+    let bed = Bed::new();
+    let data = bed.path("data");
+    let db = bed.path("state/idem.db");
+    let grant = format!("{}::/data", data.display());
+    let links = serde_json::json!({
+        "mode": "symlink",
+        "copy": [
+            ["../state/idem.db", "up"],
+            ["/etc/passwd", "absolute"],
+            ["sub/../../state", "sneaky"],
+            ["..", "parent"],
+            ["inside.txt", "in"],
+            ["sub/./deeper", "down"],
+            [".", "self"],
+        ],
+    })
+    .to_string();
+    let out = run_cli_env(
+        &[
+            "run",
+            HOSTILE,
+            "--db",
+            db.to_str().unwrap(),
+            "--dir",
+            &grant,
+            "--input",
+            &links,
+            "--json",
+        ],
+        &[("XDG_CACHE_HOME", bed.path("xdg").as_os_str())],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        doc["output"], "not-permitted,not-permitted,not-permitted,not-permitted,ok,ok,ok",
+        "{doc}"
+    );
+    for refused in ["up", "absolute", "sneaky", "parent"] {
+        assert!(
+            std::fs::symlink_metadata(data.join(refused)).is_err(),
+            "{refused} was made"
+        );
+    }
+    assert_eq!(
+        std::fs::read_link(data.join("in")).unwrap(),
+        Path::new("inside.txt")
+    );
 }

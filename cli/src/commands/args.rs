@@ -1,14 +1,15 @@
 //! Argument values and flag groups shared by the subcommands: raw flags become the
 //! library's validated types here, before anything runs.
 
-use std::path::PathBuf;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
 use idem::runtime::{
     Authority, DirGrant, HttpDestination, LoadedAgent, Protected, Runtime, check_grants,
-    default_cache_dir,
+    default_cache_dir, open_regular_file,
 };
 use idem::store::{self, Location, Store, StoreOptions, SyncMode};
 
@@ -276,15 +277,37 @@ fn flag_error(message: &str) -> String {
     message.to_string()
 }
 
-/// Reads `--input`-like values: JSON, or `@FILE` to read it from a file.
+/// Reads `--input`-like values: JSON, `@FILE` to read it from a regular file, or `@-`
+/// to read it from stdin. A FIFO or a device as `@FILE` is refused rather than waited
+/// on (a FIFO with no writer never opens): what a pipe carries comes through `@-`.
 pub fn json_or_file(flag: &str, value: &str) -> anyhow::Result<Vec<u8>> {
     let bytes = match value.strip_prefix('@') {
-        Some(path) => std::fs::read(path)
-            .map_err(|e| BadInput(format!("cannot read {flag} file {path}: {e}")))?,
+        Some("-") => {
+            let mut bytes = Vec::new();
+            std::io::stdin()
+                .lock()
+                .read_to_end(&mut bytes)
+                .map_err(|e| BadInput(format!("cannot read {flag} from stdin: {e}")))?;
+            bytes
+        }
+        Some(path) => read_regular(Path::new(path)).map_err(|e| {
+            let pipe = if e.kind() == std::io::ErrorKind::InvalidInput {
+                "; to read it from a pipe, give it on stdin with @-"
+            } else {
+                ""
+            };
+            BadInput(format!("cannot read {flag} file {path}: {e}{pipe}"))
+        })?,
         None => value.as_bytes().to_vec(),
     };
     serde_json::from_slice::<serde_json::Value>(&bytes)
         .map_err(|e| BadInput(format!("{flag} is not valid JSON: {e}")))?;
+    Ok(bytes)
+}
+
+fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    open_regular_file(path)?.read_to_end(&mut bytes)?;
     Ok(bytes)
 }
 

@@ -26,7 +26,7 @@ const KILL_SEED: u64 = 1;
 pub struct ProveCommand {
     /// The agent: a WebAssembly component of the idem:agent world.
     agent: PathBuf,
-    /// The input, as JSON, or `@FILE` to read it from a file.
+    /// The input, as JSON, or `@FILE` to read it from a file (`@-`: from stdin).
     // A negative number is JSON too: without `allow_negative_numbers`, clap takes the
     // value of `--input -1` for a flag.
     #[arg(long, default_value = "null", allow_negative_numbers = true)]

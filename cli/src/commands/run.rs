@@ -11,7 +11,7 @@ use idem::prove::FileCapture;
 use idem::runtime::{
     CrashPoint, Echo, FaultPlan, Host, HttpCapture, RunFailure, RunOptions, RunReport,
 };
-use idem::store::RunStatus;
+use idem::store::{Counts, RunStatus};
 
 use super::args::{AuthorityArgs, CacheArgs, DbArgs, json_or_file, limit_flag, load_agent};
 use super::display;
@@ -29,7 +29,7 @@ pub struct RunCommand {
     /// same command resumes the same run.
     #[arg(long)]
     run_id: Option<String>,
-    /// The input, as JSON, or `@FILE` to read it from a file.
+    /// The input, as JSON, or `@FILE` to read it from a file (`@-`: from stdin).
     // A negative number is JSON too: without `allow_negative_numbers`, clap takes the
     // value of `--input -1` for a flag.
     #[arg(long, default_value = "null", allow_negative_numbers = true)]
@@ -162,6 +162,7 @@ impl RunCommand {
                 "already_finished": report.already_finished,
                 "instances_now": report.instances_now,
                 "counts": c,
+                "counts_now": report.counts_now,
                 "counts_exact": report.counts_exact,
                 "hint": failure_hint(report),
             });
@@ -184,13 +185,7 @@ impl RunCommand {
             RunStatus::Running | RunStatus::Queued => {}
             _ => println!("error: {}", display::payload(&report.outcome)),
         }
-        // Counts an earlier, killed holder had not written yet are missing: say so
-        // rather than print them as exact.
-        let at_least = if report.counts_exact { "" } else { "at least " };
-        println!(
-            "{at_least}executed {}  skipped {}  awaited {}  reclaimed {}  instances {}",
-            c.executed, c.skipped, c.awaited, c.reclaimed, c.instances
-        );
+        print_counts(report);
         if !report.counts_exact {
             println!(
                 "(an earlier process of this run was killed before it wrote its last counts; \
@@ -200,6 +195,27 @@ impl RunCommand {
         if let Some(hint) = failure_hint(report) {
             println!("hint: {hint}");
         }
+    }
+}
+
+/// The counts: one line when this process did all the run did; else what this process
+/// did, then the run's totals, each labelled (another process drove the run before, or
+/// with this one, and its work is not this one's).
+fn print_counts(report: &RunReport) {
+    let line = |c: &Counts| {
+        format!(
+            "executed {}  skipped {}  awaited {}  reclaimed {}  instances {}",
+            c.executed, c.skipped, c.awaited, c.reclaimed, c.instances
+        )
+    };
+    // Counts an earlier, killed holder had not written yet are missing: say so rather
+    // than print them as exact.
+    let at_least = if report.counts_exact { "" } else { "at least " };
+    if report.counts_now == report.counts && report.counts_exact {
+        println!("{}", line(&report.counts));
+    } else {
+        println!("this process: {}", line(&report.counts_now));
+        println!("run totals: {at_least}{}", line(&report.counts));
     }
 }
 

@@ -14,8 +14,9 @@ pub struct SignalCommand {
     run_id: String,
     /// The signal's name, as the agent waits for it.
     name: String,
-    /// The payload, as JSON, or `@FILE` to read it from a file (default `null`). At most
-    /// the run's state limit (`--max-state-bytes` when it was submitted; 1 MiB by default).
+    /// The payload, as JSON, or `@FILE` to read it from a file (`@-`: from stdin; default
+    /// `null`). At most the run's state limit (`--max-state-bytes` when it was submitted;
+    /// 1 MiB by default).
     #[arg(long, value_name = "JSON|@FILE")]
     payload: Option<String>,
     #[command(flatten)]

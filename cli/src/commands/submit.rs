@@ -15,7 +15,7 @@ pub struct SubmitCommand {
     agent: String,
     #[command(flatten)]
     db: DbArgs,
-    /// The input, as JSON, or `@FILE` to read it from a file.
+    /// The input, as JSON, or `@FILE` to read it from a file (`@-`: from stdin).
     // A negative number is JSON too: without `allow_negative_numbers`, clap takes the
     // value of `--input -1` for a flag.
     #[arg(long, default_value = "null", allow_negative_numbers = true)]

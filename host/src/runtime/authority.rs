@@ -47,6 +47,23 @@ pub enum AuthorityError {
     /// A limit is outside what idem enforces.
     #[error(transparent)]
     Limit(#[from] super::limits::InvalidLimit),
+    /// Two directories are granted under one guest path (compared as the guest's path
+    /// lookup does: `/data`, `data/` and `./data` are one path). The agent would see
+    /// only one of them, so it is refused rather than left to whichever wins.
+    #[error(
+        "directories {} and {} are both granted as guest path {guest:?}; the agent would \
+         see only one of them: give each its own guest path",
+        first.display(),
+        second.display()
+    )]
+    SameGuestPath {
+        /// The guest path, as the second grant wrote it.
+        guest: String,
+        /// The host directory granted first.
+        first: PathBuf,
+        /// The host directory granted again under it.
+        second: PathBuf,
+    },
     /// A submission asked for more than its deployment allows.
     #[error("the run asks for {what}, which its deployment does not allow")]
     Wider {
@@ -71,9 +88,23 @@ impl Authority {
         serde_json::from_slice(bytes).map_err(|e| AuthorityError::Decode(e.to_string()))
     }
 
-    /// Checks that every limit is one idem can enforce.
+    /// Checks that every limit is one idem can enforce, and that no two directories are
+    /// granted under one guest path ([`AuthorityError::SameGuestPath`]).
     pub fn check(&self) -> Result<(), AuthorityError> {
-        Ok(self.limits.check()?)
+        self.limits.check()?;
+        for (i, dir) in self.dirs.iter().enumerate() {
+            if let Some(first) = self.dirs[..i]
+                .iter()
+                .find(|d| same_guest_path(&d.guest, &dir.guest))
+            {
+                return Err(AuthorityError::SameGuestPath {
+                    guest: dir.guest.clone(),
+                    first: first.host.clone(),
+                    second: dir.host.clone(),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Checks that this authority asks for nothing `within` does not allow: each
@@ -138,6 +169,19 @@ impl Authority {
     }
 }
 
+/// Whether two guest paths name one preopen: wasi-libc, which Rust's and Python's
+/// guests look paths up through, skips leading `/` and `./` and ignores trailing `/`;
+/// empty and `.` components are dropped here too.
+fn same_guest_path(a: &str, b: &str) -> bool {
+    let parts = |p: &str| {
+        p.split('/')
+            .filter(|c| !c.is_empty() && *c != ".")
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    parts(a) == parts(b)
+}
+
 /// Whether `path` is `dir` or lies inside it, compared as written and, where both
 /// exist, as resolved (symlinks followed).
 fn is_within(path: &Path, dir: &Path) -> bool {
@@ -198,5 +242,41 @@ mod tests {
         assert!(err.to_string().contains("max_memory_bytes"), "{err}");
         let round = Authority::decode(&deployment.encode()).unwrap();
         assert_eq!(round, deployment);
+    }
+
+    /// Two directories under one guest path used to be accepted, the agent seeing only
+    /// one of them: refused, however the guest path is spelled.
+    #[test]
+    fn two_grants_onto_one_guest_path_are_refused() {
+        let grant = |host: &str, guest: &str| DirGrant {
+            host: host.into(),
+            guest: guest.into(),
+        };
+        let authority = |dirs| Authority {
+            dirs,
+            ..Authority::default()
+        };
+        for guest in ["/data", "/data/", "data", "./data", "//data/."] {
+            let twice = authority(vec![
+                grant("/srv/a", "/data"),
+                grant("/srv/other", "/logs"),
+                grant("/srv/b", guest),
+            ]);
+            assert_eq!(
+                twice.check(),
+                Err(AuthorityError::SameGuestPath {
+                    guest: guest.into(),
+                    first: "/srv/a".into(),
+                    second: "/srv/b".into(),
+                }),
+                "{guest}"
+            );
+        }
+        let apart = authority(vec![
+            grant("/srv/a", "/data"),
+            grant("/srv/b", "/data/b"),
+            grant("/srv/c", "/database"),
+        ]);
+        assert_eq!(apart.check(), Ok(()));
     }
 }

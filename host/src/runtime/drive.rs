@@ -15,28 +15,30 @@ use super::faults::{FaultPlan, Faults};
 use super::host::Host;
 use super::next::Next;
 use super::output::LogSink;
-use super::report::{RunReport, Waiting};
+use super::report::{RunReport, Waiting, since};
 use super::run_ctx::RunCtx;
 use super::stop::RunSignals;
-use crate::store::{LeasedRun, RunEnd, RunFence, RunStatus, Suspension};
+use crate::store::{Counts, LeasedRun, RunEnd, RunFence, RunStatus, Suspension};
 use crate::text;
 
-/// What every report of one drive shares: where its instance count starts, and whether
-/// the counts it started from were exact.
+/// What every report of one drive shares: the counts it started from (the store's,
+/// which another process may have written), and whether they were exact.
 struct DriveStart {
-    first_instance: u64,
+    counts: Counts,
     counts_exact: bool,
 }
 
 impl DriveStart {
     fn report(&self, run: &RunCtx, status: RunStatus, outcome: Vec<u8>) -> RunReport {
+        let counts_now = since(&run.counts, &self.counts);
         RunReport {
             run_id: run.run_id().to_string(),
             status,
             outcome,
             counts: run.counts,
+            counts_now,
             counts_exact: self.counts_exact,
-            instances_now: run.counts.instances - self.first_instance,
+            instances_now: counts_now.instances,
             already_finished: false,
             failure: None,
             waiting: None,
@@ -132,11 +134,11 @@ impl Host {
         counts_exact: bool,
     ) -> Result<RunReport, HostError> {
         let start = DriveStart {
-            first_instance: run.counts.instances,
+            counts: run.counts,
             counts_exact,
         };
         loop {
-            let instances = run.counts.instances - start.first_instance;
+            let instances = run.counts.instances - start.counts.instances;
             let next = if instances >= run.limits.max_instances {
                 Next::GiveUp { instances }
             } else {

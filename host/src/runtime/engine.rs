@@ -147,6 +147,8 @@ impl Runtime {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| HostError::Engine(format!("{e:#}")))?;
+        super::guest_links::add_to_linker(&mut linker)
+            .map_err(|e| HostError::Engine(format!("{e:#}")))?;
         // Always linked, so agents built with HTTP load; the gate in `http.rs` refuses
         // every request the run's policy does not grant.
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
@@ -173,7 +175,11 @@ impl Runtime {
     /// Reads, checks and compiles (or loads from the cache) the agent at `path`.
     ///
     /// With a cache that remembers this file's digest (the file unchanged since it was
-    /// last hashed) and holds its compiled code, the file is not read at all.
+    /// last hashed) and holds its compiled code, the file is not read at all. Anything
+    /// but a regular file (a FIFO, a device, a directory) is refused with
+    /// [`HostError::ReadAgent`] before it is read: see [`open_regular_file`].
+    ///
+    /// [`open_regular_file`]: super::open_regular_file
     pub fn load(&self, path: &Path) -> Result<LoadedAgent, HostError> {
         let failed = |source| HostError::ReadAgent {
             path: path.to_path_buf(),
@@ -183,7 +189,7 @@ impl Runtime {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "agent".to_string());
-        let mut file = std::fs::File::open(path).map_err(failed)?;
+        let mut file = super::regular_file::open_regular_file(path).map_err(failed)?;
         // Taken before reading: a write during the read changes the file's times, so a
         // digest remembered under these is never the digest of other bytes.
         let meta = file.metadata().map_err(failed)?;

@@ -13,7 +13,7 @@ use super::options::RunOptions;
 use super::output::LogSink;
 use super::report::{RunReport, Waiting};
 use super::stop::{RunSignals, Stop};
-use crate::store::{Acquired, LeasedRun, Millis, RunRecord, RunStatus, StoreError};
+use crate::store::{Acquired, Counts, LeasedRun, Millis, RunRecord, RunStatus, StoreError};
 use crate::text;
 
 /// What waiting for a suspended run found.
@@ -82,12 +82,15 @@ impl Host {
         signals: &Arc<RunSignals>,
     ) -> Result<RunReport, HostError> {
         let mut suspended = waiting_report(submitted);
+        // What this call's drives did so far: between them, another process may drive
+        // the run on, and its work is not this call's to report.
+        let mut done = Counts::default();
         loop {
             if let Some(report) = suspended.take() {
                 match self.until_due(&opts.run_id, signals).await? {
                     Due::Now => {}
                     Due::Stopped => return Ok(report),
-                    Due::Finished(record) => return self.ended_report(&record).await,
+                    Due::Finished(record) => return self.ended_report(&record, &done).await,
                 }
             }
             let leased = match self
@@ -95,7 +98,7 @@ impl Host {
                 .await?
             {
                 Ok(leased) => leased,
-                Err(record) => return self.ended_report(&record).await,
+                Err(record) => return self.ended_report(&record, &done).await,
             };
             // Signals of this drive only: the heartbeat may still report the lease the
             // last drive gave back as lost, which must not stop the next one. The
@@ -119,7 +122,9 @@ impl Host {
                     () = &mut relay, if !relayed => relayed = true,
                 }
             };
-            let report = report?;
+            let mut report = report?;
+            report.add_earlier(&done);
+            done = report.counts_now;
             if report.waiting.is_none() {
                 return Ok(report);
             }
@@ -220,6 +225,7 @@ impl Host {
                 status: record.status,
                 outcome: record.outcome.clone().unwrap_or_default(),
                 counts: record.counts,
+                counts_now: Counts::default(),
                 counts_exact: true,
                 instances_now: 0,
                 already_finished: true,
@@ -229,11 +235,19 @@ impl Host {
         }
     }
 
-    /// The report of a run found finished while the foreground waited for it.
-    async fn ended_report(&self, record: &RunRecord) -> Result<RunReport, HostError> {
-        self.finished_report(record)
+    /// The report of a run found finished while the foreground waited for it, after
+    /// this call's drives did `done`.
+    async fn ended_report(
+        &self,
+        record: &RunRecord,
+        done: &Counts,
+    ) -> Result<RunReport, HostError> {
+        let mut report = self
+            .finished_report(record)
             .await?
-            .ok_or_else(|| HostError::Engine("a finished run has no report".into()))
+            .ok_or_else(|| HostError::Engine("a finished run has no report".into()))?;
+        report.add_earlier(done);
+        Ok(report)
     }
 }
 
@@ -245,6 +259,7 @@ fn waiting_report(record: &RunRecord) -> Option<RunReport> {
         status: RunStatus::Running,
         outcome: Vec::new(),
         counts: record.counts,
+        counts_now: Counts::default(),
         counts_exact: true,
         instances_now: 0,
         already_finished: false,

@@ -4,7 +4,8 @@
 //!   once and cached on disk (sealed with a per-user key, in a directory only the user
 //!   can change), an `InstancePre` per agent.
 //! - [`check_grants`] (`grants.rs`): refuses directory grants that would expose the
-//!   store or the component cache to an agent.
+//!   store or the component cache to an agent; `guest_links.rs` keeps the symbolic
+//!   links an agent makes inside its grant.
 //! - [`Host`] (`host.rs`): what every run of a process shares. [`Host::run`]
 //!   (`foreground.rs`, `deploy.rs`) drives one run in the foreground as
 //!   [`RunOptions`] (`options.rs`) say and returns a [`RunReport`] (`report.rs`); a
@@ -22,7 +23,8 @@
 //!   reach; `http/`: the outbound HTTP policy and the gate that holds requests to it;
 //!   `capture.rs`: the hook that lets an embedder answer outbound requests itself and
 //!   hear of refused ones; `output.rs`: the guest's stderr and stdout, escaped, as the
-//!   run's log; `error.rs`: the runtime's errors.
+//!   run's log; `regular_file.rs`: files a user names, opened without waiting on a
+//!   FIFO; `error.rs`: the runtime's errors.
 
 mod agent_bytes;
 mod authority;
@@ -38,6 +40,7 @@ mod error;
 mod faults;
 mod foreground;
 mod grants;
+mod guest_links;
 mod heartbeat;
 mod host;
 mod http;
@@ -48,6 +51,7 @@ mod names;
 mod next;
 mod options;
 mod output;
+mod regular_file;
 mod report;
 mod run_ctx;
 mod signal;
@@ -73,6 +77,7 @@ pub use limits::{InvalidLimit, LimitExceeded, Limits};
 pub use names::{check_namespace, check_run_id};
 pub use options::RunOptions;
 pub use output::{Echo, LOG_KEEP};
+pub use regular_file::open_regular_file;
 pub use report::{RunFailure, RunReport, Waiting};
 pub use signal::send_signal;
 pub use stop::{Stop, StopSignal};

@@ -16,21 +16,60 @@ pub struct RunReport {
     /// The output bytes when completed; the error text when failed; the reason when in
     /// doubt or cancelled.
     pub outcome: Vec<u8>,
-    /// What the run did over all its instances, including earlier drives.
+    /// What the run did over all its instances, including earlier drives and other
+    /// processes' drives: the run's totals.
     pub counts: Counts,
+    /// What this call did: the part of `counts` that its own drives added. Less than
+    /// `counts` when the run was driven before, or by another process while this call
+    /// waited (two `idem run` of one run each report their own part).
+    pub counts_now: Counts,
     /// Whether `counts` are exact. An earlier holder of the run that died (killed,
     /// power lost) without writing its last counts leaves them short by at most the
     /// work of its last quarter second; `reclaimed` is exact either way.
     pub counts_exact: bool,
-    /// Instances created by this drive.
+    /// Instances created by this call (`counts_now.instances`).
     pub instances_now: u64,
-    /// The run had ended before this drive: nothing was executed now.
+    /// The run was ended by another holder, before this call or while it waited: this
+    /// call did not finish it (`counts_now` says what it did, if anything).
     pub already_finished: bool,
     /// Why the run failed, when it failed for a reason the host can name.
     pub failure: Option<RunFailure>,
     /// What the run waits for, when it was given back suspended in a wait (its status
     /// is then [`RunStatus::Running`]).
     pub waiting: Option<Waiting>,
+}
+
+impl RunReport {
+    /// Adds `earlier`, what this call's earlier drives did, to what this report's
+    /// drive did.
+    pub(crate) fn add_earlier(&mut self, earlier: &Counts) {
+        self.counts_now = sum(&self.counts_now, earlier);
+        self.instances_now = self.counts_now.instances;
+    }
+}
+
+/// Each count of `a` plus the same of `b`.
+fn sum(a: &Counts, b: &Counts) -> Counts {
+    Counts {
+        executed: a.executed.saturating_add(b.executed),
+        skipped: a.skipped.saturating_add(b.skipped),
+        awaited: a.awaited.saturating_add(b.awaited),
+        reclaimed: a.reclaimed.saturating_add(b.reclaimed),
+        instances: a.instances.saturating_add(b.instances),
+        recycled: a.recycled.saturating_add(b.recycled),
+    }
+}
+
+/// What was counted between `start` and `now`, count by count.
+pub(crate) fn since(now: &Counts, start: &Counts) -> Counts {
+    Counts {
+        executed: now.executed.saturating_sub(start.executed),
+        skipped: now.skipped.saturating_sub(start.skipped),
+        awaited: now.awaited.saturating_sub(start.awaited),
+        reclaimed: now.reclaimed.saturating_sub(start.reclaimed),
+        instances: now.instances.saturating_sub(start.instances),
+        recycled: now.recycled.saturating_sub(start.recycled),
+    }
 }
 
 /// What a suspended run waits for.

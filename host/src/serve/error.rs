@@ -141,9 +141,11 @@ impl From<HostError> for ApiError {
         let code = match &e {
             HostError::UnknownDeployment { .. } => "unknown_deployment",
             HostError::InvalidRunId { .. } | HostError::InvalidNamespace { .. } => "invalid_name",
-            HostError::Authority(AuthorityError::Wider { .. } | AuthorityError::Limit(_)) => {
-                "authority_refused"
-            }
+            HostError::Authority(
+                AuthorityError::Wider { .. }
+                | AuthorityError::Limit(_)
+                | AuthorityError::SameGuestPath { .. },
+            ) => "authority_refused",
             HostError::NotWasm { .. }
             | HostError::CoreModule { .. }
             | HostError::InvalidComponent { .. }

@@ -183,7 +183,8 @@ impl SqliteStore {
     ///
     /// Fails with [`StoreError::Open`] naming the path if its directory is missing,
     /// the database cannot be written, or the path is something other than an idem
-    /// database (a directory, a FIFO, a device, another file; all left untouched); with
+    /// database (a directory, a FIFO, a device, another file; all left untouched) or is
+    /// `:memory:` (SQLite's in-memory database: a store must outlive its process); with
     /// [`StoreError::SchemaTooNew`] if a newer idem wrote it; with
     /// [`StoreError::Database`] if the file is locked, corrupt or on a full disk.
     pub fn open(path: &Path, sync: SyncMode) -> Result<SqliteStore, StoreError> {

@@ -90,6 +90,7 @@ pub(super) fn open(path: &Path, options: &OpenOptions) -> Result<(Connection, u6
     let fail = |reason: String| refuse(path, reason);
     let sql_fail = |e: rusqlite::Error| open_failure(path, dir, options.busy_timeout, &e);
 
+    check_name(path).map_err(fail)?;
     check_location(path, dir).map_err(fail)?;
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
@@ -148,6 +149,7 @@ pub(super) fn open_read_only(
     let dir = directory_of(path);
     let fail = |reason: String| refuse(path, reason);
     let sql_fail = |e: rusqlite::Error| open_failure(path, dir, busy_timeout, &e);
+    check_name(path).map_err(fail)?;
     match std::fs::metadata(path) {
         Ok(meta) if meta.is_file() => {}
         Ok(meta) => return Err(fail(not_a_file(meta.file_type()))),
@@ -331,6 +333,23 @@ fn inspect(conn: &Connection) -> rusqlite::Result<Contents> {
             objects,
         }
     })
+}
+
+/// Refuses `:memory:`, SQLite's name for a database that lives in the process only. idem
+/// opens every path as a file (`sqlite_path`), so it would quietly be a file of that
+/// name in the working directory, while whoever wrote it expects nothing on disk; and a
+/// store that dies with its process cannot keep a side effect from happening twice. A
+/// file of that name is still reachable as `./:memory:`.
+fn check_name(path: &Path) -> Result<(), String> {
+    if path.as_os_str() == ":memory:" {
+        return Err(
+            "`:memory:` names an in-memory database in SQLite, and an idem store \
+                    must outlive its process to keep side effects from running twice; \
+                    give a file path (`./:memory:` for a file of that name)"
+                .to_owned(),
+        );
+    }
+    Ok(())
 }
 
 /// Refuses locations SQLite would only report as "unable to open database file", or

@@ -427,6 +427,39 @@ fn open_a_uri_like_name() {
     assert!(block_on(store.put_component("00", b"\0asm")).unwrap());
 }
 
+/// `:memory:` is SQLite's in-memory database to anyone who knows SQLite, and a file of
+/// that name to a store that opens every path as a file: refused for writing and for
+/// reading, before anything is created. A file of that name is `./:memory:`.
+#[test]
+fn memory_name_is_refused_not_made_a_file() {
+    let name = Path::new(":memory:");
+    let opened = SqliteStore::open_with(name, &OpenOptions::default());
+    if opened.is_ok() {
+        // The working directory is the crate's: leave nothing behind, then fail.
+        drop(opened);
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!(":memory:{suffix}"));
+        }
+        panic!("`:memory:` was opened as a file in the working directory");
+    }
+    let message = open_error(name);
+    assert!(
+        message.contains("in-memory") && message.contains("./:memory:"),
+        "{message}"
+    );
+    let read_only = SqliteStore::open_read_only(name).map(drop).unwrap_err();
+    assert!(
+        matches!(read_only, StoreError::Open { .. }),
+        "{read_only:?}"
+    );
+    assert!(!name.exists(), "nothing is created");
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join(":memory:");
+    SqliteStore::open(&file, SyncMode::Normal).unwrap();
+    assert!(file.is_file(), "a path ending in the name is a file");
+}
+
 /// `/proc` refuses new files even to root, which the tests may run as.
 #[cfg(target_os = "linux")]
 #[test]

@@ -14,7 +14,10 @@
 //!   another `n` must be refused);
 //! - `plant`: for each `[from, to]` in `copy`, write the bytes of `from` over `to` (or
 //!   `n` bytes of `0x0f 0x0b`, x86's `ud2`, when `from` is empty), the way an agent
-//!   granted idem's component cache would forge entries in it.
+//!   granted idem's component cache would forge entries in it;
+//! - `symlink`: for each `[target, link]` in `copy`, make `link` (relative to the
+//!   directory granted as `/data`) a symbolic link to `target`, through WASI's
+//!   `symlink-at`; the output is each outcome, `ok` or WASI's error code, joined by `,`.
 //!
 //! Modes that hand the host `text` (escape sequences, bidi and zero-width characters in
 //! the tests) wherever a string can go:
@@ -122,6 +125,7 @@ impl Agent for Hostile {
                 }
                 Ok(format!("planted {planted} bytes"))
             }
+            "symlink" => symlinks(&input.copy),
             "say" => {
                 byte_by_byte(&mut std::io::stdout(), &input.text);
                 byte_by_byte(&mut std::io::stderr(), &input.text);
@@ -149,6 +153,25 @@ impl Agent for Hostile {
 }
 
 idem_sdk::export_agent!(Hostile);
+
+/// Makes each `[target, link]` a symbolic link in the directory granted as `/data`,
+/// through the WASI call itself (Rust's std has no stable symlink for WASI).
+fn symlinks(links: &[(String, String)]) -> Result<String, Error> {
+    let Some((data, _)) = wasi::filesystem::preopens::get_directories()
+        .into_iter()
+        .find(|(_, name)| name == "/data")
+    else {
+        return Err(Error::Agent("no directory is granted as /data".to_string()));
+    };
+    let outcomes: Vec<String> = links
+        .iter()
+        .map(|(target, link)| match data.symlink_at(target, link) {
+            Ok(()) => "ok".to_string(),
+            Err(code) => code.name().to_string(),
+        })
+        .collect();
+    Ok(outcomes.join(","))
+}
 
 /// A busy loop the optimiser cannot remove (xorshift64).
 fn spin(iterations: u64) -> u64 {
