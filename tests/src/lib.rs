@@ -13,10 +13,10 @@
 //! # Adding a guest
 //!
 //! Guests are found, not listed: add the guest in one place and its constant appears.
-//! - A Rust guest: a package in `guests/`, named in the `members` of
-//!   `guests/Cargo.toml` (constant: its name in upper case, `-` as `_`); cargo then
-//!   records it in `guests/Cargo.lock` (`cargo update --workspace --offline
-//!   --manifest-path tests/guests/Cargo.toml`: the nested build is `--locked`).
+//! - A Rust guest: a package folder in `guests/` (every folder there is a member;
+//!   constant: its name in upper case, `-` as `_`); cargo then records it in
+//!   `guests/Cargo.lock` (`cargo update --workspace --offline --manifest-path
+//!   tests/guests/Cargo.toml`: the nested build is `--locked`).
 //! - A Python guest: a folder `guests-python/NAME/` holding `app.py` (constant
 //!   `PY_NAME`; empty, and its tests SKIPPED, where componentize-py is not set up).
 //! - A WAT guest (a core module a compiler would not emit): `guests-wat/NAME.wat`.
