@@ -20,6 +20,10 @@ use crate::runtime::{
 use crate::store::{Counts, LeasedRun, RunFence, StoreError};
 use crate::text;
 
+/// How often a busy worker looks for holders that are gone (an idle one looks at each
+/// poll).
+const LOOK_FOR_GONE: Duration = Duration::from_millis(50);
+
 /// How a worker works.
 #[derive(Debug, Clone)]
 pub struct WorkerOptions {
@@ -111,6 +115,8 @@ impl Worker {
         let mut pool = Pool::default();
         let mut failing: Option<String> = None;
         let mut backoff = self.options.poll;
+        self.host.be_present().await;
+        let mut looked_for_gone: Option<Instant> = None;
         loop {
             let idle = pool.tasks.len() >= self.options.concurrency;
             tokio::select! {
@@ -134,6 +140,14 @@ impl Worker {
                 .chain(pool.signals.keys())
                 .cloned()
                 .collect();
+            // Runs held by a process that died are taken now, not after their leases;
+            // looked for at most every LOOK_FOR_GONE while runs keep ending.
+            if looked_for_gone.is_none_or(|at| at.elapsed() >= LOOK_FOR_GONE) {
+                looked_for_gone = Some(Instant::now());
+                if let Err(err) = self.host.end_leases_of_gone().await {
+                    tracing::warn!(error = %err, "cannot look for holders that are gone");
+                }
+            }
             let leased = self
                 .host
                 .store()

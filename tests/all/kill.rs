@@ -325,3 +325,109 @@ fn a_second_signal_ends_an_interrupted_run_at_once() {
     );
     assert!(rest.contains("idem run: exiting at once"), "{rest}");
 }
+
+/// Waits until `server` has seen `n` requests.
+fn until_seen(server: &TestServer, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while server.seen().len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "the server saw fewer than {n} requests"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The seed's scenario at the level of a process: `idem run` SIGKILLed inside a side
+/// effect (its request made, its commit not), and the next `idem run` of the run takes
+/// it over at once — the dead process's 30 s lease is not waited out, because the
+/// kernel released the lock the process held for its lifetime — retaking the effect in
+/// doubt under the same key with a higher token.
+#[test]
+fn a_sigkilled_run_is_taken_over_at_once_not_after_its_lease() {
+    let server = TestServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let db_path = dir.path().join("idem.db");
+    let db = db_path.to_str().unwrap();
+    // The retaking process pauses there too (one input per run): 3 s, a tenth of the
+    // lease.
+    let input = json!({ "steps": 3, "url": server.url(), "pause_ms": 3000, "pause_at": 1,
+                        "pause_after": true })
+    .to_string();
+    let mut first = spawn(db, "dead", &input, &server, "30s");
+    // Step 0 done; step 1's request made: the holder sleeps before its commit.
+    until_seen(&server, 2);
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let killed = Instant::now();
+
+    let second = spawn(db, "dead", &input, &server, "30s")
+        .wait_with_output()
+        .unwrap();
+    let took = killed.elapsed();
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(second.status.success(), "{err}");
+    // A behaviour, not a speed: the lease was 30 s, and waiting it out would take that.
+    assert!(
+        took < Duration::from_secs(15),
+        "the dead process's lease was waited out ({took:?}): {err}"
+    );
+    let doc: Value = serde_json::from_slice(&second.stdout).unwrap();
+    assert_eq!(doc["status"], "completed", "{doc}");
+    assert_eq!(
+        doc["counts"]["reclaimed"], 1,
+        "step 1 retaken in doubt: {doc}"
+    );
+    let steps = server.steps();
+    assert_eq!(steps[&0].len(), 1, "step 0 committed before the kill");
+    let step1 = &steps[&1];
+    assert_eq!(
+        step1.len(),
+        2,
+        "step 1 sent again after the kill: {step1:#?}"
+    );
+    assert_eq!(
+        step1[0].header(KEY),
+        step1[1].header(KEY),
+        "under the same key"
+    );
+    assert!(
+        step1[1].token(TOKEN) > step1[0].token(TOKEN),
+        "with a higher token: {step1:#?}"
+    );
+    assert_eq!(steps[&2].len(), 1);
+    integrity_ok(&db_path);
+}
+
+/// A frozen process is alive: its lock is still held, so it is not taken over before
+/// its lease ends, only after.
+#[test]
+fn a_frozen_holder_is_not_taken_over_before_its_lease() {
+    let server = TestServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let db_path = dir.path().join("idem.db");
+    let db = db_path.to_str().unwrap();
+    let input = json!({ "steps": 2, "url": server.url(), "pause_ms": 1500, "pause_at": 0,
+                        "pause_after": true })
+    .to_string();
+    let frozen = spawn(db, "frozen", &input, &server, "3s");
+    until_seen(&server, 1);
+    signal(&frozen, "STOP");
+    let stopped = Instant::now();
+    let taker = spawn(db, "frozen", &input, &server, "3s")
+        .wait_with_output()
+        .unwrap();
+    let took = stopped.elapsed();
+    let err = String::from_utf8_lossy(&taker.stderr);
+    assert!(taker.status.success(), "{err}");
+    assert!(
+        took >= Duration::from_secs(1),
+        "a frozen (live) holder was taken over after {took:?}, before its 3 s lease: {err}"
+    );
+    signal(&frozen, "KILL");
+    signal(&frozen, "CONT");
+    let _ = frozen.wait_with_output();
+    let steps = server.steps();
+    assert_eq!(steps[&0].len(), 2, "retaken once, after the lease");
+    assert_eq!(steps[&1].len(), 1);
+}

@@ -177,6 +177,7 @@ impl Host {
         lease: Duration,
     ) -> Result<Result<LeasedRun, RunRecord>, HostError> {
         let mut told = false;
+        self.be_present().await;
         loop {
             match self
                 .store
@@ -186,6 +187,11 @@ impl Host {
                 Acquired::Leased(leased) => return Ok(Ok(leased)),
                 Acquired::Finished(record) => return Ok(Err(record)),
                 Acquired::Held(holder) => {
+                    if self.is_gone(&holder.worker).await?
+                        && self.take_from_gone(&holder.worker).await?
+                    {
+                        continue;
+                    }
                     if !told {
                         tracing::warn!(
                             run_id = %text::escape(run_id, false),

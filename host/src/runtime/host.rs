@@ -10,7 +10,8 @@ use super::error::HostError;
 use super::heartbeat::Heartbeat;
 use super::run_ctx::LiveHolders;
 use super::stop::RunSignals;
-use crate::store::{RunFence, Store};
+use crate::store::{Presence, RunFence, Store};
+use crate::text;
 
 /// Runs agents against a store. Cheap to share between tasks: each run gets its own
 /// instances. Created inside a tokio runtime, whose tasks renew its leases.
@@ -26,6 +27,10 @@ pub struct Host {
     /// does not send its bytes again (megabytes per run for a Python agent, over the
     /// network on PostgreSQL).
     pub(super) stored: Mutex<HashSet<String>>,
+    /// This process made known to the store as alive, before its first lease.
+    presence: tokio::sync::OnceCell<Presence>,
+    /// Holders found gone whose run leases this host already ended.
+    buried: Mutex<HashSet<String>>,
 }
 
 impl Host {
@@ -46,7 +51,9 @@ impl Host {
         name: &str,
     ) -> Result<Host, HostError> {
         let handle = tokio::runtime::Handle::try_current().map_err(|_| HostError::NoRuntime)?;
-        let host_id = format!("{name}-{:016x}", fastrand::u64(..));
+        // A claim's holder is this id, `/`, and more (`LiveHolders::holder`): the id
+        // must not hold a `/` of its own.
+        let host_id = format!("{}-{:016x}", name.replace('/', "-"), fastrand::u64(..));
         Ok(Host::with_id(runtime, store, host_id, &handle))
     }
 
@@ -64,6 +71,8 @@ impl Host {
             heartbeat,
             driving: Arc::default(),
             stored: Mutex::default(),
+            presence: tokio::sync::OnceCell::new(),
+            buried: Mutex::default(),
         }
     }
 
@@ -86,6 +95,67 @@ impl Host {
     /// in a wait has none.
     pub fn live_instances(&self) -> usize {
         self.live.count()
+    }
+
+    /// Makes this process known to the store as alive, once, before it takes a lease:
+    /// if it dies, others take its runs and claims over at once instead of waiting
+    /// out their leases. A store that cannot record it is no reason to stop: leases
+    /// still free whatever a dead process held.
+    pub(crate) async fn be_present(&self) {
+        self.presence
+            .get_or_init(|| async {
+                self.store
+                    .be_present(self.id())
+                    .await
+                    .unwrap_or_else(|err| {
+                        tracing::warn!(
+                            error = %err,
+                            "cannot record this process as alive in the store; if it dies, its \
+                             runs wait out their leases"
+                        );
+                        Presence::untold()
+                    })
+            })
+            .await;
+    }
+
+    /// Whether `holder` (a run lease's or a claim's) belongs to a process the store
+    /// knows is gone.
+    pub(crate) async fn is_gone(&self, holder: &str) -> Result<bool, HostError> {
+        Ok(self.live.is_gone(self.store.as_ref(), holder).await?)
+    }
+
+    /// Ends the run leases of `worker`, a holder found gone; true if any ended.
+    pub(crate) async fn take_from_gone(&self, worker: &str) -> Result<bool, HostError> {
+        let ended = self.store.end_leases_of_gone(worker).await?;
+        if ended > 0 {
+            tracing::warn!(
+                holder = %text::escape(worker, false),
+                runs = ended,
+                "the process holding these runs is gone; taking them over without waiting \
+                 out their leases"
+            );
+        }
+        Ok(ended > 0)
+    }
+
+    /// Ends the run leases of every holder the store knows is gone, once per holder,
+    /// so that this host's next lease of runs takes theirs.
+    pub(crate) async fn end_leases_of_gone(&self) -> Result<(), HostError> {
+        for holder in self.store.gone_holders().await? {
+            let new = {
+                let buried = self.buried.lock().unwrap_or_else(PoisonError::into_inner);
+                !buried.contains(&holder)
+            };
+            if new && holder != self.id() {
+                self.take_from_gone(&holder).await?;
+                self.buried
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(holder);
+            }
+        }
+        Ok(())
     }
 
     /// Renews the lease of a run this host holds until the guard is dropped (a run it

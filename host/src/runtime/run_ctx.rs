@@ -11,7 +11,7 @@ use super::heartbeat::Heartbeat;
 use super::limits::{LimitExceeded, Limits};
 use super::output::LogSink;
 use super::stop::RunSignals;
-use crate::store::{Counts, RunFence, Store};
+use crate::store::{Counts, RunFence, Store, StoreError};
 
 /// The holders of claims made by live instances of this process. A claim whose holder
 /// names this process but is not in the set belongs to an instance the host dropped: it
@@ -64,6 +64,18 @@ impl LiveHolders {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
         self.live.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// Whether `holder` (a run lease's or a claim's) belongs to another process that
+    /// `store` knows is gone.
+    pub(crate) async fn is_gone(
+        &self,
+        store: &dyn Store,
+        holder: &str,
+    ) -> Result<bool, StoreError> {
+        // A claim's holder is its process's id, `/`, and more (`holder` above).
+        let process = holder.split('/').next().unwrap_or(holder);
+        Ok(process != self.host_id && store.is_gone(process).await?)
+    }
 }
 
 /// The run an instance serves; carried from instance to instance.
@@ -99,6 +111,11 @@ const COUNTS_EVERY: Duration = Duration::from_millis(250);
 
 impl RunCtx {
     /// The run's id.
+    /// Whether `holder`, a claim's, belongs to another process known to be gone.
+    pub(crate) async fn host_gone(&self, holder: &str) -> Result<bool, StoreError> {
+        self.live.is_gone(self.store.as_ref(), holder).await
+    }
+
     pub(crate) fn run_id(&self) -> &str {
         &self.fence.run_id
     }

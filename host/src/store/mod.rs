@@ -24,7 +24,8 @@
 //!   counts; append to its log; record a durable wait.
 //! - [`WorkerStore`], a worker driving runs: the store's clock, the next due time,
 //!   acquiring, renewing and giving back run leases, suspending a run that waits,
-//!   finishing a run.
+//!   finishing a run; whether a holder's process lives, and ending the leases of one
+//!   that is gone.
 //! - [`CatalogStore`], what runs are made from: components by digest, deployments,
 //!   the components a namespace admits, moving a run to another component.
 //! - [`OperatorStore`], an operator: submit, list and look at runs (record, authority,
@@ -62,6 +63,7 @@
 //! - `clock.rs`: the store's time, and a manual clock tests drive.
 //! - `error.rs`: [`StoreError`] and [`DatabaseFault`], in no backend's words.
 //! - `parked.rs`: the keys a run parked in doubt, as an operator names them.
+//! - `presence.rs`: whether a holder's process lives ([`WorkerStore::be_present`]).
 //! - `open.rs`: opening a store by its location, with the backends this build has.
 //! - `rules/`: the decisions both backends make alike (claims, tokens, leases, waits,
 //!   the values a store cannot keep, gc); the backends share nothing else and never
@@ -84,6 +86,7 @@ mod open;
 mod parked;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod presence;
 mod progress;
 mod roles;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -109,6 +112,7 @@ pub use open::{Location, StoreOptions, is_postgres_url, open};
 pub use parked::{ParkedKeys, ParkedMatch, qualified_key};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresOptions, PostgresStore};
+pub use presence::Presence;
 pub use progress::{Checkpoint, Counts, MAX_STEP};
 pub use roles::{CatalogStore, InstanceStore, OperatorStore, Overlay, Store, WorkerStore};
 pub use runs::{

@@ -32,6 +32,7 @@ mod logs;
 #[cfg(test)]
 mod migration_tests;
 mod owned;
+mod presence;
 mod runs;
 mod schema;
 #[cfg(test)]

@@ -125,7 +125,15 @@ impl IdemCtxView<'_> {
                         .try_claim(&stored, fingerprint, Some(held.token), durable)
                         .await?;
                 }
-                ClaimOutcome::Held(_) => {
+                ClaimOutcome::Held(held) => {
+                    if self.ctx.run.host_gone(&held.holder).await? {
+                        // Its holder's process died: nobody is executing it.
+                        asked = Instant::now();
+                        outcome = self
+                            .try_claim(&stored, fingerprint, Some(held.token), durable)
+                            .await?;
+                        continue;
+                    }
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         step.span.record("outcome", "await-timeout");
                         return Err(StepError::AwaitTimeout(key).into());

@@ -13,7 +13,7 @@ use crate::store::rules::{check_checkpoint, check_counts};
 use crate::store::{
     Acquired, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
     Counts, Deployment, DeploymentRecord, GcReport, GcRequest, InstanceStore, LeaseState,
-    LeasedRun, Millis, OpenClaim, OperatorStore, Resolution, RunEnd, RunFence, RunFilter,
+    LeasedRun, Millis, OpenClaim, OperatorStore, Presence, Resolution, RunEnd, RunFence, RunFilter,
     RunRecord, SignalSent, StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode,
     WaitRecord, WaitRequest, WaitState, WorkerStore,
 };
@@ -318,6 +318,24 @@ impl WorkerStore for PostgresStore {
             held(fenced, fence)?;
             leases::finish_run(conn, fence, end, counts).await
         })
+    }
+
+    // Workers on PostgreSQL may run on other machines, where no lock of this one can
+    // see them die: leases alone say when a holder is gone (docs/postgres.md).
+    async fn be_present(&self, _holder: &str) -> Result<Presence, StoreError> {
+        Ok(Presence::untold())
+    }
+
+    async fn is_gone(&self, _holder: &str) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
+    async fn gone_holders(&self) -> Result<Vec<String>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    async fn end_leases_of_gone(&self, _holder: &str) -> Result<u64, StoreError> {
+        Ok(0)
     }
 }
 

@@ -21,8 +21,8 @@ use super::{CatalogStore, InstanceStore, OperatorStore, Store, WorkerStore};
 use crate::store::{
     Acquired, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
     Deployment, DeploymentRecord, GcReport, GcRequest, LeaseState, LeasedRun, Millis, OpenClaim,
-    Resolution, RunEnd, RunFence, RunFilter, RunRecord, SignalSent, StepRecord, StoreError,
-    Submission, Submitted, Suspension, WaitRecord, WaitRequest, WaitState,
+    Presence, Resolution, RunEnd, RunFence, RunFilter, RunRecord, SignalSent, StepRecord,
+    StoreError, Submission, Submitted, Suspension, WaitRecord, WaitRequest, WaitState,
 };
 
 /// A [`Store`] assembled from one handle per role: an underlying store's, with any
@@ -216,6 +216,22 @@ impl WorkerStore for Overlay {
         counts: &Counts,
     ) -> Result<(), StoreError> {
         self.worker.finish_run(fence, end, counts).await
+    }
+
+    async fn be_present(&self, holder: &str) -> Result<Presence, StoreError> {
+        self.worker.be_present(holder).await
+    }
+
+    async fn is_gone(&self, holder: &str) -> Result<bool, StoreError> {
+        self.worker.is_gone(holder).await
+    }
+
+    async fn gone_holders(&self) -> Result<Vec<String>, StoreError> {
+        self.worker.gone_holders().await
+    }
+
+    async fn end_leases_of_gone(&self, holder: &str) -> Result<u64, StoreError> {
+        self.worker.end_leases_of_gone(holder).await
     }
 }
 

@@ -6,7 +6,8 @@ use std::time::Duration;
 #[cfg(doc)]
 use crate::store::InstanceStore;
 use crate::store::{
-    Acquired, Counts, LeaseState, LeasedRun, Millis, RunEnd, RunFence, StoreError, Suspension,
+    Acquired, Counts, LeaseState, LeasedRun, Millis, Presence, RunEnd, RunFence, StoreError,
+    Suspension,
 };
 
 /// What a worker needs to lease runs and drive them: the store's clock, the queue of
@@ -79,4 +80,25 @@ pub trait WorkerStore: Send + Sync + fmt::Debug {
         end: RunEnd<'_>,
         counts: &Counts,
     ) -> Result<(), StoreError>;
+
+    /// Makes `holder` (a process's name, as its run leases carry it) known as alive for
+    /// as long as the returned [`Presence`] is kept, so that when its process dies,
+    /// however it dies, others learn it at once ([`is_gone`](Self::is_gone)) instead of
+    /// after its leases. A store that cannot see its holders' processes returns
+    /// [`Presence::untold`].
+    async fn be_present(&self, holder: &str) -> Result<Presence, StoreError>;
+
+    /// Whether `holder`'s process is known to have died while present. `false` when the
+    /// store cannot tell, or the holder withdrew: its leases alone decide then. A
+    /// frozen process is not gone.
+    async fn is_gone(&self, holder: &str) -> Result<bool, StoreError>;
+
+    /// The holders known to be gone whose run leases may still be live.
+    async fn gone_holders(&self) -> Result<Vec<String>, StoreError>;
+
+    /// Ends the live run leases of `holder`, as if they had expired now, so that any
+    /// worker takes its runs at once (their claims are taken over by whoever claims
+    /// their keys next, in doubt); returns how many ended. Changes nothing, and
+    /// returns 0, unless the store knows the holder is gone ([`is_gone`](Self::is_gone)).
+    async fn end_leases_of_gone(&self, holder: &str) -> Result<u64, StoreError>;
 }

@@ -6,13 +6,13 @@
 use std::time::Duration;
 
 use super::owned::{OwnedEnd, OwnedRef, OwnedRequest, OwnedWaitKind};
-use super::{SqliteStore, claims, components, gc, leases, logs, runs, waits};
+use super::{SqliteStore, claims, components, gc, leases, logs, presence, runs, waits};
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
 use crate::store::{
     Acquired, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
     Counts, Deployment, DeploymentRecord, GcReport, GcRequest, InstanceStore, LeaseState,
-    LeasedRun, Millis, OpenClaim, OperatorStore, Resolution, RunEnd, RunFence, RunFilter,
+    LeasedRun, Millis, OpenClaim, OperatorStore, Presence, Resolution, RunEnd, RunFence, RunFilter,
     RunRecord, SignalSent, StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode,
     WaitRecord, WaitRequest, WaitState, WorkerStore,
 };
@@ -264,6 +264,29 @@ impl WorkerStore for SqliteStore {
         let (fence, counts, end) = (fence.clone(), *counts, OwnedEnd::new(end));
         self.write("finish a run", fence.sync, move |conn, now| {
             leases::finish_run(conn, &fence, end.borrow(), &counts, now)
+        })
+        .await
+    }
+
+    async fn be_present(&self, holder: &str) -> Result<Presence, StoreError> {
+        presence::be_present(&presence::folder(&self.path), holder)
+    }
+
+    async fn is_gone(&self, holder: &str) -> Result<bool, StoreError> {
+        presence::is_gone(&presence::folder(&self.path), holder)
+    }
+
+    async fn gone_holders(&self) -> Result<Vec<String>, StoreError> {
+        presence::gone_holders(&presence::folder(&self.path))
+    }
+
+    async fn end_leases_of_gone(&self, holder: &str) -> Result<u64, StoreError> {
+        if !self.is_gone(holder).await? {
+            return Ok(0);
+        }
+        let holder = holder.to_owned();
+        self.write("end a gone holder's leases", self.sync, move |conn, now| {
+            leases::end_leases_of(conn, &holder, now)
         })
         .await
     }

@@ -283,3 +283,14 @@ pub(super) fn finish_run(
     .execute(params![run_id, status.as_str(), now])?;
     Ok(())
 }
+
+/// Ends the live run leases `holder` holds, as if they had expired at `now`: its
+/// process is gone. A scan of the runs, made once per holder found gone.
+pub(super) fn end_leases_of(conn: &Connection, holder: &str, now: Millis) -> Result<u64, TxError> {
+    let ended = conn
+        .prepare_cached(
+            "UPDATE runs SET lease_expires = ?2 WHERE lease_holder = ?1 AND lease_expires > ?2",
+        )?
+        .execute(params![holder, now])?;
+    Ok(u64::try_from(ended).unwrap_or(u64::MAX))
+}
