@@ -25,11 +25,14 @@ pub const DEFAULT_TOKEN_HEADER: &str = "idempotency-token";
 /// Why an agent's header names were refused: the text the guest gets back.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum HeaderNamesError {
-    #[error("{0:?} is not a valid HTTP header name")]
+    #[error("{} is not a valid HTTP header name", crate::text::quoted(.0))]
     Invalid(String),
-    #[error("{0:?} is a header the host manages itself and cannot carry a key or token")]
+    #[error(
+        "{} is a header the host manages itself and cannot carry a key or token",
+        crate::text::quoted(.0)
+    )]
     Reserved(String),
-    #[error("the key and token headers must differ, both are {0:?}")]
+    #[error("the key and token headers must differ, both are {}", crate::text::quoted(.0))]
     Same(String),
 }
 
