@@ -298,12 +298,14 @@ const WASI_ERRNOS: &[(u32, &str)] = &[
 /// 44)`) or Python does (`[Errno 44]`), for the errnos of [`WASI_ERRNOS`].
 fn wasi_errno_hint(error: &str) -> Option<String> {
     WASI_ERRNOS.iter().find_map(|(errno, meaning)| {
-        let rust = format!("(os error {errno})");
-        let python = format!("[Errno {errno}]");
-        let form = [rust, python]
-            .into_iter()
-            .find(|form| error.contains(form))?;
-        Some(format!("{form} is {meaning}"))
+        let said = if error.contains(&format!("(os error {errno})")) {
+            format!("os error {errno}")
+        } else if error.contains(&format!("[Errno {errno}]")) {
+            format!("[Errno {errno}]")
+        } else {
+            return None;
+        };
+        Some(format!("{said} is {meaning}"))
     })
 }
 
