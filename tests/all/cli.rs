@@ -104,7 +104,10 @@ fn an_agent_error_exits_1_and_the_run_resumes() {
         let status = run_cli(&args);
         assert!(status.status.success(), "{}", stderr(&status));
         let text = stdout(&status);
-        assert!(text.contains(&format!("\n  error: {error}")), "{args:?}: {text}");
+        assert!(
+            text.contains(&format!("\n  error: {error}")),
+            "{args:?}: {text}"
+        );
     }
 
     // Running it again resumes: steps 0-1 are not redone, step 2 is retried (attempt 2).

@@ -305,7 +305,8 @@ fn python_http_reaches_the_loopback_server_once_per_step() {
     let text = String::from_utf8_lossy(&report.outcome).into_owned();
     assert_eq!(report.status, RunStatus::Failed, "{text}");
     assert!(
-        text.starts_with("HttpDenied: HTTP request to 127.0.0.1:"),
+        text.starts_with("HttpDenied: HTTP request to 127.0.0.1:")
+            && text.contains(" denied: the destination is not granted to the run"),
         "{text}"
     );
     assert_eq!(server.seen().len(), before);
