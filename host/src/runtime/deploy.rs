@@ -72,7 +72,7 @@ impl Host {
             .await?;
         let previous = current.map(|c| c.digest).filter(|d| *d != agent.digest);
         let rebuilt =
-            (rebuild && (previous.is_some() || upgrade_from.is_some())).then(|| Rebuilt {
+            (rebuild && (previous.is_some() || upgrade_from.is_some())).then_some(Rebuilt {
                 namespace: name,
                 previous,
                 run_upgraded_from: upgrade_from,

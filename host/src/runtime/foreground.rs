@@ -45,6 +45,7 @@ impl Host {
         opts.check()?;
         let _driving = self.start_driving(&opts.run_id)?;
         let (submitted, rebuilt) = self.submit_foreground(agent, opts).await?;
+        let rebuilt = rebuilt.map(Box::new);
         let with_rebuild = |mut report: RunReport| {
             report.rebuilt = rebuilt.clone();
             report

@@ -38,8 +38,9 @@ pub struct RunReport {
     /// is then [`RunStatus::Running`]).
     pub waiting: Option<Waiting>,
     /// What this call took a new build of the same local file for, when it did (the dev
-    /// loop: [`RunOptions::source`](super::RunOptions::source)).
-    pub rebuilt: Option<Rebuilt>,
+    /// loop: [`RunOptions::source`](super::RunOptions::source)). Boxed: rare, and a
+    /// report is moved often.
+    pub rebuilt: Option<Box<Rebuilt>>,
 }
 
 /// A new build of the local file a name's current deployment came from, taken without
