@@ -222,3 +222,41 @@ fn machine_id() -> String {
     })
     .unwrap_or_else(|| "this-machine".to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    /// A file only its owner can change has a source; one that others could replace
+    /// (itself or through its folder) has none, so no rebuild follows it implicitly.
+    #[test]
+    fn only_a_file_its_owner_alone_can_change_has_a_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("agent.wasm");
+        std::fs::write(&file, b"\0asm").unwrap();
+        let mode = |path: &Path, mode: u32| {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        mode(dir.path(), 0o755);
+        mode(&file, 0o644);
+        let source = local_source(&file).expect("a private file has a source");
+        let canonical = std::fs::canonicalize(&file).unwrap();
+        assert!(
+            source.ends_with(&format!(":{}", canonical.display())),
+            "{source}"
+        );
+        // The same file reached another way is the same source.
+        let dotted = dir.path().join(".").join("agent.wasm");
+        assert_eq!(local_source(&dotted).as_deref(), Some(source.as_str()));
+
+        mode(&file, 0o664);
+        assert_eq!(local_source(&file), None, "a file the group can write");
+        mode(&file, 0o644);
+        mode(dir.path(), 0o777);
+        assert_eq!(local_source(&file), None, "a folder anyone can write");
+        mode(dir.path(), 0o755);
+        assert_eq!(local_source(&dir.path().join("missing.wasm")), None);
+    }
+}
