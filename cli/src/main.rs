@@ -25,6 +25,15 @@ mod shutdown;
 
 use exit::Exit;
 
+/// Whether warnings may be coloured: only on a terminal, and never when `NO_COLOR` is
+/// set to anything but the empty string (<https://no-color.org>). A pipe or a log file
+/// would otherwise keep the escape codes as text.
+fn colour_on_stderr() -> bool {
+    use std::io::IsTerminal;
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    !no_color && std::io::stderr().is_terminal()
+}
+
 fn main() -> ExitCode {
     let args = commands::Args::parse();
     let default_level = args.command.log_level();
@@ -43,6 +52,7 @@ fn main() -> ExitCode {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_ansi(colour_on_stderr())
         .with_filter(filter)
         .boxed();
     #[cfg(feature = "otlp")]

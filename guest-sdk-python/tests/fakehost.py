@@ -155,6 +155,7 @@ class FakeHost:
         self.calls: list[tuple[Any, ...]] = []
         self.refuse: dict[str, Any] = {}
         self.header_names = ("idempotency-key", "idempotency-token")
+        self.denial: str | None = None
         self.http_outside_claims = False
         self.server: Callable[[Request], Any] = lambda _: (200, [], b"")
         self.requests: list[Request] = []
@@ -282,6 +283,10 @@ class FakeHost:
         self._refused("handle")
         claim = self.held()
         if claim is None and not self.http_outside_claims:
+            self.denial = (
+                f"HTTP request to {req.authority} denied: it was made outside any run-once "
+                "claim, and the run's policy keeps side effects inside claims"
+            )
             raise Err(http_types.ErrorCode_HttpRequestDenied())
         headers = list(req.fields.items)
         if claim is not None:
@@ -313,6 +318,7 @@ class FakeHost:
             (waits, "sleep", self.sleep),
             (waits, "wait_for_signal", self.wait_for_signal),
             (outbound, "set_header_names", self.set_header_names),
+            (outbound, "last_denial", lambda: self.denial),
             (outgoing_handler, "handle", self.handle),
             (http_types, "Fields", FakeFields),
             (http_types, "OutgoingRequest", FakeOutgoingRequest),

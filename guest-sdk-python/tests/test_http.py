@@ -112,7 +112,12 @@ class Http(HostTestCase):
         with self.assertRaises(idem.HttpDenied) as caught:
             idem.http.get("https://pay.example.com/charges")
         self.assertIsInstance(caught.exception, idem.HttpError)
-        self.assertIn("to pay.example.com:443 denied by the host", str(caught.exception))
+        # The host's own words, naming the one cause.
+        self.assertEqual(
+            str(caught.exception),
+            "HTTP request to pay.example.com denied: it was made outside any run-once claim, "
+            "and the run's policy keeps side effects inside claims",
+        )
         self.assertEqual(self.host.requests, [])
 
     def test_a_failed_exchange_is_an_http_error_naming_the_url(self):

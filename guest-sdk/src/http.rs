@@ -320,12 +320,10 @@ fn read_response(response: IncomingResponse, url: &Url<'_>) -> Result<Response, 
 
 fn request_error(url: &Url<'_>, code: &ErrorCode) -> Error {
     match code {
-        ErrorCode::HttpRequestDenied => Error::Http(format!(
-            "HTTP request to {} denied by the host: it sends only to destinations granted \
-             with --allow-http, and only from inside run_once unless run with \
-             --allow-http-outside-claims",
-            url.destination()
-        )),
+        // The host names the one cause: not granted, outside any claim, or no plain host.
+        ErrorCode::HttpRequestDenied => Error::Http(outbound::last_denial().unwrap_or_else(|| {
+            format!("HTTP request to {} denied by the host", url.destination())
+        })),
         other => Error::Http(format!("HTTP request to {} failed: {other:?}", url.full)),
     }
 }

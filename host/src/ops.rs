@@ -196,6 +196,7 @@ pub async fn deploy(
             digest: agent.digest(),
             authority: &authority.encode(),
             admission: Admission::Explicit,
+            source: None,
         })
         .await?;
     Ok(Deployed {

@@ -1,7 +1,13 @@
 //! Text an agent (or a store it wrote) hands idem, made safe to show an operator and
 //! checked before it becomes a name: control characters, bidi controls and invisible
-//! characters are shown as `\u{XXXX}` in terminal output, and refused in keys, run ids,
-//! namespaces and input fingerprints.
+//! characters are shown as JSON escapes (`\n`, `\u001b`) in terminal output, and
+//! refused in keys, run ids, namespaces and input fingerprints.
+//!
+//! **Why JSON's escapes.** Agents are written in more than one language: an escape
+//! spelt the way one language writes it (Rust's `\u{1b}`, Python's `\x1b`) reads as
+//! noise to the others, while every one of them, and every operator's tool, reads
+//! JSON's. Characters above U+FFFF are written as JSON writes them, as two `\uXXXX`
+//! (a surrogate pair).
 //!
 //! A terminal obeys escape sequences (ESC, and the C1 controls some terminals also take
 //! for them): an agent that could print one could clear the operator's screen, rewrite
@@ -37,7 +43,7 @@
 //! sorted, checked by the tests against `char::is_control` and every code point named
 //! above, and changes only when Unicode adds invisible characters, which is rare.
 //!
-//! A backslash is not escaped: `\u{202E}` typed as six ASCII characters and a real
+//! A backslash is not escaped: `\u202e` typed as six ASCII characters and a real
 //! U+202E escaped look the same. Escaping every backslash would make paths and JSON in
 //! error texts hard to read, and names (keys, run ids) cannot hold the real character.
 
@@ -222,15 +228,15 @@ pub fn check_visible(name: &str) -> Result<(), InvisibleChar> {
 }
 
 /// `text` as a terminal should show it on one line: every control character (newline
-/// and tab included), bidi control and invisible character written as `\u{XXXX}`, so
-/// that it is seen instead of obeyed. Variation selectors stay (see the module docs).
+/// and tab included), bidi control and invisible character written as JSON writes it
+/// (`\n`, `\r`, `\t`, else `\uXXXX`), so that it is seen instead of obeyed. Variation selectors stay (see the module docs).
 /// Borrows when there is nothing to escape.
 ///
 /// ```
 /// use idem::text::escape_for_terminal;
 ///
-/// assert_eq!(escape_for_terminal("\u{1b}[2Jok\u{202E}"), r"\u{001B}[2Jok\u{202E}");
-/// assert_eq!(escape_for_terminal("a\nb"), r"a\u{000A}b");
+/// assert_eq!(escape_for_terminal("\u{1b}[2Jok\u{202E}"), r"\u001b[2Jok\u202e");
+/// assert_eq!(escape_for_terminal("a\nb"), r"a\nb");
 /// ```
 pub fn escape_for_terminal(text: &str) -> Cow<'_, str> {
     escape(text, false)
@@ -243,7 +249,7 @@ pub fn escape_for_terminal(text: &str) -> Cow<'_, str> {
 /// ```
 /// use idem::text::escape_lines_for_terminal;
 ///
-/// assert_eq!(escape_lines_for_terminal("a\tb\nc\rd"), "a\tb\nc\\u{000D}d");
+/// assert_eq!(escape_lines_for_terminal("a\tb\nc\rd"), "a\tb\nc\\rd");
 /// ```
 pub fn escape_lines_for_terminal(text: &str) -> Cow<'_, str> {
     escape(text, true)
@@ -293,10 +299,26 @@ pub fn escape(text: &str, keep_lines: bool) -> Cow<'_, str> {
 fn push_escaped(out: &mut String, text: &str, keep_lines: bool) {
     for ch in text.chars() {
         if needs_escape(ch, keep_lines) {
-            // Writing to a String cannot fail.
-            let _ = write!(out, "\\u{{{:04X}}}", u32::from(ch));
+            push_json_escape(out, ch);
         } else {
             out.push(ch);
+        }
+    }
+}
+
+/// `ch` as a JSON string writes it escaped: `\n`, `\r`, `\t`, else `\uXXXX` for each
+/// UTF-16 unit.
+fn push_json_escape(out: &mut String, ch: char) {
+    match ch {
+        '\n' => out.push_str("\\n"),
+        '\r' => out.push_str("\\r"),
+        '\t' => out.push_str("\\t"),
+        _ => {
+            let mut units = [0u16; 2];
+            for unit in ch.encode_utf16(&mut units) {
+                // Writing to a String cannot fail.
+                let _ = write!(out, "\\u{unit:04x}");
+            }
         }
     }
 }
@@ -304,7 +326,7 @@ fn push_escaped(out: &mut String, text: &str, keep_lines: bool) {
 /// `text` escaped for one line and in double quotes, for a name inside a message.
 ///
 /// ```
-/// assert_eq!(idem::text::quoted("a\u{202E}\"b"), r#""a\u{202E}\"b""#);
+/// assert_eq!(idem::text::quoted("a\u{202E}\"b"), r#""a\u202e\"b""#);
 /// ```
 pub fn quoted(text: &str) -> String {
     format!("\"{}\"", escape_for_terminal(text).replace('"', "\\\""))
@@ -426,7 +448,10 @@ mod tests {
             let hidden = hidden_char(ch).unwrap_or_else(|| panic!("U+{:04X}", ch as u32));
             assert_ne!(hidden.class, CharClass::VariationSelector);
             let escaped = escape_for_terminal(&ch.to_string()).into_owned();
-            assert_eq!(escaped, format!("\\u{{{:04X}}}", ch as u32));
+            // What a JSON parser reads back as the character itself.
+            let json: String = serde_json::from_str(&format!("\"{escaped}\"")).unwrap();
+            assert_eq!(json, ch.to_string(), "{escaped}");
+            assert!(escaped.is_ascii() && escaped.starts_with('\\'), "{escaped}");
             assert!(check_visible(&format!("a{ch}")).is_err());
         }
         let bidi = ['\u{61c}', '\u{200e}', '\u{202e}', '\u{2066}', '\u{2069}'];
@@ -482,11 +507,15 @@ mod tests {
     fn lines_keep_newlines_and_tabs_only() {
         assert_eq!(
             escape_lines_for_terminal("a\tb\r\n\u{1b}[1m\u{2028}"),
-            "a\tb\\u{000D}\n\\u{001B}[1m\\u{2028}"
+            "a\tb\\r\n\\u001b[1m\\u2028"
+        );
+        assert_eq!(
+            escape_for_terminal("Traceback:\n\tline\u{e0041}"),
+            "Traceback:\\n\\tline\\udb40\\udc41"
         );
         assert_eq!(
             escape_bytes_lines_for_terminal(b"\xe2\x80\xaeA\xff\n\xe2\x80"),
-            "\\u{202E}A\\xFF\n\\xE2\\x80"
+            "\\u202eA\\xFF\n\\xE2\\x80"
         );
     }
 
@@ -543,11 +572,18 @@ mod tests {
             let expected: String = text
                 .chars()
                 .map(|c| if needs_escape(c, false) {
-                    format!("\\u{{{:04X}}}", c as u32)
+                    let mut one = String::new();
+                    push_json_escape(&mut one, c);
+                    one
                 } else {
                     c.to_string()
                 })
                 .collect();
+            // And a JSON parser reads the escapes back as what they stand for.
+            if !text.contains(['"', '\\']) {
+                let back: String = serde_json::from_str(&format!("\"{one_line}\"")).unwrap();
+                prop_assert_eq!(back, text.clone());
+            }
             prop_assert_eq!(one_line.into_owned(), expected);
             prop_assert_eq!(check_visible(&text).is_ok(), text.chars().all(|c| hidden_char(c).is_none()));
         }

@@ -258,6 +258,11 @@ fn another_components_entry_under_the_benign_name_is_not_run() {
         err.contains("WARN") && err.contains("recompiling"),
         "the forged entry is reported: {err}"
     );
+    // On a pipe, in plain text: no colour codes for a log file to keep.
+    assert!(
+        !err.contains('\x1b'),
+        "no ANSI colour off a terminal: {err:?}"
+    );
 
     // The entry was rewritten: the next start loads it without a word.
     let out = bed.run(STEPS, "again.db", STEPS_INPUT, &[]);

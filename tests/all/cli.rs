@@ -91,6 +91,24 @@ fn an_agent_error_exits_1_and_the_run_resumes() {
     let doc: serde_json::Value = serde_json::from_str(&stdout(&status)).unwrap();
     assert_eq!(doc["runs"][0]["status"], "failed");
     assert_eq!(doc["runs"][0]["step"], 2);
+    // The run's error, as `idem run` printed it: in the list, its first line under the
+    // run's row; for the run asked for, whole.
+    let printed = stdout(&out);
+    let error = printed
+        .lines()
+        .find_map(|l| l.strip_prefix("error: "))
+        .unwrap_or_else(|| panic!("no error line: {printed}"));
+    for args in [vec!["status"], vec!["status", "flaky"]] {
+        let mut args = args;
+        args.extend(["--db", db.to_str().unwrap()]);
+        let status = run_cli(&args);
+        assert!(status.status.success(), "{}", stderr(&status));
+        let text = stdout(&status);
+        assert!(
+            text.contains(&format!("\n  error: {error}")),
+            "{args:?}: {text}"
+        );
+    }
 
     // Running it again resumes: steps 0-1 are not redone, step 2 is retried (attempt 2).
     let out = run_cli(&args);

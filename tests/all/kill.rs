@@ -237,6 +237,88 @@ fn a_zombie_holder_is_fenced_off() {
     integrity_ok(&db_path);
 }
 
+/// A holder frozen inside a side effect past its claim's lease, whose claim another
+/// holder took over and committed while the run's lease stayed its own: when it wakes,
+/// its request under the lost claim is refused and never leaves, and, as with a refused
+/// commit, the instance ends and the run resumes on a fresh one, which finds the
+/// taker's result and completes (before, the refusal failed the run with `HttpDenied`).
+#[test]
+fn a_request_under_a_claim_taken_over_ends_the_instance_and_the_run_completes() {
+    use idem::store::{ClaimOutcome, ClaimRef, ClaimRequest, Commit, OpenOptions};
+
+    let server = TestServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let db_path = dir.path().join("idem.db");
+    let db = db_path.to_str().unwrap();
+    let input =
+        json!({ "steps": 2, "url": server.url(), "pause_ms": 1500, "pause_at": 0 }).to_string();
+    let frozen = spawn(db, "f", &input, &server, "500ms");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(Instant::now() < deadline, "the holder never claimed");
+        if db_path.exists() {
+            let status = run_cli(&["status", "--db", db, "f", "--json"]);
+            let doc: Value = serde_json::from_str(&stdout(&status)).unwrap_or(Value::Null);
+            if doc["open_claims"].as_array().is_some_and(|c| !c.is_empty()) {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    signal(&frozen, "STOP");
+    std::thread::sleep(Duration::from_millis(800));
+    // Another run of the agent takes step 0's key over (its claim lease ran out) and
+    // commits it; the frozen run's own lease nobody takes.
+    let store = crate::util::open_store(&db_path, &OpenOptions::default());
+    let other = crate::util::lease_by_hand(
+        store.as_ref(),
+        &crate::util::agent(FETCHER),
+        "taker",
+        "fetcher",
+    );
+    let key = format!("fetcher:{}", post_key("f", 0));
+    let grant = match crate::util::block_on(store.claim(&ClaimRequest {
+        key: &key,
+        fence: &other,
+        holder: "elsewhere/elsewhere/0",
+        fingerprint: None,
+        lease: Duration::from_secs(60),
+        durable: true,
+    }))
+    .unwrap()
+    {
+        ClaimOutcome::Granted(grant) => grant,
+        other => panic!("expected the key taken over, got {other:?}"),
+    };
+    crate::util::block_on(store.commit(&Commit {
+        claim: ClaimRef {
+            key: &key,
+            token: grant.token,
+            fence: &other,
+        },
+        result: br#"{"status":200,"body":"the taker's"}"#,
+        checkpoint: None,
+        counts: None,
+    }))
+    .unwrap();
+    drop(store);
+
+    signal(&frozen, "CONT");
+    let out = frozen.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["status"], "completed", "{doc}");
+    assert_eq!(doc["output"]["replies"][0]["body"], "the taker's", "{doc}");
+    let steps = server.steps();
+    assert!(
+        !steps.contains_key(&0),
+        "the refused request never left: {steps:#?}"
+    );
+    assert_eq!(steps[&1].len(), 1, "step 1 ran once");
+    integrity_ok(&db_path);
+}
+
 /// Ctrl-C stops `idem run` the way a worker drains: the side effect in flight ends at
 /// its commit, the run's lease is given back, and the same command resumes at once — no
 /// waiting out a lease, nothing in doubt.

@@ -71,18 +71,15 @@ fn run_shows_the_agents_output_stdout_and_stderr_escaped() {
     // on idem's stderr; the output is printed as JSON with the same characters escaped.
     let err = stderr(&out);
     assert_eq!(
-        err.matches(r"esc\u{001B}[31mred\u{001B}]0;title\u{0007}")
-            .count(),
+        err.matches(r"esc\u001b[31mred\u001b]0;title\u0007").count(),
         2,
         "{err}"
     );
     assert!(
-        err.contains(
-            r"bidi\u{202E}txt.exe\u{2066}x\u{2069} zw\u{200B}\u{200D}\u{FEFF} tag\u{E0041}"
-        ),
+        err.contains(r"bidi\u202etxt.exe\u2066x\u2069 zw\u200b\u200d\ufeff tag\udb40\udc41"),
         "{err}"
     );
-    assert!(err.contains(r"csi\u{009B}2J"), "{err}");
+    assert!(err.contains(r"csi\u009b2J"), "{err}");
     let printed = stdout(&out);
     assert!(printed.contains(r"esc\u001b[31mred"), "{printed}");
     assert!(
@@ -109,7 +106,7 @@ fn run_shows_the_agents_error_escaped() {
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert_all_clean(&out, "idem run");
     assert!(stdout(&out).contains(r"error: "), "{}", stdout(&out));
-    assert!(stdout(&out).contains(r"bidi\u{202E}"), "{}", stdout(&out));
+    assert!(stdout(&out).contains(r"bidi\u202e"), "{}", stdout(&out));
 }
 
 #[test]
@@ -132,7 +129,7 @@ fn a_park_reason_is_shown_escaped_and_resolve_takes_the_agents_key() {
     assert_all_clean(&status, "idem status");
     let text = stdout(&status);
     assert!(
-        text.contains(r"(parked in doubt: esc\u{001B}[31mred"),
+        text.contains(r"(parked in doubt: esc\u001b[31mred"),
         "{text}"
     );
     assert!(text.contains("hostile:wire/7"), "{text}");
@@ -233,7 +230,7 @@ fn an_agent_file_name_with_escapes_is_shown_escaped() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert_all_clean(&out, "idem run (missing evil name)");
     assert!(
-        stderr(&out).contains(r"gone\u{001B}[2J\u{202E}.wasm"),
+        stderr(&out).contains(r"gone\u001b[2J\u202e.wasm"),
         "{}",
         stderr(&out)
     );

@@ -6,7 +6,7 @@ use idem_test_artifacts::STEPS;
 use crate::util::{raw_db, read_log, run_cli, stderr, stdout};
 
 /// The same component with one more custom section: another digest, the same code.
-fn rebuilt(dir: &std::path::Path) -> String {
+fn rebuilt_bytes() -> Vec<u8> {
     let mut bytes = std::fs::read(STEPS).unwrap();
     let (name, payload) = (b"idem-test", b"rebuild");
     bytes.push(0); // custom section
@@ -14,8 +14,13 @@ fn rebuilt(dir: &std::path::Path) -> String {
     bytes.push(name.len() as u8);
     bytes.extend_from_slice(name);
     bytes.extend_from_slice(payload);
+    bytes
+}
+
+/// [`rebuilt_bytes`] in another file, `steps-v2.wasm`.
+fn rebuilt(dir: &std::path::Path) -> String {
     let path = dir.join("steps-v2.wasm");
-    std::fs::write(&path, bytes).unwrap();
+    std::fs::write(&path, rebuilt_bytes()).unwrap();
     path.to_str().unwrap().to_string()
 }
 
@@ -155,4 +160,100 @@ fn another_component_under_an_agents_file_name_cannot_reach_its_keys() {
     assert!(out.status.success(), "{}", stderr(&out));
     let out = run(&fake, "fake-3", forged, &[]);
     assert!(out.status.success(), "{}", stderr(&out));
+}
+
+/// The dev loop: the run fails, the agent is rebuilt in place (the same file, another
+/// component), and the same `idem run` with no flag takes the new build, says so, and
+/// resumes the run where it failed, recording the rebuild and the upgrade. A different
+/// component under the same file name elsewhere is still refused, as is the rebuild
+/// once an operator deployed the name.
+#[test]
+fn a_rebuild_of_the_same_file_resumes_with_no_flag_and_an_impostor_is_refused() {
+    use idem_test_artifacts::HOSTILE;
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("data")).unwrap();
+    let db = dir.path().join("idem.db").to_str().unwrap().to_string();
+    let grant = format!("{}::/data", dir.path().join("data").display());
+    let input = r#"{"steps":5,"log":"/data/log.txt","fail_at":2}"#;
+    let run = |agent: &std::path::Path, run_id: &str| {
+        run_cli(&[
+            "run",
+            agent.to_str().unwrap(),
+            "--db",
+            &db,
+            "--dir",
+            &grant,
+            "--input",
+            input,
+            "--run-id",
+            run_id,
+        ])
+    };
+    let agent = dir.path().join("steps.wasm");
+    std::fs::copy(STEPS, &agent).unwrap();
+    let failed = run(&agent, "dev");
+    assert_eq!(failed.status.code(), Some(1), "{}", stderr(&failed));
+    assert_eq!(read_log(&dir.path().join("data/log.txt")).len(), 2);
+
+    std::fs::write(&agent, rebuilt_bytes()).unwrap();
+    let resumed = run(&agent, "dev");
+    let err = stderr(&resumed);
+    assert!(resumed.status.success(), "{err}");
+    assert!(
+        err.contains("is a new build of the same file: namespace \"steps\" runs it now")
+            && err.contains("run \"dev\" resumes on it, upgraded from"),
+        "{err}"
+    );
+    assert_eq!(
+        read_log(&dir.path().join("data/log.txt")).len(),
+        5,
+        "resumed at step 2, not run again from the start"
+    );
+    let conn = raw_db(std::path::Path::new(&db));
+    let count = |sql: &str| -> i64 { conn.query_row(sql, [], |r| r.get(0)).unwrap() };
+    assert_eq!(
+        count("SELECT count(*) FROM run_upgrades WHERE run_id = 'dev'"),
+        1
+    );
+    assert_eq!(
+        count(
+            "SELECT count(*) FROM deployments WHERE name = 'steps' AND admission = 'rebuild' \
+             AND source LIKE '%/steps.wasm'"
+        ),
+        1
+    );
+
+    // Another component saved as steps.wasm in another folder: refused, nothing run.
+    let other = dir.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::copy(HOSTILE, other.join("steps.wasm")).unwrap();
+    let refused = run(&other.join("steps.wasm"), "impostor");
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("namespace \"steps\" belongs to other components"),
+        "{}",
+        stderr(&refused)
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM runs WHERE run_id = 'impostor'"),
+        0
+    );
+
+    // Once an operator deployed the name (here with no grant: a deployment of its own,
+    // not the run's again), a rebuild needs an explicit act again.
+    let out = run_cli(&[
+        "deploy",
+        agent.to_str().unwrap(),
+        "--name",
+        "steps",
+        "--db",
+        &db,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut third = rebuilt_bytes();
+    third.extend_from_slice(&[0, 3, 1, b'x', b'3']);
+    std::fs::write(&agent, third).unwrap();
+    let out = run(&agent, "after-deploy");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }

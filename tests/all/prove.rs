@@ -4,7 +4,7 @@
 
 use std::process::Output;
 
-use idem_test_artifacts::{DEDUPE, LEDGER, SLOPPY};
+use idem_test_artifacts::{BENCH, DEDUPE, LEDGER, SLOPPY};
 use serde_json::{Value, json};
 
 use crate::http::TestServer;
@@ -285,6 +285,45 @@ fn an_output_that_depends_on_the_generation_is_caught() {
         "{}",
         stdout(&run)
     );
+}
+
+/// An agent whose effects idem prove cannot see (the bench guest's no-op steps, like
+/// README's `mailer`, which only formats a string) passes, and the report says plainly
+/// that it observed nothing and what it can observe; one that writes a granted file
+/// gets no such line.
+#[test]
+fn a_proof_that_observed_no_side_effect_says_so() {
+    let dir = CliDir::new();
+    let input = json!({ "mode": "steps", "n": 3 }).to_string();
+    let out = run_cli(&[
+        "prove",
+        BENCH,
+        "--input",
+        &input,
+        "--phases",
+        "after-commit",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("observed no side effect: idem prove sees only HTTP requests")
+            && text.contains("--dir grants")
+            && text.contains("3 steps"),
+        "{text}"
+    );
+    let (out, doc) = prove(
+        BENCH,
+        &dir,
+        &json!({ "mode": "steps", "n": 3 }),
+        &["--phases", "none"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(doc["no_effect_observed"], true, "{doc}");
+
+    let input = json!({ "items": ["a"], "log": "/data/ledger.log" });
+    let (out, doc) = prove(LEDGER, &dir, &input, &["--phases", "none"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(doc["no_effect_observed"], false, "{doc}");
 }
 
 #[test]

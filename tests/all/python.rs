@@ -211,6 +211,13 @@ fn python_exceptions_fail_the_run_with_a_traceback_and_release_the_claim() {
         text.contains("Traceback (most recent call last)") && text.contains("in effect"),
         "{text}"
     );
+    // With its source lines, which `@idem.agent` read while the component was built:
+    // the app's and the SDK's own.
+    assert!(
+        text.contains("    raise RuntimeError(f\"step {i} fails on its first attempt\")")
+            && text.contains("_json.dumps(fn(value), \"output\")"),
+        "{text}"
+    );
     assert_eq!(t.log("log.txt").len(), 2);
 
     let again = t.run(&agent(py), "fails", input, FaultPlan::default());
@@ -298,7 +305,8 @@ fn python_http_reaches_the_loopback_server_once_per_step() {
     let text = String::from_utf8_lossy(&report.outcome).into_owned();
     assert_eq!(report.status, RunStatus::Failed, "{text}");
     assert!(
-        text.starts_with("HttpDenied: HTTP request to 127.0.0.1:"),
+        text.starts_with("HttpDenied: HTTP request to 127.0.0.1:")
+            && text.contains(" denied: the destination is not granted to the run"),
         "{text}"
     );
     assert_eq!(server.seen().len(), before);
@@ -460,4 +468,89 @@ fn python_step_retries_attempt_exactly_as_the_rust_sdk_does() {
         }
         assert_eq!(seen[0], seen[1], "Rust, then Python, for {retry}");
     }
+}
+
+/// componentize-py itself, on an app that imports `idem` but forgot `@idem.agent`: the
+/// build fails naming the decorator, not componentize-py's `WitWorld` (the SDK watches
+/// the module that imports it; `guest-sdk-python/src/idem/_agent.py`).
+#[test]
+fn a_python_build_without_the_agent_decorator_fails_naming_it() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let venv = std::env::var_os("IDEM_PYTHON_VENV")
+        .map_or_else(|| root.join("target/py"), std::path::PathBuf::from);
+    let tool = venv.join("bin/componentize-py");
+    if PY_STEPS.is_empty() || !tool.is_file() {
+        eprintln!("SKIPPED: Python agents were not built (no componentize-py): no-agent build");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let app = dir.path().join("app");
+    std::fs::create_dir(&app).unwrap();
+    std::fs::write(
+        app.join("noagent.py"),
+        "import idem\n\n\ndef run(input):\n    return input\n",
+    )
+    .unwrap();
+    // The SDK as a wheel installs it: real files, `wit/` (a link here) included.
+    let sdk = dir.path().join("sdk");
+    std::fs::create_dir(&sdk).unwrap();
+    let copied = std::process::Command::new("cp")
+        .arg("-rL")
+        .arg(root.join("guest-sdk-python/src/idem"))
+        .arg(sdk.join("idem"))
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let out = std::process::Command::new(&tool)
+        .args(["componentize", "noagent", "-o"])
+        .arg(dir.path().join("x.wasm"))
+        .arg("-p")
+        .arg(&app)
+        .arg("-p")
+        .arg(&sdk)
+        .env_remove("VIRTUAL_ENV")
+        .env("RUST_BACKTRACE", "0")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("module 'noagent' has no agent: decorate the function that takes the run's input with @idem.agent"),
+        "{err}"
+    );
+    assert!(!dir.path().join("x.wasm").exists());
+}
+
+/// A large component's first run says what takes the time, on a pipe too: the compile
+/// (once per build, with the cache) and the copy into a store that lacks it; the next
+/// run, cached and stored, says neither.
+#[test]
+fn a_large_components_first_run_says_it_compiles_and_stores_it() {
+    let Some(py) = built(PY_STEPS, "compile notice") else {
+        return;
+    };
+    let cli = crate::util::CliDir::new();
+    let cache = cli.dir.path().join("cache");
+    let cache = cache.to_str().unwrap();
+    let input = r#"{"steps":1,"log":"/data/log.txt"}"#;
+    let first = cli.run(py, "notice", input, &["--cache-dir", cache]);
+    let err = crate::util::stderr(&first);
+    assert!(first.status.success(), "{err}");
+    assert!(
+        err.contains("idem: compiling ")
+            && err.contains(" MB), once per build: the cache keeps the compiled code…"),
+        "{err}"
+    );
+    assert!(
+        err.contains("idem: storing ") && err.contains("in the store, once per build"),
+        "{err}"
+    );
+    let again = cli.run(py, "notice-2", input, &["--cache-dir", cache]);
+    let err = crate::util::stderr(&again);
+    assert!(again.status.success(), "{err}");
+    assert!(
+        !err.contains("idem: compiling") && !err.contains("idem: storing"),
+        "{err}"
+    );
 }

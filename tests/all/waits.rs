@@ -130,6 +130,7 @@ impl Waits {
                     digest: waiter.digest(),
                     authority: &authority,
                     admission: Admission::Explicit,
+                    source: None,
                 })
                 .await
                 .unwrap();

@@ -128,6 +128,7 @@ pub(crate) async fn deploy(
             digest: agent.digest(),
             authority: &authority,
             admission: Admission::Explicit,
+            source: None,
         })
         .await?;
     Ok(authority)

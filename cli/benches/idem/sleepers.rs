@@ -49,6 +49,7 @@ async fn deploy_waiter(
             digest: waiter.digest(),
             authority: &authority,
             admission: Admission::Explicit,
+            source: None,
         })
         .await?;
     Ok(authority)

@@ -106,9 +106,58 @@ pub fn load_agent(
     cache: Option<PathBuf>,
 ) -> anyhow::Result<(Runtime, LoadedAgent)> {
     check_grants(&authority.dirs, &protected(db.path(), cache.as_deref()))?;
-    let runtime = Runtime::new(cache)?;
+    let cached = cache.is_some();
+    let mut runtime = Runtime::new(cache)?;
+    runtime.on_compile(move |path, size| say_compiling(path, size, cached));
     let agent = runtime.load(agent)?;
     Ok((runtime, agent))
+}
+
+/// Components at least this large take seconds to compile and to store (a Python agent
+/// is ~19 MB): idem says what it is doing rather than sit silent. Smaller ones (a Rust
+/// agent, ~0.2–2 MB) are done before anyone would wonder.
+pub const LARGE_COMPONENT: u64 = 4 << 20;
+
+/// One line on stderr before a large component is compiled, terminal or not: a pipe
+/// or a CI log would otherwise show nothing for up to a minute.
+fn say_compiling(path: &Path, size: u64, cached: bool) {
+    if size < LARGE_COMPONENT {
+        return;
+    }
+    let then = if cached {
+        "once per build: the cache keeps the compiled code"
+    } else {
+        "every time: --no-cache keeps no compiled code"
+    };
+    eprintln!(
+        "idem: compiling {} ({}), {then}…",
+        super::display::name(&path.to_string_lossy()),
+        megabytes(size)
+    );
+}
+
+/// One line on stderr before the first run of a large component copies it into a
+/// store that does not hold it yet (runs are made from what the store holds, so that
+/// any worker can resume them): the first run is slower by that copy, once per build.
+pub async fn say_storing(
+    store: &dyn Store,
+    agent: &LoadedAgent,
+    path: &Path,
+) -> anyhow::Result<()> {
+    let size = std::fs::metadata(path).map_or(0, |m| m.len());
+    if size >= LARGE_COMPONENT && !store.has_component(agent.digest()).await? {
+        eprintln!(
+            "idem: storing {} ({}) in the store, once per build: runs are made from the \
+             component the store holds",
+            super::display::name(&path.to_string_lossy()),
+            megabytes(size)
+        );
+    }
+    Ok(())
+}
+
+fn megabytes(bytes: u64) -> String {
+    format!("{:.1} MB", bytes as f64 / 1e6)
 }
 
 /// What a run may reach, as flags. With `idem run` and `idem deploy` the flags given

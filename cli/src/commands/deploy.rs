@@ -10,7 +10,7 @@ use clap::Parser;
 use idem::ops;
 use idem::runtime::{check_namespace, default_cache_dir};
 
-use super::args::{AuthorityArgs, DbArgs, load_agent};
+use super::args::{AuthorityArgs, DbArgs, load_agent, say_storing};
 use super::display;
 use crate::exit::{Exit, op_error};
 
@@ -48,6 +48,7 @@ impl DeployCommand {
         };
         check_namespace(&name)?;
         let store = self.db.open().await?;
+        say_storing(store.as_ref(), &agent, &self.agent).await?;
         let deployed = ops::deploy(store.as_ref(), &agent, &name, &authority)
             .await
             .map_err(op_error)?;

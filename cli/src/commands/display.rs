@@ -1,7 +1,7 @@
 //! How the commands show what the store and agents wrote: every string escaped before
 //! it reaches a terminal (JSON included), times as ages, runs as one table.
 
-use idem::store::{Millis, RunRecord};
+use idem::store::{Millis, RunRecord, RunStatus};
 use idem::text::{escape, json_for_terminal};
 
 /// One line of JSON with every hidden character (controls, bidi, invisible) written as
@@ -21,6 +21,31 @@ pub fn payload(bytes: &[u8]) -> String {
     match serde_json::from_slice::<serde_json::Value>(bytes) {
         Ok(value) => json(&value),
         Err(_) => escape(&String::from_utf8_lossy(bytes), true).into_owned(),
+    }
+}
+
+/// The error a failed run ended with (its outcome), as text safe to print as lines;
+/// `None` for a run that did not fail or left no error.
+pub fn run_error(run: &RunRecord) -> Option<String> {
+    if run.status != RunStatus::Failed {
+        return None;
+    }
+    let outcome = run.outcome.as_deref().filter(|o| !o.is_empty())?;
+    Some(match serde_json::from_slice::<serde_json::Value>(outcome) {
+        // An error the agent returned as a JSON string is its text.
+        Ok(serde_json::Value::String(text)) => escape(&text, true).into_owned(),
+        Ok(value) => json(&value),
+        Err(_) => escape(&String::from_utf8_lossy(outcome), true).into_owned(),
+    })
+}
+
+/// The first line of `text`, cut at `max` characters (`…` marks a cut).
+pub fn first_line(text: &str, max: usize) -> String {
+    let line = text.lines().next().unwrap_or_default();
+    match line.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &line[..at]),
+        None if text.trim_end().contains('\n') => format!("{line} …"),
+        None => line.to_string(),
     }
 }
 
@@ -154,6 +179,16 @@ mod tests {
             serde_json::from_str::<serde_json::Value>(&line).unwrap(),
             value
         );
+    }
+
+    #[test]
+    fn a_list_shows_an_errors_first_line() {
+        assert_eq!(
+            first_line("ValueError: no\n\nTraceback", 100),
+            "ValueError: no …"
+        );
+        assert_eq!(first_line("short", 100), "short");
+        assert_eq!(first_line("abcdef", 3), "abc…");
     }
 
     #[test]

@@ -9,11 +9,14 @@ use anyhow::Context;
 use clap::Parser;
 use idem::prove::FileCapture;
 use idem::runtime::{
-    CrashPoint, Echo, FaultPlan, Host, HttpCapture, RunFailure, RunOptions, RunReport,
+    CrashPoint, Echo, FaultPlan, Host, HttpCapture, Rebuilt, RunFailure, RunOptions, RunReport,
+    local_source,
 };
 use idem::store::{Counts, RunStatus};
 
-use super::args::{AuthorityArgs, CacheArgs, DbArgs, json_or_file, limit_flag, load_agent};
+use super::args::{
+    AuthorityArgs, CacheArgs, DbArgs, json_or_file, limit_flag, load_agent, say_storing,
+};
 use super::display;
 use super::progress::Progress;
 use crate::exit::{BadInput, Exit};
@@ -50,7 +53,8 @@ pub struct RunCommand {
     cache: CacheArgs,
     /// The name the agent runs under, which is the namespace its keys live in.
     /// Defaults to the agent's file name. A name other components use needs `idem
-    /// deploy --name` first, or --upgrade.
+    /// deploy --name` first, or --upgrade; a new build of the file the name was last run
+    /// from is taken without either (the dev loop), and recorded.
     #[arg(long)]
     namespace: Option<String>,
     /// Resume a run that was started with another build of the agent, or run this
@@ -93,6 +97,8 @@ impl RunCommand {
             },
             upgrade: self.upgrade,
             namespace: self.namespace.clone(),
+            // A local file: a rebuild of it is taken without --upgrade (the dev loop).
+            source: local_source(&self.agent),
             capture: match &self.prove_capture {
                 Some(dir) => Some(Arc::new(FileCapture::open(dir).map_err(|e| {
                     BadInput(format!(
@@ -106,6 +112,7 @@ impl RunCommand {
         };
         opts.check()?;
         let store = self.db.open().await?;
+        say_storing(store.as_ref(), &agent, &self.agent).await?;
         let host = Host::new(Arc::new(runtime), Arc::clone(&store))?;
         // Ctrl-C (or SIGTERM) stops the run the way a worker drains: side effects in
         // flight end at their commit, and the lease is given back, so the next `idem
@@ -131,6 +138,9 @@ impl RunCommand {
             progress.finish();
         }
         let report = report?;
+        if let Some(rebuilt) = &report.rebuilt {
+            say_rebuilt(&self.agent, &report.run_id, rebuilt);
+        }
         self.print(&report);
         Ok(match report.status {
             RunStatus::Completed => Exit::Done,
@@ -198,6 +208,30 @@ impl RunCommand {
     }
 }
 
+/// What the dev loop did, on stderr: a new build of the same file was taken in place of
+/// the earlier one, without --upgrade, and recorded.
+fn say_rebuilt(agent: &std::path::Path, run_id: &str, rebuilt: &Rebuilt) {
+    let short = |digest: &str| digest.get(..12).unwrap_or(digest).to_string();
+    let mut line = format!(
+        "idem: {} is a new build of the same file: namespace {} runs it now",
+        display::name(&agent.to_string_lossy()),
+        idem::text::quoted(&rebuilt.namespace)
+    );
+    if let Some(previous) = &rebuilt.previous {
+        line.push_str(&format!(" (was {})", short(previous)));
+    }
+    if let Some(from) = &rebuilt.run_upgraded_from {
+        line.push_str(&format!(
+            "; run {} resumes on it, upgraded from {}",
+            idem::text::quoted(run_id),
+            short(from)
+        ));
+    }
+    eprintln!(
+        "{line} (recorded as a rebuild; a different file would need idem deploy or --upgrade)"
+    );
+}
+
 /// The counts: one line when this process did all the run did; else what this process
 /// did, then the run's totals, each labelled (another process drove the run before, or
 /// with this one, and its work is not this one's).
@@ -227,30 +261,52 @@ fn failure_hint(report: &RunReport) -> Option<String> {
             limit_flag(limit.limit_name())
         )),
         Some(RunFailure::AgentError | RunFailure::Trapped) => {
-            wasi_errno_hint(&String::from_utf8_lossy(&report.outcome)).map(str::to_string)
+            wasi_errno_hint(&String::from_utf8_lossy(&report.outcome))
         }
         _ => None,
     }
 }
 
-/// A hint for an agent error that shows a WASI errno (agents number them as WASI does,
-/// not as the host's OS: Rust's `std::io::Error` prints `(os error 44)` for WASI's
-/// ENOENT, which is ECHRNG on Linux) that usually means a path outside the grants.
-fn wasi_errno_hint(error: &str) -> Option<&'static str> {
-    if error.contains("(os error 44)") {
-        Some(
-            "os error 44 is ENOENT (no such file or directory) in WASI's numbering: the \
-             agent sees no file outside the directories granted with --dir HOST::GUEST, \
-             and sees those under their GUEST paths",
-        )
-    } else if error.contains("(os error 76)") {
-        Some(
-            "os error 76 is ENOTCAPABLE in WASI's numbering: the agent tried to reach \
-             outside the directories granted with --dir HOST::GUEST",
-        )
-    } else {
-        None
-    }
+/// The WASI errnos that usually mean a path outside the grants, with what to say of
+/// each. Agents number errnos as WASI does, not as the host's OS: WASI's ENOENT is 44
+/// (ECHRNG on Linux), so neither the number nor the text is what the operator expects.
+const WASI_ERRNOS: &[(u32, &str)] = &[
+    (
+        44,
+        "ENOENT (no such file or directory) in WASI's numbering: the agent sees no file \
+         outside the directories granted with --dir HOST::GUEST, and sees those under their \
+         GUEST paths",
+    ),
+    (
+        76,
+        "ENOTCAPABLE in WASI's numbering: the agent tried to reach outside the directories \
+         granted with --dir HOST::GUEST",
+    ),
+    (
+        2,
+        "EACCES (permission denied) in WASI's numbering: the host refused the access; \
+         check the --dir grant and the host directory's permissions",
+    ),
+    (
+        63,
+        "EPERM (operation not permitted) in WASI's numbering: the sandbox does not allow \
+         it (no subprocesses, sockets or paths outside the --dir grants)",
+    ),
+];
+
+/// A hint for an agent error that shows a WASI errno as Rust prints one (`(os error
+/// 44)`) or Python does (`[Errno 44]`), for the errnos of [`WASI_ERRNOS`].
+fn wasi_errno_hint(error: &str) -> Option<String> {
+    WASI_ERRNOS.iter().find_map(|(errno, meaning)| {
+        let said = if error.contains(&format!("(os error {errno})")) {
+            format!("os error {errno}")
+        } else if error.contains(&format!("[Errno {errno}]")) {
+            format!("[Errno {errno}]")
+        } else {
+            return None;
+        };
+        Some(format!("{said} is {meaning}"))
+    })
 }
 
 pub use idem::ops::default_run_id;
@@ -266,5 +322,13 @@ mod tests {
         assert!(wasi_errno_hint("Capabilities insufficient (os error 76)").is_some());
         assert_eq!(wasi_errno_hint("(os error 440)"), None);
         assert_eq!(wasi_errno_hint("os error 44 without parentheses"), None);
+        // Python's OSError text, from inside the sandbox.
+        let python = "FileNotFoundError: [Errno 44] No such file or directory: '/etc/x'";
+        assert!(
+            wasi_errno_hint(python).is_some_and(|h| h.starts_with("[Errno 44] is ENOENT")),
+            "{python}"
+        );
+        assert!(wasi_errno_hint("PermissionError: [Errno 63] not permitted").is_some());
+        assert_eq!(wasi_errno_hint("[Errno 444]"), None);
     }
 }

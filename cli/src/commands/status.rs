@@ -1,5 +1,6 @@
-//! `idem status`: what the store knows of runs — status, step reached, counts, and the
-//! claims still open. The older name for `ls` and `show` together.
+//! `idem status`: what the store knows of runs — status, step reached, counts, the
+//! error a failed run ended with, and the claims still open. The older name for `ls`
+//! and `show` together.
 
 use clap::Parser;
 use idem::store::{RunFilter, StoreError};
@@ -41,6 +42,14 @@ impl StatusCommand {
         println!("{}", display::runs_header());
         for run in &runs {
             println!("{}", display::run_row(run, now));
+            // A list shows each failure's first line (for Python, `Type: message`);
+            // one run asked for by id shows the whole error, traceback included.
+            if let Some(error) = display::run_error(run) {
+                match &self.run_id {
+                    Some(_) => println!("  error: {}", error.replace('\n', "\n         ")),
+                    None => println!("  error: {}", display::first_line(&error, 100)),
+                }
+            }
         }
         if claims.is_empty() {
             println!("no open claims");

@@ -16,6 +16,7 @@ built, not on every instance.
 
 from . import http
 from ._agent import agent
+from ._agent import watch_importer as _watch_importer
 from ._errors import (
     AwaitTimeout,
     ClaimLost,
@@ -86,3 +87,6 @@ __all__ = [
     "sleep_until",
     "wait_for_signal",
 ]
+
+# A build of the app that imports idem without `@idem.agent` fails naming the mistake.
+_watch_importer()

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import inspect
+import linecache
+import os
 import sys
 import traceback
+import types
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -36,6 +39,77 @@ def _input_type(fn: Callable[..., Any]) -> Any:
     return None if hint is inspect.Parameter.empty else hint
 
 
+def _missing_agent(module: types.ModuleType) -> Callable[[str], Any]:
+    def __getattr__(name: str) -> Any:
+        if name == "WitWorld":
+            raise AttributeError(
+                f"module {module.__name__!r} has no agent: decorate the function that "
+                "takes the run's input with @idem.agent (`import idem`, then `@idem.agent` "
+                "on the line above `def run(input):`)"
+            )
+        raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}")
+
+    return __getattr__
+
+
+def watch(module: types.ModuleType) -> None:
+    """Makes a build of ``module`` without ``@idem.agent`` fail saying so.
+
+    componentize-py looks the export up as the app module's ``WitWorld``, which
+    ``@idem.agent`` sets; without it the build died with "module 'app' has no attribute
+    'WitWorld'", which names componentize-py's plumbing rather than the mistake. A module
+    ``__getattr__`` (PEP 562) is asked only for names the module lacks, so it changes
+    nothing for an app that has its agent, or that defines its own ``__getattr__``.
+    """
+    if "__getattr__" not in vars(module):
+        setattr(module, "__getattr__", _missing_agent(module))  # noqa: B010
+
+
+def watch_importer() -> None:
+    """Watches the module whose top level is importing ``idem`` (the app, as a rule)."""
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        ours = name == "idem" or name.startswith(("idem.", "importlib"))
+        if frame.f_code.co_name == "<module>" and name and not ours:
+            module = sys.modules.get(name)
+            if module is not None:
+                watch(module)
+            return
+        frame = frame.f_back
+
+
+def _keep_sources(app: str) -> None:
+    """Reads the sources of the app's own modules and of the SDK into ``linecache`` now.
+
+    ``@idem.agent`` runs when componentize-py builds the component, where the files are;
+    the component keeps the interpreter's memory as it is then, but not the files, so a
+    traceback at run time would show no source lines. An entry whose modification time
+    is ``None`` is never checked against the file (``linecache.checkcache`` keeps it),
+    so it outlives the build. Modules under a ``site-packages`` folder (a venv inside the
+    project, say) are left out: they would make every component larger.
+    """
+    roots = []
+    for path in (getattr(sys.modules.get(app), "__file__", None), __file__):
+        if path:
+            roots.append(os.path.dirname(os.path.abspath(path)) + os.sep)
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if not isinstance(path, str) or not path.endswith(".py"):
+            continue
+        full = os.path.abspath(path)
+        ours = os.path.dirname(full) + os.sep == roots[-1]
+        in_app = any(full.startswith(root) for root in roots[:-1])
+        if not ours and (not in_app or "site-packages" in full.split(os.sep)):
+            continue
+        try:
+            with open(path, encoding="utf-8") as source:
+                lines = source.readlines()
+        except (OSError, UnicodeDecodeError):
+            continue
+        linecache.cache[path] = (sum(map(len, lines)), None, lines, path)
+
+
 def agent(fn: F) -> F:
     """Makes ``fn`` the agent: ``fn(input)`` gets the run's input decoded from JSON (a
     dataclass when its parameter is annotated with one) and returns the output (JSON
@@ -58,4 +132,5 @@ def agent(fn: F) -> F:
     # componentize-py calls the export on the app module's `WitWorld`, an attribute
     # the module does not declare (so set by name, as the type checker wants).
     setattr(sys.modules[fn.__module__], "WitWorld", WitWorld)  # noqa: B010
+    _keep_sources(fn.__module__)
     return fn

@@ -122,11 +122,9 @@ class _Url:
 
 def _error(url: _Url, code: t.ErrorCode) -> HttpError:
     if isinstance(code, t.ErrorCode_HttpRequestDenied):
-        return HttpDenied(
-            f"HTTP request to {url.destination()} denied by the host: it sends only to "
-            "destinations the operator granted (--allow-http), and only from inside "
-            "run_once unless allowed outside claims"
-        )
+        # The host names the one cause: not granted, outside any claim, or no plain host.
+        why = outbound.last_denial()
+        return HttpDenied(why or f"HTTP request to {url.destination()} denied by the host")
     return HttpError(f"HTTP request to {url.full} failed: {code}")
 
 

@@ -136,6 +136,7 @@ impl InProcess<'_> {
             capture: Some(Arc::clone(&capture) as _),
             echo: Echo::Off,
             stop: None,
+            source: None,
         };
         let (ended, instances, reclaimed) = match host.run(self.agent, &opts).await {
             Ok(report) => {

@@ -42,6 +42,7 @@ impl DriveStart {
             already_finished: false,
             failure: None,
             waiting: None,
+            rebuilt: None,
         }
     }
 }

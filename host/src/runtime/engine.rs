@@ -28,8 +28,14 @@ pub struct Runtime {
     engine: Engine,
     linker: Linker<InstanceState>,
     cache: Option<ComponentCache>,
+    on_compile: Option<CompileNotice>,
     _ticker: EpochTicker,
 }
+
+/// Called with the agent's path and size just before a component is compiled (neither
+/// the cache nor this process had its code): compiling a large one (a Python agent,
+/// ~19 MB) takes seconds to a minute, which a caller may want to say.
+pub type CompileNotice = Box<dyn Fn(&Path, u64) + Send + Sync>;
 
 /// How often the engine's epoch advances: the resolution of wall-clock limits.
 pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -164,8 +170,14 @@ impl Runtime {
             engine,
             linker,
             cache,
+            on_compile: None,
             _ticker: ticker,
         })
+    }
+
+    /// Calls `notice` before each compile from now on.
+    pub fn on_compile(&mut self, notice: impl Fn(&Path, u64) + Send + Sync + 'static) {
+        self.on_compile = Some(Box::new(notice));
     }
 
     pub(crate) fn engine(&self) -> &Engine {
@@ -264,6 +276,9 @@ impl Runtime {
         let component = match cached {
             Some(component) => component,
             None => {
+                if let Some(notice) = &self.on_compile {
+                    notice(path, u64::try_from(bytes.len()).unwrap_or(u64::MAX));
+                }
                 let component = Component::new(&self.engine, &bytes).map_err(|e| {
                     HostError::InvalidComponent {
                         path: path.to_path_buf(),

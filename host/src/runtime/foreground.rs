@@ -44,9 +44,14 @@ impl Host {
     ) -> Result<RunReport, HostError> {
         opts.check()?;
         let _driving = self.start_driving(&opts.run_id)?;
-        let submitted = self.submit_foreground(agent, opts).await?;
+        let (submitted, rebuilt) = self.submit_foreground(agent, opts).await?;
+        let rebuilt = rebuilt.map(Box::new);
+        let with_rebuild = |mut report: RunReport| {
+            report.rebuilt = rebuilt.clone();
+            report
+        };
         if let Some(report) = self.finished_report(&submitted).await? {
-            return Ok(report);
+            return Ok(with_rebuild(report));
         }
         let signals = Arc::new(RunSignals::default());
         // Watched beside the drive in this task, not in a spawned one: a spawn and an
@@ -62,7 +67,7 @@ impl Host {
         let mut stopping = false;
         loop {
             tokio::select! {
-                report = &mut drive => return report,
+                report = &mut drive => return report.map(with_rebuild),
                 () = &mut stop, if !stopping => {
                     stopping = true;
                     signals.raise(Stop::Drain);
@@ -237,6 +242,7 @@ impl Host {
                 already_finished: true,
                 failure: None,
                 waiting: None,
+                rebuilt: None,
             })),
         }
     }
@@ -274,6 +280,7 @@ fn waiting_report(record: &RunRecord) -> Option<RunReport> {
             due: (due != Millis::MAX).then_some(due),
             signal: record.waiting_for.clone(),
         }),
+        rebuilt: None,
     })
 }
 

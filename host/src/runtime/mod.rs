@@ -65,7 +65,8 @@ pub use capture::{
     CaptureError, CaptureFuture, CapturedRequest, CapturedResponse, DenialKind, DeniedRequest,
     HttpCapture, MAX_CAPTURED_BODY,
 };
-pub use engine::{LoadedAgent, Runtime};
+pub use deploy::local_source;
+pub use engine::{CompileNotice, LoadedAgent, Runtime};
 pub use error::{Exposes, GrantError, HostError};
 pub use faults::{CrashPoint, CrashPointError, FaultPlan, Phase, Recycle};
 pub use grants::{Protected, check_grants};
@@ -78,7 +79,7 @@ pub use names::{check_namespace, check_run_id};
 pub use options::RunOptions;
 pub use output::{Echo, LOG_KEEP};
 pub use regular_file::open_regular_file;
-pub use report::{RunFailure, RunReport, Waiting};
+pub use report::{Rebuilt, RunFailure, RunReport, Waiting};
 pub use signal::send_signal;
 pub use stop::{Stop, StopSignal};
 

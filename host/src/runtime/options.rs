@@ -57,6 +57,12 @@ pub struct RunOptions {
     pub echo: Echo,
     /// Stops the run the way a worker drains once raised; `None` drives it to its end.
     pub stop: Option<StopSignal>,
+    /// Where the agent was loaded from, when a person runs a local file
+    /// ([`local_source`](super::local_source)). A new build from the source the name's
+    /// current deployment came from joins its namespace and resumes the run without
+    /// `upgrade`, both recorded (the dev loop; [`RunReport::rebuilt`](super::RunReport)
+    /// says so). `None`: a new build needs `upgrade`.
+    pub source: Option<String>,
 }
 
 impl RunOptions {

@@ -153,7 +153,7 @@ mod tests {
         log.write(&[b'a', 0xC3]);
         log.write(&[0xA9, b'\n']);
         let text = String::from_utf8(log.take()).unwrap();
-        assert_eq!(text, "line 1\n\\u{001B}[2J evil\naé\n");
+        assert_eq!(text, "line 1\n\\u001b[2J evil\naé\n");
         assert!(log.take().is_empty());
         log.write(&vec![b'x'; LOG_KEEP + 10]);
         assert_eq!(log.take().len(), LOG_KEEP);

@@ -37,6 +37,22 @@ pub struct RunReport {
     /// What the run waits for, when it was given back suspended in a wait (its status
     /// is then [`RunStatus::Running`]).
     pub waiting: Option<Waiting>,
+    /// What this call took a new build of the same local file for, when it did (the dev
+    /// loop: [`RunOptions::source`](super::RunOptions::source)). Boxed: rare, and a
+    /// report is moved often.
+    pub rebuilt: Option<Box<Rebuilt>>,
+}
+
+/// A new build of the local file a name's current deployment came from, taken without
+/// `upgrade` (the dev loop), and what it changed; both are recorded in the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rebuilt {
+    /// The namespace, which now runs the new build.
+    pub namespace: String,
+    /// The component the name pointed at before, if another.
+    pub previous: Option<String>,
+    /// The component the run was started with, when it was upgraded to the new build.
+    pub run_upgraded_from: Option<String>,
 }
 
 impl RunReport {

@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use wasmtime::component::{HasData, ResourceTable};
 
-use super::faults::Phase;
+use super::faults::{Phase, Recycle};
 use super::http::HttpGate;
 use super::limits::LimitExceeded;
 use super::run_ctx::{RunCtx, Watch};
@@ -79,11 +79,21 @@ impl HasData for HasIdem {
 }
 
 impl IdemCtx {
-    /// Marks a call into idem and stops the instance if the run was told to stop. A
-    /// drain waits for the claims the instance holds: their side effects may be under
-    /// way, and each ends at its own commit or release.
+    /// Marks a call into idem and stops the instance if the run was told to stop, or
+    /// ends it if a request found one of its claims taken over. A drain waits for the
+    /// claims the instance holds: their side effects may be under way, and each ends at
+    /// its own commit or release.
     pub(crate) fn enter(&mut self) -> wasmtime::Result<()> {
         self.watch.touch();
+        if let Some(key) = self.gate.take_lost() {
+            return Err(wasmtime::Error::new(Recycle {
+                reason: format!(
+                    "the claim on {} was taken over by another holder (a request under it \
+                     was refused); the next instance finds the taker's result",
+                    crate::text::quoted(&key)
+                ),
+            }));
+        }
         match self.run.signals.stop() {
             Some(Stop::Drain) if !self.held.is_empty() => Ok(()),
             Some(stop) => Err(wasmtime::Error::new(stop)),

@@ -8,7 +8,10 @@ use std::time::Duration;
 #[non_exhaustive]
 pub enum StoreError {
     /// The claim the caller presented is no longer the key's claim.
-    #[error("claim on key {key:?} was lost: token {token} no longer holds it")]
+    #[error(
+        "claim on key {} was lost: token {token} no longer holds it",
+        crate::text::quoted(key)
+    )]
     ClaimLost {
         /// The key.
         key: String,
@@ -17,7 +20,10 @@ pub enum StoreError {
     },
     /// The run lease the caller presented is no longer the run's: another worker (or
     /// an operator) took the run over. Nothing was written.
-    #[error("run {run_id:?} is no longer leased with token {token}: another holder took it over")]
+    #[error(
+        "run {} is no longer leased with token {token}: another holder took it over",
+        crate::text::quoted(run_id)
+    )]
     LeaseLost {
         /// The run.
         run_id: String,
@@ -25,13 +31,17 @@ pub enum StoreError {
         token: u64,
     },
     /// The run exists with other input bytes.
-    #[error("run {run_id:?} exists with a different input")]
+    #[error("run {} exists with a different input", crate::text::quoted(run_id))]
     InputMismatch {
         /// The run.
         run_id: String,
     },
     /// `resolve` named a key that is not parked for that run.
-    #[error("key {key:?} is not parked in doubt by run {run_id:?}; nothing to resolve")]
+    #[error(
+        "key {} is not parked in doubt by run {}; nothing to resolve",
+        crate::text::quoted(key),
+        crate::text::quoted(run_id)
+    )]
     NotInDoubt {
         /// The run.
         run_id: String,
@@ -39,13 +49,13 @@ pub enum StoreError {
         key: String,
     },
     /// The run does not exist.
-    #[error("run {run_id:?} does not exist")]
+    #[error("run {} does not exist", crate::text::quoted(run_id))]
     UnknownRun {
         /// The run.
         run_id: String,
     },
     /// The run has finished, so it cannot be changed this way.
-    #[error("run {run_id:?} is already {status}")]
+    #[error("run {} is already {status}", crate::text::quoted(run_id))]
     RunFinished {
         /// The run.
         run_id: String,
@@ -54,7 +64,11 @@ pub enum StoreError {
     },
     /// A wait the run asked for cannot be kept: its time is absurd, or its key was
     /// used by another kind of wait. Nothing was written.
-    #[error("wait {key:?} of run {run_id:?} refused: {reason}")]
+    #[error(
+        "wait {} of run {} refused: {reason}",
+        crate::text::quoted(key),
+        crate::text::quoted(run_id)
+    )]
     WaitRefused {
         /// The run.
         run_id: String,
@@ -65,7 +79,7 @@ pub enum StoreError {
     },
     /// A signal cannot be sent: its name or payload is not one a run can receive.
     /// Nothing was written.
-    #[error("signal to run {run_id:?} refused: {reason}")]
+    #[error("signal to run {} refused: {reason}", crate::text::quoted(run_id))]
     SignalRefused {
         /// The run.
         run_id: String,

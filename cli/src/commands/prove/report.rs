@@ -105,6 +105,9 @@ pub fn print(agent: &Path, found: &ProveReport, reproduce: &dyn Fn(&Scenario) ->
              the effect (same key, higher token): allowed, and flagged to the agent"
         );
     }
+    if let Some(note) = no_effect_note(found) {
+        println!("{note}");
+    }
     if found.passed() {
         println!(
             "verdict: PASSED — every key committed once, no unexplained repeat, the same \
@@ -113,6 +116,22 @@ pub fn print(agent: &Path, found: &ProveReport, reproduce: &dyn Fn(&Scenario) ->
         return;
     }
     violations(found, reproduce);
+}
+
+/// What to say when the clean run made steps but no effect idem prove can see: its
+/// PASSED then rests on the keys alone, and the agent's author should know it.
+fn no_effect_note(found: &ProveReport) -> Option<String> {
+    let clean = found.scenarios.first()?;
+    if clean.effects > 0 || found.clean.keys.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "observed no side effect: idem prove sees only HTTP requests the agent sends and \
+         lines added to files under its --dir grants, and the clean run's {} steps made \
+         neither; an effect made any other way (a value only computed, a write outside the \
+         grants) is checked through its key alone (each committed once, none unstable)",
+        found.clean.keys.len()
+    ))
 }
 
 /// The table of scenarios by group, and its total row, which it returns.
@@ -203,6 +222,10 @@ fn violations(found: &ProveReport, reproduce: &dyn Fn(&Scenario) -> String) {
 pub fn json(found: &ProveReport, reproduce: &dyn Fn(&Scenario) -> String) -> serde_json::Value {
     let mut doc = serde_json::to_value(found).unwrap_or_default();
     doc["passed"] = found.passed().into();
+    doc["no_effect_observed"] = no_effect_note(found).is_some().into();
+    if let Some(note) = no_effect_note(found) {
+        doc["note"] = note.into();
+    }
     if let Some(list) = doc["scenarios"].as_array_mut() {
         for (value, s) in list.iter_mut().zip(&found.scenarios) {
             value["name"] = s.scenario.to_string().into();

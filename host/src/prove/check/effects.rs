@@ -62,13 +62,14 @@ pub(super) fn http_effects(obs: &Observation, clean: &Baseline, f: &mut Findings
                 step,
                 Some(key),
                 format!(
-                    "{n} requests under key {key:?} (tokens {}), {clean_n} in the clean run, \
+                    "{n} requests under key {key_q} (tokens {}), {clean_n} in the clean run, \
                      with {retakes} retakes in doubt to explain repeats",
                     tokens
                         .iter()
                         .map(|t| t.map_or("-".to_string(), |t| t.to_string()))
                         .collect::<Vec<_>>()
-                        .join(", ")
+                        .join(", "),
+                    key_q = crate::text::quoted(key)
                 ),
             );
         }

@@ -31,7 +31,11 @@ pub(super) fn keys(obs: &Observation, clean: &Baseline, f: &mut Findings) -> boo
                 ViolationKind::KeyNotCommitted,
                 step_no(i),
                 Some(key),
-                format!("step {}'s key {key:?} was never committed", i + 1),
+                format!(
+                    "step {}'s key {key_q} was never committed",
+                    i + 1,
+                    key_q = crate::text::quoted(key)
+                ),
             );
         }
     }
@@ -46,7 +50,10 @@ pub(super) fn keys(obs: &Observation, clean: &Baseline, f: &mut Findings) -> boo
             ViolationKind::KeyNotCommitted,
             None,
             Some(key),
-            format!("key {key:?} was committed {n} times"),
+            format!(
+                "key {key_q} was committed {n} times",
+                key_q = crate::text::quoted(key)
+            ),
         );
     }
 
@@ -62,20 +69,26 @@ pub(super) fn keys(obs: &Observation, clean: &Baseline, f: &mut Findings) -> boo
             Some((i, Some(was))) => (
                 step_no(*i),
                 format!(
-                    "step {}'s key changed: {was:?} in the clean run, {key:?} here",
-                    i + 1
+                    "step {}'s key changed: {was_q} in the clean run, {key_q} here",
+                    i + 1,
+                    was_q = crate::text::quoted(was),
+                    key_q = crate::text::quoted(key)
                 ),
             ),
             Some((i, None)) => (
                 step_no(*i),
                 format!(
-                    "step {} claimed key {key:?}, a step the clean run never reached",
-                    i + 1
+                    "step {} claimed key {key_q}, a step the clean run never reached",
+                    i + 1,
+                    key_q = crate::text::quoted(key)
                 ),
             ),
             None => (
                 None,
-                format!("key {key:?} was never claimed by the clean run"),
+                format!(
+                    "key {key_q} was never claimed by the clean run",
+                    key_q = crate::text::quoted(key)
+                ),
             ),
         };
         f.add(ViolationKind::UnstableKey, step, Some(key), detail);
@@ -137,8 +150,9 @@ pub(super) fn progress(obs: &Observation, clean: &Baseline, f: &mut Findings) {
                 i.and_then(step_no),
                 Some(key),
                 format!(
-                    "checkpoint step {step} was saved before key {key:?} was committed (the \
-                     clean run had committed it by then)"
+                    "checkpoint step {step} was saved before key {key_q} was committed (the \
+                     clean run had committed it by then)",
+                    key_q = crate::text::quoted(key)
                 ),
             );
             f.hint("save progress only after the steps it covers are committed");

@@ -100,8 +100,10 @@ pub(crate) fn check(obs: &Observation, clean: Option<&Baseline>, before: &Files)
             None,
             Some(key),
             format!(
-                "key {key:?} is still claimed (attempt {}, token {}) after the run ended",
-                claim.attempt, claim.token
+                "key {key_q} is still claimed (attempt {}, token {}) after the run ended",
+                claim.attempt,
+                claim.token,
+                key_q = crate::text::quoted(key)
             ),
         );
     }

@@ -1,6 +1,9 @@
 //! The gate every outbound request of an instance passes: admitted by the run's
 //! policy, stamped with the claim it is made under (or refused outside claims), cut
 //! off mid-body when that claim ends, and answered by the run's capture if it has one.
+//! A request refused because its claim was taken over ends the instance at its next
+//! call into idem ([`HttpGate::take_lost`]), as a refused commit does: the next
+//! instance finds the key committed or held by the taker, and the run goes on.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -25,11 +28,14 @@ pub const DEFAULT_TOKEN_HEADER: &str = "idempotency-token";
 /// Why an agent's header names were refused: the text the guest gets back.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum HeaderNamesError {
-    #[error("{0:?} is not a valid HTTP header name")]
+    #[error("{} is not a valid HTTP header name", crate::text::quoted(.0))]
     Invalid(String),
-    #[error("{0:?} is a header the host manages itself and cannot carry a key or token")]
+    #[error(
+        "{} is a header the host manages itself and cannot carry a key or token",
+        crate::text::quoted(.0)
+    )]
     Reserved(String),
-    #[error("the key and token headers must differ, both are {0:?}")]
+    #[error("the key and token headers must differ, both are {}", crate::text::quoted(.0))]
     Same(String),
 }
 
@@ -91,6 +97,10 @@ pub(crate) struct HttpGate {
     /// the step it is made for.
     held: Vec<HeldClaim>,
     capture: Option<Arc<dyn HttpCapture>>,
+    /// The key of a claim another holder took over, found by a refused request.
+    lost: Option<String>,
+    /// Why the latest refused request was refused, for the agent to say.
+    last_denial: Option<String>,
 }
 
 /// The claim an admitted request was stamped with.
@@ -113,7 +123,22 @@ impl HttpGate {
             names: HeaderNames::default(),
             held: Vec::new(),
             capture,
+            lost: None,
+            last_denial: None,
         }
+    }
+
+    /// Why the latest refused request of this instance was refused, naming its one
+    /// cause in the library's terms.
+    pub(crate) fn last_denial(&self) -> Option<&str> {
+        self.last_denial.as_deref()
+    }
+
+    /// The key of a claim a request found taken over, once: the instance must end (the
+    /// guest was told only that the request was denied, and its side effect is not its
+    /// own any more), so that a fresh one resumes the run from the store.
+    pub(crate) fn take_lost(&mut self) -> Option<String> {
+        self.lost.take()
     }
 
     /// Lets a request through or says why not; stamps the key and token headers when
@@ -222,7 +247,14 @@ impl WasiHttpHooks for HttpGate {
                 }
             }
             Err(denial) => {
+                if matches!(denial, Denial::ClaimLost { .. }) {
+                    self.lost = self
+                        .held
+                        .last()
+                        .map(|c| String::from_utf8_lossy(c.key.as_bytes()).into_owned());
+                }
                 tracing::warn!(run_id = %crate::text::escape(&self.run_id, false), "{denial}");
+                self.last_denial = Some(denial.to_string());
                 if let Some(capture) = &self.capture {
                     capture.denied(DeniedRequest {
                         run_id: self.run_id.clone(),

@@ -1,4 +1,5 @@
-//! `idem:agent/outbound`: the agent's say in how its HTTP requests are stamped.
+//! `idem:agent/outbound`: the agent's say in how its HTTP requests are stamped, and why
+//! the gate refused its latest refused one.
 
 use crate::runtime::bindings::idem::agent::outbound::Host;
 use crate::runtime::view::IdemCtxView;
@@ -16,5 +17,12 @@ impl Host for IdemCtxView<'_> {
             .gate
             .set_header_names(&key, &token)
             .map_err(|e| e.to_string()))
+    }
+
+    async fn last_denial(&mut self) -> wasmtime::Result<Option<String>> {
+        // Entering ends an instance whose claim a request found taken over: the agent
+        // never acts on that refusal.
+        self.ctx.enter()?;
+        Ok(self.ctx.gate.last_denial().map(str::to_string))
     }
 }

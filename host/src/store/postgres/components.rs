@@ -5,6 +5,7 @@ use tokio_postgres::Row;
 
 use super::TxError;
 use super::conn::Conn;
+use crate::store::rules;
 use crate::store::{Admission, Deployment, DeploymentRecord, StoreError};
 
 /// Stores a component's bytes under their digest; whether they were new.
@@ -99,31 +100,35 @@ pub(super) async fn deploy(
         return Ok(current.clone());
     }
     let namespace = deployment.name;
-    if deployment.admission == Admission::FirstUse {
-        let (members, is_member) = membership(conn, namespace, deployment.digest).await?;
-        if members > 0 && !is_member {
-            let owner = match current {
-                Some(current) => current.digest,
-                None => latest_member(conn, namespace).await?.unwrap_or_default(),
-            };
-            return Err(TxError::Store(StoreError::NamespaceTaken {
-                namespace: namespace.to_owned(),
-                owner,
-                digest: deployment.digest.to_owned(),
-            }));
-        }
-    }
-    let admission = admission_name(deployment.admission);
-    add_member(conn, namespace, deployment.digest, admission).await?;
+    let membership = membership(conn, namespace, deployment.digest).await?;
+    let Some(admission) = rules::admit(deployment, current.as_ref(), membership) else {
+        let owner = match current {
+            Some(current) => current.digest,
+            None => latest_member(conn, namespace).await?.unwrap_or_default(),
+        };
+        return Err(TxError::Store(StoreError::NamespaceTaken {
+            namespace: namespace.to_owned(),
+            owner,
+            digest: deployment.digest.to_owned(),
+        }));
+    };
+    add_member(
+        conn,
+        namespace,
+        deployment.digest,
+        rules::member_how(admission),
+    )
+    .await?;
     conn.execute(
-        "INSERT INTO deployments (name, digest, authority, admission, deployed_at)
-         VALUES ($1, $2, $3, $4, $5)",
+        "INSERT INTO deployments (name, digest, authority, admission, deployed_at, source)
+         VALUES ($1, $2, $3, $4, $5, $6)",
         &[
             &deployment.name,
             &deployment.digest,
             &deployment.authority,
-            &admission,
+            &admission.as_str(),
             &conn.now,
+            &deployment.source,
         ],
     )
     .await?;
@@ -132,7 +137,8 @@ pub(super) async fn deploy(
         digest: deployment.digest.to_owned(),
         authority: deployment.authority.to_vec(),
         deployed_at: conn.now,
-        admission: deployment.admission,
+        admission,
+        source: deployment.source.map(str::to_owned),
     })
 }
 
@@ -143,7 +149,7 @@ pub(super) async fn deployment(
 ) -> Result<Option<DeploymentRecord>, TxError> {
     match conn
         .query_opt(
-            "SELECT name, digest, authority, admission, deployed_at FROM deployments
+            "SELECT name, digest, authority, admission, deployed_at, source FROM deployments
              WHERE name = $1 ORDER BY id DESC LIMIT 1",
             &[&name],
         )
@@ -159,7 +165,7 @@ pub(super) async fn deployments(conn: &Conn) -> Result<Vec<DeploymentRecord>, Tx
     let rows = conn
         .query(
             "SELECT DISTINCT ON (name COLLATE \"C\") name, digest, authority, admission,
-                    deployed_at
+                    deployed_at, source
              FROM deployments ORDER BY name COLLATE \"C\", id DESC",
             &[],
         )
@@ -208,23 +214,13 @@ fn record(row: &Row) -> Result<DeploymentRecord, TxError> {
         name: row.try_get(0)?,
         digest: row.try_get(1)?,
         authority: row.try_get(2)?,
-        admission: match admission.as_str() {
-            "explicit" => Admission::Explicit,
-            "first-use" => Admission::FirstUse,
-            other => {
-                return Err(TxError::Store(StoreError::Backend {
-                    op: "read a deployment",
-                    source: format!("unknown admission {other:?}").into(),
-                }));
-            }
-        },
+        admission: Admission::from_name(&admission).ok_or_else(|| {
+            TxError::Store(StoreError::Backend {
+                op: "read a deployment",
+                source: format!("unknown admission {admission:?}").into(),
+            })
+        })?,
         deployed_at: row.try_get(4)?,
+        source: row.try_get(5)?,
     })
-}
-
-fn admission_name(admission: Admission) -> &'static str {
-    match admission {
-        Admission::Explicit => "explicit",
-        Admission::FirstUse => "first-use",
-    }
 }

@@ -18,6 +18,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0003_retired.sql"),
     include_str!("../migrations/postgres/0004_recycled.sql"),
     include_str!("../migrations/postgres/0005_epoch.sql"),
+    include_str!("../migrations/postgres/0006_rebuilds.sql"),
 ];
 
 /// The schema version this build writes and understands.

@@ -1,7 +1,7 @@
 //! The decisions every backend makes the same way, in one place: what a claim of a key
 //! gets given the key's row, which token a grant takes, whether a run's lease may be
-//! granted, when a lease runs out, which values a store refuses to keep, what gc
-//! collects, and the rules of waits (`waits.rs`). A backend reads the row (locking it
+//! granted, when a lease runs out, how a component joins a namespace, which values a
+//! store refuses to keep, what gc collects, and the rules of waits (`waits.rs`). A backend reads the row (locking it
 //! as its database needs), asks here, and writes what the answer says; so the two
 //! backends cannot drift apart on a rule, and the store suite, which runs on both,
 //! checks one implementation. The backends never import each other: what they share
@@ -14,9 +14,44 @@ pub(crate) use waits::{Recorded, WaitRow, asked, sleep_state};
 use std::time::Duration;
 
 use super::{
-    Checkpoint, ClaimOutcome, Counts, GcReport, GcRequest, Grant, HeldClaim, MAX_STEP, Millis,
-    RunLeaseInfo, RunStatus, StoreError,
+    Admission, Checkpoint, ClaimOutcome, Counts, Deployment, DeploymentRecord, GcReport, GcRequest,
+    Grant, HeldClaim, MAX_STEP, Millis, RunLeaseInfo, RunStatus, StoreError,
 };
+
+/// How `deployment` joins its name's namespace, which has `members` components, one of
+/// them `deployment`'s if `is_member`, given what the name points at now (`current`);
+/// `None` when it may not join ([`StoreError::NamespaceTaken`]).
+///
+/// An operator's act joins whoever is there. A first use joins an empty namespace or
+/// one it is in. A first use from the local file (`source`) that the name's current
+/// first use or rebuild was run from joins as a rebuild: the dev loop, edit → build →
+/// run. Any other component is refused, so one saved under an agent's file name
+/// elsewhere cannot reach that agent's keys, and a name an operator deployed (no
+/// source) is followed by no rebuild.
+pub(crate) fn admit(
+    deployment: &Deployment<'_>,
+    current: Option<&DeploymentRecord>,
+    (members, is_member): (i64, bool),
+) -> Option<Admission> {
+    if deployment.admission != Admission::FirstUse || members == 0 || is_member {
+        return Some(deployment.admission);
+    }
+    let rebuild = current.is_some_and(|current| {
+        matches!(current.admission, Admission::FirstUse | Admission::Rebuild)
+            && deployment.source.is_some()
+            && current.source.as_deref() == deployment.source
+    });
+    rebuild.then_some(Admission::Rebuild)
+}
+
+/// How a component that joined by `admission` is kept as a namespace member: a rebuild
+/// is an upgrade of the component the file built before.
+pub(crate) fn member_how(admission: Admission) -> &'static str {
+    match admission {
+        Admission::Rebuild => "upgrade",
+        other => other.as_str(),
+    }
+}
 
 /// The largest token, count or step a store keeps: both backends store them as signed
 /// 64-bit integers.

@@ -338,12 +338,14 @@ impl CatalogStore for SqliteStore {
     async fn deploy(&self, deployment: &Deployment<'_>) -> Result<DeploymentRecord, StoreError> {
         let (name, digest) = (deployment.name.to_owned(), deployment.digest.to_owned());
         let (authority, admission) = (deployment.authority.to_vec(), deployment.admission);
+        let source = deployment.source.map(str::to_owned);
         self.write("deploy a component", self.sync, move |conn, now| {
             let deployment = Deployment {
                 name: &name,
                 digest: &digest,
                 authority: &authority,
                 admission,
+                source: source.as_deref(),
             };
             components::deploy(conn, &deployment, now)
         })

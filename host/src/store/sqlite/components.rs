@@ -9,6 +9,7 @@ use rusqlite::types::Type;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::TxError;
+use crate::store::rules;
 use crate::store::{Admission, Deployment, DeploymentRecord, Millis, StoreError};
 
 /// Stores a component's bytes under their digest; whether they were new.
@@ -104,44 +105,44 @@ pub(super) fn deploy(
         return Ok(current.clone());
     }
     let namespace = deployment.name;
-    if deployment.admission == Admission::FirstUse {
-        let (members, is_member) = membership(conn, namespace, deployment.digest)?;
-        if members > 0 && !is_member {
-            let owner = match current {
-                Some(current) => current.digest,
-                None => latest_member(conn, namespace)?.unwrap_or_default(),
-            };
-            return Err(TxError::Store(StoreError::NamespaceTaken {
-                namespace: namespace.to_owned(),
-                owner,
-                digest: deployment.digest.to_owned(),
-            }));
-        }
-    }
+    let membership = membership(conn, namespace, deployment.digest)?;
+    let Some(admission) = rules::admit(deployment, current.as_ref(), membership) else {
+        let owner = match current {
+            Some(current) => current.digest,
+            None => latest_member(conn, namespace)?.unwrap_or_default(),
+        };
+        return Err(TxError::Store(StoreError::NamespaceTaken {
+            namespace: namespace.to_owned(),
+            owner,
+            digest: deployment.digest.to_owned(),
+        }));
+    };
     add_member(
         conn,
         namespace,
         deployment.digest,
-        admission_name(deployment.admission),
+        rules::member_how(admission),
         now,
     )?;
     conn.prepare_cached(
-        "INSERT INTO deployments (name, digest, authority, admission, deployed_at)
-         VALUES (?1, ?2, ?3, ?4, ?5)",
+        "INSERT INTO deployments (name, digest, authority, admission, deployed_at, source)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )?
     .execute(params![
         deployment.name,
         deployment.digest,
         deployment.authority,
-        admission_name(deployment.admission),
-        now
+        admission.as_str(),
+        now,
+        deployment.source,
     ])?;
     Ok(DeploymentRecord {
         name: deployment.name.to_owned(),
         digest: deployment.digest.to_owned(),
         authority: deployment.authority.to_vec(),
         deployed_at: now,
-        admission: deployment.admission,
+        admission,
+        source: deployment.source.map(str::to_owned),
     })
 }
 
@@ -152,7 +153,7 @@ pub(super) fn deployment(
 ) -> Result<Option<DeploymentRecord>, TxError> {
     let record = conn
         .prepare_cached(
-            "SELECT name, digest, authority, admission, deployed_at FROM deployments
+            "SELECT name, digest, authority, admission, deployed_at, source FROM deployments
              WHERE name = ?1 ORDER BY id DESC LIMIT 1",
         )?
         .query_row([name], record)
@@ -164,7 +165,7 @@ pub(super) fn deployment(
 pub(super) fn deployments(conn: &Connection) -> Result<Vec<DeploymentRecord>, TxError> {
     let records = conn
         .prepare_cached(
-            "SELECT name, digest, authority, admission, deployed_at FROM deployments d
+            "SELECT name, digest, authority, admission, deployed_at, source FROM deployments d
              WHERE id = (SELECT max(id) FROM deployments WHERE name = d.name)
              ORDER BY name",
         )?
@@ -212,25 +213,15 @@ fn record(row: &Row<'_>) -> rusqlite::Result<DeploymentRecord> {
         name: row.get(0)?,
         digest: row.get(1)?,
         authority: row.get(2)?,
-        admission: match admission.as_str() {
-            "explicit" => Admission::Explicit,
-            "first-use" => Admission::FirstUse,
-            // The schema's CHECK constraint should have kept it out.
-            other => {
-                return Err(rusqlite::Error::FromSqlConversionFailure(
-                    3,
-                    Type::Text,
-                    format!("unknown admission {other:?}").into(),
-                ));
-            }
-        },
+        // The schema's CHECK constraint should have kept anything else out.
+        admission: Admission::from_name(&admission).ok_or_else(|| {
+            rusqlite::Error::FromSqlConversionFailure(
+                3,
+                Type::Text,
+                format!("unknown admission {admission:?}").into(),
+            )
+        })?,
         deployed_at: row.get(4)?,
+        source: row.get(5)?,
     })
-}
-
-fn admission_name(admission: Admission) -> &'static str {
-    match admission {
-        Admission::Explicit => "explicit",
-        Admission::FirstUse => "first-use",
-    }
 }

@@ -185,6 +185,7 @@ fn version_2_store_migrates_with_runs_results_and_checkpoints_intact() {
                 digest: "intruder",
                 authority: b"",
                 admission: Admission::FirstUse,
+                source: None,
             })
             .await;
         assert!(

@@ -24,6 +24,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0005_epoch.sql"),
     include_str!("../migrations/sqlite/0006_retired.sql"),
     include_str!("../migrations/sqlite/0007_recycled.sql"),
+    include_str!("../migrations/sqlite/0008_rebuilds.sql"),
 ];
 
 /// The schema version this build writes and understands.

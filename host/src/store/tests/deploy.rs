@@ -9,6 +9,7 @@ fn deployment<'a>(name: &'a str, digest: &'a str, admission: Admission) -> Deplo
         digest,
         authority: b"grant",
         admission,
+        source: None,
     }
 }
 
@@ -51,6 +52,7 @@ pub(super) async fn deploy_points_a_name_and_redeploying_is_a_no_op(env: &Env<'_
             authority: b"grant".to_vec(),
             deployed_at: T0,
             admission: Admission::FirstUse,
+            source: None,
         }
     );
     // The same component with the same authority again: nothing changes, not even the
@@ -258,4 +260,64 @@ pub(super) async fn runs_make_their_components_members(env: &Env<'_>) {
         store.admitted("custom", "other").await.unwrap(),
         Some(false)
     );
+}
+
+/// The dev loop: a first use from the source (the local file) the name's current first
+/// use came from joins a namespace it is not in, as a rebuild, kept with its source; a
+/// first use from another source, or with none, or after an operator's deployment, is
+/// refused as ever.
+pub(super) async fn a_rebuild_from_the_same_source_joins_and_nothing_else_does(env: &Env<'_>) {
+    let store = env.store;
+    for digest in ["d1", "d2", "d3", "d4", "d5"] {
+        store.put_component(digest, b"x").await.unwrap();
+    }
+    let from = |digest, source| Deployment {
+        source,
+        ..deployment("billing", digest, Admission::FirstUse)
+    };
+    let mine = Some("m1:/home/me/agent.wasm");
+    let first = store.deploy(&from("d1", mine)).await.unwrap();
+    assert_eq!(
+        (first.admission, first.source.as_deref()),
+        (Admission::FirstUse, mine)
+    );
+    env.advance(10);
+    let rebuilt = store.deploy(&from("d2", mine)).await.unwrap();
+    assert_eq!(
+        (
+            rebuilt.digest.as_str(),
+            rebuilt.admission,
+            rebuilt.source.as_deref()
+        ),
+        ("d2", Admission::Rebuild, mine)
+    );
+    assert_eq!(store.deployment("billing").await.unwrap(), Some(rebuilt));
+    assert_eq!(store.admitted("billing", "d2").await.unwrap(), Some(true));
+    // A rebuild of a rebuild is one too.
+    let again = store.deploy(&from("d3", mine)).await.unwrap();
+    assert_eq!(again.admission, Admission::Rebuild);
+    // Another file, or none: refused, the name unchanged.
+    for source in [
+        Some("m1:/tmp/elsewhere/agent.wasm"),
+        Some("m2:/home/me/agent.wasm"),
+        None,
+    ] {
+        let err = store.deploy(&from("d4", source)).await.unwrap_err();
+        assert!(
+            matches!(&err, StoreError::NamespaceTaken { owner, digest, .. }
+                if owner == "d3" && digest == "d4"),
+            "{source:?}: {err:?}"
+        );
+    }
+    assert_eq!(store.admitted("billing", "d4").await.unwrap(), Some(false));
+    assert_eq!(store.deployment("billing").await.unwrap(), Some(again));
+    // Once an operator deployed the name, no rebuild follows it implicitly, even from
+    // the file it was last run from.
+    store
+        .deploy(&deployment("billing", "d4", Admission::Explicit))
+        .await
+        .unwrap();
+    let err = store.deploy(&from("d5", mine)).await.unwrap_err();
+    assert!(matches!(&err, StoreError::NamespaceTaken { .. }), "{err:?}");
+    assert_eq!(store.admitted("billing", "d5").await.unwrap(), Some(false));
 }

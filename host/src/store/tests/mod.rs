@@ -125,6 +125,7 @@ macro_rules! store_tests {
                 deploy::deployments_lists_what_each_name_points_at,
                 deploy::first_use_admission_keeps_namespaces_apart,
                 deploy::runs_make_their_components_members,
+                deploy::a_rebuild_from_the_same_source_joins_and_nothing_else_does,
                 waits::a_sleep_keeps_its_first_wake_time_and_elapses_on_the_clock,
                 waits::a_suspended_run_is_leased_only_when_due_in_due_order,
                 waits::a_signal_is_taken_once_by_the_wait_that_records_it,
