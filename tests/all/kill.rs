@@ -9,7 +9,7 @@ use idem_test_artifacts::FETCHER;
 use serde_json::{Value, json};
 
 use crate::http::{TestServer, committed, post_key};
-use crate::util::{StderrLines, integrity_ok, raw_db, run_cli, stdout};
+use crate::util::{StderrLines, integrity_ok, raw_db, run_cli, stderr, stdout};
 
 const KEY: &str = "idempotency-key";
 const TOKEN: &str = "idempotency-token";
@@ -512,4 +512,79 @@ fn a_frozen_holder_is_not_taken_over_before_its_lease() {
     let steps = server.steps();
     assert_eq!(steps[&0].len(), 2, "retaken once, after the lease");
     assert_eq!(steps[&1].len(), 1);
+}
+
+fn worker(db: &str, name: &str) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["worker", "--db", db, "--name", name, "--poll", "20ms"])
+        .env("IDEM_LOG", "error")
+        .env("XDG_CACHE_HOME", env!("CARGO_TARGET_TMPDIR"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// A worker SIGKILLed inside a side effect: another worker, already polling, takes the
+/// run over at its next poll, not after the dead worker's 30 s lease.
+#[test]
+fn a_sigkilled_workers_run_is_taken_over_by_another_worker_at_once() {
+    let server = TestServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let db_path = dir.path().join("idem.db");
+    let db = db_path.to_str().unwrap();
+    let allow = format!("127.0.0.1:{}", server.port());
+    let ok = |args: &[&str]| {
+        let out = run_cli(args);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+    };
+    ok(&[
+        "deploy",
+        FETCHER,
+        "--name",
+        "f",
+        "--db",
+        db,
+        "--allow-http",
+        &allow,
+        "--lease",
+        "30s",
+    ]);
+    let input = json!({ "steps": 3, "url": server.url(), "pause_ms": 3000, "pause_at": 1,
+                        "pause_after": true })
+    .to_string();
+    ok(&[
+        "submit", "f", "--db", db, "--input", &input, "--run-id", "w1",
+    ]);
+    let mut doomed = worker(db, "doomed");
+    until_seen(&server, 2);
+    let mut heir = worker(db, "heir");
+    doomed.kill().unwrap();
+    doomed.wait().unwrap();
+    let killed = Instant::now();
+    let deadline = killed + Duration::from_secs(60);
+    loop {
+        assert!(Instant::now() < deadline, "the run never completed");
+        let out = run_cli(&["show", "w1", "--db", db, "--json"]);
+        let doc: Value = serde_json::from_str(&stdout(&out)).unwrap_or(Value::Null);
+        if doc["run"]["status"] == "completed" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = killed.elapsed();
+    heir.kill().unwrap();
+    heir.wait().unwrap();
+    // A behaviour, not a speed: waiting out the 30 s lease would take that.
+    assert!(
+        took < Duration::from_secs(15),
+        "the lease was waited out: {took:?}"
+    );
+    let steps = server.steps();
+    let step1 = &steps[&1];
+    assert_eq!(step1.len(), 2, "step 1 retaken after the kill: {step1:#?}");
+    assert_eq!(step1[0].header(KEY), step1[1].header(KEY));
+    assert!(step1[1].token(TOKEN) > step1[0].token(TOKEN));
+    assert_eq!((steps[&0].len(), steps[&2].len()), (1, 1));
+    integrity_ok(&db_path);
 }
