@@ -1,7 +1,8 @@
 //! The idem benchmark: one run measures what a durable step costs, the floor under it,
 //! and how it scales, and prints one markdown table (`cargo bench -p idem-host --bench
 //! idem`, `-- --quick` for a short check that it works; name sections to run only
-//! those: `-- steps calls resume cold throughput scaling workers prove python postgres`).
+//! those: `-- steps calls resume cold throughput scaling workers sleepers prove
+//! takeover python postgres`).
 //!
 //! Everything goes through idem's public API and the real `idem` binary, on a temp dir
 //! under cargo's target dir: a real disk, so that an fsync costs what it costs there.
@@ -39,6 +40,8 @@ mod service;
 mod sleepers;
 #[path = "idem/store_step.rs"]
 mod store_step;
+#[path = "idem/takeover.rs"]
+mod takeover;
 
 use report::{Table, count, median, micros, millis, print_machine, progress, sorted};
 use store_step::StoreStep;
@@ -87,6 +90,8 @@ struct Plan {
     sleepers: sleepers::SleepersPlan,
     /// Per turn: one `idem prove` of the ledger over 5 phases × 10 steps.
     prove: Turns,
+    /// Per turn: `idem run` killed inside a side effect, then taken over.
+    takeover: Turns,
     /// Per turn: a cached `idem run` of the Rust and the Python `steps` agent.
     py_cold: Turns,
     /// Per turn, for each twin: runs of 1 and `n` steps, and of `n` steps recycled.
@@ -128,6 +133,7 @@ const FULL_PLAN: Plan = Plan {
         samples: 100,
     },
     prove: turns(5, 0, 60),
+    takeover: turns(10, 1, 30),
     py_cold: turns(40, 1, 20),
     py_steps: turns(10, 50, 30),
     postgres: turns(10, 200, 20),
@@ -157,6 +163,7 @@ const QUICK_PLAN: Plan = Plan {
         samples: 10,
     },
     prove: turns(1, 0, 1),
+    takeover: turns(2, 1, 1),
     py_cold: turns(3, 1, 1),
     py_steps: turns(3, 10, 1),
     postgres: turns(1, 20, 1),
@@ -170,7 +177,7 @@ type Section = (
 );
 
 /// Every section, in the order of the table.
-const SECTIONS: [Section; 11] = [
+const SECTIONS: [Section; 12] = [
     ("steps", "floor and durable steps", floor_and_steps),
     ("calls", "host-call round trip", host_calls),
     ("resume", "resume after recycle", resume),
@@ -188,6 +195,11 @@ const SECTIONS: [Section; 11] = [
         sleepers::sleepers,
     ),
     ("prove", "idem prove", prove::prove),
+    (
+        "takeover",
+        "a dead process's run taken over",
+        takeover::takeover,
+    ),
     (
         "python",
         "a Python agent beside its Rust twin",
