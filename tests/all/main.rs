@@ -23,6 +23,7 @@ mod kill;
 mod lease;
 mod limits;
 mod multi_process;
+mod parallel;
 mod operator_text;
 #[cfg(feature = "otlp")]
 mod otlp;
