@@ -81,6 +81,9 @@ pub struct Request {
     under: Option<(String, u64)>,
 }
 
+/// A request on its way: the response to come, and whether its body went out.
+type Started = (FutureIncomingResponse, Result<(), Error>);
+
 /// A response, read to its end.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Response {
@@ -200,7 +203,7 @@ impl Request {
 
     /// Sends the request (tied to its claim) and its body, without waiting for the
     /// response: the future, and whether the body went out.
-    fn start(&self, url: &Url<'_>) -> Result<(FutureIncomingResponse, Result<(), Error>), Error> {
+    fn start(&self, url: &Url<'_>) -> Result<Started, Error> {
         let request = self.outgoing(url)?;
         let body = request
             .body()
@@ -209,8 +212,8 @@ impl Request {
         if let Some((key, token)) = &self.under {
             outbound::stamp_next_request(key, *token);
         }
-        let future = outgoing_handler::handle(request, options)
-            .map_err(|code| request_error(url, &code))?;
+        let future =
+            outgoing_handler::handle(request, options).map_err(|code| request_error(url, &code))?;
         // The body goes out after `handle`: the host streams it to the connection, and
         // a refused request closes it, which `response` then explains.
         let written = write_body(body, &self.body);
@@ -234,7 +237,7 @@ impl Request {
 pub fn send_all(requests: impl IntoIterator<Item = Request>) -> Vec<Result<Response, Error>> {
     let requests: Vec<Request> = requests.into_iter().collect();
     // Every request goes out before any response is awaited.
-    let started: Vec<Result<(FutureIncomingResponse, Result<(), Error>), Error>> = requests
+    let started: Vec<Result<Started, Error>> = requests
         .iter()
         .map(|r| Url::parse(&r.url).and_then(|url| r.start(&url)))
         .collect();
@@ -271,9 +274,7 @@ pub fn send_all(requests: impl IntoIterator<Item = Request>) -> Vec<Result<Respo
             let (_, written) = started?;
             let url = Url::parse(&request.url)?;
             let response = response
-                .unwrap_or_else(|| {
-                    Err(ErrorCode::InternalError(Some("no response came".into())))
-                })
+                .unwrap_or_else(|| Err(ErrorCode::InternalError(Some("no response came".into()))))
                 .map_err(|code| request_error(&url, &code))?;
             written?;
             read_response(response, &url)
@@ -282,7 +283,6 @@ pub fn send_all(requests: impl IntoIterator<Item = Request>) -> Vec<Result<Respo
 }
 
 impl Request {
-
     fn outgoing(&self, url: &Url<'_>) -> Result<OutgoingRequest, Error> {
         let fields = Fields::new();
         let has_body =

@@ -23,10 +23,10 @@ mod kill;
 mod lease;
 mod limits;
 mod multi_process;
-mod parallel;
 mod operator_text;
 #[cfg(feature = "otlp")]
 mod otlp;
+mod parallel;
 mod pinning;
 mod postgres;
 mod power_loss;

@@ -19,7 +19,7 @@ use idem::runtime::{
     Authority, CrashPoint, FaultPlan, Host, HttpPolicy, Limits, Phase, RunOptions, RunReport,
 };
 use idem::store::{PostgresOptions, PostgresStore, RunStatus, SqliteStore, SyncMode};
-use idem_test_artifacts::PARALLEL;
+use idem_test_artifacts::{PARALLEL, PY_PARALLEL};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -156,7 +156,11 @@ fn answer(stream: TcpStream, record: &(Mutex<Record>, Condvar), delay: Duration)
     {
         let mut r = record.0.lock().unwrap();
         while r.hold {
-            r = record.1.wait_timeout(r, Duration::from_millis(50)).unwrap().0;
+            r = record
+                .1
+                .wait_timeout(r, Duration::from_millis(50))
+                .unwrap()
+                .0;
         }
         r.active -= 1;
     }
@@ -198,7 +202,7 @@ struct Backend {
 impl Backend {
     fn sqlite() -> Backend {
         let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open(&dir.path().join("idem.db")).unwrap();
+        let store = SqliteStore::open(&dir.path().join("idem.db"), SyncMode::Normal).unwrap();
         Backend {
             host: host(Arc::new(store)),
             _dir: dir,
@@ -230,6 +234,7 @@ impl Backend {
 
     fn run(
         &self,
+        guest: &str,
         server: &ParallelServer,
         run_id: &str,
         input: Value,
@@ -248,7 +253,7 @@ impl Backend {
             faults,
             ..RunOptions::default()
         };
-        block_on(self.host.run(&agent(PARALLEL), &opts)).unwrap_or_else(|e| panic!("{e:#}"))
+        block_on(self.host.run(&agent(guest), &opts)).unwrap_or_else(|e| panic!("{e:#}"))
     }
 }
 
@@ -264,11 +269,16 @@ fn output(report: &RunReport) -> Value {
 
 #[test]
 fn n_parallel_effects_are_in_flight_at_once_each_under_its_own_claim() {
+    in_flight(PARALLEL);
+}
+
+fn in_flight(guest: &str) {
     Backend::both("parallel_in_flight", |backend, name| {
         const N: u32 = 5;
         let server = ParallelServer::start(Duration::from_millis(300));
         let started = Instant::now();
         let report = backend.run(
+            guest,
             &server,
             "fan",
             json!({ "url": server.url(), "batches": [N] }),
@@ -277,7 +287,11 @@ fn n_parallel_effects_are_in_flight_at_once_each_under_its_own_claim() {
         );
         let took = started.elapsed();
         let out = output(&report);
-        assert_eq!(server.max_active(), N as usize, "{name}: all in flight at once");
+        assert_eq!(
+            server.max_active(),
+            N as usize,
+            "{name}: all in flight at once"
+        );
         assert_eq!(report.counts.executed, u64::from(N), "{name}");
         for (i, step) in names(&[N]).iter().enumerate() {
             let seen = server.requests_of(&call_key("fan", step));
@@ -338,14 +352,22 @@ fn check_crashed(
     what: &str,
 ) {
     let out = output(report);
-    assert_eq!(report.counts.reclaimed, in_doubt.len() as u64, "{what}: {out}");
+    assert_eq!(
+        report.counts.reclaimed,
+        in_doubt.len() as u64,
+        "{what}: {out}"
+    );
     let mut i = 0;
     for (b, &n) in batches.iter().enumerate() {
         for j in 0..n as usize {
             let step = &names(batches)[i];
             i += 1;
             let seen = server.requests_of(&call_key(run_id, step));
-            assert_eq!(out["replies"][b][j], format!("done {step}"), "{what}: {step}");
+            assert_eq!(
+                out["replies"][b][j],
+                format!("done {step}"),
+                "{what}: {step}"
+            );
             let outcome = out["outcomes"][b][j].as_str().unwrap();
             if in_doubt.contains(step) {
                 assert_eq!(seen.len(), 2, "{what}: {step} retaken in doubt, sent again");
@@ -369,6 +391,10 @@ fn check_crashed(
 
 #[test]
 fn each_key_executes_once_under_every_crash_point_between_parallel_claims_and_commits() {
+    sweep(PARALLEL);
+}
+
+fn sweep(guest: &str) {
     let batches = [3, 2];
     let steps: u32 = batches.iter().sum();
     let server = ParallelServer::start(Duration::from_millis(20));
@@ -383,6 +409,7 @@ fn each_key_executes_once_under_every_crash_point_between_parallel_claims_and_co
             let point = CrashPoint { phase, step };
             let run_id = format!("crash-{phase}-{step}");
             let report = backend.run(
+                guest,
                 &server,
                 &run_id,
                 json!({ "url": server.url(), "batches": batches }),
@@ -408,11 +435,16 @@ fn each_key_executes_once_under_every_crash_point_between_parallel_claims_and_co
 
 #[test]
 fn a_recycle_between_batches_and_crashes_on_postgres_keep_each_key_once() {
+    recycle_and_crashes(PARALLEL);
+}
+
+fn recycle_and_crashes(guest: &str) {
     Backend::both("parallel_recycle", |backend, name| {
         let batches = [3, 2];
         let server = ParallelServer::start(Duration::from_millis(20));
         // The instance is dropped before the second batch's claims, the first committed.
         let report = backend.run(
+            guest,
             &server,
             "recycled",
             json!({ "url": server.url(), "batches": batches }),
@@ -437,6 +469,7 @@ fn a_recycle_between_batches_and_crashes_on_postgres_keep_each_key_once() {
             let point: CrashPoint = point.parse().unwrap();
             let run_id = format!("pg-{}-{}", point.phase, point.step);
             let report = backend.run(
+                guest,
                 &server,
                 &run_id,
                 json!({ "url": server.url(), "batches": batches }),
@@ -461,6 +494,10 @@ fn a_recycle_between_batches_and_crashes_on_postgres_keep_each_key_once() {
 
 #[test]
 fn more_claims_than_the_instance_limit_are_refused_claiming_nothing() {
+    over_limit(PARALLEL);
+}
+
+fn over_limit(guest: &str) {
     Backend::both("parallel_limit", |backend, name| {
         let server = ParallelServer::start(Duration::from_millis(10));
         let limits = Limits {
@@ -468,6 +505,7 @@ fn more_claims_than_the_instance_limit_are_refused_claiming_nothing() {
             ..Limits::default()
         };
         let report = backend.run(
+            guest,
             &server,
             "limited",
             json!({ "url": server.url(), "batches": [4], "refuse_over": 5 }),
@@ -482,6 +520,18 @@ fn more_claims_than_the_instance_limit_are_refused_claiming_nothing() {
         assert_eq!(report.counts.executed, 4, "{name}");
         assert_eq!(server.max_active(), 4, "{name}");
     });
+}
+
+/// The same from a Python agent (`idem.run_once_all`, `idem.http.send_all`).
+#[test]
+fn python_parallel_effects_in_flight_under_crash_points_and_the_limit() {
+    let Some(guest) = crate::python::built(PY_PARALLEL, "parallel effects") else {
+        return;
+    };
+    in_flight(guest);
+    sweep(guest);
+    recycle_and_crashes(guest);
+    over_limit(guest);
 }
 
 #[test]
@@ -506,7 +556,11 @@ fn the_max_claims_flag_sets_the_limit() {
         &input,
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(stdout(&out).contains("over the limit of 2"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("over the limit of 2"),
+        "{}",
+        stdout(&out)
+    );
     let claimed: i64 = raw_db(&db)
         .query_row(
             "SELECT count(*) FROM steps WHERE key LIKE '%/over/%'",
@@ -541,7 +595,14 @@ fn a_sigkill_with_requests_in_flight_retakes_each_key_in_doubt_once() {
     let grant = format!("127.0.0.1:{}", server.addr.port());
     let spawn = || {
         Command::new(env!("CARGO_BIN_EXE_idem"))
-            .args(["run", PARALLEL, "--db", db.to_str().unwrap(), "--run-id", "killed"])
+            .args([
+                "run",
+                PARALLEL,
+                "--db",
+                db.to_str().unwrap(),
+                "--run-id",
+                "killed",
+            ])
             .args(["--input", &input, "--json", "--allow-http", &grant])
             .args(["--lease", "500ms"])
             .env("IDEM_LOG", "error")
@@ -559,7 +620,11 @@ fn a_sigkill_with_requests_in_flight_retakes_each_key_in_doubt_once() {
     server.hold(false);
 
     let out = spawn().wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     let names = names(&[N]);
     check_killed(&server, &doc, &names);
@@ -572,10 +637,63 @@ fn check_killed(server: &ParallelServer, doc: &Value, names: &[String]) {
     };
     for (i, step) in names.iter().enumerate() {
         let seen = server.requests_of(&call_key("killed", step));
-        assert_eq!(seen.len(), 2, "{step}: in flight at the kill, sent once more");
+        assert_eq!(
+            seen.len(),
+            2,
+            "{step}: in flight at the kill, sent once more"
+        );
         assert!(seen[1].token(TOKEN) > seen[0].token(TOKEN), "{step}");
         assert_eq!(out["outcomes"][0][i], "reclaimed:2", "{doc}");
         assert_eq!(out["replies"][0][i], format!("done {step}"), "{doc}");
     }
     assert_eq!(doc["counts"]["reclaimed"], names.len(), "{doc}");
+}
+
+/// `idem prove` crashes the agent between its parallel claims and between their
+/// commits (each step's phases, in the order the keys were first used) and finds each
+/// key's effect once, or twice only where its claim was retaken in doubt.
+#[test]
+fn idem_prove_passes_an_agent_with_parallel_claims() {
+    let real = ParallelServer::start(Duration::from_millis(0));
+    let stub = ParallelServer::start(Duration::from_millis(0));
+    let batches = [3, 2];
+    let dir = tempfile::tempdir().unwrap();
+    let scratch = dir.path().join("scratch");
+    let input = json!({ "url": real.url(), "batches": batches }).to_string();
+    let allow = format!("127.0.0.1:{}", real.addr.port());
+    let out = run_cli(&[
+        "prove",
+        PARALLEL,
+        "--input",
+        &input,
+        "--allow-http",
+        &allow,
+        "--stub",
+        &stub.url(),
+        "--phases",
+        "before-claim,after-claim,in-effect,after-commit",
+        "--json",
+        "--scratch",
+        scratch.to_str().unwrap(),
+    ]);
+    let doc: Value = serde_json::from_str(&stdout(&out))
+        .unwrap_or_else(|e| panic!("{e}: {}\n{}", stdout(&out), stderr(&out)));
+    assert_eq!(out.status.code(), Some(0), "{doc:#}\n{}", stderr(&out));
+    assert_eq!(doc["passed"], true, "{doc:#}");
+    let scenarios = doc["scenarios"].as_array().unwrap();
+    assert_eq!(scenarios.len(), 1 + 4 * 5, "{doc:#}");
+    for s in scenarios
+        .iter()
+        .filter(|s| s["scenario"]["kind"] == "crash")
+    {
+        let point: CrashPoint = s["name"].as_str().unwrap().parse().unwrap();
+        let (in_doubt, _) = expected(&batches, point);
+        assert!(s["violations"].as_array().unwrap().is_empty(), "{s:#}");
+        assert_eq!(s["reached"], true, "{s:#}");
+        assert_eq!(s["duplicates_in_doubt"], in_doubt.len(), "{s:#}");
+        assert_eq!(s["effects"], 5 + in_doubt.len(), "{s:#}");
+    }
+    // The clean run's five requests went to the stub, all at once; none to the real one.
+    assert_eq!(stub.max_active(), 3, "the first batch in flight together");
+    assert_eq!(real.max_active(), 0);
 }

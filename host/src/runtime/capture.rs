@@ -69,11 +69,19 @@ pub enum DenialKind {
 /// `HTTP-request-denied`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Denial {
-    NotGranted { destination: String },
-    OutsideClaim { destination: String },
-    ClaimLost { destination: String },
+    NotGranted {
+        destination: String,
+    },
+    OutsideClaim {
+        destination: String,
+    },
+    ClaimLost {
+        destination: String,
+    },
     /// The claim the request was tied to (`stamp-next-request`) is no longer held.
-    ClaimEnded { destination: String },
+    ClaimEnded {
+        destination: String,
+    },
     NoAuthority,
 }
 

@@ -149,10 +149,7 @@ impl HttpGate {
     /// a claim is held (the one the request was tied to, else the innermost),
     /// replacing whatever the guest put under those names, and returns the claim the
     /// request is bound to.
-    fn admit(
-        &mut self,
-        request: &mut http::Request<WasiBody>,
-    ) -> Result<Option<Admitted>, Denial> {
+    fn admit(&mut self, request: &mut http::Request<WasiBody>) -> Result<Option<Admitted>, Denial> {
         // A tie is for the next request only, admitted or not.
         let tied = self.next.take();
         let uri = request.uri();

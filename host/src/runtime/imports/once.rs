@@ -124,8 +124,7 @@ impl IdemCtxView<'_> {
         {
             Acquired::Committed(outcome) => Ok(outcome),
             Acquired::Granted { grant, asked } => {
-                self.granted(stored, key, ordinal, grant, asked, step)
-                    .await
+                self.granted(stored, key, ordinal, grant, asked, step).await
             }
         }
     }

@@ -77,9 +77,9 @@ impl IdemCtxView<'_> {
         for ((step, a), (_, answer)) in steps.into_iter().zip(asked).zip(got) {
             outcomes.push(match answer {
                 Acquired::Committed(outcome) => outcome,
-                Acquired::Granted { grant, asked } => Outcome::Claimed(self.grant(
-                    a.stored, step.key, a.ordinal, grant, asked, a.span,
-                )?),
+                Acquired::Granted { grant, asked } => Outcome::Claimed(
+                    self.grant(a.stored, step.key, a.ordinal, grant, asked, a.span)?,
+                ),
             });
         }
         Ok(outcomes)
