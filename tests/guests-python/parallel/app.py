@@ -78,6 +78,8 @@ def run(input: dict) -> dict:
         attempts: dict[str, int] = {}
         done = idem.run_once_all(keys, functools.partial(effects, url, by_key, fail, attempts))
         output["replies"].append([v for v, _ in done])
+        if input.get("plain"):
+            continue
         output["outcomes"].append(
             [outcome(o, attempts.get(k.text, 0)) for k, (_, o) in zip(keys, done, strict=True)]
         )

@@ -16,7 +16,9 @@
 //!   call then fails, and so does the run;
 //! - `refuse_over`: first ask for this many keys in one `run_once_all` (more than the
 //!   host's limit of claims, in tests): the run fails unless the host refuses them with
-//!   `too-large`; the refusal's text goes in the output.
+//!   `too-large`; the refusal's text goes in the output;
+//! - `plain`: leave the outcomes out of the output, which then depends only on the
+//!   committed results (as `idem prove` wants of an agent's output).
 //!
 //! Output: `{"replies": [[body, ..], ..], "outcomes": [["executed" | "reclaimed:N" |
 //! "skipped" | "awaited", ..], ..], "refused": text | null}`, by batch and step.
@@ -33,6 +35,8 @@ struct Input {
     fail: Vec<String>,
     #[serde(default)]
     refuse_over: Option<u32>,
+    #[serde(default)]
+    plain: bool,
 }
 
 #[derive(Serialize)]
@@ -118,7 +122,9 @@ impl Agent for Parallel {
             })?;
             let (replies, outcomes) = done.into_iter().map(|(r, o)| (r, outcome(o))).unzip();
             output.replies.push(replies);
-            output.outcomes.push(outcomes);
+            if !input.plain {
+                output.outcomes.push(outcomes);
+            }
         }
         Ok(output)
     }
