@@ -313,16 +313,16 @@ fn in_flight(guest: &str) {
 fn expected(batches: &[u32], point: CrashPoint) -> (Vec<String>, Vec<String>) {
     let k = point.step as usize;
     // The batch the step is in, as a range of step numbers (1-based).
-    let mut start = 1;
-    let mut batch = 1..=0;
+    let (mut start, mut first, mut last) = (1, 0, 0);
     for &n in batches {
         let end = start + n as usize - 1;
         if (start..=end).contains(&k) {
-            batch = start..=end;
+            (first, last) = (start, end);
             break;
         }
         start = end + 1;
     }
+    let batch = first..=last;
     // Commits go in the batch's order: a drop at the commit of step k leaves k and the
     // rest of the batch in doubt; a drop after it, the rest. A drop before the batch's
     // claims reach the agent leaves none.
