@@ -16,7 +16,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use idem::runtime::{
-    Authority, CrashPoint, FaultPlan, Host, HttpPolicy, Limits, Phase, RunOptions, RunReport,
+    Authority, CrashPoint, FaultPlan, Host, HttpPolicy, Limits, LoadedAgent, Phase, RunOptions,
+    RunReport,
 };
 use idem::store::{PostgresOptions, PostgresStore, RunStatus, SqliteStore, SyncMode};
 use idem_test_artifacts::{PARALLEL, PY_PARALLEL};
@@ -241,6 +242,20 @@ impl Backend {
         faults: FaultPlan,
         limits: Limits,
     ) -> RunReport {
+        self.run_agent(&agent(guest), server, run_id, input, faults, limits)
+    }
+
+    /// [`Backend::run`] of an agent loaded already: no wait for the test binary's
+    /// compiles of other agents.
+    fn run_agent(
+        &self,
+        agent: &LoadedAgent,
+        server: &ParallelServer,
+        run_id: &str,
+        input: Value,
+        faults: FaultPlan,
+        limits: Limits,
+    ) -> RunReport {
         let opts = RunOptions {
             run_id: run_id.to_string(),
             input: serde_json::to_vec(&input).unwrap(),
@@ -253,7 +268,7 @@ impl Backend {
             faults,
             ..RunOptions::default()
         };
-        block_on(self.host.run(&agent(guest), &opts)).unwrap_or_else(|e| panic!("{e:#}"))
+        block_on(self.host.run(agent, &opts)).unwrap_or_else(|e| panic!("{e:#}"))
     }
 }
 
@@ -277,10 +292,10 @@ fn in_flight(guest: &str) {
         const N: u32 = 5;
         let server = ParallelServer::start(Duration::from_millis(500));
         // Compiled (or waited for, while another test compiles) before the clock starts.
-        agent(guest);
+        let loaded = agent(guest);
         let started = Instant::now();
-        let report = backend.run(
-            guest,
+        let report = backend.run_agent(
+            &loaded,
             &server,
             "fan",
             json!({ "url": server.url(), "batches": [N] }),
