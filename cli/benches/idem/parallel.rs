@@ -2,7 +2,8 @@
 //! guest (`tests/guests/parallel`) claims a batch of keys with `run_once_all` and sends
 //! one `POST` per key at once with `http::send_all`, to a loopback server that answers
 //! each after 200 ms on a thread of its own. A run of one such effect against a run of
-//! five: the five take about one effect's wall, not five.
+//! five in one step (about one effect's wall) and a run of the five one step after
+//! another (five).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -26,10 +27,12 @@ pub(crate) fn parallel(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Res
     let server = SlowServer::start()?;
     let agent = bed.runtime.load(std::path::Path::new(PARALLEL))?;
     let host = bed.host(&bed.dir.join("parallel.db"), SyncMode::Normal)?;
-    let run = |n: u32| -> anyhow::Result<f64> {
+    // A run of one batch of effects per entry of `batches`.
+    let run = |batches: &[u32]| -> anyhow::Result<f64> {
+        let n: u32 = batches.iter().sum();
         let opts = RunOptions {
             run_id: fresh_run_id(),
-            input: serde_json::to_vec(&json!({ "url": server.url(), "batches": [n] }))?,
+            input: serde_json::to_vec(&json!({ "url": server.url(), "batches": batches }))?,
             authority: Authority {
                 http: HttpPolicy {
                     allow: vec![format!("127.0.0.1:{}", server.port).parse()?],
@@ -52,26 +55,35 @@ pub(crate) fn parallel(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Res
         );
         Ok(wall)
     };
-    run(1)?; // the first instance of the agent, not a sample
-    let (mut one, mut five) = (Vec::new(), Vec::new());
+    run(&[1])?; // the first instance of the agent, not a sample
+    let (mut one, mut five, mut serial) = (Vec::new(), Vec::new(), Vec::new());
     repeat(plan.parallel, || {
-        one.push(run(1)?);
+        one.push(run(&[1])?);
         server.max.store(0, Ordering::SeqCst);
-        five.push(run(5)?);
+        five.push(run(&[5])?);
         ensure!(
             server.max.load(Ordering::SeqCst) == 5,
             "the five requests were not in flight together"
         );
+        serial.push(run(&[1; 5])?);
         Ok(())
     })?;
-    let ratio = median(&sorted(five.clone())) / median(&sorted(one.clone()));
+    let one_median = median(&sorted(one.clone()));
+    let ratio = |samples: &[f64]| median(&sorted(samples.to_vec())) / one_median;
+    let (five_ratio, serial_ratio) = (ratio(&five), ratio(&serial));
     table.row("one 200 ms HTTP effect in a step: run wall", "ms", one);
     table.row_with_ratio(
         "five parallel 200 ms HTTP effects in one step (`run_once_all` + `send_all`): run wall"
             .into(),
         "ms",
         five,
-        format!("{ratio:.2}× one effect"),
+        format!("{five_ratio:.2}× one effect"),
+    );
+    table.row_with_ratio(
+        "the same five effects one step after another: run wall".into(),
+        "ms",
+        serial,
+        format!("{serial_ratio:.2}× one effect"),
     );
     Ok(())
 }
