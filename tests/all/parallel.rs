@@ -539,6 +539,31 @@ fn over_limit(guest: &str) {
     });
 }
 
+#[test]
+fn a_request_tied_to_a_committed_claim_is_refused_before_it_leaves() {
+    stale_tie(PARALLEL);
+}
+
+/// The guest commits a step, then, inside another, sends a request tied to the first:
+/// the host refuses it, and nothing reaches the server.
+fn stale_tie(guest: &str) {
+    let server = ParallelServer::start(Duration::from_millis(0));
+    let report = Backend::sqlite().run(
+        guest,
+        &server,
+        "stale",
+        json!({ "url": server.url(), "batches": [], "stale": true }),
+        FaultPlan::default(),
+        Limits::default(),
+    );
+    let out = output(&report);
+    let refused = out["stale"]
+        .as_str()
+        .unwrap_or_else(|| panic!("sent: {out}"));
+    assert!(refused.contains("denied by the host"), "{refused}");
+    assert!(server.with(|r| r.seen.is_empty()), "nothing left the host");
+}
+
 /// The same from a Python agent (`idem.run_once_all`, `idem.http.send_all`).
 #[test]
 fn python_parallel_effects_in_flight_under_crash_points_and_the_limit() {
@@ -549,6 +574,7 @@ fn python_parallel_effects_in_flight_under_crash_points_and_the_limit() {
     sweep(guest);
     recycle_and_crashes(guest);
     over_limit(guest);
+    stale_tie(guest);
 }
 
 #[test]

@@ -9,7 +9,7 @@ with ``idem.http.send_all``, each tied to its own step. ``refuse_over``: first a
 that many keys at once and expect ``idem.TooLarge``.
 
 Output: ``{"replies": [[body, ..], ..], "outcomes": [["executed" | "reclaimed:N" |
-"skipped" | "awaited", ..], ..], "refused": text | null}``.
+"skipped" | "awaited", ..], ..], "refused": text | null, "stale": text | null}``.
 """
 
 import functools
@@ -61,6 +61,29 @@ def effects(
     return out
 
 
+def stale(url: str) -> str | None:
+    """A request tied to a committed step: the host's refusal, as text."""
+    settled: list[idem.Step] = []
+
+    def first(steps: list[idem.Step]) -> list[object]:
+        settled.extend(steps)
+        return [0 for _ in steps]
+
+    idem.run_once_all([idem.Key.for_run("stale", 0)], first)
+
+    def send(step: idem.Step) -> str | None:
+        if not settled:
+            raise idem.IdemError("the first stale step ran elsewhere")
+        try:
+            idem.http.request("POST", f"{url}/stale", under=settled[0])
+        except idem.HttpError as err:
+            return str(err)
+        return None
+
+    refusal, _ = idem.run_once(idem.Key.for_run("stale", 1), send)
+    return refusal
+
+
 @idem.agent
 def run(input: dict) -> dict:
     url = input["url"]
@@ -70,6 +93,7 @@ def run(input: dict) -> dict:
         "replies": [],
         "outcomes": [],
         "refused": refuse_over(over) if over is not None else None,
+        "stale": None,
     }
     for b, n in enumerate(input["batches"]):
         names = [f"b{b}-{i}" for i in range(n)]
@@ -83,4 +107,6 @@ def run(input: dict) -> dict:
         output["outcomes"].append(
             [outcome(o, attempts.get(k.text, 0)) for k, (_, o) in zip(keys, done, strict=True)]
         )
+    if input.get("stale"):
+        output["stale"] = stale(url)
     return output

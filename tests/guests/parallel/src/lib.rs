@@ -18,13 +18,17 @@
 //!   host's limit of claims, in tests): the run fails unless the host refuses them with
 //!   `too-large`; the refusal's text goes in the output;
 //! - `plain`: leave the outcomes out of the output, which then depends only on the
-//!   committed results (as `idem prove` wants of an agent's output).
+//!   committed results (as `idem prove` wants of an agent's output);
+//! - `stale`: last, commit one step with `run_once_all`, then, inside another step,
+//!   send `POST {url}/stale` tied to the first (committed) step: the host must refuse
+//!   it; the error's text goes in the output.
 //!
 //! Output: `{"replies": [[body, ..], ..], "outcomes": [["executed" | "reclaimed:N" |
-//! "skipped" | "awaited", ..], ..], "refused": text | null}`, by batch and step.
+//! "skipped" | "awaited", ..], ..], "refused": text | null, "stale": text | null}`, by
+//! batch and step.
 
 use idem_sdk::http::{Request, send_all};
-use idem_sdk::{Agent, Error, Key, Outcome, StepError, run_once_all};
+use idem_sdk::{Agent, Error, Key, Outcome, StepError, run_once, run_once_all};
 use serde::{Deserialize, Serialize};
 
 #[derive(Deserialize)]
@@ -37,6 +41,8 @@ struct Input {
     refuse_over: Option<u32>,
     #[serde(default)]
     plain: bool,
+    #[serde(default)]
+    stale: bool,
 }
 
 #[derive(Serialize)]
@@ -44,6 +50,7 @@ struct Output {
     replies: Vec<Vec<String>>,
     outcomes: Vec<Vec<String>>,
     refused: Option<String>,
+    stale: Option<String>,
 }
 
 fn outcome(o: Outcome) -> String {
@@ -82,6 +89,7 @@ impl Agent for Parallel {
             replies: Vec::new(),
             outcomes: Vec::new(),
             refused,
+            stale: None,
         };
         for (b, &n) in input.batches.iter().enumerate() {
             let names: Vec<String> = (0..n).map(|i| format!("b{b}-{i}")).collect();
@@ -126,8 +134,30 @@ impl Agent for Parallel {
                 output.outcomes.push(outcomes);
             }
         }
+        if input.stale {
+            output.stale = stale(&input.url)?;
+        }
         Ok(output)
     }
+}
+
+/// Sends a request tied to a step whose claim was committed: the host's refusal, as
+/// text (`None` if the request went out).
+fn stale(url: &str) -> Result<Option<String>, Error> {
+    let mut settled = None;
+    run_once_all(&[Key::for_run("stale", &0)?], |steps| {
+        settled = steps.first().cloned();
+        steps.iter().map(|_| Ok::<_, Error>(0_u32)).collect()
+    })?;
+    let (refusal, _) = run_once(&Key::for_run("stale", &1)?, |_step| {
+        let Some(settled) = &settled else {
+            // Committed before this instance: the refusal was recorded with it.
+            return Err(Error::Agent("the first stale step ran elsewhere".into()));
+        };
+        let sent = Request::post(&format!("{url}/stale")).under(settled).send();
+        Ok::<_, Error>(sent.err().map(|err| err.to_string()))
+    })?;
+    Ok(refusal)
 }
 
 idem_sdk::export_agent!(Parallel);
