@@ -412,10 +412,14 @@ fn each_key_executes_once_under_every_crash_point_between_parallel_claims_and_co
 }
 
 fn sweep(guest: &str) {
+    sweep_on(guest, &Backend::sqlite(), "sqlite");
+}
+
+/// Every phase that fires between a batch's claims and its commits, at every step.
+fn sweep_on(guest: &str, backend: &Backend, name: &str) {
     let batches = [3, 2];
     let steps: u32 = batches.iter().sum();
     let server = ParallelServer::start(Duration::from_millis(20));
-    let backend = Backend::sqlite();
     for phase in [
         Phase::BeforeClaim,
         Phase::AfterClaim,
@@ -436,7 +440,7 @@ fn sweep(guest: &str) {
                 },
                 Limits::default(),
             );
-            assert_eq!(report.counts.instances, 2, "{point}: one drop");
+            assert_eq!(report.counts.instances, 2, "{name} {point}: one drop");
             let (in_doubt, committed) = expected(&batches, point);
             check_crashed(
                 &server,
@@ -444,9 +448,16 @@ fn sweep(guest: &str) {
                 &run_id,
                 &batches,
                 (in_doubt.as_slice(), committed.as_slice()),
-                &point.to_string(),
+                &format!("{name} {point}"),
             );
         }
+    }
+}
+
+#[test]
+fn the_crash_sweep_of_parallel_claims_on_postgres() {
+    if let Some(backend) = Backend::postgres("parallel_sweep") {
+        sweep_on(PARALLEL, &backend, "postgres");
     }
 }
 
