@@ -571,7 +571,10 @@ fn stale_tie(guest: &str) {
     let refused = out["stale"]
         .as_str()
         .unwrap_or_else(|| panic!("sent: {out}"));
-    assert!(refused.contains("denied by the host"), "{refused}");
+    assert!(
+        refused.contains("denied: the claim it was tied to is no longer held"),
+        "{refused}"
+    );
     assert!(server.with(|r| r.seen.is_empty()), "nothing left the host");
 }
 

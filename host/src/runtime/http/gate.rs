@@ -185,6 +185,8 @@ impl HttpGate {
             },
         };
         if !claim.live.is_live() {
+            // The claim the request was for, tied or the innermost: its instance ends.
+            self.lost = Some(String::from_utf8_lossy(claim.key.as_bytes()).into_owned());
             return Err(Denial::ClaimLost { destination });
         }
         let headers = request.headers_mut();
@@ -267,12 +269,6 @@ impl WasiHttpHooks for HttpGate {
                 }
             }
             Err(denial) => {
-                if matches!(denial, Denial::ClaimLost { .. }) {
-                    self.lost = self
-                        .held
-                        .last()
-                        .map(|c| String::from_utf8_lossy(c.key.as_bytes()).into_owned());
-                }
                 tracing::warn!(run_id = %crate::text::escape(&self.run_id, false), "{denial}");
                 self.last_denial = Some(denial.to_string());
                 if let Some(capture) = &self.capture {
