@@ -174,7 +174,7 @@ impl IdemCtxView<'_> {
                         // Its holder's process died: nobody is executing it.
                         asked = Instant::now();
                         outcome = self
-                            .try_claim(&stored, fingerprint, Some(held.token), durable)
+                            .try_claim(stored, fingerprint, Some(held.token), durable)
                             .await?;
                         continue;
                     }
