@@ -2,7 +2,7 @@
 //! and how it scales, and prints one markdown table (`cargo bench -p idem-host --bench
 //! idem`, `-- --quick` for a short check that it works; name sections to run only
 //! those: `-- steps calls resume cold throughput scaling workers sleepers prove
-//! takeover python postgres`).
+//! takeover python parallel postgres`).
 //!
 //! Everything goes through idem's public API and the real `idem` binary, on a temp dir
 //! under cargo's target dir: a real disk, so that an fsync costs what it costs there.
@@ -26,6 +26,8 @@ use serde_json::json;
 
 // The report lives in a folder of its own: a file next to this one would be taken by
 // cargo for another bench target.
+#[path = "idem/parallel.rs"]
+mod parallel;
 #[path = "idem/postgres.rs"]
 mod postgres;
 #[path = "idem/prove.rs"]
@@ -96,6 +98,8 @@ struct Plan {
     py_cold: Turns,
     /// Per turn, for each twin: runs of 1 and `n` steps, and of `n` steps recycled.
     py_steps: Turns,
+    /// Per turn: a run of one 200 ms HTTP effect and a run of five in parallel.
+    parallel: Turns,
     /// The PostgreSQL rows: per turn, a run of `n` timed steps per sync mode, and 1, 8
     /// and 64 concurrent runs of `n / 2` steps; `4 n` floor samples.
     postgres: Turns,
@@ -136,6 +140,7 @@ const FULL_PLAN: Plan = Plan {
     takeover: turns(10, 1, 30),
     py_cold: turns(40, 1, 20),
     py_steps: turns(10, 50, 30),
+    parallel: turns(10, 0, 10),
     postgres: turns(10, 200, 20),
 };
 
@@ -166,6 +171,7 @@ const QUICK_PLAN: Plan = Plan {
     takeover: turns(2, 1, 1),
     py_cold: turns(3, 1, 1),
     py_steps: turns(3, 10, 1),
+    parallel: turns(3, 0, 1),
     postgres: turns(1, 20, 1),
 };
 
@@ -177,7 +183,7 @@ type Section = (
 );
 
 /// Every section, in the order of the table.
-const SECTIONS: [Section; 12] = [
+const SECTIONS: [Section; 13] = [
     ("steps", "floor and durable steps", floor_and_steps),
     ("calls", "host-call round trip", host_calls),
     ("resume", "resume after recycle", resume),
@@ -204,6 +210,11 @@ const SECTIONS: [Section; 12] = [
         "python",
         "a Python agent beside its Rust twin",
         python::python,
+    ),
+    (
+        "parallel",
+        "parallel effects in one step",
+        parallel::parallel,
     ),
     ("postgres", "PostgreSQL", postgres::postgres),
 ];

@@ -78,6 +78,7 @@ from wit_world.imports import (  # noqa: E402
     once,
     outbound,
     outgoing_handler,
+    poll,
     progress,
     run_info,
     streams,
@@ -162,6 +163,12 @@ class FakeHost:
         #: Called inside `commit` before it takes effect (to take the claim over, say).
         self.before_commit: Callable[[str], None] | None = None
         self.ended: str | None = None
+        #: Claims one instance may hold at once.
+        self.max_claims = 64
+        #: The (key, token) `stamp_next_request` tied the next request to.
+        self.tied_next: tuple[str, int] | None = None
+        #: ("handle", key) and ("response", key) in the order they happened.
+        self.events: list[tuple[str, str | None]] = []
 
     # The instance: each `resume` is a fresh one, as after a crash or a wake-up.
     def resume(self, body: Callable[[], Any]) -> Any:
@@ -217,6 +224,34 @@ class FakeHost:
         claim = FakeClaim(self, key, state.attempts, state.token, state.in_doubt)
         state.holder = claim
         return once.Outcome_Claimed(claim)
+
+    def run_once_many(self, requests: list[Any]) -> list[Any]:
+        self.calls.append(("run_once_many", [r.key for r in requests]))
+        self._refused("run_once_many")
+        held = sum(1 for state in self.keys.values() if state.holder is not None)
+        if held + len(requests) > self.max_claims:
+            raise Err(
+                types.StepError_TooLarge(
+                    f"{len(requests)} more claims, over the limit of {self.max_claims}"
+                )
+            )
+        taken: list[FakeClaim] = []
+        outcomes = []
+        try:
+            for r in requests:
+                outcome = self.run_once(r.key, r.fingerprint, r.durability)
+                if isinstance(outcome, once.Outcome_Claimed):
+                    taken.append(outcome.value)
+                outcomes.append(outcome)
+        except Err:
+            for claim in taken:
+                claim._state().holder = None
+            raise
+        return outcomes
+
+    def stamp_next_request(self, key: str, token: int) -> None:
+        self._refused("stamp_next_request")
+        self.tied_next = (key, token)
 
     def take_over(self, key: str, commit: bytes | None = None) -> None:
         """Another holder takes the claim on ``key`` (and commits ``commit``)."""
@@ -281,7 +316,13 @@ class FakeHost:
     # wasi:http/outgoing-handler
     def handle(self, req: FakeOutgoingRequest, options: FakeRequestOptions | None) -> Any:
         self._refused("handle")
+        tied, self.tied_next = self.tied_next, None
         claim = self.held()
+        if tied is not None:
+            state = self.keys.get(tied[0])
+            claim = state.holder if state is not None else None
+            if claim is None or claim._token != tied[1]:
+                raise Err(http_types.ErrorCode_HttpRequestDenied())
         if claim is None and not self.http_outside_claims:
             self.denial = (
                 f"HTTP request to {req.authority} denied: it was made outside any run-once "
@@ -301,6 +342,7 @@ class FakeHost:
             dict(options.values) if options else {},
         )
         self.requests.append(request)
+        self.events.append(("handle", claim._key if claim is not None else None))
         req.out.request = request
         return FakeFuture(self, request)
 
@@ -310,6 +352,9 @@ class FakeHost:
         patches = [
             (once, "run_once", lambda key, fp: self.run_once(key, fp)),
             (once, "run_once_with", self.run_once),
+            (once, "run_once_many", self.run_once_many),
+            (outbound, "stamp_next_request", self.stamp_next_request),
+            (poll, "poll", fake_poll),
             (once, "Claim", FakeClaim),
             (progress, "load", self.load),
             (progress, "save", self.save),
@@ -509,6 +554,7 @@ class FakeFuture:
         if self.taken:
             return Err(None)
         self.taken = True
+        self.host.events.append(("response", self.request.header(self.host.header_names[0])))
         reply = self.host.server(self.request)
         if not isinstance(reply, tuple):
             return Ok(Err(reply))
@@ -534,6 +580,15 @@ class FakePollable:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def fake_poll(pollables: list[FakePollable]) -> list[int]:
+    """Every future polled becomes ready at once, as if they all were in flight."""
+    if not pollables:
+        raise AssertionError("poll of no pollables traps")
+    for p in pollables:
+        p.future.ready = True
+    return list(range(len(pollables)))
 
 
 class FakeIncomingResponse:

@@ -33,8 +33,8 @@ use wasi::http::types::{
 };
 use wasi::io::streams::StreamError;
 
-use crate::Error;
 use crate::bindings::idem::agent::outbound;
+use crate::{Error, Step};
 
 /// The most bytes one `blocking-write-and-flush` call may take.
 const WRITE_CHUNK: usize = 4096;
@@ -77,7 +77,12 @@ pub struct Request {
     headers: Vec<(String, String)>,
     body: Vec<u8>,
     timeout: Option<Duration>,
+    /// The claim (key, token) the request is tied to.
+    under: Option<(String, u64)>,
 }
+
+/// A request on its way: the response to come, and whether its body went out.
+type Started = (FutureIncomingResponse, Result<(), Error>);
 
 /// A response, read to its end.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,6 +133,7 @@ impl Request {
             headers: Vec::new(),
             body: Vec::new(),
             timeout: None,
+            under: None,
         }
     }
 
@@ -171,6 +177,17 @@ impl Request {
         self
     }
 
+    /// Ties the request to `step`'s claim: it is stamped with that step's key and token
+    /// even while other claims are held (the steps of [`run_once_all`]), and refused by
+    /// the host if that claim was settled or taken over before it is sent. Without it a
+    /// request is stamped with the claim granted last.
+    ///
+    /// [`run_once_all`]: crate::run_once_all
+    pub fn under(mut self, step: &Step) -> Request {
+        self.under = Some((step.key().to_owned(), step.token()));
+        self
+    }
+
     /// Sends the request and reads the whole response.
     ///
     /// Fails with [`Error::Http`] when the URL is not usable, when the host denies the
@@ -178,21 +195,94 @@ impl Request {
     /// response with any status, 4xx and 5xx included, is a `Response`.
     pub fn send(self) -> Result<Response, Error> {
         let url = Url::parse(&self.url)?;
-        let request = self.outgoing(&url)?;
-        let body = request
-            .body()
-            .map_err(|()| Error::Http("the request body was already taken".into()))?;
-        let options = self.timeout.map(options);
-        let future = outgoing_handler::handle(request, options)
-            .map_err(|code| request_error(&url, &code))?;
-        // The body goes out after `handle`: the host streams it to the connection, and
-        // a refused request closes it, which `response` then explains.
-        let written = write_body(body, &self.body);
+        let (future, written) = self.start(&url)?;
         let response = response(&future).map_err(|code| request_error(&url, &code))?;
         written?;
         read_response(response, &url)
     }
 
+    /// Sends the request (tied to its claim) and its body, without waiting for the
+    /// response: the future, and whether the body went out.
+    fn start(&self, url: &Url<'_>) -> Result<Started, Error> {
+        let request = self.outgoing(url)?;
+        let body = request
+            .body()
+            .map_err(|()| Error::Http("the request body was already taken".into()))?;
+        let options = self.timeout.map(options);
+        if let Some((key, token)) = &self.under {
+            outbound::stamp_next_request(key, *token);
+        }
+        let future =
+            outgoing_handler::handle(request, options).map_err(|code| request_error(url, &code))?;
+        // The body goes out after `handle`: the host streams it to the connection, and
+        // a refused request closes it, which `response` then explains.
+        let written = write_body(body, &self.body);
+        Ok((future, written))
+    }
+}
+
+/// Sends every request at once and returns each one's response (or error) in their
+/// order: the requests are in flight together, so the whole takes about as long as the
+/// slowest one, not the sum. Inside [`run_once_all`](crate::run_once_all), tie each
+/// request to its step with [`Request::under`]: each then carries its own step's key
+/// and token.
+///
+/// ```no_run
+/// use idem_sdk::http::{Request, send_all};
+///
+/// let urls = ["http://127.0.0.1:8080/a", "http://127.0.0.1:8080/b"];
+/// let responses = send_all(urls.iter().map(|url| Request::get(url)));
+/// assert_eq!(responses.len(), 2);
+/// ```
+pub fn send_all(requests: impl IntoIterator<Item = Request>) -> Vec<Result<Response, Error>> {
+    let requests: Vec<Request> = requests.into_iter().collect();
+    // Every request goes out before any response is awaited.
+    let started: Vec<Result<Started, Error>> = requests
+        .iter()
+        .map(|r| Url::parse(&r.url).and_then(|url| r.start(&url)))
+        .collect();
+    let mut responses: Vec<Option<Result<IncomingResponse, ErrorCode>>> =
+        requests.iter().map(|_| None).collect();
+    loop {
+        let mut waiting = Vec::new();
+        for (i, started) in started.iter().enumerate() {
+            let Ok((future, _)) = started else { continue };
+            if responses[i].is_some() {
+                continue;
+            }
+            match future.get() {
+                Some(Ok(result)) => responses[i] = Some(result),
+                Some(Err(())) => {
+                    responses[i] = Some(Err(ErrorCode::InternalError(Some(
+                        "the response was already taken".into(),
+                    ))));
+                }
+                None => waiting.push((i, future.subscribe())),
+            }
+        }
+        if waiting.is_empty() {
+            break;
+        }
+        let pollables: Vec<&wasi::io::poll::Pollable> = waiting.iter().map(|(_, p)| p).collect();
+        wasi::io::poll::poll(&pollables);
+    }
+    requests
+        .iter()
+        .zip(started)
+        .zip(responses)
+        .map(|((request, started), response)| {
+            let (_, written) = started?;
+            let url = Url::parse(&request.url)?;
+            let response = response
+                .unwrap_or_else(|| Err(ErrorCode::InternalError(Some("no response came".into()))))
+                .map_err(|code| request_error(&url, &code))?;
+            written?;
+            read_response(response, &url)
+        })
+        .collect()
+}
+
+impl Request {
     fn outgoing(&self, url: &Url<'_>) -> Result<OutgoingRequest, Error> {
         let fields = Fields::new();
         let has_body =

@@ -65,6 +65,8 @@
 //!
 //! - `agent.rs`: the [`Agent`] trait and [`export_agent!`].
 //! - `once.rs`: [`run_once`], [`Step`] and [`Outcome`].
+//! - `once_all.rs`: [`run_once_all`]: several steps whose side effects are in flight
+//!   together, each under its own claim.
 //! - `key.rs`: [`Key`], how a side effect is named.
 //! - `retry.rs`: [`run_once_retry`] and [`RetryPolicy`]: retries with durable backoff.
 //! - `progress.rs`: [`load`], [`save`] and [`Checkpoint`].
@@ -72,7 +74,8 @@
 //! - `waits.rs`: [`sleep`], [`sleep_until`] and [`wait_for_signal`]: durable waits that
 //!   hold no instance.
 //! - `http.rs`: [`http::Request`], a blocking client on `wasi:http` whose requests
-//!   inside [`run_once`] carry the step's key and token.
+//!   inside [`run_once`] carry the step's key and token, and [`http::send_all`], which
+//!   keeps several requests in flight together.
 //! - `error.rs`: [`Error`].
 //! - `bindings.rs`: the raw `wit-bindgen` output for `../wit`; agents never need it.
 //!
@@ -90,6 +93,7 @@ mod error;
 pub mod http;
 mod key;
 mod once;
+mod once_all;
 mod progress;
 mod retry;
 mod run_info;
@@ -101,6 +105,7 @@ pub use bindings::idem::agent::waits::WaitError;
 pub use error::Error;
 pub use key::Key;
 pub use once::{InDoubt, Once, Outcome, Step, run_once, run_once_with};
+pub use once_all::run_once_all;
 pub use progress::{Checkpoint, load, save};
 pub use retry::{Failure, RetryPolicy, run_once_retry};
 pub use run_info::{generation, run_id};

@@ -359,7 +359,7 @@ pub(crate) fn step_of(claim: &Claim) -> Step {
     }
 }
 
-fn decode<T: DeserializeOwned>(
+pub(crate) fn decode<T: DeserializeOwned>(
     key: &Key,
     committed: once::Committed,
 ) -> Result<(T, Outcome), Error> {

@@ -145,7 +145,7 @@ fn handle(stream: TcpStream, seen: &Mutex<Vec<Seen>>) {
 }
 
 /// `None` when the client sent no full request.
-fn read_request(stream: &TcpStream) -> Option<Seen> {
+pub(crate) fn read_request(stream: &TcpStream) -> Option<Seen> {
     stream.set_nonblocking(false).ok()?;
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))

@@ -26,6 +26,7 @@ mod multi_process;
 mod operator_text;
 #[cfg(feature = "otlp")]
 mod otlp;
+mod parallel;
 mod pinning;
 mod postgres;
 mod power_loss;

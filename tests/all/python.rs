@@ -16,7 +16,7 @@ use crate::http::TestServer;
 use crate::util::{TestHost, agent, block_on, key_counts, raw_db};
 
 /// The Python guest's path, or `None` (with a loud note) when it was not built.
-fn built(path: &'static str, test: &str) -> Option<&'static str> {
+pub(crate) fn built(path: &'static str, test: &str) -> Option<&'static str> {
     if path.is_empty() {
         eprintln!(
             "SKIPPED: Python agents were not built (no componentize-py): {test}; \

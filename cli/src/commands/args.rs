@@ -209,6 +209,10 @@ pub struct AuthorityArgs {
     /// [default: 10000].
     #[arg(long, value_name = "N")]
     pub max_handles: Option<usize>,
+    /// Most claims an instance may hold at once, its side effects in flight together
+    /// [default: 64].
+    #[arg(long, value_name = "N")]
+    pub max_claims: Option<usize>,
     /// Most elements of an instance's tables [default: 100000].
     #[arg(long, value_name = "N")]
     pub max_table_elements: Option<usize>,
@@ -253,6 +257,7 @@ impl AuthorityArgs {
         set(&mut l.max_output_bytes, self.max_output_bytes);
         set(&mut l.max_memory_bytes, self.max_memory);
         set(&mut l.max_handles, self.max_handles);
+        set(&mut l.max_claims, self.max_claims);
         set(&mut l.max_table_elements, self.max_table_elements);
         set(&mut l.max_compute, self.max_compute);
         set(&mut l.effect_timeout, self.effect_timeout);
@@ -289,6 +294,7 @@ pub fn limit_flag(name: &str) -> &'static str {
         "max_output_bytes" => "--max-output-bytes",
         "max_memory_bytes" => "--max-memory",
         "max_handles" => "--max-handles",
+        "max_claims" => "--max-claims",
         "max_table_elements" => "--max-table-elements",
         "max_compute" => "--max-compute",
         "max_fuel" => "--max-fuel",
@@ -308,6 +314,7 @@ fn flag_error(message: &str) -> String {
         "max_output_bytes",
         "max_key_bytes",
         "max_handles",
+        "max_claims",
         "max_compute",
         "max_fuel",
         "effect_timeout",

@@ -312,6 +312,7 @@ fn authority_args(cmd: &mut std::process::Command, a: &Authority) {
         ("--max-output-bytes", l.max_output_bytes),
         ("--max-memory", l.max_memory_bytes),
         ("--max-handles", l.max_handles),
+        ("--max-claims", l.max_claims),
         ("--max-table-elements", l.max_table_elements),
     ] {
         cmd.arg(flag).arg(n.to_string());

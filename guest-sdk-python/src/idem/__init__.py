@@ -41,6 +41,7 @@ from ._errors import (
 from ._host import generation, run_id
 from ._keys import Key
 from ._once import FAIL, RETRY, Checkpoint, Once, Outcome, Step, load, once, run_once, save
+from ._once_all import run_once_all
 from ._retry import Permanent, RetryPolicy, Transient, run_once_retry
 from ._waits import sleep, sleep_until, wait_for_signal
 
@@ -81,6 +82,7 @@ __all__ = [
     "once",
     "run_id",
     "run_once",
+    "run_once_all",
     "run_once_retry",
     "save",
     "sleep",

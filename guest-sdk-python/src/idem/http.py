@@ -23,10 +23,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._errors import HttpDenied, HttpError
-from ._host import Err, outbound, outgoing_handler, streams
+from ._host import Err, outbound, outgoing_handler, poll, streams
 from ._host import http_types as t
+from ._once import Step
 
-__all__ = ["Response", "delete", "get", "post", "put", "request", "set_header_names"]
+__all__ = [
+    "Request",
+    "Response",
+    "delete",
+    "get",
+    "post",
+    "put",
+    "request",
+    "send_all",
+    "set_header_names",
+]
 
 _WRITE_CHUNK = 4096
 _READ_CHUNK = 64 * 1024
@@ -136,6 +147,7 @@ def request(
     body: bytes | str | None = None,
     json: Any = None,
     timeout: float | None = None,
+    under: Step | None = None,
 ) -> Response:
     """Sends a request and reads the whole response.
 
@@ -143,11 +155,112 @@ def request(
     :class:`~idem.HttpError` when the URL is unusable or the exchange fails; a
     response with any status (4xx, 5xx too) is a :class:`Response`. ``timeout``
     (seconds) bounds the connection, the first byte and the gaps between bytes.
+    ``under`` ties the request to a step of :func:`~idem.run_once_all`: it carries that
+    step's key and token, and is refused once that claim is settled or taken over.
     """
+    started = _start(Request(method, url, headers, body, json, timeout, under))
+    while started.future.get_ready() is None:
+        with started.future.subscribe() as pollable:
+            pollable.block()
+    return started.finish()
+
+
+@dataclass
+class Request:
+    """A request for :func:`send_all`; the arguments of :func:`request`."""
+
+    method: str
+    url: str
+    headers: Mapping[str, str] | Iterable[tuple[str, str]] | None = None
+    body: bytes | str | None = None
+    json: Any = None
+    timeout: float | None = None
+    #: The step of :func:`~idem.run_once_all` the request is made for.
+    under: Step | None = None
+
+
+def send_all(requests: Iterable[Request]) -> list[Response | HttpError]:
+    """Sends every request at once and returns each one's :class:`Response`, or the
+    :class:`~idem.HttpError` it failed with, in their order: the requests are in flight
+    together, so the whole takes about as long as the slowest, not the sum.
+
+    >>> import idem
+    >>> def tools(steps):
+    ...     return idem.http.send_all(
+    ...         idem.http.Request("POST", f"http://127.0.0.1:8080/{s.key}", under=s)
+    ...         for s in steps
+    ...     )
+    """
+    started: list[_Started | HttpError] = []
+    for r in requests:
+        try:
+            started.append(_start(r))
+        except HttpError as err:
+            started.append(err)
+    while True:
+        waiting = [s for s in started if isinstance(s, _Started) and s.future.get_ready() is None]
+        if not waiting:
+            break
+        with contextlib.ExitStack() as stack:
+            poll.poll([stack.enter_context(s.future.subscribe()) for s in waiting])
+    out: list[Response | HttpError] = []
+    for s in started:
+        if isinstance(s, HttpError):
+            out.append(s)
+            continue
+        try:
+            out.append(s.finish())
+        except HttpError as err:
+            out.append(err)
+    return out
+
+
+class _Future:
+    """A response on its way; ``get`` may be asked only once it is ready."""
+
+    def __init__(self, inner: t.FutureIncomingResponse) -> None:
+        self.inner = inner
+        self.got: Any = None
+
+    def get_ready(self) -> Any:
+        if self.got is None:
+            self.got = self.inner.get()
+        return self.got
+
+    def subscribe(self) -> Any:
+        return self.inner.subscribe()
+
+
+@dataclass
+class _Started:
+    """A request sent (its body too), its response not yet read."""
+
+    url: _Url
+    future: _Future
+    write_error: HttpError | None
+
+    def finish(self) -> Response:
+        got = self.future.get_ready()
+        with self.future.inner:
+            pass
+        if isinstance(got, Err):
+            raise HttpError(f"the response of {self.url.full} was already taken")
+        inner = got.value
+        if isinstance(inner, Err):
+            raise _error(self.url, inner.value)
+        if self.write_error is not None:
+            raise self.write_error
+        return _read(inner.value, self.url)
+
+
+def _start(r: Request) -> _Started:
+    """Builds and sends ``r`` and its body, without waiting for the response."""
+    url, method, body = r.url, r.method, r.body
     u = _Url.parse(url)
+    headers = r.headers
     pairs = list(headers.items() if isinstance(headers, Mapping) else headers or [])
-    if json is not None:
-        body = _jsonlib.dumps(json, separators=(",", ":"), ensure_ascii=False)
+    if r.json is not None:
+        body = _jsonlib.dumps(r.json, separators=(",", ":"), ensure_ascii=False)
         if not any(k.lower() == "content-type" for k, _ in pairs):
             pairs.append(("content-type", "application/json"))
     data = body.encode("utf-8") if isinstance(body, str) else (body or b"")
@@ -167,9 +280,9 @@ def request(
     _set("path", url, lambda: req.set_path_with_query(u.path_with_query))
     out_body = req.body()
     options = None
-    if timeout is not None:
+    if r.timeout is not None:
         options = t.RequestOptions()
-        nanos = max(0, int(timeout * 1e9))
+        nanos = max(0, int(r.timeout * 1e9))
         for setter in (
             options.set_connect_timeout,
             options.set_first_byte_timeout,
@@ -178,6 +291,8 @@ def request(
             # A host without this timeout keeps its own.
             with contextlib.suppress(Err):
                 setter(nanos)
+    if r.under is not None:
+        outbound.stamp_next_request(r.under.key, r.under.token)
     try:
         future = outgoing_handler.handle(req, options)
     except Err as err:
@@ -192,21 +307,7 @@ def request(
         t.OutgoingBody.finish(out_body, None)
     except Err as err:
         write_error = HttpError(f"sending the body of {url} failed: {err.value}")
-    with future:
-        while True:
-            got = future.get()
-            if got is not None:
-                break
-            with future.subscribe() as pollable:
-                pollable.block()
-    if isinstance(got, Err):
-        raise HttpError(f"the response of {url} was already taken")
-    inner = got.value
-    if isinstance(inner, Err):
-        raise _error(u, inner.value)
-    if write_error is not None:
-        raise write_error
-    return _read(inner.value, u)
+    return _Started(u, _Future(future), write_error)
 
 
 def _set(what: str, url: str, setter: Callable[[], None]) -> None:

@@ -147,6 +147,7 @@ impl Authority {
             ("max_output_bytes", a.max_output_bytes > b.max_output_bytes),
             ("max_memory_bytes", a.max_memory_bytes > b.max_memory_bytes),
             ("max_handles", a.max_handles > b.max_handles),
+            ("max_claims", a.max_claims > b.max_claims),
             (
                 "max_table_elements",
                 a.max_table_elements > b.max_table_elements,

@@ -69,9 +69,19 @@ pub enum DenialKind {
 /// `HTTP-request-denied`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Denial {
-    NotGranted { destination: String },
-    OutsideClaim { destination: String },
-    ClaimLost { destination: String },
+    NotGranted {
+        destination: String,
+    },
+    OutsideClaim {
+        destination: String,
+    },
+    ClaimLost {
+        destination: String,
+    },
+    /// The claim the request was tied to (`stamp-next-request`) is no longer held.
+    ClaimEnded {
+        destination: String,
+    },
     NoAuthority,
 }
 
@@ -80,7 +90,7 @@ impl Denial {
         match self {
             Denial::NotGranted { .. } => DenialKind::NotGranted,
             Denial::OutsideClaim { .. } => DenialKind::OutsideClaim,
-            Denial::ClaimLost { .. } => DenialKind::ClaimLost,
+            Denial::ClaimLost { .. } | Denial::ClaimEnded { .. } => DenialKind::ClaimLost,
             Denial::NoAuthority => DenialKind::NoAuthority,
         }
     }
@@ -103,6 +113,11 @@ impl fmt::Display for Denial {
                 f,
                 "HTTP request to {destination} denied: the claim it would be made under was \
                  taken over by another holder"
+            ),
+            Denial::ClaimEnded { destination } => write!(
+                f,
+                "HTTP request to {destination} denied: the claim it was tied to is no longer \
+                 held (committed, released or taken over)"
             ),
             Denial::NoAuthority => f.write_str(
                 "HTTP request denied: its URL has no plain host (a user-info part or no \

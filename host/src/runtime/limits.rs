@@ -45,6 +45,10 @@ pub struct Limits {
     /// Longest a side effect may run, from its claim to its commit or release,
     /// computing or waiting in WASI.
     pub effect_timeout: Duration,
+    /// Most claims one instance may hold at once (its side effects in flight
+    /// together): a `run-once` or `run-once-many` that would pass it is refused with
+    /// `too-large`, taking nothing.
+    pub max_claims: usize,
 }
 
 impl Default for Limits {
@@ -63,6 +67,7 @@ impl Default for Limits {
             max_compute: Duration::from_secs(60),
             max_fuel: None,
             effect_timeout: Duration::from_secs(300),
+            max_claims: 64,
         }
     }
 }
@@ -128,6 +133,7 @@ impl Limits {
             ("max_output_bytes", self.max_output_bytes, 1, 1 << 30, "1 byte to 1 GiB"),
             ("max_memory_bytes", self.max_memory_bytes, 1 << 20, usize::MAX, "at least 1 MiB"),
             ("max_handles", self.max_handles, 16, 1 << 20, "16 to 1048576"),
+            ("max_claims", self.max_claims, 1, 1 << 16, "1 to 65536"),
             ("max_table_elements", self.max_table_elements, 1, usize::MAX, "at least 1"),
         ];
         for (name, n, min, max, accepted) in sizes {

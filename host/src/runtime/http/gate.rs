@@ -93,9 +93,12 @@ pub(crate) struct HttpGate {
     run_id: String,
     policy: HttpPolicy,
     names: HeaderNames,
-    /// Innermost (most recently granted) last: a request is stamped with the claim of
-    /// the step it is made for.
+    /// Innermost (most recently granted) last: a request not tied to a claim is
+    /// stamped with the claim of the step it is made in.
     held: Vec<HeldClaim>,
+    /// The claim (key as the agent wrote it, token) the agent tied its next request
+    /// to: with several claims held, only the agent knows which one a request is for.
+    next: Option<(String, u64)>,
     capture: Option<Arc<dyn HttpCapture>>,
     /// The key of a claim another holder took over, found by a refused request.
     lost: Option<String>,
@@ -122,6 +125,7 @@ impl HttpGate {
             policy: policy.clone(),
             names: HeaderNames::default(),
             held: Vec::new(),
+            next: None,
             capture,
             lost: None,
             last_denial: None,
@@ -142,9 +146,12 @@ impl HttpGate {
     }
 
     /// Lets a request through or says why not; stamps the key and token headers when
-    /// a claim is held, replacing whatever the guest put under those names, and returns
-    /// the claim the request is bound to.
-    fn admit(&self, request: &mut http::Request<WasiBody>) -> Result<Option<Admitted>, Denial> {
+    /// a claim is held (the one the request was tied to, else the innermost),
+    /// replacing whatever the guest put under those names, and returns the claim the
+    /// request is bound to.
+    fn admit(&mut self, request: &mut http::Request<WasiBody>) -> Result<Option<Admitted>, Denial> {
+        // A tie is for the next request only, admitted or not.
+        let tied = self.next.take();
         let uri = request.uri();
         let authority = uri.authority().ok_or(Denial::NoAuthority)?;
         // The connector dials the whole authority string: refusing user-info keeps the
@@ -163,14 +170,23 @@ impl HttpGate {
         if !self.policy.allows(&host, port) {
             return Err(Denial::NotGranted { destination });
         }
-        let Some(claim) = self.held.last() else {
-            return if self.policy.outside_claims {
-                Ok(None)
-            } else {
-                Err(Denial::OutsideClaim { destination })
-            };
+        let claim = match tied {
+            Some((key, token)) => self
+                .held
+                .iter()
+                .find(|c| c.token == token && c.key.as_bytes() == key.as_bytes())
+                .ok_or_else(|| Denial::ClaimEnded {
+                    destination: destination.clone(),
+                })?,
+            None => match self.held.last() {
+                Some(claim) => claim,
+                None if self.policy.outside_claims => return Ok(None),
+                None => return Err(Denial::OutsideClaim { destination }),
+            },
         };
         if !claim.live.is_live() {
+            // The claim the request was for, tied or the innermost: its instance ends.
+            self.lost = Some(String::from_utf8_lossy(claim.key.as_bytes()).into_owned());
             return Err(Denial::ClaimLost { destination });
         }
         let headers = request.headers_mut();
@@ -200,6 +216,12 @@ impl HttpGate {
     pub(crate) fn claim_settled(&mut self, key: &str, token: u64) {
         self.held
             .retain(|c| !(c.token == token && c.key.as_bytes() == key.as_bytes()));
+    }
+
+    /// Ties the instance's next request to the claim on `key` (as the agent wrote
+    /// it) with `token`.
+    pub(crate) fn stamp_next(&mut self, key: String, token: u64) {
+        self.next = Some((key, token));
     }
 
     /// Renames the key and token headers for this instance's later requests.
@@ -247,12 +269,6 @@ impl WasiHttpHooks for HttpGate {
                 }
             }
             Err(denial) => {
-                if matches!(denial, Denial::ClaimLost { .. }) {
-                    self.lost = self
-                        .held
-                        .last()
-                        .map(|c| String::from_utf8_lossy(c.key.as_bytes()).into_owned());
-                }
                 tracing::warn!(run_id = %crate::text::escape(&self.run_id, false), "{denial}");
                 self.last_denial = Some(denial.to_string());
                 if let Some(capture) = &self.capture {
@@ -339,7 +355,7 @@ mod tests {
 
     #[test]
     fn refuses_destinations_not_granted() {
-        let gate = gate(&["127.0.0.1:8080", "example.com"], true);
+        let mut gate = gate(&["127.0.0.1:8080", "example.com"], true);
         assert!(
             gate.admit(&mut request("http://127.0.0.1:8080/", &[]))
                 .is_ok()
@@ -429,6 +445,53 @@ mod tests {
             gate.admit(&mut request("http://127.0.0.1:1/", &[]))
                 .is_err()
         );
+    }
+
+    #[test]
+    fn a_tied_request_carries_its_own_claim_and_is_refused_once_it_ends() {
+        let mut gate = gate(&["127.0.0.1"], false);
+        let lease = Duration::from_secs(30);
+        let live = || ClaimLive::new(Instant::now(), lease);
+        let (a, b, c) = (live(), live(), live());
+        // Tokens count per key: two held claims may share one.
+        gate.claim_granted("run/a", 3, a.clone());
+        gate.claim_granted("run/b", 3, b.clone());
+        gate.claim_granted("run/c", 5, c.clone());
+        let stamped = |gate: &mut HttpGate| {
+            let mut req = request(
+                "http://127.0.0.1:1/",
+                &[("Idempotency-Key", "forged"), ("idempotency-token", "1")],
+            );
+            gate.admit(&mut req).map(|_| {
+                let h = req.headers();
+                (
+                    h["idempotency-key"].to_str().unwrap().to_string(),
+                    h["idempotency-token"].to_str().unwrap().to_string(),
+                )
+            })
+        };
+        for (key, token) in [("run/a", 3), ("run/b", 3), ("run/c", 5)] {
+            gate.stamp_next(key.into(), token);
+            assert_eq!(
+                stamped(&mut gate).unwrap(),
+                (key.to_string(), token.to_string())
+            );
+        }
+        // A tie is for one request: the next untied one goes under the innermost.
+        assert_eq!(stamped(&mut gate).unwrap(), ("run/c".into(), "5".into()));
+
+        a.end();
+        gate.stamp_next("run/a".into(), 3);
+        assert!(matches!(stamped(&mut gate), Err(Denial::ClaimLost { .. })));
+        // A settled claim is refused even while others are held, and so is a tie to
+        // a token the claim does not have.
+        gate.claim_settled("run/b", 3);
+        gate.stamp_next("run/b".into(), 3);
+        assert!(matches!(stamped(&mut gate), Err(Denial::ClaimEnded { .. })));
+        gate.stamp_next("run/c".into(), 4);
+        assert!(matches!(stamped(&mut gate), Err(Denial::ClaimEnded { .. })));
+        gate.stamp_next("run/c".into(), 5);
+        assert_eq!(stamped(&mut gate).unwrap(), ("run/c".into(), "5".into()));
     }
 
     #[tokio::test]

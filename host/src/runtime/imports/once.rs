@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use wasmtime::component::Resource;
 
 use super::StepFailure;
-use crate::runtime::bindings::idem::agent::once::{Durability, Host, HostClaim};
+use crate::runtime::bindings::idem::agent::once::{Durability, Host, HostClaim, StepRequest};
 use crate::runtime::bindings::{Committed, Obtained, Outcome, StepError, WitCheckpoint};
 use crate::runtime::claim::ClaimHandle;
 use crate::runtime::claim::ClaimLive;
@@ -25,7 +25,7 @@ const AWAIT_POLL_MIN: Duration = Duration::from_millis(1);
 const AWAIT_POLL_MAX: Duration = Duration::from_millis(50);
 
 /// A granted step's span and when the step first asked for its key.
-struct StepSpan {
+pub(super) struct StepSpan {
     span: tracing::Span,
     asked: Instant,
 }
@@ -71,6 +71,39 @@ impl Host for IdemCtxView<'_> {
         self.ctx.watch.touch();
         outcome
     }
+
+    async fn run_once_many(
+        &mut self,
+        steps: Vec<StepRequest>,
+    ) -> Result<Vec<Outcome>, StepFailure> {
+        self.ctx.enter()?;
+        let outcomes = self.claim_many(steps).await;
+        self.ctx.watch.touch();
+        outcomes
+    }
+}
+
+/// What asking the store for a key came to, before the guest hears of it.
+pub(super) enum Acquired {
+    /// The key's committed result, as the guest gets it.
+    Committed(Outcome),
+    /// A claim, granted by the store at `asked`, not yet handed to the guest.
+    Granted { grant: Grant, asked: Instant },
+}
+
+/// A step's span, opened when the step asks for its key; a granted step's span lives
+/// on in its claim until the commit.
+pub(super) fn step_span(stored: &str) -> StepSpan {
+    StepSpan {
+        span: tracing::info_span!(
+            "idem.step",
+            key = %text::escape(stored, false),
+            outcome = tracing::field::Empty,
+            token = tracing::field::Empty,
+            duration_ms = tracing::field::Empty,
+        ),
+        asked: Instant::now(),
+    }
 }
 
 impl IdemCtxView<'_> {
@@ -81,48 +114,59 @@ impl IdemCtxView<'_> {
         durable: bool,
     ) -> Result<Outcome, StepFailure> {
         let stored = self.claimable(&key, fingerprint)?;
+        self.within_claim_limit(1)?;
         let ordinal = self.ctx.run.ordinal(&key);
         self.ctx.fault(Phase::BeforeClaim, ordinal)?;
+        let step = step_span(&stored);
+        match self
+            .acquire(&stored, &key, fingerprint, durable, &step)
+            .await?
+        {
+            Acquired::Committed(outcome) => Ok(outcome),
+            Acquired::Granted { grant, asked } => {
+                self.granted(stored, key, ordinal, grant, asked, step).await
+            }
+        }
+    }
 
-        // Opened here, under the run's span; a granted step's span lives on in its
-        // claim until the commit.
-        let step = StepSpan {
-            span: tracing::info_span!(
-                "idem.step",
-                key = %text::escape(&stored, false),
-                outcome = tracing::field::Empty,
-                token = tracing::field::Empty,
-                duration_ms = tracing::field::Empty,
-            ),
-            asked: Instant::now(),
-        };
+    /// Asks the store for `stored` (the agent's `key`, qualified) until it is
+    /// committed or granted: awaits another live holder, retakes at once a claim of one
+    /// of this run's dropped instances.
+    pub(super) async fn acquire(
+        &mut self,
+        stored: &str,
+        key: &str,
+        fingerprint: Option<&str>,
+        durable: bool,
+        step: &StepSpan,
+    ) -> Result<Acquired, StepFailure> {
         let mut waited = false;
         let mut pause = AWAIT_POLL_MIN;
         // An await timeout too long for the clock's arithmetic simply never ends.
         let deadline = Instant::now().checked_add(self.ctx.run.limits.await_timeout);
         let mut asked = Instant::now();
-        let mut outcome = self.try_claim(&stored, fingerprint, None, durable).await?;
+        let mut outcome = self.try_claim(stored, fingerprint, None, durable).await?;
         loop {
             match outcome {
                 ClaimOutcome::Committed(value) => {
-                    return Ok(self.found_committed(value, waited, &step));
+                    return Ok(Acquired::Committed(
+                        self.found_committed(value, waited, step),
+                    ));
                 }
-                ClaimOutcome::Granted(grant) => {
-                    return self.granted(stored, key, ordinal, grant, asked, step).await;
-                }
+                ClaimOutcome::Granted(grant) => return Ok(Acquired::Granted { grant, asked }),
                 ClaimOutcome::Parked { .. } => {
                     step.span.record("outcome", "parked");
-                    return Err(StepError::InDoubt(key).into());
+                    return Err(StepError::InDoubt(key.to_string()).into());
                 }
                 ClaimOutcome::Conflict { fingerprint: bound } => {
                     step.span.record("outcome", "key-reused");
-                    return Err(key_reused(&key, &bound, fingerprint).into());
+                    return Err(key_reused(key, &bound, fingerprint).into());
                 }
                 ClaimOutcome::Held(held) if self.ctx.run.live.is_orphan(&held.holder) => {
                     // One of our own dropped instances held it: nobody is executing it.
                     asked = Instant::now();
                     outcome = self
-                        .try_claim(&stored, fingerprint, Some(held.token), durable)
+                        .try_claim(stored, fingerprint, Some(held.token), durable)
                         .await?;
                 }
                 ClaimOutcome::Held(held) => {
@@ -130,28 +174,48 @@ impl IdemCtxView<'_> {
                         // Its holder's process died: nobody is executing it.
                         asked = Instant::now();
                         outcome = self
-                            .try_claim(&stored, fingerprint, Some(held.token), durable)
+                            .try_claim(stored, fingerprint, Some(held.token), durable)
                             .await?;
                         continue;
                     }
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         step.span.record("outcome", "await-timeout");
-                        return Err(StepError::AwaitTimeout(key).into());
+                        return Err(StepError::AwaitTimeout(key.to_string()).into());
                     }
                     waited = true;
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(AWAIT_POLL_MAX);
                     self.ctx.enter()?;
                     asked = Instant::now();
-                    outcome = self.try_claim(&stored, fingerprint, None, durable).await?;
+                    outcome = self.try_claim(stored, fingerprint, None, durable).await?;
                 }
             }
         }
     }
 
+    /// Refuses, changing nothing, `asked` more claims that would take the instance
+    /// past its limit of claims held at once.
+    pub(super) fn within_claim_limit(&self, asked: usize) -> Result<(), StepFailure> {
+        let limit = self.ctx.run.limits.max_claims;
+        let held = self.ctx.held.len();
+        if held.saturating_add(asked) <= limit {
+            return Ok(());
+        }
+        Err(StepError::TooLarge(format!(
+            "{asked} more claim(s) with the {held} this instance holds would be {} claims held \
+             at once, over the limit of {limit}; commit or release some first",
+            held.saturating_add(asked)
+        ))
+        .into())
+    }
+
     /// Checks that the agent may ask for `key` now: a valid key and fingerprint, not
     /// already held by this instance. Returns the key as the store names it.
-    fn claimable(&self, key: &str, fingerprint: Option<&str>) -> Result<String, StepFailure> {
+    pub(super) fn claimable(
+        &self,
+        key: &str,
+        fingerprint: Option<&str>,
+    ) -> Result<String, StepFailure> {
         let limits = &self.ctx.run.limits;
         if let Err(reason) = limits.check_key(key) {
             return Err(StepError::InvalidKey(reason).into());
@@ -206,13 +270,6 @@ impl IdemCtxView<'_> {
             self.drop_ungranted(&stored, &grant).await?;
             return Err(drop.into());
         }
-        let outcome = if grant.in_doubt {
-            "retaken"
-        } else {
-            "executed"
-        };
-        step.span.record("outcome", outcome);
-        step.span.record("token", grant.token);
         let claim = self.grant(stored, key, ordinal, grant, asked, step)?;
         Ok(Outcome::Claimed(claim))
     }
@@ -244,7 +301,11 @@ impl IdemCtxView<'_> {
     /// Gives back a claim the guest was never handed: released if nothing is in doubt
     /// about its key, else left a claim with its lease ended, so that the next holder
     /// takes it at once and is told it is in doubt.
-    async fn drop_ungranted(&mut self, key: &str, grant: &Grant) -> Result<(), StoreError> {
+    pub(super) async fn drop_ungranted(
+        &mut self,
+        key: &str,
+        grant: &Grant,
+    ) -> Result<(), StoreError> {
         let run = &self.ctx.run;
         let claim = ClaimRef {
             key,
@@ -261,7 +322,9 @@ impl IdemCtxView<'_> {
         }
     }
 
-    fn grant(
+    /// Hands the claim to the guest: held, renewed, timed and stamped on requests
+    /// from here until it is settled.
+    pub(super) fn grant(
         &mut self,
         key: String,
         guest_key: String,
@@ -270,6 +333,13 @@ impl IdemCtxView<'_> {
         asked: Instant,
         step: StepSpan,
     ) -> wasmtime::Result<Resource<ClaimHandle>> {
+        let outcome = if grant.in_doubt {
+            "retaken"
+        } else {
+            "executed"
+        };
+        step.span.record("outcome", outcome);
+        step.span.record("token", grant.token);
         let ctx = &mut *self.ctx;
         ctx.grants += 1;
         ctx.run.counts.executed += 1;

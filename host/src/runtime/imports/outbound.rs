@@ -25,4 +25,17 @@ impl Host for IdemCtxView<'_> {
         self.ctx.enter()?;
         Ok(self.ctx.gate.last_denial().map(str::to_string))
     }
+
+    async fn stamp_next_request(&mut self, key: String, token: u64) -> wasmtime::Result<()> {
+        self.ctx.enter()?;
+        // Checked when the request is sent, not now: the claim may end in between. A
+        // key longer than any key is held by no claim: not kept, the request refused.
+        let key = if key.len() > self.ctx.run.limits.max_key_bytes {
+            String::new()
+        } else {
+            key
+        };
+        self.ctx.gate.stamp_next(key, token);
+        Ok(())
+    }
 }

@@ -36,7 +36,7 @@ wit_bindgen::generate!({
 /// Bytes the program can write into and point the host at.
 const SCRATCH_BYTES: usize = 64 << 10;
 
-#[link(wasm_import_module = "idem:agent/once@0.1.0")]
+#[link(wasm_import_module = "idem:agent/once@0.1.1")]
 unsafe extern "C" {
     #[link_name = "run-once"]
     fn run_once(key: i32, key_len: i32, fp: i32, fp_ptr: i32, fp_len: i32, ret: i32);
@@ -67,7 +67,7 @@ unsafe extern "C" {
     fn claim_drop(claim: i32);
 }
 
-#[link(wasm_import_module = "idem:agent/progress@0.1.0")]
+#[link(wasm_import_module = "idem:agent/progress@0.1.1")]
 unsafe extern "C" {
     #[link_name = "load"]
     fn progress_load(ret: i32);
@@ -75,7 +75,7 @@ unsafe extern "C" {
     fn progress_save(step: i64, state: i32, state_len: i32, ret: i32);
 }
 
-#[link(wasm_import_module = "idem:agent/run-info@0.1.0")]
+#[link(wasm_import_module = "idem:agent/run-info@0.1.1")]
 unsafe extern "C" {
     #[link_name = "run-id"]
     fn run_id(ret: i32);
@@ -83,7 +83,7 @@ unsafe extern "C" {
     fn generation() -> i32;
 }
 
-#[link(wasm_import_module = "idem:agent/outbound@0.1.0")]
+#[link(wasm_import_module = "idem:agent/outbound@0.1.1")]
 unsafe extern "C" {
     #[link_name = "set-header-names"]
     fn set_header_names(key: i32, key_len: i32, token: i32, token_len: i32, ret: i32);
