@@ -74,9 +74,11 @@ pub(crate) fn takeover(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Res
     let mut turn = 0;
     repeat(plan.takeover, || {
         turn += 1;
-        let data = bed.dir.join(format!("takeover-{turn}"));
+        let dir = bed.dir.join(format!("takeover-{turn}"));
+        let data = dir.join("data");
         std::fs::create_dir_all(&data)?;
-        let db = data.join("idem.db");
+        // Beside the granted folder, not in it: idem refuses to grant the store.
+        let db = dir.join("idem.db");
         let began = Instant::now();
         let first = spawn(bed, &db, "t", &data)?;
         let token = held_claim(&db, "t", 0)?;
