@@ -83,6 +83,11 @@ fn runs_and_durable_steps_have_spans_with_their_outcomes() {
     let capture = Capture::default();
     let subscriber = tracing_subscriber::registry().with(capture.clone());
     let dispatch = tracing::Dispatch::new(subscriber);
+    // Other tests in this process register callsites on their threads while this
+    // dispatcher is made; one registered in that window can keep an interest computed
+    // without it (tracing-core caches interest per callsite). Computed again now, every
+    // callsite counts this dispatcher.
+    tracing::callsite::rebuild_interest_cache();
     // Shared keys: the second run finds the first run's results committed.
     for run_id in ["first", "second"] {
         let input = json!({ "steps": 3, "log": "/data/log.txt", "shared": true });
