@@ -94,6 +94,18 @@ fn assert_proved(out: &Output) {
         out.status
     );
     assert!(text.contains("verdict: PASSED"), "{text}");
+    // The clean run's row: 1 run, 0 not reached, 3 effects observed (one per item), 0
+    // in doubt, 0 violations. A template whose effect prove cannot see would pass
+    // with 0 here.
+    let clean = text
+        .lines()
+        .find(|line| line.starts_with("clean "))
+        .map(|line| line.split_whitespace().collect::<Vec<_>>());
+    assert_eq!(
+        clean,
+        Some(vec!["clean", "1", "0", "3", "0", "0"]),
+        "{text}"
+    );
 }
 
 #[test]
@@ -124,9 +136,14 @@ fn new_rust_project_builds_and_proves() {
         project.join("Cargo.lock"),
     )
     .unwrap();
-    // One target dir for every run of this test, so only the agent itself compiles
-    // after the first.
-    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("new-rust-target");
+    // The target dir the test guests were built in (examples/ and the project share
+    // the SDK's path, the lock file and the release profile): only the agent itself
+    // compiles.
+    let target = Path::new(idem_test_artifacts::LEDGER)
+        .ancestors()
+        .nth(3)
+        .unwrap()
+        .to_path_buf();
     let out = prove_sh(
         &project,
         &path_with(None),
