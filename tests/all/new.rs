@@ -129,6 +129,13 @@ fn new_rust_project_builds_and_proves() {
         manifest.contains(&format!("idem-sdk = {{ path = \"{}\" }}", sdk.display())),
         "{manifest}"
     );
+    // Written as `cargo fmt` would have it.
+    let fmt = Command::new("cargo")
+        .args(["fmt", "--check"])
+        .current_dir(&project)
+        .output()
+        .unwrap();
+    assert!(fmt.status.success(), "cargo fmt --check: {}", stdout(&fmt));
     // The versions the repository builds its own agents with (already fetched and
     // compiled), rather than whatever is newest on crates.io today.
     std::fs::copy(

@@ -40,7 +40,10 @@ impl Agent for App {
             // The side effect, then its result and the next checkpoint committed in one
             // transaction. `step.token()` is a fencing token for a downstream.
             Once::new(&key).run_and_save(
-                |step| append(&format!("{} token={} item={item}\n", step.key(), step.token())),
+                |step| {
+                    let line = format!("{} token={} item={item}\n", step.key(), step.token());
+                    append(&line)
+                },
                 |_: &()| Checkpoint {
                     step: i as u64 + 1,
                     state: (),
