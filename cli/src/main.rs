@@ -8,6 +8,7 @@
 //! - `hint.rs`: the `hint:` line that names the flag or command mending an error.
 //! - `shutdown.rs`: SIGTERM and SIGINT, wired once for the commands that drain.
 //! - `otlp.rs`: the export of spans over OTLP (cargo feature `otlp`).
+//! - `commit.rs`: the commit `idem --version` names, read by `build.rs`.
 
 use std::process::ExitCode;
 
@@ -17,6 +18,9 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 mod commands;
+// build.rs includes it to stamp the version; its tests run with the binary's.
+#[cfg(test)]
+mod commit;
 mod exit;
 mod hint;
 #[cfg(feature = "otlp")]

@@ -23,6 +23,7 @@ mod kill;
 mod lease;
 mod limits;
 mod multi_process;
+mod new;
 mod operator_text;
 #[cfg(feature = "otlp")]
 mod otlp;
@@ -39,5 +40,6 @@ mod serve;
 mod spans;
 mod store_faults;
 mod util;
+mod version;
 mod waits;
 pub mod workers;

@@ -10,6 +10,7 @@ mod gc;
 mod generate;
 mod logs;
 mod ls;
+mod new;
 mod progress;
 mod prove;
 mod resolve;
@@ -27,7 +28,7 @@ use crate::exit::Exit;
 
 /// Runs WebAssembly agents whose side effects happen exactly once.
 #[derive(Debug, Parser)]
-#[command(name = "idem", version, about, long_about = None)]
+#[command(name = "idem", version = env!("IDEM_VERSION"), about, long_about = None)]
 pub struct Args {
     #[command(subcommand)]
     pub command: Command,
@@ -65,6 +66,8 @@ pub enum Command {
     Gc(gc::GcCommand),
     /// Crash-test an agent at every crash point in scratch stores, and report what broke.
     Prove(Box<prove::ProveCommand>),
+    /// Write a new agent project (Rust or Python) ready to build, run and prove.
+    New(new::NewCommand),
     /// Print the completion script of a shell for idem.
     Completions(generate::CompletionsCommand),
     /// Print idem's man page (or write a page per command into a directory).
@@ -102,6 +105,7 @@ impl Command {
             Command::Serve(cmd) => cmd.execute().await,
             Command::Gc(cmd) => cmd.execute().await,
             Command::Prove(cmd) => cmd.execute().await,
+            Command::New(cmd) => cmd.execute().await,
             Command::Completions(cmd) => cmd.execute(Args::command()),
             Command::Man(cmd) => cmd.execute(Args::command()),
             Command::CliReference(cmd) => cmd.execute(Args::command()),
