@@ -182,20 +182,12 @@ fn read_name(path: &Path) -> Result<Option<String>, StoreError> {
 mod tests {
     use super::*;
     use crate::store::sqlite::SqliteStore;
+    use crate::store::sqlite::tests::submit;
     use crate::store::tests::block_on;
-    use crate::store::{Acquired, CatalogStore, OperatorStore, Submission, SyncMode, WorkerStore};
+    use crate::store::{Acquired, CatalogStore, SyncMode, WorkerStore};
 
     fn leased_to(store: &SqliteStore, run_id: &str, worker: &str) {
-        let submission = Submission {
-            run_id,
-            agent: "a",
-            digest: "00",
-            namespace: "ns",
-            input: b"",
-            authority: b"",
-            replace_authority: false,
-        };
-        block_on(store.submit(&submission)).unwrap();
+        submit(store, run_id);
         let lease = Duration::from_secs(3600);
         let acquired = block_on(store.acquire_run(run_id, worker, lease)).unwrap();
         assert!(matches!(acquired, Acquired::Leased(_)), "{acquired:?}");

@@ -46,7 +46,7 @@ fn pragma(store: &SqliteStore, name: &'static str) -> i64 {
 }
 
 /// Submits run `run_id` (of component `00`, which must be in the store).
-fn submit(store: &SqliteStore, run_id: &str) {
+pub(super) fn submit(store: &SqliteStore, run_id: &str) {
     let submission = Submission {
         run_id,
         agent: "a",
