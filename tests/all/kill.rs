@@ -167,6 +167,23 @@ fn sigkill_soak_500_steps() {
     );
 }
 
+/// Waits until run `run_id` holds a claim, as `idem status` shows it.
+fn until_claimed(db_path: &std::path::Path, run_id: &str) {
+    let db = db_path.to_str().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(Instant::now() < deadline, "run {run_id} never claimed");
+        if db_path.exists() {
+            let status = run_cli(&["status", "--db", db, run_id, "--json"]);
+            let doc: Value = serde_json::from_str(&stdout(&status)).unwrap_or(Value::Null);
+            if doc["open_claims"].as_array().is_some_and(|c| !c.is_empty()) {
+                return;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn signal(child: &Child, signal: &str) {
     let status = Command::new("kill")
         .args([&format!("-{signal}"), &child.id().to_string()])
@@ -187,18 +204,7 @@ fn a_zombie_holder_is_fenced_off() {
 
     let zombie = spawn(db, "z", &input, &server, "500ms");
     // Wait until it holds step 0's claim, then freeze it.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        assert!(Instant::now() < deadline, "the first holder never claimed");
-        if db_path.exists() {
-            let status = run_cli(&["status", "--db", db, "z", "--json"]);
-            let doc: Value = serde_json::from_str(&stdout(&status)).unwrap_or(Value::Null);
-            if doc["open_claims"].as_array().is_some_and(|c| !c.is_empty()) {
-                break;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until_claimed(&db_path, "z");
     signal(&zombie, "STOP");
     // Past its lease (no heartbeat from a stopped process), another host takes over.
     std::thread::sleep(Duration::from_millis(800));
@@ -253,18 +259,7 @@ fn a_request_under_a_claim_taken_over_ends_the_instance_and_the_run_completes() 
     let input =
         json!({ "steps": 2, "url": server.url(), "pause_ms": 1500, "pause_at": 0 }).to_string();
     let frozen = spawn(db, "f", &input, &server, "500ms");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        assert!(Instant::now() < deadline, "the holder never claimed");
-        if db_path.exists() {
-            let status = run_cli(&["status", "--db", db, "f", "--json"]);
-            let doc: Value = serde_json::from_str(&stdout(&status)).unwrap_or(Value::Null);
-            if doc["open_claims"].as_array().is_some_and(|c| !c.is_empty()) {
-                break;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until_claimed(&db_path, "f");
     signal(&frozen, "STOP");
     std::thread::sleep(Duration::from_millis(800));
     // Another run of the agent takes step 0's key over (its claim lease ran out) and
