@@ -1,6 +1,6 @@
 //! The SDK's one error type, and the readable text of the WIT `step-error`.
 
-use crate::{StepError, WaitError};
+use crate::{JoinError, SpawnError, StepError, WaitError};
 
 /// Why an SDK call, or the agent itself, failed.
 ///
@@ -32,10 +32,19 @@ pub enum Error {
     /// was refused by the host.
     #[error("{}", wait_error_text(.0))]
     Wait(WaitError),
+    /// A [`spawn`](crate::spawn) was refused by the host.
+    #[error("{}", spawn_error_text(.0))]
+    Spawn(SpawnError),
+    /// A join ([`join_all`](crate::join_all), ...) was refused by the host.
+    #[error("{}", join_error_text(.0))]
+    Join(JoinError),
     /// [`wait_for_signal`](crate::wait_for_signal) timed out before the signal (named
     /// here) came.
     #[error("timed out waiting for signal {0:?}")]
     TimedOut(String),
+    /// A join timed out before its children ended; carries the join's key.
+    #[error("timed out joining children under key {0:?}")]
+    JoinTimedOut(String),
     /// The side effect passed to [`run_once`](crate::run_once) failed; its claim was
     /// released, so running the agent again retries it under the same key.
     #[error("side effect failed: {0}")]
@@ -93,6 +102,18 @@ impl From<WaitError> for Error {
     }
 }
 
+impl From<SpawnError> for Error {
+    fn from(err: SpawnError) -> Self {
+        Error::Spawn(err)
+    }
+}
+
+impl From<JoinError> for Error {
+    fn from(err: JoinError) -> Self {
+        Error::Join(err)
+    }
+}
+
 impl From<String> for Error {
     fn from(text: String) -> Self {
         Error::Agent(text)
@@ -132,6 +153,30 @@ fn wait_error_text(err: &WaitError) -> String {
         WaitError::InvalidTime(reason) => format!("invalid wait time: {reason}"),
         WaitError::KeyReused(detail) => format!("wait key reused: {detail}"),
         WaitError::ClaimsHeld(detail) => format!("cannot wait while holding claims: {detail}"),
+    }
+}
+
+fn spawn_error_text(err: &SpawnError) -> String {
+    match err {
+        SpawnError::InvalidKey(reason) => format!("invalid spawn key: {reason}"),
+        SpawnError::UnknownDeployment(detail)
+        | SpawnError::KeyReused(detail)
+        | SpawnError::TooLarge(detail)
+        | SpawnError::Limit(detail)
+        | SpawnError::Cycle(detail) => format!("spawn refused: {detail}"),
+    }
+}
+
+fn join_error_text(err: &JoinError) -> String {
+    match err {
+        JoinError::InvalidKey(reason) => format!("invalid join key: {reason}"),
+        JoinError::NotAChild(run) => {
+            format!("join refused: run {run:?} is not a child of this run")
+        }
+        JoinError::InvalidChildren(detail)
+        | JoinError::KeyReused(detail)
+        | JoinError::InvalidTime(detail) => format!("join refused: {detail}"),
+        JoinError::ClaimsHeld(detail) => format!("cannot join while holding claims: {detail}"),
     }
 }
 

@@ -73,6 +73,8 @@
 //! - `run_info.rs`: [`run_id`] and [`generation`].
 //! - `waits.rs`: [`sleep`], [`sleep_until`] and [`wait_for_signal`]: durable waits that
 //!   hold no instance.
+//! - `children.rs`: [`spawn`], [`join`], [`join_all`] and [`join_any`]: child runs
+//!   started exactly once and waited for durably.
 //! - `http.rs`: [`http::Request`], a blocking client on `wasi:http` whose requests
 //!   inside [`run_once`] carry the step's key and token, and [`http::send_all`], which
 //!   keeps several requests in flight together.
@@ -89,6 +91,7 @@ extern crate self as idem_sdk;
 mod agent;
 #[doc(hidden)]
 pub mod bindings;
+mod children;
 mod error;
 pub mod http;
 mod key;
@@ -100,8 +103,10 @@ mod run_info;
 mod waits;
 
 pub use agent::Agent;
+pub use bindings::idem::agent::children::{JoinError, SpawnError};
 pub use bindings::idem::agent::types::StepError;
 pub use bindings::idem::agent::waits::WaitError;
+pub use children::{Child, ChildOutcome, join, join_all, join_any, spawn, spawn_detached};
 pub use error::Error;
 pub use key::Key;
 pub use once::{InDoubt, Once, Outcome, Step, run_once, run_once_with};

@@ -8,9 +8,9 @@ use sha2::{Digest, Sha256};
 
 use crate::runtime::{Authority, HostError, LoadedAgent, check_namespace, check_run_id};
 use crate::store::{
-    Admission, Deployment, DeploymentRecord, GcReport, GcRequest, Millis, OpenClaim, ParkedKeys,
-    ParkedMatch, Resolution, RunRecord, RunStatus, StepRecord, Store, StoreError, Submission,
-    Submitted, WaitRecord,
+    Admission, Cancelled, ChildRecord, Deployment, DeploymentRecord, GcReport, GcRequest, Millis,
+    OpenClaim, ParkedKeys, ParkedMatch, Resolution, RunFilter, RunRecord, RunStatus, StepRecord,
+    Store, StoreError, Submission, Submitted, WaitRecord,
 };
 use crate::text::{check_visible, escape_for_terminal as shown, hidden_char};
 
@@ -331,6 +331,44 @@ pub async fn gc(store: &dyn Store, req: &GcRequest) -> Result<GcReport, OpError>
     Ok(store.gc(req).await?)
 }
 
+/// What [`cancel`] did: to the run, and to its descendants.
+#[derive(Debug, Clone)]
+pub struct CancelReport {
+    /// The run: cancelled now, or asked of its worker.
+    pub run: Cancelled,
+    /// Its descendants the cancel reached (not detached, not ended before), as they
+    /// stand after it: `cancelled`, or still running with the cancel asked of their
+    /// worker.
+    pub descendants: Vec<RunRecord>,
+}
+
+/// Cancels run `run_id` and, with it, its descendants that are not detached
+/// ([`OperatorStore::cancel_run`](crate::store::OperatorStore::cancel_run)); reports
+/// which.
+pub async fn cancel(store: &dyn Store, run_id: &str) -> Result<CancelReport, OpError> {
+    let run = store.cancel_run(run_id).await?;
+    let mut descendants = Vec::new();
+    let mut parents = vec![run_id.to_string()];
+    while let Some(parent) = parents.pop() {
+        let children = store
+            .runs(&RunFilter {
+                parent: Some(&parent),
+                ..RunFilter::default()
+            })
+            .await?;
+        for child in children.into_iter().rev() {
+            if child.detached {
+                continue;
+            }
+            parents.push(child.run_id.clone());
+            if child.status == RunStatus::Cancelled || child.cancel_requested {
+                descendants.push(child);
+            }
+        }
+    }
+    Ok(CancelReport { run, descendants })
+}
+
 /// Everything the store knows of one run, as `idem show --json` and the API print it.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct RunView {
@@ -345,6 +383,8 @@ pub struct RunView {
     pub waits: Vec<WaitRecord>,
     /// Its claims not committed yet (parked ones among them).
     pub open_claims: Vec<OpenClaim>,
+    /// The child runs it spawned, oldest first.
+    pub children: Vec<ChildRecord>,
     /// The store's clock when this was read: compare leases and due times with it.
     pub now: Millis,
 }
@@ -361,8 +401,24 @@ impl RunView {
         let steps = store.steps(run_id).await?;
         let waits = store.waits(run_id).await?;
         let open_claims = store.open_claims(Some(run_id)).await?;
+        let mut children: Vec<ChildRecord> = store
+            .runs(&RunFilter {
+                parent: Some(run_id),
+                ..RunFilter::default()
+            })
+            .await?
+            .into_iter()
+            .map(|child| ChildRecord {
+                key: child.spawn_key.unwrap_or_default(),
+                run_id: child.run_id,
+                agent: child.agent,
+                status: child.status,
+            })
+            .collect();
+        children.reverse();
         let now = store.now().await?;
         Ok(RunView {
+            children,
             outcome: run.outcome.as_deref().map(payload_value),
             run,
             steps,

@@ -110,6 +110,8 @@ pub(crate) fn sweep(guest: &str, n: u32, fold: bool) {
                     assert_eq!(report.counts.reclaimed, 0, "{ctx}");
                     assert_eq!(report.counts.executed, u64::from(n), "{ctx}");
                 }
+                // Phases of spawns and joins: the `steps` agent has none.
+                _ => unreachable!("{ctx}: not a phase of a step"),
             }
             // Only a drop between commit and checkpoint makes the next instance replay
             // a committed step, which it then skips. A folded save closes that gap.

@@ -8,6 +8,7 @@ mod bad_input;
 mod bench_guest;
 mod browser;
 mod cache;
+mod children;
 mod cli;
 mod compat;
 mod crash_sweep;

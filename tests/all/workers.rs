@@ -27,7 +27,7 @@ pub struct Service {
 }
 
 impl Service {
-    fn new() -> Service {
+    pub(crate) fn new() -> Service {
         Service {
             dir: tempfile::tempdir().unwrap(),
             url: None,
@@ -43,7 +43,7 @@ impl Service {
         }
     }
 
-    fn db(&self) -> String {
+    pub(crate) fn db(&self) -> String {
         if let Some(url) = &self.url {
             return url.clone();
         }
@@ -55,25 +55,25 @@ impl Service {
             .to_string()
     }
 
-    fn path(&self) -> PathBuf {
+    pub(crate) fn path(&self) -> PathBuf {
         self.dir.path().join("idem.db")
     }
 
-    fn cli(&self, args: &[&str]) -> std::process::Output {
+    pub(crate) fn cli(&self, args: &[&str]) -> std::process::Output {
         let db = self.db();
         let mut all = args.to_vec();
         all.extend_from_slice(&["--db", &db]);
         run_cli(&all)
     }
 
-    fn ok(&self, args: &[&str]) -> String {
+    pub(crate) fn ok(&self, args: &[&str]) -> String {
         let out = self.cli(args);
         assert!(out.status.success(), "{args:?}: {}", stderr(&out));
         stdout(&out)
     }
 
     /// Starts `idem worker` with these extra flags.
-    fn worker(&self, name: &str, extra: &[&str]) -> Child {
+    pub(crate) fn worker(&self, name: &str, extra: &[&str]) -> Child {
         Command::new(env!("CARGO_BIN_EXE_idem"))
             .args([
                 "worker",
@@ -93,7 +93,7 @@ impl Service {
             .unwrap()
     }
 
-    fn store(&self) -> std::sync::Arc<dyn Store> {
+    pub(crate) fn store(&self) -> std::sync::Arc<dyn Store> {
         match &self.url {
             Some(url) => std::sync::Arc::clone(self.postgres.get_or_init(|| {
                 let store = block_on(PostgresStore::connect(url, SyncMode::Normal)).unwrap();
@@ -103,16 +103,16 @@ impl Service {
         }
     }
 
-    fn runs(&self) -> Vec<idem::store::RunRecord> {
+    pub(crate) fn runs(&self) -> Vec<idem::store::RunRecord> {
         self.try_runs().unwrap()
     }
 
-    fn try_runs(&self) -> Result<Vec<idem::store::RunRecord>, idem::store::StoreError> {
+    pub(crate) fn try_runs(&self) -> Result<Vec<idem::store::RunRecord>, idem::store::StoreError> {
         block_on(self.store().runs(&RunFilter::default()))
     }
 
     /// Waits until every run is finished, or panics after `limit`.
-    fn wait_all_finished(&self, limit: Duration, mut while_waiting: impl FnMut()) {
+    pub(crate) fn wait_all_finished(&self, limit: Duration, mut while_waiting: impl FnMut()) {
         let deadline = Instant::now() + limit;
         loop {
             // A database restarting under the test is not an answer yet.
@@ -134,7 +134,7 @@ impl Service {
     }
 }
 
-fn signal(child: &Child, signal: &str) {
+pub(crate) fn signal(child: &Child, signal: &str) {
     let status = Command::new("kill")
         .args([&format!("-{signal}"), &child.id().to_string()])
         .status()
@@ -143,7 +143,7 @@ fn signal(child: &Child, signal: &str) {
 }
 
 /// Every key's requests, in arrival order.
-fn by_key(seen: &[Seen]) -> BTreeMap<String, Vec<u64>> {
+pub(crate) fn by_key(seen: &[Seen]) -> BTreeMap<String, Vec<u64>> {
     let mut keys: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     for s in seen {
         keys.entry(s.header(KEY).to_string())
@@ -156,7 +156,7 @@ fn by_key(seen: &[Seen]) -> BTreeMap<String, Vec<u64>> {
 /// Every key reached the server with strictly growing tokens (a stale holder never
 /// sent after a newer one), at most as often as it was granted, and the retakes beyond
 /// the first request are accounted for by the runs' reclaimed counts.
-fn assert_effects_fenced(service: &Service, server: &TestServer) -> usize {
+pub(crate) fn assert_effects_fenced(service: &Service, server: &TestServer) -> usize {
     let seen = server.seen();
     let keys = by_key(&seen);
     let store = service.store();

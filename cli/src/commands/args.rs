@@ -213,6 +213,14 @@ pub struct AuthorityArgs {
     /// [default: 64].
     #[arg(long, value_name = "N")]
     pub max_claims: Option<usize>,
+    /// Most child runs one run may spawn, and children one join may list
+    /// [default: 10000].
+    #[arg(long, value_name = "N")]
+    pub max_children: Option<usize>,
+    /// Deepest a run may be spawned (a run started from outside is at depth 0)
+    /// [default: 8].
+    #[arg(long, value_name = "N")]
+    pub max_depth: Option<usize>,
     /// Most elements of an instance's tables [default: 100000].
     #[arg(long, value_name = "N")]
     pub max_table_elements: Option<usize>,
@@ -258,6 +266,8 @@ impl AuthorityArgs {
         set(&mut l.max_memory_bytes, self.max_memory);
         set(&mut l.max_handles, self.max_handles);
         set(&mut l.max_claims, self.max_claims);
+        set(&mut l.max_children, self.max_children);
+        set(&mut l.max_depth, self.max_depth);
         set(&mut l.max_table_elements, self.max_table_elements);
         set(&mut l.max_compute, self.max_compute);
         set(&mut l.effect_timeout, self.effect_timeout);
@@ -295,6 +305,8 @@ pub fn limit_flag(name: &str) -> &'static str {
         "max_memory_bytes" => "--max-memory",
         "max_handles" => "--max-handles",
         "max_claims" => "--max-claims",
+        "max_children" => "--max-children",
+        "max_depth" => "--max-depth",
         "max_table_elements" => "--max-table-elements",
         "max_compute" => "--max-compute",
         "max_fuel" => "--max-fuel",
@@ -315,6 +327,8 @@ fn flag_error(message: &str) -> String {
         "max_key_bytes",
         "max_handles",
         "max_claims",
+        "max_children",
+        "max_depth",
         "max_compute",
         "max_fuel",
         "effect_timeout",

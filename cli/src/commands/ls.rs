@@ -1,4 +1,4 @@
-//! `idem ls`: the runs in a store, newest first, filtered by status or agent.
+//! `idem ls`: the runs in a store, newest first, filtered by status, agent or parent.
 
 use clap::Parser;
 use idem::store::{RunFilter, RunStatus};
@@ -18,6 +18,9 @@ pub struct LsCommand {
     /// Only runs of this agent (deployment name).
     #[arg(long)]
     agent: Option<String>,
+    /// Only the child runs this run spawned.
+    #[arg(long, value_name = "RUN")]
+    parent: Option<String>,
     /// At most this many runs.
     #[arg(long, default_value = "100")]
     limit: usize,
@@ -37,6 +40,7 @@ impl LsCommand {
             .runs(&RunFilter {
                 status: self.status,
                 agent: self.agent.as_deref(),
+                parent: self.parent.as_deref(),
                 limit: Some(self.limit),
             })
             .await?;

@@ -313,6 +313,8 @@ fn authority_args(cmd: &mut std::process::Command, a: &Authority) {
         ("--max-memory", l.max_memory_bytes),
         ("--max-handles", l.max_handles),
         ("--max-claims", l.max_claims),
+        ("--max-children", l.max_children),
+        ("--max-depth", l.max_depth),
         ("--max-table-elements", l.max_table_elements),
     ] {
         cmd.arg(flag).arg(n.to_string());

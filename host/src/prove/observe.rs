@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::store::{
-    Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts, InstanceStore, RunFence,
-    StoreError, WaitRequest, WaitState,
+    Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts, InstanceStore, JoinRequest,
+    RunFence, SpawnRequest, Spawned, StoreError, WaitRequest, WaitState,
 };
 
 /// What one `run-once` call got from the store. A wait on a live holder is not an
@@ -174,5 +174,13 @@ impl InstanceStore for ObservedInstance {
 
     async fn wait(&self, req: &WaitRequest<'_>) -> Result<WaitState, StoreError> {
         self.inner.wait(req).await
+    }
+
+    async fn spawn(&self, req: &SpawnRequest<'_>) -> Result<Spawned, StoreError> {
+        self.inner.spawn(req).await
+    }
+
+    async fn join(&self, req: &JoinRequest<'_>) -> Result<WaitState, StoreError> {
+        self.inner.join(req).await
     }
 }

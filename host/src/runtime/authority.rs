@@ -148,6 +148,8 @@ impl Authority {
             ("max_memory_bytes", a.max_memory_bytes > b.max_memory_bytes),
             ("max_handles", a.max_handles > b.max_handles),
             ("max_claims", a.max_claims > b.max_claims),
+            ("max_children", a.max_children > b.max_children),
+            ("max_depth", a.max_depth > b.max_depth),
             (
                 "max_table_elements",
                 a.max_table_elements > b.max_table_elements,

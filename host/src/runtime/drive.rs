@@ -195,6 +195,7 @@ impl Host {
                 let suspension = Suspension {
                     due: suspend.due,
                     signal: suspend.signal.as_deref(),
+                    join: suspend.join.as_deref(),
                 };
                 store
                     .suspend_run(&run.fence, &run.counts, &suspension)
@@ -203,6 +204,7 @@ impl Host {
                 report.waiting = Some(Waiting {
                     due: suspend.due,
                     signal: suspend.signal,
+                    join: suspend.join,
                 });
                 report
             }

@@ -34,12 +34,14 @@ pub(crate) fn trap_store(e: StoreError) -> wasmtime::Error {
 /// The agent reached a wait that is not over: the instance ends, and the run holds no
 /// instance and no lease until the wait is due.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("the run waits{}{}", .signal.as_ref().map(|s| format!(" for signal {s:?}")).unwrap_or_default(), .due.map(|d| format!(" until {d}")).unwrap_or_default())]
+#[error("the run waits{}{}{}", .signal.as_ref().map(|s| format!(" for signal {s:?}")).unwrap_or_default(), .join.as_ref().map(|k| format!(" for the children of join {k:?}")).unwrap_or_default(), .due.map(|d| format!(" until {d}")).unwrap_or_default())]
 pub(crate) struct Suspend {
     /// When the wait is due without a signal (`None`: never).
     pub(crate) due: Option<Millis>,
     /// The signal it waits for, if any.
     pub(crate) signal: Option<String>,
+    /// The key of the join it waits on, if any.
+    pub(crate) join: Option<String>,
 }
 
 /// Why an instance ended.

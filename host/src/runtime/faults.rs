@@ -22,6 +22,14 @@ pub enum Phase {
     AfterCommit,
     /// The progress save that followed the step's commit is durable.
     AfterSave,
+    /// On entry to `spawn`, before the transaction that records the child.
+    BeforeSpawn,
+    /// The child is recorded (and queued); the guest has not seen its id.
+    AfterSpawn,
+    /// On entry to a join, before the transaction that records it.
+    BeforeJoin,
+    /// The join's answer is recorded; the guest has not seen it.
+    AfterJoin,
 }
 
 impl Phase {
@@ -34,9 +42,23 @@ impl Phase {
         Phase::AfterSave,
     ];
 
+    /// The phases of a spawn and of a join, in order. A spawn's or a join's step is its
+    /// key's place among the keys the run used first (claims, spawns and joins apart
+    /// from each other).
+    pub const CHILDREN: [Phase; 4] = [
+        Phase::BeforeSpawn,
+        Phase::AfterSpawn,
+        Phase::BeforeJoin,
+        Phase::AfterJoin,
+    ];
+
     /// The phase's name on the command line.
     pub fn name(self) -> &'static str {
         match self {
+            Phase::BeforeSpawn => "before-spawn",
+            Phase::AfterSpawn => "after-spawn",
+            Phase::BeforeJoin => "before-join",
+            Phase::AfterJoin => "after-join",
             Phase::BeforeClaim => "before-claim",
             Phase::AfterClaim => "after-claim",
             Phase::InEffect => "in-effect",
@@ -66,7 +88,8 @@ pub struct CrashPoint {
 #[derive(Debug, thiserror::Error)]
 #[error(
     "invalid crash point {0:?}: expected PHASE:STEP with PHASE one of before-claim, \
-     after-claim, in-effect, after-commit, after-save and STEP a number from 1"
+     after-claim, in-effect, after-commit, after-save, before-spawn, after-spawn, \
+     before-join, after-join and STEP a number from 1"
 )]
 pub struct CrashPointError(String);
 
@@ -78,6 +101,7 @@ impl FromStr for CrashPoint {
         let (phase, step) = s.split_once(':').ok_or_else(err)?;
         let phase = Phase::ALL
             .into_iter()
+            .chain(Phase::CHILDREN)
             .find(|p| p.name() == phase)
             .ok_or_else(err)?;
         let step: u32 = step.parse().map_err(|_| err())?;
@@ -224,7 +248,7 @@ mod tests {
 
     #[test]
     fn crash_points_parse_and_print() {
-        for phase in Phase::ALL {
+        for phase in Phase::ALL.into_iter().chain(Phase::CHILDREN) {
             let text = format!("{phase}:7");
             let point: CrashPoint = text.parse().unwrap();
             assert_eq!(point, CrashPoint { phase, step: 7 });

@@ -279,6 +279,7 @@ fn waiting_report(record: &RunRecord) -> Option<RunReport> {
         waiting: Some(Waiting {
             due: (due != Millis::MAX).then_some(due),
             signal: record.waiting_for.clone(),
+            join: record.joining.clone(),
         }),
         rebuilt: None,
     })

@@ -49,6 +49,11 @@ pub struct Limits {
     /// together): a `run-once` or `run-once-many` that would pass it is refused with
     /// `too-large`, taking nothing.
     pub max_claims: usize,
+    /// Most child runs one run may spawn, and children one join may list.
+    pub max_children: usize,
+    /// Deepest a run may be spawned: a run started from outside is at depth 0, its
+    /// children at 1.
+    pub max_depth: usize,
 }
 
 impl Default for Limits {
@@ -68,6 +73,8 @@ impl Default for Limits {
             max_fuel: None,
             effect_timeout: Duration::from_secs(300),
             max_claims: 64,
+            max_children: 10_000,
+            max_depth: 8,
         }
     }
 }
@@ -134,6 +141,8 @@ impl Limits {
             ("max_memory_bytes", self.max_memory_bytes, 1 << 20, usize::MAX, "at least 1 MiB"),
             ("max_handles", self.max_handles, 16, 1 << 20, "16 to 1048576"),
             ("max_claims", self.max_claims, 1, 1 << 16, "1 to 65536"),
+            ("max_children", self.max_children, 1, 1 << 20, "1 to 1048576"),
+            ("max_depth", self.max_depth, 1, 64, "1 to 64"),
             ("max_table_elements", self.max_table_elements, 1, usize::MAX, "at least 1"),
         ];
         for (name, n, min, max, accepted) in sizes {

@@ -95,6 +95,8 @@ pub struct Waiting {
     pub due: Option<Millis>,
     /// The signal that wakes it, if it waits for one.
     pub signal: Option<String>,
+    /// The key of the join it waits on, if it does: the end of its children wakes it.
+    pub join: Option<String>,
 }
 
 /// Why a run failed, beyond its error text.

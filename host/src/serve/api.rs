@@ -73,6 +73,7 @@ fn json_body<T: DeserializeOwned>(
 pub(super) struct ListQuery {
     status: Option<String>,
     agent: Option<String>,
+    parent: Option<String>,
     limit: Option<usize>,
     offset: Option<usize>,
 }
@@ -115,6 +116,7 @@ pub(super) async fn list_runs(
         .runs(&RunFilter {
             status,
             agent: q.agent.as_deref().filter(|a| !a.is_empty()),
+            parent: q.parent.as_deref().filter(|p| !p.is_empty()),
             limit: Some(want),
         })
         .await?;
@@ -262,11 +264,18 @@ pub(super) async fn cancel_run(
     State(state): State<ServeState>,
     Path(run_id): Path<String>,
 ) -> Answer {
-    match state.store.cancel_run(&run_id).await? {
-        Cancelled::Now => ok(json!({ "cancelled": "now" })),
+    let report = ops::cancel(state.store.as_ref(), &run_id).await?;
+    let descendants: Vec<_> = report
+        .descendants
+        .iter()
+        .map(|d| json!({ "run_id": d.run_id, "status": d.status, "cancel_requested": d.cancel_requested }))
+        .collect();
+    match report.run {
+        Cancelled::Now => ok(json!({ "cancelled": "now", "descendants": descendants })),
         Cancelled::Requested { lease } => ok(json!({
             "cancelled": "requested",
             "worker": lease.worker,
+            "descendants": descendants,
         })),
     }
 }

@@ -77,6 +77,34 @@ pub enum StoreError {
         /// Why.
         reason: String,
     },
+    /// A spawn was refused ([`SpawnRefusal`](super::SpawnRefusal)). Nothing was written.
+    #[error(
+        "spawn {} of run {} refused: {refusal}",
+        crate::text::quoted(key),
+        crate::text::quoted(run_id)
+    )]
+    SpawnRefused {
+        /// The parent run.
+        run_id: String,
+        /// The spawn's key.
+        key: String,
+        /// Why.
+        refusal: super::SpawnRefusal,
+    },
+    /// A join was refused ([`JoinRefusal`](super::JoinRefusal)). Nothing was written.
+    #[error(
+        "join {} of run {} refused: {refusal}",
+        crate::text::quoted(key),
+        crate::text::quoted(run_id)
+    )]
+    JoinRefused {
+        /// The parent run.
+        run_id: String,
+        /// The join's key.
+        key: String,
+        /// Why.
+        refusal: super::JoinRefusal,
+    },
     /// A signal cannot be sent: its name or payload is not one a run can receive.
     /// Nothing was written.
     #[error("signal to run {} refused: {reason}", crate::text::quoted(run_id))]

@@ -21,10 +21,12 @@
 //! sum (what a backend is, and what the host, a worker and the HTTP API hold):
 //! - [`InstanceStore`], a running instance: claim, take over, commit, release, renew
 //!   and park its keys; read a committed result; load and save its checkpoint and
-//!   counts; append to its log; record a durable wait.
+//!   counts; append to its log; record a durable wait; spawn a child run exactly once
+//!   and join children.
 //! - [`WorkerStore`], a worker driving runs: the store's clock, the next due time,
 //!   acquiring, renewing and giving back run leases, suspending a run that waits,
-//!   finishing a run; whether a holder's process lives, and ending the leases of one
+//!   finishing a run (a child's end counts down its parent's join, in the same
+//!   transaction); whether a holder's process lives, and ending the leases of one
 //!   that is gone.
 //! - [`CatalogStore`], what runs are made from: components by digest, deployments,
 //!   the components a namespace admits, moving a run to another component.
@@ -36,10 +38,6 @@
 //! this way).
 //!
 //! # Where the next features land
-//! - Child runs: spawning a child exactly once is a step of its parent, recorded with
-//!   the child in one transaction, and joining is a durable wait: [`InstanceStore`].
-//!   Finishing a child and handing its result to its parent (which becomes due) is
-//!   one transaction of [`WorkerStore::finish_run`]'s kind: [`WorkerStore`].
 //! - Schedules: defining, listing and removing them is [`OperatorStore`]; a schedule
 //!   coming due makes a run where workers look for work ([`WorkerStore::next_due`],
 //!   [`WorkerStore::acquire_runs`]): [`WorkerStore`].
@@ -58,8 +56,8 @@
 //! # Layout
 //! - `mod.rs`: the roles, what lands where, and the re-exports.
 //! - `roles/`: one file per role trait, [`Store`] their sum, and [`Overlay`].
-//! - `fence.rs`, `claims.rs`, `progress.rs`, `runs.rs`, `deploy.rs`, `waits.rs`,
-//!   `gc.rs`: the values the roles speak in, by topic.
+//! - `fence.rs`, `claims.rs`, `progress.rs`, `runs.rs`, `children.rs`, `deploy.rs`,
+//!   `waits.rs`, `gc.rs`: the values the roles speak in, by topic.
 //! - `clock.rs`: the store's time, and a manual clock tests drive.
 //! - `error.rs`: [`StoreError`] and [`DatabaseFault`], in no backend's words.
 //! - `parked.rs`: the keys a run parked in doubt, as an operator names them.
@@ -73,6 +71,7 @@
 //! - `postgres/`: the PostgreSQL backend (cargo feature `postgres`);
 //!   `migrations/postgres/`: its numbered schema.
 
+mod children;
 mod claims;
 mod clock;
 mod deploy;
@@ -99,6 +98,10 @@ mod sqlite;
 mod tests;
 mod waits;
 
+pub use children::{
+    ChildEnd, ChildRecord, JoinMode, SpawnLimits, SpawnRefusal, SpawnRequest, Spawned, child_ended,
+    child_run_id,
+};
 pub use claims::{
     ClaimOutcome, ClaimRef, ClaimRequest, Commit, Grant, HeldClaim, OpenClaim, Resolution,
     StepRecord,
@@ -122,8 +125,8 @@ pub use runs::{
 #[cfg(feature = "sqlite")]
 pub use sqlite::{OpenOptions, SqliteStore};
 pub use waits::{
-    MAX_SIGNAL_NAME_BYTES, MAX_WAIT, SignalSent, Suspension, WaitKind, WaitRecord, WaitRequest,
-    WaitState, Wake, check_signal_name,
+    JoinRefusal, JoinRequest, MAX_SIGNAL_NAME_BYTES, MAX_WAIT, SignalSent, Suspension, WaitKind,
+    WaitRecord, WaitRequest, WaitState, Wake, check_signal_name,
 };
 
 /// Milliseconds since the Unix epoch: the unit of every lease and timestamp in a store.

@@ -40,6 +40,7 @@
 
 mod api;
 mod batch;
+mod children;
 mod claims;
 mod components;
 mod conn;

@@ -153,6 +153,14 @@ pub struct RunRecord {
     pub wake_at: Option<Millis>,
     /// The signal the suspended run waits for, if it waits for one.
     pub waiting_for: Option<String>,
+    /// The run that spawned this one, if one did.
+    pub parent: Option<String>,
+    /// The key its parent spawned it under.
+    pub spawn_key: Option<String>,
+    /// It outlives a cancelled parent.
+    pub detached: bool,
+    /// The key of the join the suspended run waits on, if it waits on one.
+    pub joining: Option<String>,
     /// When the run was submitted.
     pub created: Millis,
     /// When the run's record last changed.
@@ -232,6 +240,8 @@ pub struct RunFilter<'a> {
     pub status: Option<RunStatus>,
     /// Only runs of this agent (deployment name).
     pub agent: Option<&'a str>,
+    /// Only the children of this run.
+    pub parent: Option<&'a str>,
     /// At most this many, newest first; `None` for all.
     pub limit: Option<usize>,
 }

@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
+use super::{ChildEnd, JoinMode, Millis, RunFence};
 #[cfg(doc)]
 use super::{InstanceStore, OperatorStore, WorkerStore};
-use super::{Millis, RunFence};
 
 /// The longest a run may sleep or wait for a signal: 100 years. Anything longer is a
 /// mistake (a unit confused, a negative number wrapped), refused rather than kept.
@@ -57,8 +57,11 @@ pub enum WaitState {
     Elapsed,
     /// The signal was received (now, or when the wait was first reached): its payload.
     Received(Vec<u8>),
-    /// The signal's timeout passed first.
+    /// The signal's (or the join's) timeout passed first.
     TimedOut,
+    /// The join got its children: every child listed, in order (`All`), or the one
+    /// that ended first (`Any`).
+    Joined(Vec<ChildEnd>),
     /// Not over: due at this time (`None`: only a signal ends it).
     Pending {
         /// When it is due on the store's clock, if ever without a signal.
@@ -73,6 +76,9 @@ pub struct Suspension<'a> {
     pub due: Option<Millis>,
     /// The signal that makes it due at once, if it waits for one.
     pub signal: Option<&'a str>,
+    /// The key of the join it waits on, if it does: it is due at once when the join's
+    /// children have ended (all of them, or one for a join of any).
+    pub join: Option<&'a str>,
 }
 
 /// A wait as `idem show` lists it.
@@ -80,8 +86,10 @@ pub struct Suspension<'a> {
 pub struct WaitRecord {
     /// The wait's key.
     pub key: String,
-    /// The signal waited for; `None` for a sleep.
+    /// The signal waited for; `None` for a sleep or a join.
     pub signal: Option<String>,
+    /// For a join, whether it waits for `all` its children or `any`.
+    pub join: Option<String>,
     /// When the sleep ends or the signal wait times out (`None`: never).
     pub due: Option<Millis>,
     /// When the wait was first reached.
@@ -90,6 +98,52 @@ pub struct WaitRecord {
     pub outcome: Option<String>,
     /// When it ended, if it did.
     pub settled: Option<Millis>,
+}
+
+/// A join of children, recorded under a key of the parent run as a wait is:
+/// [`InstanceStore::join`].
+#[derive(Debug, Clone)]
+pub struct JoinRequest<'a> {
+    /// The parent run and its lease.
+    pub fence: &'a RunFence,
+    /// The join's key, among the run's waits.
+    pub key: &'a str,
+    /// The children, each a run this run spawned, in the order the answer keeps.
+    pub children: &'a [String],
+    /// Wait for all of them, or the first to end.
+    pub mode: JoinMode,
+    /// How long to wait, from when the join was first reached (`None`: for ever).
+    pub timeout: Option<std::time::Duration>,
+    /// The most children one join may list.
+    pub max_children: u32,
+}
+
+/// Why a join was refused. Nothing was written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JoinRefusal {
+    /// The list of children is empty.
+    #[error("a join needs at least one child")]
+    NoChildren,
+    /// More children than a join may list.
+    #[error("a join lists {count} children, over the limit of {max}")]
+    TooMany {
+        /// How many were listed.
+        count: usize,
+        /// The limit.
+        max: u32,
+    },
+    /// A child listed twice.
+    #[error("child {} is listed twice", crate::text::quoted(.0))]
+    Repeated(String),
+    /// A run that is not a child of this run (or no run at all).
+    #[error("run {} is not a child of this run", crate::text::quoted(.0))]
+    NotAChild(String),
+    /// The key was used by another wait, or by a join of other children or mode.
+    #[error("{0}")]
+    KeyReused(String),
+    /// The timeout is beyond what a store keeps.
+    #[error("{0}")]
+    InvalidTime(String),
 }
 
 /// What [`OperatorStore::send_signal`] did.

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use idem::store::{
-    Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts, InstanceStore, Overlay,
-    RunFence, Store, StoreError, WaitRequest, WaitState,
+    Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts, InstanceStore, JoinRequest,
+    Overlay, RunFence, SpawnRequest, Spawned, Store, StoreError, WaitRequest, WaitState,
 };
 
 /// A grant the store answered with.
@@ -153,5 +153,13 @@ impl InstanceStore for Recorder {
 
     async fn wait(&self, req: &WaitRequest<'_>) -> Result<WaitState, StoreError> {
         self.inner.wait(req).await
+    }
+
+    async fn spawn(&self, req: &SpawnRequest<'_>) -> Result<Spawned, StoreError> {
+        self.inner.spawn(req).await
+    }
+
+    async fn join(&self, req: &JoinRequest<'_>) -> Result<WaitState, StoreError> {
+        self.inner.join(req).await
     }
 }

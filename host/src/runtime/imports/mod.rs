@@ -3,6 +3,7 @@
 //! with an [`IdemView`](super::view::IdemView), which is the instance state of
 //! `state.rs` (see `view.rs` for why embedders do not link them).
 
+mod children;
 mod once;
 mod once_many;
 mod outbound;

@@ -34,8 +34,8 @@ impl Host for IdemCtxView<'_> {
         };
         match self.wait(&key, WaitKind::Sleep(wake)).await? {
             WaitState::Elapsed => Ok(()),
-            // A sleep is never received nor timed out; over is over.
-            WaitState::Received(_) | WaitState::TimedOut => Ok(()),
+            // A sleep is never received, timed out nor joined; over is over.
+            WaitState::Received(_) | WaitState::TimedOut | WaitState::Joined(_) => Ok(()),
             WaitState::Pending { due } => Err(suspend(due, None)),
         }
     }
@@ -53,8 +53,9 @@ impl Host for IdemCtxView<'_> {
         match self.wait(&key, kind).await? {
             WaitState::Received(payload) => Ok(Received::Payload(payload)),
             WaitState::TimedOut => Ok(Received::TimedOut),
-            // A signal wait with no due time is not a sleep: it stays pending.
-            WaitState::Elapsed => Ok(Received::TimedOut),
+            // A signal wait with no due time is not a sleep: it stays pending; and
+            // the store never answers one with a join's children.
+            WaitState::Elapsed | WaitState::Joined(_) => Ok(Received::TimedOut),
             WaitState::Pending { due } => Err(suspend(due, Some(name))),
         }
     }
@@ -68,7 +69,11 @@ impl Host for IdemCtxView<'_> {
 }
 
 fn suspend(due: Option<crate::store::Millis>, signal: Option<String>) -> WaitFailure {
-    WaitFailure::Trap(wasmtime::Error::new(Suspend { due, signal }))
+    WaitFailure::Trap(wasmtime::Error::new(Suspend {
+        due,
+        signal,
+        join: None,
+    }))
 }
 
 impl IdemCtxView<'_> {

@@ -7,15 +7,15 @@ use std::time::Duration;
 
 use super::conn::{Fenced, Lock, write_tx};
 use super::one_trip::OneTrip;
-use super::{PostgresStore, TxError, claims, components, gc, leases, logs, runs, waits};
+use super::{PostgresStore, TxError, children, claims, components, gc, leases, logs, runs, waits};
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
 use crate::store::{
     Acquired, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
-    Counts, Deployment, DeploymentRecord, GcReport, GcRequest, InstanceStore, LeaseState,
-    LeasedRun, Millis, OpenClaim, OperatorStore, Presence, Resolution, RunEnd, RunFence, RunFilter,
-    RunRecord, SignalSent, StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode,
-    WaitRecord, WaitRequest, WaitState, WorkerStore,
+    Counts, Deployment, DeploymentRecord, GcReport, GcRequest, InstanceStore, JoinRequest,
+    LeaseState, LeasedRun, Millis, OpenClaim, OperatorStore, Presence, Resolution, RunEnd,
+    RunFence, RunFilter, RunRecord, SignalSent, SpawnRequest, Spawned, StepRecord, StoreError,
+    Submission, Submitted, Suspension, SyncMode, WaitRecord, WaitRequest, WaitState, WorkerStore,
 };
 
 /// Refuses a write whose fence did not hold.
@@ -220,6 +220,30 @@ impl InstanceStore for PostgresStore {
         write_tx!(self, "record a wait", fence.sync, with, |conn, fenced| {
             held(fenced, fence)?;
             waits::wait(conn, fence, req.key, &req.kind).await
+        })
+    }
+
+    async fn spawn(&self, req: &SpawnRequest<'_>) -> Result<Spawned, StoreError> {
+        let fence = req.fence;
+        let with = Some((fence, Lock::Update));
+        write_tx!(
+            self,
+            "spawn a child run",
+            fence.sync,
+            with,
+            |conn, fenced| {
+                held(fenced, fence)?;
+                children::spawn(conn, req).await
+            }
+        )
+    }
+
+    async fn join(&self, req: &JoinRequest<'_>) -> Result<WaitState, StoreError> {
+        let fence = req.fence;
+        let with = Some((fence, Lock::Update));
+        write_tx!(self, "join children", fence.sync, with, |conn, fenced| {
+            held(fenced, fence)?;
+            children::join(conn, req).await
         })
     }
 }

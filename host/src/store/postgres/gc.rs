@@ -50,10 +50,13 @@ impl Cut {
         }
     }
 
-    /// Whether run `r` is one gc collects; `runs_before` is its parameter.
+    /// Whether run `r` is one gc collects; `runs_before` is its parameter. Not the
+    /// child of a parent that may still join it.
     fn collected_run(&self, runs_before: &str) -> String {
         format!(
-            "({} AND r.updated < {runs_before}::int8)",
+            "({} AND r.updated < {runs_before}::int8
+              AND NOT EXISTS (SELECT 1 FROM runs pr WHERE pr.run_id = r.parent
+                              AND pr.status NOT IN ('completed', 'cancelled')))",
             self.finished_status
         )
     }

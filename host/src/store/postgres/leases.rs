@@ -130,7 +130,7 @@ async fn grant(
     conn.execute(
         "UPDATE runs
          SET status = $2, lease_holder = $3, lease_token = $4, lease_expires = $5, updated = $6,
-             wake_at = NULL, waiting_for = NULL
+             wake_at = NULL, waiting_for = NULL, joining = NULL, join_left = NULL
          WHERE run_id = $1",
         &[
             &run_id,
@@ -240,5 +240,8 @@ pub(super) async fn finish_run(
         &[&run_id, &status.as_str(), &conn.now],
     )
     .await?;
+    if status != RunStatus::InDoubt {
+        super::children::count_down_parent(conn, run_id).await?;
+    }
     Ok(())
 }

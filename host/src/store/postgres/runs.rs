@@ -19,7 +19,7 @@ macro_rules! select_records {
                     r.executed, r.skipped, r.awaited, r.reclaimed, r.instances,
                     r.lease_holder, r.lease_token, r.lease_expires, r.cancel_requested,
                     r.note, r.created, r.updated, p.step, r.wake_at, r.waiting_for,
-                    r.recycled
+                    r.recycled, r.parent, r.spawn_key, r.detached, r.joining
              FROM runs r
              LEFT JOIN progress p ON p.run_id = r.run_id
              LEFT JOIN run_outcomes o ON o.run_id = r.run_id ",
@@ -147,19 +147,27 @@ pub(super) async fn cancel_run(conn: &Conn, run_id: &str) -> Result<Cancelled, T
             &[&run_id, &conn.now],
         )
         .await?;
+        super::children::cancel_descendants(conn, run_id).await?;
         return Ok(Cancelled::Requested { lease });
     }
     end_as_cancelled(conn, run_id).await?;
     Ok(Cancelled::Now)
 }
 
-/// Sets the run cancelled with no lease and releases its open claims that are not
-/// parked.
+/// Cancels the run as [`mark_cancelled`] does, and its children that are not
+/// detached, and theirs.
 pub(super) async fn end_as_cancelled(conn: &Conn, run_id: &str) -> Result<(), TxError> {
+    mark_cancelled(conn, run_id).await?;
+    super::children::cancel_descendants(conn, run_id).await
+}
+
+/// Sets the run cancelled with no lease and releases its open claims that are not
+/// parked; a parent joining it counts it as ended.
+pub(super) async fn mark_cancelled(conn: &Conn, run_id: &str) -> Result<(), TxError> {
     conn.execute(
         "UPDATE runs
          SET status = $2, lease_holder = NULL, lease_expires = NULL, cancel_requested = false,
-             wake_at = NULL, waiting_for = NULL, updated = $3
+             wake_at = NULL, waiting_for = NULL, joining = NULL, join_left = NULL, updated = $3
          WHERE run_id = $1",
         &[&run_id, &RunStatus::Cancelled.as_str(), &conn.now],
     )
@@ -170,7 +178,7 @@ pub(super) async fn end_as_cancelled(conn: &Conn, run_id: &str) -> Result<(), Tx
         &[&run_id],
     )
     .await?;
-    Ok(())
+    super::children::count_down_parent(conn, run_id).await
 }
 
 /// Stores or clears the run's outcome.
@@ -228,9 +236,15 @@ pub(super) async fn runs(conn: &Conn, filter: &RunFilter<'_>) -> Result<Vec<RunR
         .query(
             select_records!(
                 "WHERE ($1::text IS NULL OR r.status = $1) AND ($2::text IS NULL OR r.agent = $2)
+                   AND ($4::text IS NULL OR r.parent = $4)
                  ORDER BY r.created DESC, r.seq DESC LIMIT $3"
             ),
-            &[&filter.status.map(RunStatus::as_str), &filter.agent, &limit],
+            &[
+                &filter.status.map(RunStatus::as_str),
+                &filter.agent,
+                &limit,
+                &filter.parent,
+            ],
         )
         .await?;
     rows.iter().map(record).collect()
@@ -334,6 +348,10 @@ pub(super) fn record(row: &Row) -> Result<RunRecord, TxError> {
         step,
         wake_at: row.try_get(19)?,
         waiting_for: row.try_get(20)?,
+        parent: row.try_get(22)?,
+        spawn_key: row.try_get(23)?,
+        detached: row.try_get(24)?,
+        joining: row.try_get(25)?,
     })
 }
 

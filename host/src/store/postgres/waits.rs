@@ -30,7 +30,8 @@ pub(super) async fn wait(
     let asked = asked(now, kind).map_err(refused)?;
     let row = conn
         .query_opt(
-            "SELECT signal, due, outcome, payload FROM waits WHERE run_id = $1 AND key = $2",
+            "SELECT signal, due, outcome, payload, join_mode FROM waits
+             WHERE run_id = $1 AND key = $2",
             &[&fence.run_id, &key],
         )
         .await?;
@@ -41,6 +42,7 @@ pub(super) async fn wait(
                 due: row.try_get(1)?,
                 outcome: row.try_get(2)?,
                 payload: row.try_get(3)?,
+                join_mode: row.try_get(4)?,
             };
             match row.state(key, &asked).map_err(refused)? {
                 Recorded::Settled(state) => return Ok(state),
@@ -135,7 +137,13 @@ pub(super) async fn suspend_run(
             .is_some(),
         None => false,
     };
-    let wake_at = if arrived {
+    // Likewise a child that ended since the join looked: counted here, with the run's
+    // row locked, after which each child's end counts itself down.
+    let join_left = match suspension.join {
+        Some(key) => Some(super::children::join_left(conn, &fence.run_id, key).await?),
+        None => None,
+    };
+    let wake_at = if arrived || join_left == Some(0) {
         conn.now
     } else {
         suspension.due.unwrap_or(Millis::MAX)
@@ -143,9 +151,16 @@ pub(super) async fn suspend_run(
     conn.execute(
         "UPDATE runs
          SET lease_holder = NULL, lease_expires = NULL, note = NULL, wake_at = $2,
-             waiting_for = $3, updated = $4
+             waiting_for = $3, joining = $5, join_left = $6, updated = $4
          WHERE run_id = $1",
-        &[&fence.run_id, &wake_at, &suspension.signal, &conn.now],
+        &[
+            &fence.run_id,
+            &wake_at,
+            &suspension.signal,
+            &conn.now,
+            &suspension.join,
+            &join_left,
+        ],
     )
     .await?;
     Ok(())
@@ -217,7 +232,7 @@ pub(super) async fn send_signal(
 pub(super) async fn waits(conn: &Conn, run_id: &str) -> Result<Vec<WaitRecord>, TxError> {
     let rows = conn
         .query(
-            "SELECT key, signal, due, created, outcome, settled FROM waits
+            "SELECT key, signal, due, created, outcome, settled, join_mode FROM waits
              WHERE run_id = $1 ORDER BY created, key",
             &[&run_id],
         )
@@ -231,6 +246,7 @@ pub(super) async fn waits(conn: &Conn, run_id: &str) -> Result<Vec<WaitRecord>, 
                 created: row.try_get(3)?,
                 outcome: row.try_get(4)?,
                 settled: row.try_get(5)?,
+                join: row.try_get(6)?,
             })
         })
         .collect()

@@ -4,8 +4,8 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::store::{
-    Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts, RunFence, StoreError,
-    WaitRequest, WaitState,
+    Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts, JoinRequest, RunFence,
+    SpawnRequest, Spawned, StoreError, WaitRequest, WaitState,
 };
 #[cfg(doc)]
 use crate::store::{OperatorStore, RunStatus};
@@ -101,4 +101,24 @@ pub trait InstanceStore: Send + Sync + fmt::Debug {
     /// [`StoreError::WaitRefused`] for an absurd time or a key used by another kind of
     /// wait, and [`StoreError::LeaseLost`] if the fence is stale; nothing is written.
     async fn wait(&self, req: &WaitRequest<'_>) -> Result<WaitState, StoreError>;
+
+    /// Starts the child run `req.child_id` of deployment `req.deployment` with
+    /// `req.input`, as a child of the fenced run, unless that run spawned it before
+    /// under `req.key` (then returns it as it is). The child is queued with the
+    /// deployment's component, authority and namespace, one deeper than its parent.
+    /// Fails with [`StoreError::SpawnRefused`] for an unknown deployment, a key spawned
+    /// before with another deployment or input, a child past the depth or children
+    /// limit, or a cycle (an ancestor spawned with the same deployment and key);
+    /// [`StoreError::LeaseLost`] if the fence is stale. Nothing is written when it fails.
+    async fn spawn(&self, req: &SpawnRequest<'_>) -> Result<Spawned, StoreError>;
+
+    /// Records the join `req.key` of the run if it is new (with its children and its
+    /// due time from the store's clock now), and says where it stands:
+    /// [`WaitState::Joined`] once the children it waits for have ended (the ends are
+    /// kept with the join, so asking again answers the same), [`WaitState::TimedOut`]
+    /// past its timeout, else [`WaitState::Pending`]. Fails with
+    /// [`StoreError::JoinRefused`] for a list that is empty, too long, repeats a child
+    /// or names a run that is not this run's child, or a key used by another wait;
+    /// [`StoreError::LeaseLost`] if the fence is stale. Nothing is written when it fails.
+    async fn join(&self, req: &JoinRequest<'_>) -> Result<WaitState, StoreError>;
 }

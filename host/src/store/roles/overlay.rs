@@ -20,9 +20,10 @@ use std::time::Duration;
 use super::{CatalogStore, InstanceStore, OperatorStore, Store, WorkerStore};
 use crate::store::{
     Acquired, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
-    Deployment, DeploymentRecord, GcReport, GcRequest, LeaseState, LeasedRun, Millis, OpenClaim,
-    Presence, Resolution, RunEnd, RunFence, RunFilter, RunRecord, SignalSent, StepRecord,
-    StoreError, Submission, Submitted, Suspension, WaitRecord, WaitRequest, WaitState,
+    Deployment, DeploymentRecord, GcReport, GcRequest, JoinRequest, LeaseState, LeasedRun, Millis,
+    OpenClaim, Presence, Resolution, RunEnd, RunFence, RunFilter, RunRecord, SignalSent,
+    SpawnRequest, Spawned, StepRecord, StoreError, Submission, Submitted, Suspension, WaitRecord,
+    WaitRequest, WaitState,
 };
 
 /// A [`Store`] assembled from one handle per role: an underlying store's, with any
@@ -151,6 +152,14 @@ impl InstanceStore for Overlay {
 
     async fn wait(&self, req: &WaitRequest<'_>) -> Result<WaitState, StoreError> {
         self.instance.wait(req).await
+    }
+
+    async fn spawn(&self, req: &SpawnRequest<'_>) -> Result<Spawned, StoreError> {
+        self.instance.spawn(req).await
+    }
+
+    async fn join(&self, req: &JoinRequest<'_>) -> Result<WaitState, StoreError> {
+        self.instance.join(req).await
     }
 }
 

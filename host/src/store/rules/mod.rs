@@ -9,7 +9,7 @@
 
 mod waits;
 
-pub(crate) use waits::{Recorded, WaitRow, asked, sleep_state};
+pub(crate) use waits::{Recorded, WaitRow, asked, join_asked, join_mode, join_reused, sleep_state};
 
 use std::time::Duration;
 

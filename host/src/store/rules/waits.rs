@@ -4,22 +4,14 @@
 
 use std::time::Duration;
 
-use crate::store::{MAX_WAIT, Millis, WaitKind, WaitState, Wake, check_signal_name};
+use crate::store::{
+    JoinMode, JoinRefusal, MAX_WAIT, Millis, WaitKind, WaitState, Wake, check_signal_name,
+};
 
 /// The time a wait is due, from when it was first reached; `None` for an absurd one
 /// (beyond [`MAX_WAIT`] or before the epoch).
 pub(crate) fn due_at(now: Millis, kind: &WaitKind<'_>) -> Result<Option<Millis>, String> {
-    let after = |d: Duration| -> Result<Millis, String> {
-        if d > MAX_WAIT {
-            return Err(format!(
-                "{} s is longer than the longest wait a store keeps ({} s, 100 years)",
-                d.as_secs(),
-                MAX_WAIT.as_secs()
-            ));
-        }
-        let ms = Millis::try_from(d.as_millis()).unwrap_or(Millis::MAX);
-        Ok(now.saturating_add(ms))
-    };
+    let after = |d: Duration| after(now, d);
     match kind {
         WaitKind::Sleep(Wake::After(d)) => after(*d).map(Some),
         WaitKind::Sleep(Wake::At(at)) => {
@@ -35,6 +27,69 @@ pub(crate) fn due_at(now: Millis, kind: &WaitKind<'_>) -> Result<Option<Millis>,
             }
         }
         WaitKind::Signal { timeout, .. } => timeout.map(after).transpose(),
+    }
+}
+
+/// `d` after `now`, unless `d` is longer than a store keeps a wait.
+fn after(now: Millis, d: Duration) -> Result<Millis, String> {
+    if d > MAX_WAIT {
+        return Err(format!(
+            "{} s is longer than the longest wait a store keeps ({} s, 100 years)",
+            d.as_secs(),
+            MAX_WAIT.as_secs()
+        ));
+    }
+    let ms = Millis::try_from(d.as_millis()).unwrap_or(Millis::MAX);
+    Ok(now.saturating_add(ms))
+}
+
+/// A join as asked, checked before anything is read: its due time if it is new
+/// (`timeout` after `now`), or why it is refused.
+pub(crate) fn join_asked(
+    now: Millis,
+    children: &[String],
+    timeout: Option<Duration>,
+    max_children: u32,
+) -> Result<Option<Millis>, JoinRefusal> {
+    if children.is_empty() {
+        return Err(JoinRefusal::NoChildren);
+    }
+    if u32::try_from(children.len()).map_or(true, |n| n > max_children) {
+        return Err(JoinRefusal::TooMany {
+            count: children.len(),
+            max: max_children,
+        });
+    }
+    let mut seen = std::collections::HashSet::with_capacity(children.len());
+    if let Some(twice) = children.iter().find(|c| !seen.insert(c.as_str())) {
+        return Err(JoinRefusal::Repeated(twice.clone()));
+    }
+    timeout
+        .map(|d| after(now, d))
+        .transpose()
+        .map_err(JoinRefusal::InvalidTime)
+}
+
+/// The refusal of a join whose key was recorded for another wait (`recorded`: its
+/// signal, or `None` for a sleep) or for a join `mode` of other children.
+pub(crate) fn join_reused(key: &str, recorded: Option<&str>, mode: Option<&str>) -> JoinRefusal {
+    let was = match (mode, recorded) {
+        (Some(mode), _) => format!("a join of {mode} of other children"),
+        (None, None) => "a sleep".to_string(),
+        (None, Some(name)) => format!("a wait for signal {}", crate::text::quoted(name)),
+    };
+    JoinRefusal::KeyReused(format!(
+        "key {} was used for {was}; give each wait its own key",
+        crate::text::quoted(key)
+    ))
+}
+
+/// Parses a join's mode as the store spells it.
+pub(crate) fn join_mode(text: &str) -> Option<JoinMode> {
+    match text {
+        "all" => Some(JoinMode::All),
+        "any" => Some(JoinMode::Any),
+        _ => None,
     }
 }
 
@@ -62,6 +117,8 @@ pub(crate) fn asked<'a>(now: Millis, kind: &WaitKind<'a>) -> Result<Asked<'a>, S
 /// A wait's row as a backend read it.
 pub(crate) struct WaitRow {
     pub(crate) signal: Option<String>,
+    /// Set for a join: `all` or `any`.
+    pub(crate) join_mode: Option<String>,
     pub(crate) due: Option<Millis>,
     pub(crate) outcome: Option<String>,
     pub(crate) payload: Option<Vec<u8>>,
@@ -79,6 +136,13 @@ impl WaitRow {
     /// Where the wait stands, asked again as `asked`; the reason it is refused if its
     /// key was used for another kind of wait.
     pub(crate) fn state(self, key: &str, asked: &Asked<'_>) -> Result<Recorded, String> {
+        if let Some(mode) = &self.join_mode {
+            return Err(format!(
+                "key {} was used for a join of {mode}, not {}; give each wait its own key",
+                crate::text::quoted(key),
+                kind(asked.signal)
+            ));
+        }
         if self.signal.as_deref() != asked.signal {
             return Err(reused(key, self.signal.as_deref(), asked.signal));
         }
@@ -102,14 +166,18 @@ pub(crate) fn sleep_state(due: Option<Millis>, now: Millis) -> WaitState {
 
 /// Why a wait's key cannot be used for this wait: it was used for another kind.
 pub(crate) fn reused(key: &str, recorded: Option<&str>, wanted: Option<&str>) -> String {
-    let kind = |signal: Option<&str>| match signal {
-        None => "a sleep".to_string(),
-        Some(name) => format!("a wait for signal {}", crate::text::quoted(name)),
-    };
     format!(
         "key {} was used for {}, not {}; give each wait its own key",
         crate::text::quoted(key),
         kind(recorded),
         kind(wanted)
     )
+}
+
+/// A wait's kind as a refusal names it.
+fn kind(signal: Option<&str>) -> String {
+    match signal {
+        None => "a sleep".to_string(),
+        Some(name) => format!("a wait for signal {}", crate::text::quoted(name)),
+    }
 }

@@ -5,16 +5,16 @@
 
 use std::time::Duration;
 
-use super::owned::{OwnedEnd, OwnedRef, OwnedRequest, OwnedWaitKind};
-use super::{SqliteStore, claims, components, gc, leases, logs, presence, runs, waits};
+use super::owned::{OwnedEnd, OwnedJoin, OwnedRef, OwnedRequest, OwnedSpawn, OwnedWaitKind};
+use super::{SqliteStore, children, claims, components, gc, leases, logs, presence, runs, waits};
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
 use crate::store::{
     Acquired, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
-    Counts, Deployment, DeploymentRecord, GcReport, GcRequest, InstanceStore, LeaseState,
-    LeasedRun, Millis, OpenClaim, OperatorStore, Presence, Resolution, RunEnd, RunFence, RunFilter,
-    RunRecord, SignalSent, StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode,
-    WaitRecord, WaitRequest, WaitState, WorkerStore,
+    Counts, Deployment, DeploymentRecord, GcReport, GcRequest, InstanceStore, JoinRequest,
+    LeaseState, LeasedRun, Millis, OpenClaim, OperatorStore, Presence, Resolution, RunEnd,
+    RunFence, RunFilter, RunRecord, SignalSent, SpawnRequest, Spawned, StepRecord, StoreError,
+    Submission, Submitted, Suspension, SyncMode, WaitRecord, WaitRequest, WaitState, WorkerStore,
 };
 
 #[async_trait::async_trait]
@@ -163,6 +163,22 @@ impl InstanceStore for SqliteStore {
         })
         .await
     }
+
+    async fn spawn(&self, req: &SpawnRequest<'_>) -> Result<Spawned, StoreError> {
+        let req = OwnedSpawn::new(req);
+        self.write("spawn a child run", req.sync(), move |conn, now| {
+            children::spawn(conn, &req.borrow(), now)
+        })
+        .await
+    }
+
+    async fn join(&self, req: &JoinRequest<'_>) -> Result<WaitState, StoreError> {
+        let req = OwnedJoin::new(req);
+        self.write("join children", req.sync(), move |conn, now| {
+            children::join(conn, &req.borrow(), now)
+        })
+        .await
+    }
 }
 
 #[async_trait::async_trait]
@@ -244,10 +260,12 @@ impl WorkerStore for SqliteStore {
         check_counts(counts)?;
         let (fence, counts) = (fence.clone(), *counts);
         let (due, signal) = (suspension.due, suspension.signal.map(str::to_owned));
+        let join = suspension.join.map(str::to_owned);
         self.write("suspend a run", fence.sync, move |conn, now| {
             let suspension = Suspension {
                 due,
                 signal: signal.as_deref(),
+                join: join.as_deref(),
             };
             waits::suspend_run(conn, &fence, &counts, &suspension, now)
         })

@@ -50,9 +50,15 @@ impl Cut {
         }
     }
 
-    /// Whether run `r` is one gc collects (uses `:runs_before`).
+    /// Whether run `r` is one gc collects (uses `:runs_before`): finished before the
+    /// cut, and not the child of a parent that may still join it.
     fn collected_run(&self) -> String {
-        format!("({} AND r.updated < :runs_before)", self.finished_status)
+        format!(
+            "({} AND r.updated < :runs_before
+              AND NOT EXISTS (SELECT 1 FROM runs pr WHERE pr.run_id = r.parent
+                              AND pr.status NOT IN ('completed', 'cancelled')))",
+            self.finished_status
+        )
     }
 
     /// Whether step row `s` may go (uses `:now`, `:keys_before`, `:runs_before`): out

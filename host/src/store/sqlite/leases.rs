@@ -178,7 +178,7 @@ fn grant(
     conn.prepare_cached(
         "UPDATE runs
          SET status = ?2, lease_holder = ?3, lease_token = ?4, lease_expires = ?5, updated = ?6,
-             wake_at = NULL, waiting_for = NULL
+             wake_at = NULL, waiting_for = NULL, joining = NULL, join_left = NULL
          WHERE run_id = ?1",
     )?
     .execute(params![
@@ -281,6 +281,9 @@ pub(super) fn finish_run(
          WHERE run_id = ?1",
     )?
     .execute(params![run_id, status.as_str(), now])?;
+    if status != RunStatus::InDoubt {
+        super::children::count_down_parent(conn, run_id, now)?;
+    }
     Ok(())
 }
 

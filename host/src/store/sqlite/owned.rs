@@ -4,7 +4,10 @@
 
 use std::time::Duration;
 
-use crate::store::{ClaimRef, ClaimRequest, RunEnd, RunFence, WaitKind, Wake};
+use crate::store::{
+    ClaimRef, ClaimRequest, JoinMode, JoinRequest, RunEnd, RunFence, SpawnLimits, SpawnRequest,
+    WaitKind, Wake,
+};
 
 /// A [`ClaimRequest`] that owns its strings.
 pub(super) struct OwnedRequest {
@@ -121,6 +124,85 @@ impl OwnedWaitKind {
                 name,
                 timeout: *timeout,
             },
+        }
+    }
+}
+
+/// A [`SpawnRequest`] that owns its strings and input.
+pub(super) struct OwnedSpawn {
+    fence: RunFence,
+    key: String,
+    child_id: String,
+    deployment: String,
+    input: Vec<u8>,
+    detached: bool,
+    limits: SpawnLimits,
+}
+
+impl OwnedSpawn {
+    pub(super) fn new(req: &SpawnRequest<'_>) -> OwnedSpawn {
+        OwnedSpawn {
+            fence: req.fence.clone(),
+            key: req.key.to_owned(),
+            child_id: req.child_id.to_owned(),
+            deployment: req.deployment.to_owned(),
+            input: req.input.to_vec(),
+            detached: req.detached,
+            limits: req.limits,
+        }
+    }
+
+    pub(super) fn sync(&self) -> crate::store::SyncMode {
+        self.fence.sync
+    }
+
+    pub(super) fn borrow(&self) -> SpawnRequest<'_> {
+        SpawnRequest {
+            fence: &self.fence,
+            key: &self.key,
+            child_id: &self.child_id,
+            deployment: &self.deployment,
+            input: &self.input,
+            detached: self.detached,
+            limits: self.limits,
+        }
+    }
+}
+
+/// A [`JoinRequest`] that owns its strings.
+pub(super) struct OwnedJoin {
+    fence: RunFence,
+    key: String,
+    children: Vec<String>,
+    mode: JoinMode,
+    timeout: Option<Duration>,
+    max_children: u32,
+}
+
+impl OwnedJoin {
+    pub(super) fn new(req: &JoinRequest<'_>) -> OwnedJoin {
+        OwnedJoin {
+            fence: req.fence.clone(),
+            key: req.key.to_owned(),
+            children: req.children.to_vec(),
+            mode: req.mode,
+            timeout: req.timeout,
+            max_children: req.max_children,
+        }
+    }
+
+    pub(super) fn sync(&self) -> crate::store::SyncMode {
+        self.fence.sync
+    }
+
+    pub(super) fn borrow(&self) -> JoinRequest<'_> {
+        JoinRequest {
+            fence: &self.fence,
+            key: &self.key,
+            children: &self.children,
+            mode: self.mode,
+            timeout: self.timeout,
+            max_children: self.max_children,
         }
     }
 }

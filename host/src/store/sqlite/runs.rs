@@ -21,7 +21,7 @@ macro_rules! select_records {
                     r.executed, r.skipped, r.awaited, r.reclaimed, r.instances,
                     r.lease_holder, r.lease_token, r.lease_expires, r.cancel_requested,
                     r.note, r.created, r.updated, p.step, r.wake_at, r.waiting_for,
-                    r.recycled
+                    r.recycled, r.parent, r.spawn_key, r.detached, r.joining
              FROM runs r
              LEFT JOIN progress p ON p.run_id = r.run_id
              LEFT JOIN run_outcomes o ON o.run_id = r.run_id ",
@@ -154,24 +154,32 @@ pub(super) fn cancel_run(
             "UPDATE runs SET cancel_requested = 1, updated = ?2 WHERE run_id = ?1",
         )?
         .execute(params![run_id, now])?;
+        super::children::cancel_descendants(conn, run_id, now)?;
         return Ok(Cancelled::Requested { lease });
     }
     end_as_cancelled(conn, run_id, now)?;
     Ok(Cancelled::Now)
 }
 
-/// Sets the run cancelled with no lease (its token stays, so no old fence works again)
-/// and releases its open claims that are not parked: a cancelled run keeps no key from
-/// anyone.
+/// Cancels the run as [`mark_cancelled`] does, and its children that are not
+/// detached, and theirs ([`cancel_descendants`](super::children::cancel_descendants)).
 pub(super) fn end_as_cancelled(
     conn: &Connection,
     run_id: &str,
     now: Millis,
 ) -> Result<(), TxError> {
+    mark_cancelled(conn, run_id, now)?;
+    super::children::cancel_descendants(conn, run_id, now)
+}
+
+/// Sets the run cancelled with no lease (its token stays, so no old fence works again)
+/// and releases its open claims that are not parked: a cancelled run keeps no key from
+/// anyone. A parent joining it counts it as ended.
+pub(super) fn mark_cancelled(conn: &Connection, run_id: &str, now: Millis) -> Result<(), TxError> {
     conn.prepare_cached(
         "UPDATE runs
          SET status = ?2, lease_holder = NULL, lease_expires = NULL, cancel_requested = 0,
-             wake_at = NULL, waiting_for = NULL, updated = ?3
+             wake_at = NULL, waiting_for = NULL, joining = NULL, join_left = NULL, updated = ?3
          WHERE run_id = ?1",
     )?
     .execute(params![run_id, RunStatus::Cancelled.as_str(), now])?;
@@ -179,7 +187,7 @@ pub(super) fn end_as_cancelled(
     // A scan of `steps`, as for every by-run question: cancelling is rare.
     conn.prepare_cached("UPDATE steps SET holder = NULL WHERE run_id = ?1 AND holder IS NOT NULL")?
         .execute([run_id])?;
-    Ok(())
+    super::children::count_down_parent(conn, run_id, now)
 }
 
 /// Stores or clears the run's outcome.
@@ -229,10 +237,16 @@ pub(super) fn runs(conn: &Connection, filter: &OwnedFilter) -> Result<Vec<RunRec
     let records = conn
         .prepare_cached(select_records!(
             "WHERE (?1 IS NULL OR r.status = ?1) AND (?2 IS NULL OR r.agent = ?2)
+               AND (?4 IS NULL OR r.parent = ?4)
              ORDER BY r.created DESC, r.rowid DESC LIMIT ?3"
         ))?
         .query_map(
-            params![filter.status.map(RunStatus::as_str), filter.agent, limit],
+            params![
+                filter.status.map(RunStatus::as_str),
+                filter.agent,
+                limit,
+                filter.parent
+            ],
             record,
         )?
         .collect::<rusqlite::Result<_>>()?;
@@ -243,6 +257,7 @@ pub(super) fn runs(conn: &Connection, filter: &OwnedFilter) -> Result<Vec<RunRec
 pub(super) struct OwnedFilter {
     status: Option<RunStatus>,
     agent: Option<String>,
+    parent: Option<String>,
     limit: Option<usize>,
 }
 
@@ -251,6 +266,7 @@ impl From<&RunFilter<'_>> for OwnedFilter {
         OwnedFilter {
             status: filter.status,
             agent: filter.agent.map(str::to_owned),
+            parent: filter.parent.map(str::to_owned),
             limit: filter.limit,
         }
     }
@@ -358,6 +374,10 @@ pub(super) fn record(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
         step,
         wake_at: row.get(19)?,
         waiting_for: row.get(20)?,
+        parent: row.get(22)?,
+        spawn_key: row.get(23)?,
+        detached: row.get(24)?,
+        joining: row.get(25)?,
     })
 }
 

@@ -25,6 +25,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0006_retired.sql"),
     include_str!("../migrations/sqlite/0007_recycled.sql"),
     include_str!("../migrations/sqlite/0008_rebuilds.sql"),
+    include_str!("../migrations/sqlite/0009_children.sql"),
 ];
 
 /// The schema version this build writes and understands.

@@ -33,7 +33,8 @@ pub(super) fn wait(
     let asked = asked(now, kind).map_err(refused)?;
     let row = conn
         .prepare_cached(
-            "SELECT signal, due, outcome, payload FROM waits WHERE run_id = ?1 AND key = ?2",
+            "SELECT signal, due, outcome, payload, join_mode FROM waits
+             WHERE run_id = ?1 AND key = ?2",
         )?
         .query_row(params![fence.run_id, key], |row| {
             Ok(WaitRow {
@@ -41,6 +42,7 @@ pub(super) fn wait(
                 due: row.get(1)?,
                 outcome: row.get(2)?,
                 payload: row.get(3)?,
+                join_mode: row.get(4)?,
             })
         })
         .optional()?;
@@ -132,7 +134,13 @@ pub(super) fn suspend_run(
             .is_some(),
         None => false,
     };
-    let wake_at = if arrived {
+    // Likewise a child that ended since the join looked: counted here, in the
+    // transaction after which each child's end counts itself down.
+    let join_left = match suspension.join {
+        Some(key) => Some(super::children::join_left(conn, &fence.run_id, key)?),
+        None => None,
+    };
+    let wake_at = if arrived || join_left == Some(0) {
         now
     } else {
         suspension.due.unwrap_or(Millis::MAX)
@@ -140,10 +148,17 @@ pub(super) fn suspend_run(
     conn.prepare_cached(
         "UPDATE runs
          SET lease_holder = NULL, lease_expires = NULL, note = NULL, wake_at = ?2,
-             waiting_for = ?3, updated = ?4
+             waiting_for = ?3, joining = ?5, join_left = ?6, updated = ?4
          WHERE run_id = ?1",
     )?
-    .execute(params![fence.run_id, wake_at, suspension.signal, now])?;
+    .execute(params![
+        fence.run_id,
+        wake_at,
+        suspension.signal,
+        now,
+        suspension.join,
+        join_left
+    ])?;
     Ok(())
 }
 
@@ -207,7 +222,7 @@ pub(super) fn send_signal(
 pub(super) fn waits(conn: &Connection, run_id: &str) -> Result<Vec<WaitRecord>, TxError> {
     let records = conn
         .prepare_cached(
-            "SELECT key, signal, due, created, outcome, settled FROM waits
+            "SELECT key, signal, due, created, outcome, settled, join_mode FROM waits
              WHERE run_id = ?1 ORDER BY created, key",
         )?
         .query_map([run_id], |row| {
@@ -218,6 +233,7 @@ pub(super) fn waits(conn: &Connection, run_id: &str) -> Result<Vec<WaitRecord>, 
                 created: row.get(3)?,
                 outcome: row.get(4)?,
                 settled: row.get(5)?,
+                join: row.get(6)?,
             })
         })?
         .collect::<rusqlite::Result<_>>()?;

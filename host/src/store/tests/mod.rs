@@ -16,6 +16,7 @@
 //! - `postgres_harness.rs`: a schema of its own per test on a real PostgreSQL server
 //!   (`IDEM_TEST_POSTGRES`).
 
+mod children;
 mod claims;
 mod deploy;
 mod gc;
@@ -131,6 +132,14 @@ macro_rules! store_tests {
                 waits::a_signal_is_taken_once_by_the_wait_that_records_it,
                 waits::a_signal_sent_between_a_wait_and_its_suspension_is_not_missed,
                 waits::bad_signals_and_waits_are_refused_and_write_nothing,
+                children::a_spawn_happens_once_per_key_with_the_deployments_grants,
+                children::bad_spawns_are_refused_and_write_nothing,
+                children::a_parent_joining_all_is_due_once_when_its_last_child_ends,
+                children::a_join_of_any_takes_the_first_child_to_end,
+                children::a_child_ending_before_the_suspension_makes_the_parent_due_at_once,
+                children::bad_joins_are_refused_and_write_nothing,
+                children::a_join_times_out_on_the_stores_clock,
+                children::cancelling_a_parent_cancels_its_children_but_not_detached_ones,
                 gc::a_deleted_key_granted_again_gets_a_greater_token,
                 gc::keys_inside_the_dedupe_window_outlive_their_run,
                 gc::failed_runs_stay_unless_asked_and_live_claims_always,

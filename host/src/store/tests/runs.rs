@@ -233,6 +233,7 @@ pub(super) async fn runs_are_listed_newest_first_and_filtered(env: &Env<'_>) {
         ids(RunFilter {
             status: Some(RunStatus::Running),
             agent: Some("billing"),
+            parent: None,
             limit: None,
         })
         .await,

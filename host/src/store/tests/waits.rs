@@ -60,7 +60,11 @@ pub(super) async fn a_suspended_run_is_leased_only_when_due_in_due_order(env: &E
         let WaitState::Pending { due } = store.wait(&req).await.unwrap() else {
             panic!("a sleep in the future is pending");
         };
-        let suspension = Suspension { due, signal: None };
+        let suspension = Suspension {
+            due,
+            signal: None,
+            join: None,
+        };
         store
             .suspend_run(&fence, &Counts::default(), &suspension)
             .await
@@ -132,6 +136,7 @@ pub(super) async fn a_signal_is_taken_once_by_the_wait_that_records_it(env: &Env
     let suspension = Suspension {
         due: Some(T0 + 60_000),
         signal: Some("go"),
+        join: None,
     };
     store
         .suspend_run(&fence, &Counts::default(), &suspension)
@@ -202,6 +207,7 @@ pub(super) async fn a_signal_sent_between_a_wait_and_its_suspension_is_not_misse
     let suspension = Suspension {
         due: None,
         signal: Some("go"),
+        join: None,
     };
     store
         .suspend_run(&fence, &Counts::default(), &suspension)

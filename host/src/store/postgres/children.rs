@@ -1,0 +1,451 @@
+//! Child runs on PostgreSQL: spawning one exactly once, joining children, counting a
+//! parent's join down as its children end, and cancelling a run's descendants. The
+//! same statements as SQLite's, each inside the transaction its caller began (the
+//! parent's row locked by the fence check).
+
+use super::TxError;
+use super::conn::Conn;
+use super::runs::{lease_from, mark_cancelled, status_from};
+use crate::store::rules::{join_asked, join_mode, join_reused};
+use crate::store::{
+    ChildEnd, JoinMode, JoinRefusal, JoinRequest, SpawnRefusal, SpawnRequest, Spawned, StoreError,
+    WaitState,
+};
+
+/// Spawns the child, or finds it spawned before under the same key. The caller
+/// checked the fence with the parent's row locked for update, so one parent's spawns
+/// are counted one after another.
+pub(super) async fn spawn(conn: &Conn, req: &SpawnRequest<'_>) -> Result<Spawned, TxError> {
+    let parent = req.fence.run_id.as_str();
+    let refused = |refusal: SpawnRefusal| {
+        TxError::Store(StoreError::SpawnRefused {
+            run_id: parent.to_owned(),
+            key: req.key.to_owned(),
+            refusal,
+        })
+    };
+    let existing = conn
+        .query_opt(
+            "SELECT r.parent, r.agent, i.input = $2 FROM runs r
+             JOIN run_inputs i ON i.run_id = r.run_id WHERE r.run_id = $1",
+            &[&req.child_id, &req.input],
+        )
+        .await?;
+    if let Some(row) = existing {
+        let (of, agent, same_input): (Option<String>, String, bool) =
+            (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+        let what = if of.as_deref() != Some(parent) {
+            "another parent"
+        } else if agent != req.deployment {
+            "another deployment"
+        } else if !same_input {
+            "other input"
+        } else {
+            return Ok(Spawned {
+                run_id: req.child_id.to_owned(),
+                created: false,
+            });
+        };
+        return Err(refused(SpawnRefusal::KeyReused {
+            key: req.key.to_owned(),
+            what,
+        }));
+    }
+    let deployment = conn
+        .query_opt(
+            "SELECT digest, authority FROM deployments WHERE name = $1 ORDER BY id DESC LIMIT 1",
+            &[&req.deployment],
+        )
+        .await?;
+    let Some(deployment) = deployment else {
+        return Err(refused(SpawnRefusal::UnknownDeployment(
+            req.deployment.to_owned(),
+        )));
+    };
+    let (digest, authority): (String, Vec<u8>) = (deployment.try_get(0)?, deployment.try_get(1)?);
+    let depth: i32 = conn
+        .query_one("SELECT depth FROM runs WHERE run_id = $1", &[&parent])
+        .await?
+        .try_get(0)?;
+    let depth = u32::try_from(depth.saturating_add(1)).unwrap_or(u32::MAX);
+    if depth > req.limits.max_depth {
+        return Err(refused(SpawnRefusal::TooDeep {
+            depth,
+            max: req.limits.max_depth,
+        }));
+    }
+    let children: i64 = conn
+        .query_one("SELECT count(*) FROM runs WHERE parent = $1", &[&parent])
+        .await?
+        .try_get(0)?;
+    if children >= i64::from(req.limits.max_children) {
+        return Err(refused(SpawnRefusal::TooMany {
+            count: req.limits.max_children,
+        }));
+    }
+    let ancestor = conn
+        .query_opt(
+            "WITH RECURSIVE up(id) AS (
+                 SELECT $1::text
+                 UNION SELECT r.parent FROM runs r JOIN up ON r.run_id = up.id
+                 WHERE r.parent IS NOT NULL
+             )
+             SELECT r.run_id FROM runs r JOIN up ON r.run_id = up.id
+             WHERE r.agent = $2 AND r.spawn_key = $3 LIMIT 1",
+            &[&parent, &req.deployment, &req.key],
+        )
+        .await?;
+    if let Some(row) = ancestor {
+        return Err(refused(SpawnRefusal::Cycle {
+            ancestor: row.try_get(0)?,
+            deployment: req.deployment.to_owned(),
+            key: req.key.to_owned(),
+        }));
+    }
+    let depth = i32::try_from(depth).unwrap_or(i32::MAX);
+    conn.execute(
+        "INSERT INTO runs (run_id, agent, digest, namespace, status, created, updated,
+                           parent, spawn_key, depth, detached)
+         VALUES ($1, $2, $3, $2, 'queued', $4, $4, $5, $6, $7, $8)",
+        &[
+            &req.child_id,
+            &req.deployment,
+            &digest,
+            &conn.now,
+            &parent,
+            &req.key,
+            &depth,
+            &req.detached,
+        ],
+    )
+    .await?;
+    conn.execute(
+        "INSERT INTO run_inputs (run_id, input, authority) VALUES ($1, $2, $3)",
+        &[&req.child_id, &req.input, &authority],
+    )
+    .await?;
+    super::components::add_member(conn, req.deployment, &digest, "run").await?;
+    Ok(Spawned {
+        run_id: req.child_id.to_owned(),
+        created: true,
+    })
+}
+
+/// Records the join if new and says where it stands. The caller checked the fence.
+pub(super) async fn join(conn: &Conn, req: &JoinRequest<'_>) -> Result<WaitState, TxError> {
+    let run_id = req.fence.run_id.as_str();
+    let refused = |refusal: JoinRefusal| {
+        TxError::Store(StoreError::JoinRefused {
+            run_id: run_id.to_owned(),
+            key: req.key.to_owned(),
+            refusal,
+        })
+    };
+    let asked_due =
+        join_asked(conn.now, req.children, req.timeout, req.max_children).map_err(&refused)?;
+    let row = conn
+        .query_opt(
+            "SELECT signal, join_mode, due, outcome, payload FROM waits
+             WHERE run_id = $1 AND key = $2",
+            &[&run_id, &req.key],
+        )
+        .await?;
+    let due = match row {
+        Some(row) => {
+            let signal: Option<String> = row.try_get(0)?;
+            let mode: Option<String> = row.try_get(1)?;
+            let (due, outcome): (Option<i64>, Option<String>) = (row.try_get(2)?, row.try_get(3)?);
+            let payload: Option<Vec<u8>> = row.try_get(4)?;
+            if mode.as_deref().and_then(join_mode) != Some(req.mode)
+                || !same_members(conn, run_id, req.key, req.children).await?
+            {
+                return Err(refused(join_reused(
+                    req.key,
+                    signal.as_deref(),
+                    mode.as_deref(),
+                )));
+            }
+            match outcome.as_deref() {
+                Some("received") => {
+                    return recorded_ends(conn, run_id, req.key, req.mode, payload.as_deref())
+                        .await;
+                }
+                Some(_) => return Ok(WaitState::TimedOut),
+                None => due,
+            }
+        }
+        None => {
+            let parents = conn
+                .query(
+                    "SELECT c.id, r.parent FROM unnest($1::text[]) AS c(id)
+                     LEFT JOIN runs r ON r.run_id = c.id",
+                    &[&req.children],
+                )
+                .await?;
+            for row in &parents {
+                let parent: Option<String> = row.try_get(1)?;
+                if parent.as_deref() != Some(run_id) {
+                    return Err(refused(JoinRefusal::NotAChild(row.try_get(0)?)));
+                }
+            }
+            conn.execute(
+                "INSERT INTO waits (run_id, key, due, created, join_mode)
+                 VALUES ($1, $2, $3, $4, $5)",
+                &[&run_id, &req.key, &asked_due, &conn.now, &req.mode.as_str()],
+            )
+            .await?;
+            conn.execute(
+                "INSERT INTO join_members (run_id, key, child, seq)
+                 SELECT $1, $2, c.id, (c.n - 1)::int4
+                 FROM unnest($3::text[]) WITH ORDINALITY AS c(id, n)",
+                &[&run_id, &req.key, &req.children],
+            )
+            .await?;
+            asked_due
+        }
+    };
+    settle_if_over(conn, run_id, req.key, req.mode, due).await
+}
+
+/// Whether the join recorded under `key` lists exactly `children`, in that order.
+async fn same_members(
+    conn: &Conn,
+    run_id: &str,
+    key: &str,
+    children: &[String],
+) -> Result<bool, TxError> {
+    let rows = conn
+        .query(
+            "SELECT child FROM join_members WHERE run_id = $1 AND key = $2 ORDER BY seq",
+            &[&run_id, &key],
+        )
+        .await?;
+    let recorded: Vec<String> = rows
+        .iter()
+        .map(|row| row.try_get(0))
+        .collect::<Result<_, _>>()?;
+    Ok(recorded == children)
+}
+
+/// Settles the open join if its children have ended (copying their ends into it) or
+/// its time passed; else says it is pending.
+async fn settle_if_over(
+    conn: &Conn,
+    run_id: &str,
+    key: &str,
+    mode: JoinMode,
+    due: Option<i64>,
+) -> Result<WaitState, TxError> {
+    let over = match mode {
+        JoinMode::All => {
+            let left: i64 = conn
+                .query_one(
+                    "SELECT count(*) FROM join_members m JOIN runs r ON r.run_id = m.child
+                     WHERE m.run_id = $1 AND m.key = $2
+                       AND r.status NOT IN ('completed', 'failed', 'cancelled')",
+                    &[&run_id, &key],
+                )
+                .await?
+                .try_get(0)?;
+            left == 0
+        }
+        JoinMode::Any => {
+            let first = conn
+                .query_opt(
+                    "SELECT m.seq FROM join_members m JOIN runs r ON r.run_id = m.child
+                     WHERE m.run_id = $1 AND m.key = $2
+                       AND r.status IN ('completed', 'failed', 'cancelled')
+                     ORDER BY r.updated, m.seq LIMIT 1",
+                    &[&run_id, &key],
+                )
+                .await?;
+            if let Some(row) = first {
+                let seq: i32 = row.try_get(0)?;
+                let payload = seq.to_string().into_bytes();
+                copy_end(conn, run_id, key, Some(seq)).await?;
+                settle(conn, run_id, key, "received", Some(&payload)).await?;
+                return recorded_ends(conn, run_id, key, mode, Some(&payload)).await;
+            }
+            false
+        }
+    };
+    if over {
+        copy_end(conn, run_id, key, None).await?;
+        settle(conn, run_id, key, "received", None).await?;
+        return recorded_ends(conn, run_id, key, mode, None).await;
+    }
+    match due {
+        Some(due) if due <= conn.now => {
+            settle(conn, run_id, key, "timed-out", None).await?;
+            Ok(WaitState::TimedOut)
+        }
+        due => Ok(WaitState::Pending { due }),
+    }
+}
+
+/// Copies the ends of the join's children (of the one at `seq`, if given) into the
+/// join. A child gc removed (which gc only does once its parent ended) reads as failed.
+async fn copy_end(conn: &Conn, run_id: &str, key: &str, seq: Option<i32>) -> Result<(), TxError> {
+    conn.execute(
+        "UPDATE join_members m
+         SET status = coalesce(r.status, 'failed'),
+             outcome = CASE WHEN r.run_id IS NULL THEN convert_to('the child run is gone', 'UTF8')
+                            ELSE coalesce(o.outcome, ''::bytea) END
+         FROM join_members j
+         LEFT JOIN runs r ON r.run_id = j.child
+         LEFT JOIN run_outcomes o ON o.run_id = j.child
+         WHERE j.run_id = m.run_id AND j.key = m.key AND j.child = m.child
+           AND m.run_id = $1 AND m.key = $2 AND ($3::int4 IS NULL OR m.seq = $3)",
+        &[&run_id, &key, &seq],
+    )
+    .await?;
+    Ok(())
+}
+
+async fn settle(
+    conn: &Conn,
+    run_id: &str,
+    key: &str,
+    outcome: &str,
+    payload: Option<&[u8]>,
+) -> Result<(), TxError> {
+    conn.execute(
+        "UPDATE waits SET outcome = $3, payload = $4, settled = $5 WHERE run_id = $1 AND key = $2",
+        &[&run_id, &key, &outcome, &payload, &conn.now],
+    )
+    .await?;
+    Ok(())
+}
+
+/// The ends a settled join recorded: every child's, or (for `any`) the one at the
+/// index its payload names.
+async fn recorded_ends(
+    conn: &Conn,
+    run_id: &str,
+    key: &str,
+    mode: JoinMode,
+    payload: Option<&[u8]>,
+) -> Result<WaitState, TxError> {
+    let seq: Option<i32> = match mode {
+        JoinMode::All => None,
+        JoinMode::Any => payload
+            .and_then(|p| std::str::from_utf8(p).ok())
+            .and_then(|p| p.parse().ok()),
+    };
+    let rows = conn
+        .query(
+            "SELECT seq, child, status, outcome FROM join_members
+             WHERE run_id = $1 AND key = $2 AND status IS NOT NULL
+               AND ($3::int4 IS NULL OR seq = $3)
+             ORDER BY seq",
+            &[&run_id, &key, &seq],
+        )
+        .await?;
+    let ends = rows
+        .iter()
+        .map(|row| {
+            let index: i32 = row.try_get(0)?;
+            Ok(ChildEnd {
+                index: u32::try_from(index).unwrap_or(0),
+                run_id: row.try_get(1)?,
+                status: status_from(row, 2)?,
+                outcome: row.try_get::<_, Option<Vec<u8>>>(3)?.unwrap_or_default(),
+            })
+        })
+        .collect::<Result<_, TxError>>()?;
+    Ok(WaitState::Joined(ends))
+}
+
+/// How many of the join's children the parent still waits for: those not ended (for
+/// `all`), or 1 while none has (for `any`).
+pub(super) async fn join_left(conn: &Conn, run_id: &str, key: &str) -> Result<i64, TxError> {
+    let mode: Option<String> = conn
+        .query_opt(
+            "SELECT join_mode FROM waits WHERE run_id = $1 AND key = $2",
+            &[&run_id, &key],
+        )
+        .await?
+        .map(|row| row.try_get(0))
+        .transpose()?
+        .flatten();
+    let row = conn
+        .query_one(
+            "SELECT count(*) FILTER (WHERE r.status NOT IN ('completed', 'failed', 'cancelled')),
+                    count(*) FILTER (WHERE r.status IN ('completed', 'failed', 'cancelled'))
+             FROM join_members m JOIN runs r ON r.run_id = m.child
+             WHERE m.run_id = $1 AND m.key = $2",
+            &[&run_id, &key],
+        )
+        .await?;
+    let (not_ended, ended): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
+    Ok(match mode.as_deref().and_then(join_mode) {
+        Some(JoinMode::Any) => i64::from(ended == 0),
+        _ => not_ended,
+    })
+}
+
+/// Counts the run's end down in its parent's join, if the parent is suspended joining
+/// it. The parent's row is locked first, even when nothing changes: a suspension of
+/// the parent (which locks it too) then either comes after this transaction and sees
+/// this child ended, or came before and is counted down here.
+pub(super) async fn count_down_parent(conn: &Conn, child: &str) -> Result<(), TxError> {
+    let parent = conn
+        .query_opt(
+            "SELECT p.run_id FROM runs c JOIN runs p ON p.run_id = c.parent
+             WHERE c.run_id = $1 FOR NO KEY UPDATE OF p",
+            &[&child],
+        )
+        .await?;
+    let Some(parent) = parent else {
+        return Ok(());
+    };
+    let parent: String = parent.try_get(0)?;
+    conn.execute(
+        "UPDATE runs
+         SET join_left = join_left - 1,
+             wake_at = CASE WHEN join_left <= 1 THEN $3 ELSE wake_at END,
+             updated = $3
+         WHERE run_id = $1
+           AND lease_holder IS NULL AND join_left > 0
+           AND EXISTS (SELECT 1 FROM join_members m
+                       WHERE m.run_id = runs.run_id AND m.key = runs.joining AND m.child = $2)",
+        &[&parent, &child, &conn.now],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Cancels the descendants of `run_id` that are not detached (nor below a detached
+/// one) and not completed or cancelled: at once where no live lease is on them, else
+/// by asking their workers.
+pub(super) async fn cancel_descendants(conn: &Conn, run_id: &str) -> Result<(), TxError> {
+    let rows = conn
+        .query(
+            "WITH RECURSIVE tree(id) AS (
+                 SELECT run_id FROM runs WHERE parent = $1 AND NOT detached
+                 UNION SELECT r.run_id FROM runs r JOIN tree t ON r.parent = t.id
+                 WHERE NOT r.detached
+             )
+             SELECT r.run_id, r.lease_holder, r.lease_token, r.lease_expires
+             FROM runs r JOIN tree t ON r.run_id = t.id
+             WHERE r.status NOT IN ('completed', 'cancelled')
+             ORDER BY r.run_id
+             FOR NO KEY UPDATE OF r",
+            &[&run_id],
+        )
+        .await?;
+    for row in &rows {
+        let child: String = row.try_get(0)?;
+        let lease = lease_from(row, 1)?;
+        if lease.is_some_and(|lease| lease.expires > conn.now) {
+            conn.execute(
+                "UPDATE runs SET cancel_requested = true, updated = $2 WHERE run_id = $1",
+                &[&child, &conn.now],
+            )
+            .await?;
+        } else {
+            mark_cancelled(conn, &child).await?;
+        }
+    }
+    Ok(())
+}

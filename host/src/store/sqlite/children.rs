@@ -1,0 +1,445 @@
+//! Child runs on SQLite: spawning one exactly once, joining children, counting a
+//! parent's join down as its children end, and cancelling a run's descendants. Each
+//! function runs inside the transaction of the database thread.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::TxError;
+use super::leases::check_fence;
+use super::runs::{lease_from, mark_cancelled, status_from};
+use crate::store::rules::{WaitRow, join_asked, join_mode, join_reused};
+use crate::store::{
+    ChildEnd, JoinMode, JoinRefusal, JoinRequest, Millis, RunStatus, SpawnRefusal, SpawnRequest,
+    Spawned, StoreError, WaitState,
+};
+
+/// The statuses in which a child has ended for a join ([`crate::store::child_ended`]).
+const ENDED: &str = "('completed', 'failed', 'cancelled')";
+
+/// Spawns the child, or finds it spawned before under the same key.
+pub(super) fn spawn(
+    conn: &Connection,
+    req: &SpawnRequest<'_>,
+    now: Millis,
+) -> Result<Spawned, TxError> {
+    check_fence(conn, req.fence)?;
+    let parent = req.fence.run_id.as_str();
+    let refused = |refusal: SpawnRefusal| {
+        TxError::Store(StoreError::SpawnRefused {
+            run_id: parent.to_owned(),
+            key: req.key.to_owned(),
+            refusal,
+        })
+    };
+    let existing: Option<(Option<String>, String, bool)> = conn
+        .prepare_cached(
+            "SELECT r.parent, r.agent, i.input = ?2 FROM runs r
+             JOIN run_inputs i ON i.run_id = r.run_id WHERE r.run_id = ?1",
+        )?
+        .query_row(params![req.child_id, req.input], |row| {
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+        })
+        .optional()?;
+    if let Some((of, agent, same_input)) = existing {
+        let what = if of.as_deref() != Some(parent) {
+            "another parent"
+        } else if agent != req.deployment {
+            "another deployment"
+        } else if !same_input {
+            "other input"
+        } else {
+            return Ok(Spawned {
+                run_id: req.child_id.to_owned(),
+                created: false,
+            });
+        };
+        return Err(refused(SpawnRefusal::KeyReused {
+            key: req.key.to_owned(),
+            what,
+        }));
+    }
+    let deployment: Option<(String, Vec<u8>)> = conn
+        .prepare_cached(
+            "SELECT digest, authority FROM deployments WHERE name = ?1 ORDER BY id DESC LIMIT 1",
+        )?
+        .query_row([req.deployment], |row| Ok((row.get(0)?, row.get(1)?)))
+        .optional()?;
+    let Some((digest, authority)) = deployment else {
+        return Err(refused(SpawnRefusal::UnknownDeployment(
+            req.deployment.to_owned(),
+        )));
+    };
+    let depth: i64 = conn
+        .prepare_cached("SELECT depth FROM runs WHERE run_id = ?1")?
+        .query_row([parent], |row| row.get(0))?;
+    let depth = u32::try_from(depth.saturating_add(1)).unwrap_or(u32::MAX);
+    if depth > req.limits.max_depth {
+        return Err(refused(SpawnRefusal::TooDeep {
+            depth,
+            max: req.limits.max_depth,
+        }));
+    }
+    let children: i64 = conn
+        .prepare_cached("SELECT count(*) FROM runs WHERE parent = ?1")?
+        .query_row([parent], |row| row.get(0))?;
+    if children >= i64::from(req.limits.max_children) {
+        return Err(refused(SpawnRefusal::TooMany {
+            count: req.limits.max_children,
+        }));
+    }
+    if let Some(ancestor) = ancestor_spawned_as(conn, parent, req.deployment, req.key)? {
+        return Err(refused(SpawnRefusal::Cycle {
+            ancestor,
+            deployment: req.deployment.to_owned(),
+            key: req.key.to_owned(),
+        }));
+    }
+    conn.prepare_cached(
+        "INSERT INTO runs (run_id, agent, digest, namespace, status, created, updated,
+                           parent, spawn_key, depth, detached)
+         VALUES (?1, ?2, ?3, ?2, 'queued', ?4, ?4, ?5, ?6, ?7, ?8)",
+    )?
+    .execute(params![
+        req.child_id,
+        req.deployment,
+        digest,
+        now,
+        parent,
+        req.key,
+        depth,
+        req.detached
+    ])?;
+    conn.prepare_cached("INSERT INTO run_inputs (run_id, input, authority) VALUES (?1, ?2, ?3)")?
+        .execute(params![req.child_id, req.input, authority])?;
+    super::components::add_member(conn, req.deployment, &digest, "run", now)?;
+    Ok(Spawned {
+        run_id: req.child_id.to_owned(),
+        created: true,
+    })
+}
+
+/// The run, among `run_id` and its ancestors, that was spawned as `deployment` under
+/// `key`, if one was.
+fn ancestor_spawned_as(
+    conn: &Connection,
+    run_id: &str,
+    deployment: &str,
+    key: &str,
+) -> Result<Option<String>, TxError> {
+    let found = conn
+        .prepare_cached(
+            "WITH RECURSIVE up(id) AS (
+                 SELECT ?1
+                 UNION SELECT r.parent FROM runs r JOIN up ON r.run_id = up.id
+                 WHERE r.parent IS NOT NULL
+             )
+             SELECT r.run_id FROM runs r JOIN up ON r.run_id = up.id
+             WHERE r.agent = ?2 AND r.spawn_key = ?3 LIMIT 1",
+        )?
+        .query_row(params![run_id, deployment, key], |row| row.get(0))
+        .optional()?;
+    Ok(found)
+}
+
+/// Records the join if new and says where it stands.
+pub(super) fn join(
+    conn: &Connection,
+    req: &JoinRequest<'_>,
+    now: Millis,
+) -> Result<WaitState, TxError> {
+    check_fence(conn, req.fence)?;
+    let run_id = req.fence.run_id.as_str();
+    let refused = |refusal: JoinRefusal| {
+        TxError::Store(StoreError::JoinRefused {
+            run_id: run_id.to_owned(),
+            key: req.key.to_owned(),
+            refusal,
+        })
+    };
+    let asked_due =
+        join_asked(now, req.children, req.timeout, req.max_children).map_err(&refused)?;
+    let row = conn
+        .prepare_cached(
+            "SELECT signal, join_mode, due, outcome, payload FROM waits
+             WHERE run_id = ?1 AND key = ?2",
+        )?
+        .query_row(params![run_id, req.key], |row| {
+            Ok(WaitRow {
+                signal: row.get(0)?,
+                join_mode: row.get(1)?,
+                due: row.get(2)?,
+                outcome: row.get(3)?,
+                payload: row.get(4)?,
+            })
+        })
+        .optional()?;
+    let due = match row {
+        Some(WaitRow {
+            signal,
+            join_mode: mode,
+            due,
+            outcome,
+            payload,
+        }) => {
+            if mode.as_deref().and_then(join_mode) != Some(req.mode)
+                || !same_members(conn, run_id, req.key, req.children)?
+            {
+                return Err(refused(join_reused(
+                    req.key,
+                    signal.as_deref(),
+                    mode.as_deref(),
+                )));
+            }
+            match outcome.as_deref() {
+                Some("received") => {
+                    return recorded_ends(conn, run_id, req.key, req.mode, payload.as_deref());
+                }
+                Some(_) => return Ok(WaitState::TimedOut),
+                None => due,
+            }
+        }
+        None => {
+            for child in req.children {
+                let parent: Option<Option<String>> = conn
+                    .prepare_cached("SELECT parent FROM runs WHERE run_id = ?1")?
+                    .query_row([child], |row| row.get(0))
+                    .optional()?;
+                if parent.flatten().as_deref() != Some(run_id) {
+                    return Err(refused(JoinRefusal::NotAChild(child.clone())));
+                }
+            }
+            conn.prepare_cached(
+                "INSERT INTO waits (run_id, key, due, created, join_mode)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![run_id, req.key, asked_due, now, req.mode.as_str()])?;
+            let mut insert = conn.prepare_cached(
+                "INSERT INTO join_members (run_id, key, child, seq) VALUES (?1, ?2, ?3, ?4)",
+            )?;
+            for (seq, child) in (0_i64..).zip(req.children) {
+                insert.execute(params![run_id, req.key, child, seq])?;
+            }
+            asked_due
+        }
+    };
+    settle_if_over(conn, run_id, req.key, req.mode, due, now)
+}
+
+/// Whether the join recorded under `key` lists exactly `children`, in that order.
+fn same_members(
+    conn: &Connection,
+    run_id: &str,
+    key: &str,
+    children: &[String],
+) -> Result<bool, TxError> {
+    let recorded: Vec<String> = conn
+        .prepare_cached(
+            "SELECT child FROM join_members WHERE run_id = ?1 AND key = ?2 ORDER BY seq",
+        )?
+        .query_map(params![run_id, key], |row| row.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(recorded == children)
+}
+
+/// Settles the open join if its children have ended (copying their ends into it) or
+/// its time passed; else says it is pending.
+fn settle_if_over(
+    conn: &Connection,
+    run_id: &str,
+    key: &str,
+    mode: JoinMode,
+    due: Option<Millis>,
+    now: Millis,
+) -> Result<WaitState, TxError> {
+    let over = match mode {
+        JoinMode::All => {
+            let left: i64 = conn
+                .prepare_cached(&format!(
+                    "SELECT count(*) FROM join_members m LEFT JOIN runs r ON r.run_id = m.child
+                     WHERE m.run_id = ?1 AND m.key = ?2
+                       AND r.run_id IS NOT NULL AND r.status NOT IN {ENDED}"
+                ))?
+                .query_row(params![run_id, key], |row| row.get(0))?;
+            left == 0
+        }
+        JoinMode::Any => {
+            let first: Option<i64> = conn
+                .prepare_cached(&format!(
+                    "SELECT m.seq FROM join_members m JOIN runs r ON r.run_id = m.child
+                     WHERE m.run_id = ?1 AND m.key = ?2 AND r.status IN {ENDED}
+                     ORDER BY r.updated, m.seq LIMIT 1"
+                ))?
+                .query_row(params![run_id, key], |row| row.get(0))
+                .optional()?;
+            if let Some(seq) = first {
+                copy_end(conn, run_id, key, Some(seq))?;
+                settle(
+                    conn,
+                    run_id,
+                    key,
+                    "received",
+                    Some(seq.to_string().as_bytes()),
+                    now,
+                )?;
+                return recorded_ends(conn, run_id, key, mode, Some(seq.to_string().as_bytes()));
+            }
+            false
+        }
+    };
+    if over {
+        copy_end(conn, run_id, key, None)?;
+        settle(conn, run_id, key, "received", None, now)?;
+        return recorded_ends(conn, run_id, key, mode, None);
+    }
+    match due {
+        Some(due) if due <= now => {
+            settle(conn, run_id, key, "timed-out", None, now)?;
+            Ok(WaitState::TimedOut)
+        }
+        due => Ok(WaitState::Pending { due }),
+    }
+}
+
+/// Copies the ends of the join's children (of the one at `seq`, if given) into the
+/// join. A child gc removed (which gc only does once its parent ended) reads as failed.
+fn copy_end(conn: &Connection, run_id: &str, key: &str, seq: Option<i64>) -> Result<(), TxError> {
+    conn.prepare_cached(
+        "UPDATE join_members
+         SET status = coalesce((SELECT status FROM runs WHERE run_id = child), 'failed'),
+             outcome = CASE
+                 WHEN EXISTS (SELECT 1 FROM runs WHERE run_id = child)
+                 THEN coalesce((SELECT outcome FROM run_outcomes WHERE run_id = child), x'')
+                 ELSE CAST('the child run is gone' AS BLOB) END
+         WHERE run_id = ?1 AND key = ?2 AND (?3 IS NULL OR seq = ?3)",
+    )?
+    .execute(params![run_id, key, seq])?;
+    Ok(())
+}
+
+fn settle(
+    conn: &Connection,
+    run_id: &str,
+    key: &str,
+    outcome: &str,
+    payload: Option<&[u8]>,
+    now: Millis,
+) -> Result<(), TxError> {
+    conn.prepare_cached(
+        "UPDATE waits SET outcome = ?3, payload = ?4, settled = ?5 WHERE run_id = ?1 AND key = ?2",
+    )?
+    .execute(params![run_id, key, outcome, payload, now])?;
+    Ok(())
+}
+
+/// The ends a settled join recorded: every child's, or (for `any`) the one at the
+/// index its payload names.
+fn recorded_ends(
+    conn: &Connection,
+    run_id: &str,
+    key: &str,
+    mode: JoinMode,
+    payload: Option<&[u8]>,
+) -> Result<WaitState, TxError> {
+    let seq: Option<i64> = match mode {
+        JoinMode::All => None,
+        JoinMode::Any => payload
+            .and_then(|p| std::str::from_utf8(p).ok())
+            .and_then(|p| p.parse().ok()),
+    };
+    let ends = conn
+        .prepare_cached(
+            "SELECT seq, child, status, outcome FROM join_members
+             WHERE run_id = ?1 AND key = ?2 AND status IS NOT NULL AND (?3 IS NULL OR seq = ?3)
+             ORDER BY seq",
+        )?
+        .query_map(params![run_id, key, seq], |row| {
+            Ok(ChildEnd {
+                index: row.get(0)?,
+                run_id: row.get(1)?,
+                status: status_from(row, 2)?,
+                outcome: row.get::<_, Option<Vec<u8>>>(3)?.unwrap_or_default(),
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(WaitState::Joined(ends))
+}
+
+/// How many of the join's children the parent still waits for: those not ended (for
+/// `all`), or 1 while none has (for `any`).
+pub(super) fn join_left(conn: &Connection, run_id: &str, key: &str) -> Result<i64, TxError> {
+    let mode: Option<String> = conn
+        .prepare_cached("SELECT join_mode FROM waits WHERE run_id = ?1 AND key = ?2")?
+        .query_row(params![run_id, key], |row| row.get(0))
+        .optional()?
+        .flatten();
+    let (not_ended, ended): (i64, i64) = conn
+        .prepare_cached(&format!(
+            "SELECT count(*) FILTER (WHERE r.status NOT IN {ENDED}),
+                    count(*) FILTER (WHERE r.status IN {ENDED})
+             FROM join_members m JOIN runs r ON r.run_id = m.child
+             WHERE m.run_id = ?1 AND m.key = ?2"
+        ))?
+        .query_row(params![run_id, key], |row| Ok((row.get(0)?, row.get(1)?)))?;
+    Ok(match mode.as_deref().and_then(join_mode) {
+        Some(JoinMode::Any) => i64::from(ended == 0),
+        _ => not_ended,
+    })
+}
+
+/// Counts the run's end down in its parent's join, if the parent is suspended joining
+/// it: the child that brings it to zero makes the parent due now.
+pub(super) fn count_down_parent(
+    conn: &Connection,
+    child: &str,
+    now: Millis,
+) -> Result<(), TxError> {
+    conn.prepare_cached(
+        "UPDATE runs
+         SET join_left = join_left - 1,
+             wake_at = CASE WHEN join_left <= 1 THEN ?2 ELSE wake_at END,
+             updated = ?2
+         WHERE run_id = (SELECT parent FROM runs WHERE run_id = ?1)
+           AND lease_holder IS NULL AND join_left > 0
+           AND EXISTS (SELECT 1 FROM join_members m
+                       WHERE m.run_id = runs.run_id AND m.key = runs.joining AND m.child = ?1)",
+    )?
+    .execute(params![child, now])?;
+    Ok(())
+}
+
+/// Cancels the descendants of `run_id` that are not detached (nor below a detached
+/// one) and not completed or cancelled: at once where no live lease is on them, else
+/// by asking their workers.
+pub(super) fn cancel_descendants(
+    conn: &Connection,
+    run_id: &str,
+    now: Millis,
+) -> Result<(), TxError> {
+    let tree: Vec<(String, Option<crate::store::RunLeaseInfo>)> = conn
+        .prepare_cached(
+            "WITH RECURSIVE tree(id) AS (
+                 SELECT run_id FROM runs WHERE parent = ?1 AND detached = 0
+                 UNION SELECT r.run_id FROM runs r JOIN tree t ON r.parent = t.id
+                 WHERE r.detached = 0
+             )
+             SELECT r.run_id, r.lease_holder, r.lease_token, r.lease_expires, r.status
+             FROM runs r JOIN tree t ON r.run_id = t.id
+             WHERE r.status NOT IN ('completed', 'cancelled')",
+        )?
+        .query_map([run_id], |row| {
+            let _: RunStatus = status_from(row, 4)?;
+            Ok((row.get(0)?, lease_from(row, 1)?))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    for (child, lease) in tree {
+        if lease.is_some_and(|lease| lease.expires > now) {
+            conn.prepare_cached(
+                "UPDATE runs SET cancel_requested = 1, updated = ?2 WHERE run_id = ?1",
+            )?
+            .execute(params![child, now])?;
+        } else {
+            mark_cancelled(conn, &child, now)?;
+        }
+    }
+    Ok(())
+}

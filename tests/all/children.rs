@@ -1,0 +1,362 @@
+//! Child runs: the `fanout` guest spawns one `fetcher` child per item (each child POSTs
+//! once to a real server on loopback, under a key of its own run) and joins them.
+//! Every crash point around a spawn and a join, seeded SIGKILLs of three workers during
+//! a fan-out of 1,000 children (SQLite and PostgreSQL), and the cancel of a parent with
+//! running children leave each child run once, each child's effect applied once (a
+//! repeat only as a retake in doubt, under a greater token), and the parent's joined
+//! answer exact. Bad spawns and joins fail with their reason and write nothing.
+
+use std::process::Child as Process;
+use std::time::{Duration, Instant};
+
+use idem::store::{RunFilter, RunStatus, child_run_id};
+use idem_test_artifacts::{FANOUT, FETCHER};
+use serde_json::{Value, json};
+
+use crate::http::TestServer;
+use crate::util::{block_on, integrity_ok, stderr, stdout};
+use crate::workers::{Service, assert_effects_fenced, by_key, signal};
+
+/// What a command printed, on both streams.
+fn said(out: &std::process::Output) -> String {
+    format!("{}{}", stdout(out), stderr(out))
+}
+
+/// Deploys `fetcher` (the children, granted the server) and `fanout` (the parent).
+fn deploy(service: &Service, server: &TestServer, extra: &[&str]) {
+    let grant = format!("127.0.0.1:{}", server.port());
+    let mut fetcher = vec![
+        "deploy",
+        FETCHER,
+        "--name",
+        "fetcher",
+        "--allow-http",
+        &grant,
+    ];
+    fetcher.extend_from_slice(extra);
+    service.ok(&fetcher);
+    let mut fanout = vec!["deploy", FANOUT, "--name", "fanout"];
+    fanout.extend_from_slice(extra);
+    service.ok(&fanout);
+}
+
+fn workers(service: &Service, n: usize, extra: &[&str]) -> Vec<Process> {
+    (0..n)
+        .map(|w| service.worker(&format!("w{w}"), extra))
+        .collect()
+}
+
+fn drain(mut workers: Vec<Process>) {
+    for worker in &mut workers {
+        signal(worker, "TERM");
+        let status = worker.wait().unwrap();
+        assert!(status.success(), "a drained worker exits 0: {status:?}");
+    }
+}
+
+fn output(service: &Service, run_id: &str) -> Value {
+    let run = block_on(service.store().run(run_id)).unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Completed, "{run_id}: {run:?}");
+    serde_json::from_slice(run.outcome.as_deref().unwrap()).unwrap()
+}
+
+fn children_of(service: &Service, parent: &str) -> Vec<idem::store::RunRecord> {
+    block_on(service.store().runs(&RunFilter {
+        parent: Some(parent),
+        ..RunFilter::default()
+    }))
+    .unwrap()
+}
+
+/// Checks the parent joined `n` children, each of whose one request reached the
+/// server exactly once with its own key, with the right replies.
+fn assert_joined_once(service: &Service, server: &TestServer, parent: &str, n: usize) {
+    let out = output(service, parent);
+    assert_eq!(out["spawned"], n, "{out}");
+    assert_eq!(out["completed"], n, "{out}");
+    let bodies = out["bodies"].as_array().unwrap();
+    assert_eq!(bodies.len(), n);
+    assert!(bodies.iter().all(|b| b == "POST /step/0 ok"), "{out}");
+    let kids = children_of(service, parent);
+    assert_eq!(
+        kids.len(),
+        n,
+        "one child per item, however often it was spawned"
+    );
+    for i in 0..n {
+        let id = child_run_id(parent, &format!("item-{i}"));
+        assert!(kids.iter().any(|k| k.run_id == id), "child {i}: {id}");
+    }
+    let keys = by_key(&server.seen());
+    assert_eq!(keys.len(), n, "one key per child reached the server");
+    assert_effects_fenced(service, server);
+}
+
+#[test]
+fn spawn_and_join_keep_each_child_once_under_every_crash_point() {
+    let server = TestServer::start();
+    let service = Service::new();
+    deploy(&service, &server, &[]);
+    let mut workers = workers(&service, 1, &[]);
+    let points = [
+        "before-spawn:1",
+        "after-spawn:1",
+        "before-spawn:2",
+        "after-spawn:3",
+        "before-join:1",
+        "after-join:1",
+    ];
+    for (i, point) in points.iter().enumerate() {
+        let run_id = format!("p{i}");
+        let input = json!({ "deployment": "fetcher", "children": 3, "url": server.url(),
+                            "checkpoint": false });
+        let out = service.cli(&[
+            "run",
+            FANOUT,
+            "--run-id",
+            &run_id,
+            "--crash-at",
+            point,
+            "--input",
+            &input.to_string(),
+        ]);
+        assert!(out.status.success(), "{point}: {}", stderr(&out));
+        let _ = stdout(&out);
+        let out = output(&service, &run_id);
+        assert_eq!(out["completed"], 3, "{point}: {out}");
+        assert_eq!(children_of(&service, &run_id).len(), 3, "{point}");
+    }
+    // Every child's key reached the server once: no crash point in a parent repeats a
+    // child's effect.
+    let keys = by_key(&server.seen());
+    assert_eq!(keys.len(), 3 * points.len());
+    assert!(keys.values().all(|tokens| tokens.len() == 1), "{keys:?}");
+    workers.iter_mut().for_each(|w| w.kill().unwrap());
+    for w in &mut workers {
+        w.wait().unwrap();
+    }
+    integrity_ok(&service.path());
+}
+
+#[test]
+fn three_workers_fan_out_1000_children_through_kills() {
+    let service = Service::new();
+    fan_out_through_kills(&service, 1000, 10, 0x0031_1000);
+    integrity_ok(&service.path());
+}
+
+#[test]
+fn three_workers_fan_out_1000_children_through_kills_on_postgres() {
+    let Some(schema) = crate::postgres::Schema::create("fan-out") else {
+        return;
+    };
+    let service = Service::on_postgres(schema.url());
+    fan_out_through_kills(&service, 1000, 10, 0x0031_2000);
+}
+
+/// A parent fanning out to `n` children through three workers, at least `min_kills`
+/// SIGKILLs of a random worker (restarted at once) at seeded moments.
+fn fan_out_through_kills(service: &Service, n: usize, min_kills: u32, seed: u64) {
+    let server = TestServer::start();
+    deploy(service, &server, &["--lease", "1s"]);
+    let input = json!({ "deployment": "fetcher", "children": n, "url": server.url() });
+    service.ok(&[
+        "submit",
+        "fanout",
+        "--run-id",
+        "parent",
+        "--input",
+        &input.to_string(),
+    ]);
+    let flags = ["--lease", "1s", "--concurrency", "16"];
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut workers = workers(service, 3, &flags);
+    let mut kills = 0;
+    let mut next_kill = Instant::now() + Duration::from_millis(rng.u64(50..300));
+    let started = Instant::now();
+    service.wait_all_finished(Duration::from_secs(900), || {
+        if kills < min_kills && Instant::now() >= next_kill {
+            let w = rng.usize(0..workers.len());
+            workers[w].kill().unwrap();
+            workers[w].wait().unwrap();
+            kills += 1;
+            workers[w] = service.worker(&format!("w{w}"), &flags);
+            next_kill = Instant::now() + Duration::from_millis(rng.u64(50..300));
+        }
+    });
+    eprintln!(
+        "{n} children through {kills} kills in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    drain(workers);
+    assert_joined_once(service, &server, "parent", n);
+    let parent = block_on(service.store().run("parent")).unwrap().unwrap();
+    assert!(
+        parent.counts.instances < 40,
+        "the parent is woken once per join, not per child: {} instances",
+        parent.counts.instances
+    );
+}
+
+#[test]
+fn cancelling_a_parent_cancels_its_running_children_and_says_so() {
+    let server = TestServer::start();
+    let service = Service::new();
+    deploy(&service, &server, &[]);
+    // Each child holds its claim for 30 s after its request: still running when the
+    // parent is cancelled.
+    let input = json!({ "deployment": "fetcher", "children": 4, "url": server.url(),
+                        "pause_ms": 30_000 });
+    service.ok(&[
+        "submit",
+        "fanout",
+        "--run-id",
+        "parent",
+        "--input",
+        &input.to_string(),
+    ]);
+    let workers = workers(&service, 1, &["--concurrency", "8"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while server.seen().len() < 4 {
+        assert!(Instant::now() < deadline, "children never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let said = service.ok(&["cancel", "parent"]);
+    assert!(said.contains("4 children"), "{said}");
+    service.wait_all_finished(Duration::from_secs(60), || {});
+    drain(workers);
+    let parent = block_on(service.store().run("parent")).unwrap().unwrap();
+    assert_eq!(parent.status, RunStatus::Cancelled);
+    let kids = children_of(&service, "parent");
+    assert_eq!(kids.len(), 4);
+    assert!(
+        kids.iter().all(|k| k.status == RunStatus::Cancelled),
+        "{:?}",
+        kids.iter().map(|k| k.status).collect::<Vec<_>>()
+    );
+    assert_eq!(server.seen().len(), 4, "nothing was sent again");
+}
+
+#[test]
+fn a_join_of_any_answers_with_the_first_child_to_end() {
+    let server = TestServer::start();
+    let service = Service::new();
+    deploy(&service, &server, &[]);
+    let workers = workers(&service, 1, &[]);
+    let input =
+        json!({ "deployment": "fetcher", "children": 3, "url": server.url(), "mode": "any" });
+    service.ok(&[
+        "submit",
+        "fanout",
+        "--run-id",
+        "parent",
+        "--input",
+        &input.to_string(),
+    ]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let parent = block_on(service.store().run("parent")).unwrap().unwrap();
+        if parent.status.is_finished() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the parent never ended");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = output(&service, "parent");
+    assert_eq!(out["completed"], 1, "{out}");
+    assert!(out["first"].as_u64().unwrap() < 3, "{out}");
+    drain(workers);
+}
+
+#[test]
+fn bad_spawns_and_joins_fail_with_their_reason_and_write_nothing() {
+    let server = TestServer::start();
+    let service = Service::new();
+    deploy(&service, &server, &[]);
+    let run = |run_id: &str, input: Value, extra: &[&str]| {
+        let mut args = vec!["run", FANOUT, "--run-id", run_id, "--input"];
+        let input = input.to_string();
+        args.push(&input);
+        args.extend_from_slice(extra);
+        service.cli(&args)
+    };
+    // An unknown deployment: the run fails naming it, and no child exists.
+    let out = run(
+        "unknown",
+        json!({ "deployment": "nobody", "children": 2 }),
+        &[],
+    );
+    assert!(!out.status.success());
+    assert!(
+        said(&out).contains("no deployment is called \"nobody\""),
+        "{}",
+        said(&out)
+    );
+    assert!(children_of(&service, "unknown").is_empty());
+    // A join of a run that is not this run's child.
+    let out = run(
+        "stranger",
+        json!({ "deployment": "fetcher", "children": 0, "join_also": "unknown" }),
+        &[],
+    );
+    assert!(!out.status.success());
+    assert!(
+        said(&out).contains("\"unknown\" is not a child of this run"),
+        "{}",
+        said(&out)
+    );
+    // Past the children limit: the first three were spawned, the fourth refused.
+    let out = run(
+        "many",
+        json!({ "deployment": "fetcher", "children": 5, "url": server.url() }),
+        &["--max-children", "3"],
+    );
+    assert!(!out.status.success());
+    assert!(
+        said(&out).contains("has spawned 3 children, the limit"),
+        "{}",
+        said(&out)
+    );
+    assert_eq!(children_of(&service, "many").len(), 3);
+    // An agent spawning itself under one key: the first child's spawn is a cycle.
+    let mut workers = workers(&service, 1, &[]);
+    let out = run(
+        "cycle",
+        json!({ "deployment": "fanout", "recurse": { "key": "again" } }),
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let answer = output(&service, "cycle");
+    assert!(
+        answer["child"]["refused"]
+            .as_str()
+            .unwrap()
+            .contains("would repeat for ever"),
+        "{answer}"
+    );
+    // Under varying keys, the chain ends at the depth limit.
+    let out = run(
+        "deep",
+        json!({ "deployment": "fanout", "recurse": { "key": "level", "vary": true } }),
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut answer = output(&service, "deep");
+    let mut depth = 0;
+    while answer.get("child").is_some() {
+        answer = answer["child"].clone();
+        depth += 1;
+    }
+    assert_eq!(depth, 8, "the default depth limit is 8: {answer}");
+    assert!(
+        answer["refused"]
+            .as_str()
+            .unwrap()
+            .contains("past the limit of 8"),
+        "{answer}"
+    );
+    workers.iter_mut().for_each(|w| w.kill().unwrap());
+    for w in &mut workers {
+        w.wait().unwrap();
+    }
+}
