@@ -26,6 +26,8 @@ use serde_json::json;
 
 // The report lives in a folder of its own: a file next to this one would be taken by
 // cargo for another bench target.
+#[path = "idem/children.rs"]
+mod children;
 #[path = "idem/parallel.rs"]
 mod parallel;
 #[path = "idem/postgres.rs"]
@@ -100,6 +102,11 @@ struct Plan {
     py_steps: Turns,
     /// Per turn: a run of one 200 ms HTTP effect and a run of five in parallel.
     parallel: Turns,
+    /// The child-run rows: turns of a fan-out of `n` children on SQLite and on
+    /// PostgreSQL.
+    children: Turns,
+    /// Children a waiting parent holds, for its memory against a parent of 10.
+    children_waiting: usize,
     /// The PostgreSQL rows: per turn, a run of `n` timed steps per sync mode, and 1, 8
     /// and 64 concurrent runs of `n / 2` steps; `4 n` floor samples.
     postgres: Turns,
@@ -141,6 +148,8 @@ const FULL_PLAN: Plan = Plan {
     py_cold: turns(40, 1, 20),
     py_steps: turns(10, 50, 30),
     parallel: turns(10, 0, 10),
+    children: turns(3, 1000, 0),
+    children_waiting: 10_000,
     postgres: turns(10, 200, 20),
 };
 
@@ -172,6 +181,8 @@ const QUICK_PLAN: Plan = Plan {
     py_cold: turns(3, 1, 1),
     py_steps: turns(3, 10, 1),
     parallel: turns(3, 0, 1),
+    children: turns(1, 50, 0),
+    children_waiting: 100,
     postgres: turns(1, 20, 1),
 };
 
@@ -183,7 +194,7 @@ type Section = (
 );
 
 /// Every section, in the order of the table.
-const SECTIONS: [Section; 13] = [
+const SECTIONS: [Section; 14] = [
     ("steps", "floor and durable steps", floor_and_steps),
     ("calls", "host-call round trip", host_calls),
     ("resume", "resume after recycle", resume),
@@ -215,6 +226,11 @@ const SECTIONS: [Section; 13] = [
         "parallel",
         "parallel effects in one step",
         parallel::parallel,
+    ),
+    (
+        "children",
+        "child runs: fan-out and join",
+        children::children,
     ),
     ("postgres", "PostgreSQL", postgres::postgres),
 ];

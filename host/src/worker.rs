@@ -17,7 +17,7 @@ use crate::runtime::{
     Authority, FaultPlan, Host, HostError, LoadedAgent, LogSink, Protected, RunReport, RunSignals,
     Stop, check_grants,
 };
-use crate::store::{Counts, LeasedRun, RunFence, StoreError};
+use crate::store::{Acquired, Counts, LeasedRun, RunFence, StoreError};
 use crate::text;
 
 /// How often a busy worker looks for holders that are gone (an idle one looks at each
@@ -40,6 +40,10 @@ pub struct WorkerOptions {
     pub skip_for: Duration,
     /// What no run's directory grant may expose on this worker: its store, its cache.
     pub protected: Vec<Protected>,
+    /// Drive only the descendants of this run (its children, theirs, ...), as `idem
+    /// run` does for the children of the run it drives while that run waits on them.
+    /// `None`: any run that is due.
+    pub only_under: Option<String>,
 }
 
 impl Default for WorkerOptions {
@@ -51,6 +55,7 @@ impl Default for WorkerOptions {
             drain_timeout: Duration::from_secs(30),
             skip_for: Duration::from_secs(60),
             protected: Vec::new(),
+            only_under: None,
         }
     }
 }
@@ -148,11 +153,15 @@ impl Worker {
                     tracing::warn!(error = %err, "cannot look for holders that are gone");
                 }
             }
-            let leased = self
-                .host
-                .store()
-                .acquire_runs(self.host.id(), free, self.options.lease, &skip)
-                .await;
+            let leased = match &self.options.only_under {
+                None => {
+                    self.host
+                        .store()
+                        .acquire_runs(self.host.id(), free, self.options.lease, &skip)
+                        .await
+                }
+                Some(root) => self.acquire_under(root, free, &skip).await,
+            };
             match leased {
                 Ok(leased) => {
                     if let Some(cause) = failing.take() {
@@ -181,6 +190,47 @@ impl Worker {
             }
         }
         self.drain(pool).await
+    }
+
+    /// Leases up to `max` due descendants of `root` that nobody holds (and not among
+    /// `skip`). The tree is walked from the store at each poll: a worker limited to one
+    /// run's children serves one person's `idem run`, not a fleet.
+    async fn acquire_under(
+        &self,
+        root: &str,
+        max: usize,
+        skip: &[String],
+    ) -> Result<Vec<LeasedRun>, StoreError> {
+        let store = self.host.store();
+        let now = store.now().await?;
+        let mut leased = Vec::new();
+        let mut parents = vec![root.to_string()];
+        while let Some(parent) = parents.pop() {
+            let children = store
+                .runs(&crate::store::RunFilter {
+                    parent: Some(&parent),
+                    ..Default::default()
+                })
+                .await?;
+            for child in children {
+                if child.status.is_finished() {
+                    continue;
+                }
+                parents.push(child.run_id.clone());
+                let free = child.lease.as_ref().is_none_or(|l| l.expires <= now);
+                let due = child.wake_at.is_none_or(|at| at <= now);
+                if leased.len() < max && free && due && !skip.contains(&child.run_id) {
+                    match store
+                        .acquire_run(&child.run_id, self.host.id(), self.options.lease)
+                        .await?
+                    {
+                        Acquired::Leased(run) => leased.push(run),
+                        Acquired::Held(_) | Acquired::Finished(_) => {}
+                    }
+                }
+            }
+        }
+        Ok(leased)
     }
 
     /// Starts driving a run leased from the queue, on a task of its own.

@@ -92,7 +92,13 @@ impl Host {
         let mut done = Counts::default();
         loop {
             if let Some(report) = suspended.take() {
-                match self.until_due(&opts.run_id, signals).await? {
+                let joining = report.waiting.as_ref().is_some_and(|w| w.join.is_some());
+                let due = if joining {
+                    self.until_due_driving_children(&opts.run_id, signals).await?
+                } else {
+                    self.until_due(&opts.run_id, signals).await?
+                };
+                match due {
                     Due::Now => {}
                     Due::Stopped => return Ok(report),
                     Due::Finished(record) => return self.ended_report(&record, &done).await,
@@ -135,6 +141,40 @@ impl Host {
             }
             suspended = Some(report);
         }
+    }
+
+    /// [`Host::until_due`] for a run that waits on its children: meanwhile this process
+    /// drives them (and theirs) as a worker would, beside any worker of the store, so
+    /// that `idem run` of a parent needs no worker of its own. The children's worker
+    /// drains once the run is due (every child it joins has ended), stopped or finished.
+    async fn until_due_driving_children(
+        &self,
+        run_id: &str,
+        signals: &RunSignals,
+    ) -> Result<Due, HostError> {
+        let host = Arc::new(Host::new(Arc::clone(&self.runtime), Arc::clone(&self.store))?);
+        let worker = Arc::new(crate::worker::Worker::new(
+            host,
+            crate::worker::WorkerOptions {
+                poll: Duration::from_millis(20),
+                only_under: Some(run_id.to_string()),
+                ..crate::worker::WorkerOptions::default()
+            },
+        ));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let working = worker.run(async move {
+            let _ = stopped.await;
+        });
+        let waiting = async {
+            let due = self.until_due(run_id, signals).await;
+            let _ = stop.send(());
+            due
+        };
+        let (due, worked) = tokio::join!(waiting, working);
+        if let Err(e) = worked {
+            tracing::warn!(error = %e, "driving the run's children stopped");
+        }
+        due
     }
 
     /// Waits, holding nothing, until the suspended run is due on the store's clock (its

@@ -12,6 +12,7 @@
 //! - child `i` is spawned under key `item-{i}` with input
 //!   `{"steps": 1, "url": URL, "pause_ms": P, "pause_after": true}` (the `fetcher`
 //!   agent's), or `{"fail": true}` for the items listed in `fail`;
+//! - `child_input`: the input of every child instead (for children of another agent);
 //! - `mode`: `all` joins every child (`join_all`), `any` the first to end;
 //! - `join_also`: a run id joined with the children (to see a join refused);
 //! - `checkpoint`: save the children's ids once all are spawned, so a resumed
@@ -44,6 +45,8 @@ struct Input {
     timeout_ms: Option<u64>,
     #[serde(default)]
     fail: Vec<u32>,
+    #[serde(default)]
+    child_input: Option<Value>,
     #[serde(default)]
     join_also: Option<String>,
     #[serde(default)]
@@ -104,7 +107,9 @@ fn children(input: &Input) -> Result<Vec<Child>, Error> {
     }
     let mut kids = Vec::new();
     for i in 0..input.children {
-        let child_input = if input.fail.contains(&i) {
+        let child_input = if let Some(given) = &input.child_input {
+            given.clone()
+        } else if input.fail.contains(&i) {
             json!({ "fail": true })
         } else {
             json!({ "steps": 1, "url": input.url, "pause_ms": input.pause_ms, "pause_after": true })

@@ -1,0 +1,247 @@
+//! The child-run rows: a parent (the `fanout` test agent) spawning `n` one-step
+//! children of the bench agent and joining them all, driven by two workers each on its
+//! own store handle (as two processes would be), on SQLite and on PostgreSQL:
+//! children per second from the parent's submission to its joined answer. And the
+//! memory of a process holding a parent that waits on 10,000 children, against one
+//! waiting on 10.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, ensure};
+use idem::runtime::{Authority, Host, RunOptions, StopSignal};
+use idem::store::{
+    OpenOptions as StoreOptions, PostgresStore, RunStatus, SqliteStore, Store, Submission, SyncMode,
+};
+use idem_test_artifacts::FANOUT;
+use serde_json::json;
+
+use super::report::{Table, progress};
+use super::service::{bench_worker, deploy};
+use super::{Bed, Plan};
+
+const DEFAULT_URL: &str = "postgres://root@127.0.0.1:5432/test";
+
+pub(crate) fn children(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<()> {
+    let turns = plan.children;
+    let n = turns.n as usize;
+    progress(&format!("  fan-out of {n} children, two workers, SQLite"));
+    let mut samples = Vec::new();
+    for turn in 0..turns.max {
+        let db = bed.dir.join(format!("fanout-{turn}.db"));
+        let open = || -> anyhow::Result<Arc<dyn Store>> {
+            Ok(Arc::new(SqliteStore::open_with(
+                &db,
+                &StoreOptions::default(),
+            )?))
+        };
+        samples.push(fan_out(bed, n, open)?);
+    }
+    table.row_with_ratio(
+        format!(
+            "children: fan-out and join of {n} one-step children through 2 workers, \
+             SQLite sync normal (parent submitted → joined; spawns included)"
+        ),
+        "children/s",
+        samples.clone(),
+        "target ≥ 2000/s".into(),
+    );
+
+    let server = std::env::var("IDEM_BENCH_POSTGRES").unwrap_or_else(|_| DEFAULT_URL.into());
+    progress(&format!("  fan-out of {n} children, two workers, PostgreSQL"));
+    let mut samples = Vec::new();
+    for turn in 0..turns.max {
+        let schema = format!("idem_bench_fanout_{}_{turn}", std::process::id());
+        let url = format!("{server}?options=-csearch_path%3D{schema}");
+        let admin = bed.tokio.block_on(admin(&server)).with_context(|| {
+            format!("the children section needs a PostgreSQL server at {server} (IDEM_BENCH_POSTGRES)")
+        })?;
+        bed.tokio
+            .block_on(admin.batch_execute(&format!("CREATE SCHEMA {schema}")))?;
+        let open = || -> anyhow::Result<Arc<dyn Store>> {
+            let store = bed
+                .tokio
+                .block_on(PostgresStore::connect(&url, SyncMode::Normal))?;
+            Ok(Arc::new(store))
+        };
+        let result = fan_out(bed, n, open);
+        bed.tokio
+            .block_on(admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")))?;
+        samples.push(result?);
+    }
+    table.row_with_ratio(
+        format!(
+            "children: fan-out and join of {n} one-step children through 2 workers, \
+             PostgreSQL synchronous_commit off"
+        ),
+        "children/s",
+        samples,
+        "target ≥ 1000/s".into(),
+    );
+
+    let (few, many) = (10, plan.children_waiting);
+    progress(&format!("  a parent waiting on {few} and on {many} children"));
+    let few_rss = waiting_parent(bed, few)?;
+    let many_rss = waiting_parent(bed, many)?;
+    table.row_with_ratio(
+        format!(
+            "children: resident memory of the process holding a parent that waits on \
+             {many} children (the parent spawned them, suspended, holds no instance)"
+        ),
+        "KiB",
+        vec![many_rss / 1024.0],
+        format!(
+            "{:.2}× a parent waiting on {few} ({:.0} KiB)",
+            many_rss / few_rss.max(1.0),
+            few_rss / 1024.0
+        ),
+    );
+    Ok(())
+}
+
+async fn admin(url: &str) -> anyhow::Result<tokio_postgres::Client> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
+/// Deploys the bench agent (the children) and `fanout` (the parent) into the store
+/// `open` opens, submits a parent of `n` children, and drives it with two workers,
+/// each on a store handle of its own: children per second.
+fn fan_out(
+    bed: &Bed,
+    n: usize,
+    open: impl Fn() -> anyhow::Result<Arc<dyn Store>>,
+) -> anyhow::Result<f64> {
+    let fanout = bed.runtime.load(Path::new(FANOUT))?;
+    let store = open()?;
+    let handles = [open()?, open()?];
+    bed.tokio.block_on(async {
+        deploy(store.as_ref(), &bed.agent, "bench", &Authority::default()).await?;
+        let authority = deploy(store.as_ref(), &fanout, "fanout", &Authority::default()).await?;
+        let submit = |run_id: &'static str, n: usize| {
+            let store = Arc::clone(&store);
+            let (digest, authority) = (fanout.digest().to_string(), authority.clone());
+            async move {
+                let input = json!({ "deployment": "bench", "children": n,
+                                    "child_input": { "mode": "steps", "n": 1 } });
+                store
+                    .submit(&Submission {
+                        run_id,
+                        agent: "fanout",
+                        digest: &digest,
+                        namespace: "fanout",
+                        input: &serde_json::to_vec(&input)?,
+                        authority: &authority,
+                        replace_authority: false,
+                    })
+                    .await?;
+                Ok::<_, anyhow::Error>(())
+            }
+        };
+        let mut stops = Vec::new();
+        let mut working = Vec::new();
+        for handle in &handles {
+            let host = Arc::new(Host::new(Arc::clone(&bed.runtime), Arc::clone(handle))?);
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            stops.push(stop);
+            working.push(tokio::spawn(bench_worker(host).run(async move {
+                let _ = stopped.await;
+            })));
+        }
+        // A small fan-out first, so that both workers have compiled both agents: the
+        // rows measure children, not compiles.
+        submit("warm-up", 4).await?;
+        finished(store.as_ref(), "warm-up", Instant::now()).await?;
+        submit("parent", n).await?;
+        let started = Instant::now();
+        let wall = finished(store.as_ref(), "parent", started).await?;
+        for stop in stops {
+            let _ = stop.send(());
+        }
+        for w in working {
+            w.await??;
+        }
+        let parent = store.run("parent").await?.context("the parent run")?;
+        let out: serde_json::Value =
+            serde_json::from_slice(parent.outcome.as_deref().unwrap_or_default())?;
+        ensure!(out["completed"] == n, "the parent joined {out}");
+        Ok(n as f64 / wall.as_secs_f64())
+    })
+}
+
+/// Waits until run `run_id` completed: the time since `started`.
+async fn finished(store: &dyn Store, run_id: &str, started: Instant) -> anyhow::Result<Duration> {
+    loop {
+        let run = store.run(run_id).await?.context("the parent run")?;
+        if run.status.is_finished() {
+            ensure!(
+                run.status == RunStatus::Completed,
+                "{run_id} ended {}: {}",
+                run.status,
+                String::from_utf8_lossy(run.outcome.as_deref().unwrap_or_default())
+            );
+            return Ok(started.elapsed());
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(600),
+            "{run_id} did not finish"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// The resident memory the process gained holding a parent that spawned `n` children
+/// and waits on them (none of them driven), from before the run to once it suspended.
+fn waiting_parent(bed: &Bed, n: usize) -> anyhow::Result<f64> {
+    let fanout = Arc::new(bed.runtime.load(Path::new(FANOUT))?);
+    let db = bed.dir.join(format!("waiting-parent-{n}.db"));
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open_with(&db, &StoreOptions::default())?);
+    bed.tokio.block_on(async {
+        deploy(store.as_ref(), &bed.agent, "bench", &Authority::default()).await?;
+        let host = Arc::new(Host::new(Arc::clone(&bed.runtime), Arc::clone(&store))?);
+        let before = rss()?;
+        let input = json!({ "deployment": "bench", "children": n,
+                            "child_input": { "mode": "steps", "n": 1 } });
+        let stop = StopSignal::new();
+        let opts = RunOptions {
+            run_id: format!("waiting-{n}"),
+            input: serde_json::to_vec(&input)?,
+            stop: Some(stop.clone()),
+            ..RunOptions::default()
+        };
+        let running = {
+            let host = Arc::clone(&host);
+            let fanout = Arc::clone(&fanout);
+            tokio::spawn(async move { host.run(&fanout, &opts).await })
+        };
+        let started = Instant::now();
+        loop {
+            let parent = store.run(&format!("waiting-{n}")).await?;
+            if parent.is_some_and(|p| p.joining.is_some()) && host.live_instances() == 0 {
+                break;
+            }
+            ensure!(
+                started.elapsed() < Duration::from_secs(300),
+                "the parent never suspended"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let after = rss()?;
+        stop.stop();
+        running.await??;
+        Ok(after.saturating_sub(before) as f64)
+    })
+}
+
+fn rss() -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(|kib| kib * 1024)
+        .context("VmRSS in /proc/self/status")
+}
