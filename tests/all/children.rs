@@ -139,6 +139,24 @@ fn spawn_and_join_keep_each_child_once_under_every_crash_point() {
 }
 
 #[test]
+fn idem_run_of_a_parent_drives_its_children_itself_with_no_worker() {
+    let server = TestServer::start();
+    let service = Service::new();
+    deploy(&service, &server, &[]);
+    let input = json!({ "deployment": "fetcher", "children": 5, "url": server.url() });
+    let out = service.cli(&[
+        "run",
+        FANOUT,
+        "--run-id",
+        "alone",
+        "--input",
+        &input.to_string(),
+    ]);
+    assert!(out.status.success(), "{}", said(&out));
+    assert_joined_once(&service, &server, "alone", 5);
+}
+
+#[test]
 fn three_workers_fan_out_1000_children_through_kills() {
     let service = Service::new();
     fan_out_through_kills(&service, 1000, 10, 0x0031_1000);
