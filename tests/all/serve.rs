@@ -498,7 +498,10 @@ fn api_runs_submit_list_show_signal_cancel() {
     let cancel = served.post_json("/api/runs/b/cancel", None, &json!({}));
     assert_eq!(cancel.status, 401);
     let cancel = served.post_json("/api/runs/b/cancel", Some(token), &json!({}));
-    assert_eq!(cancel.json(), json!({ "cancelled": "now", "descendants": [] }));
+    assert_eq!(
+        cancel.json(),
+        json!({ "cancelled": "now", "descendants": [] })
+    );
     assert_eq!(
         served.get("/api/runs/b").json()["run"]["status"],
         "cancelled"
