@@ -383,13 +383,42 @@ pub struct RunView {
     pub waits: Vec<WaitRecord>,
     /// Its claims not committed yet (parked ones among them).
     pub open_claims: Vec<OpenClaim>,
-    /// The child runs it spawned, oldest first.
+    /// The child runs it spawned, oldest first: the first [`RunView::CHILDREN_SHOWN`]
+    /// of them (`idem ls --parent` and the API's `?parent=` list them all).
     pub children: Vec<ChildRecord>,
+    /// How many children it spawned, and how many stand in each status: the whole
+    /// count, however many `children` lists.
+    pub children_count: ChildCounts,
     /// The store's clock when this was read: compare leases and due times with it.
     pub now: Millis,
 }
 
+/// How many children a run spawned, in all and per status.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ChildCounts {
+    /// Children in all.
+    pub total: u64,
+    /// Per status with at least one child (`queued`, `running`, `completed`, ...).
+    pub by_status: std::collections::BTreeMap<RunStatus, u64>,
+}
+
+impl ChildCounts {
+    /// The counts of `children`.
+    pub fn of<'a>(children: impl IntoIterator<Item = &'a RunRecord>) -> ChildCounts {
+        let mut counts = ChildCounts::default();
+        for child in children {
+            counts.total += 1;
+            *counts.by_status.entry(child.status).or_insert(0) += 1;
+        }
+        counts
+    }
+}
+
 impl RunView {
+    /// The most children a view lists: a parent of 10,000 children stays a page a
+    /// terminal and a browser can show, its counts still whole.
+    pub const CHILDREN_SHOWN: usize = 100;
+
     /// Run `run_id` as the store has it; [`StoreError::UnknownRun`] if there is none.
     pub async fn of(store: &dyn Store, run_id: &str) -> Result<RunView, StoreError> {
         let run = store
@@ -401,12 +430,17 @@ impl RunView {
         let steps = store.steps(run_id).await?;
         let waits = store.waits(run_id).await?;
         let open_claims = store.open_claims(Some(run_id)).await?;
-        let mut children: Vec<ChildRecord> = store
+        let mut all = store
             .runs(&RunFilter {
                 parent: Some(run_id),
                 ..RunFilter::default()
             })
-            .await?
+            .await?;
+        let children_count = ChildCounts::of(&all);
+        // Newest first from the store: the oldest are at the end.
+        all.reverse();
+        all.truncate(Self::CHILDREN_SHOWN);
+        let children: Vec<ChildRecord> = all
             .into_iter()
             .map(|child| ChildRecord {
                 key: child.spawn_key.unwrap_or_default(),
@@ -415,10 +449,10 @@ impl RunView {
                 status: child.status,
             })
             .collect();
-        children.reverse();
         let now = store.now().await?;
         Ok(RunView {
             children,
+            children_count,
             outcome: run.outcome.as_deref().map(payload_value),
             run,
             steps,

@@ -1,6 +1,7 @@
 //! The web page in a real headless Chromium, driven over WebDriver by Debian's
 //! `chromedriver`: the runs list, a run parked in doubt, its **Retry** button, and the
-//! run completing once the worker in `idem serve --worker` resumes it. Screenshots go to
+//! run completing once the worker in `idem serve --worker` resumes it; a parent run
+//! with its children, each a link, and a child's link back to its parent. Screenshots go to
 //! `target/browser/`.
 //!
 //! Without `chromium` and `chromedriver` the test says so and passes, unless
@@ -17,11 +18,14 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use base64::Engine as _;
+use idem::store::child_run_id;
 use idem_test_artifacts::STEPS;
 use serde_json::{Value, json};
 
-use crate::serve::{Served, park_a_run, request, wait_for};
+use crate::http::TestServer;
+use crate::serve::{Served, park_a_run, request, submit_parent, until_completed, wait_for};
 use crate::util::{CliDir, read_log, stderr};
+use crate::workers::Service;
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
@@ -273,4 +277,74 @@ fn retry_a_parked_run_from_the_page() {
     let run = served.get("/api/runs/wire").json();
     assert_eq!(run["run"]["status"], "completed");
     assert_eq!(run["open_claims"], json!([]));
+}
+
+#[test]
+fn the_page_shows_a_parent_and_its_children() {
+    if !browser_available() {
+        return;
+    }
+    let server = TestServer::start();
+    let service = Service::new();
+    crate::children::deploy(&service, &server, &[]);
+    let served = Served::start(
+        &service.db(),
+        &["--no-auth", "--no-cache", "--worker", "--poll", "50ms"],
+    );
+    submit_parent(&served, &server, 3, 0);
+    until_completed(&served, "parent");
+    let base = format!("http://{}", served.addr);
+    let driver = Driver::start();
+    let session = driver.session();
+
+    // The parent's page: its children, each with its state and a link, and its join.
+    session.open(&format!("{base}/runs/parent"));
+    session.find("#summary[data-status=\"completed\"]");
+    assert_eq!(session.text("#children-count"), "3 in all: 3 completed");
+    for i in 0..3 {
+        let child = child_run_id("parent", &format!("item-{i}"));
+        let row = format!("#children tr[data-run=\"{child}\"]");
+        assert_eq!(
+            session.text(&format!("{row} td:nth-child(1)")),
+            format!("item-{i}")
+        );
+        assert_eq!(session.text(&format!("{row} td:nth-child(2)")), "completed");
+        assert_eq!(session.text(&format!("{row} a.run-link")), child);
+    }
+    assert_eq!(
+        session.text("#waits tr[data-key=\"all\"] td:nth-child(2)"),
+        "join all of 3 children"
+    );
+    assert!(
+        session
+            .text("#waits tr[data-key=\"all\"] td:nth-child(4)")
+            .starts_with("joined at "),
+        "{}",
+        session.text("#waits tr[data-key=\"all\"]")
+    );
+    session.screenshot("run-parent.png");
+
+    // A child's link leads to its page, which links back to its parent.
+    let child = child_run_id("parent", "item-1");
+    session.click(&format!("#children tr[data-run=\"{child}\"] a.run-link"));
+    session.find("#summary[data-status=\"completed\"]");
+    assert_eq!(session.text("h1"), child);
+    assert_eq!(session.text("#parent-link"), "parent");
+    assert!(
+        session
+            .text("#summary")
+            .contains("spawned under key item-1"),
+        "{}",
+        session.text("#summary")
+    );
+    assert_eq!(
+        session.on_element("#children-section", "GET", "/displayed", None),
+        json!(false),
+        "a child without children shows no children"
+    );
+    session.screenshot("run-child.png");
+    session.click("#parent-link");
+    session.find("#children tr[data-run]");
+    assert_eq!(session.text("h1"), "parent");
+    assert_eq!(server.seen().len(), 3, "each child's request once");
 }

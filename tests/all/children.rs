@@ -9,6 +9,7 @@
 use std::process::Child as Process;
 use std::time::{Duration, Instant};
 
+use idem::ops::RunView;
 use idem::store::{RunFilter, RunStatus, child_run_id};
 use idem_test_artifacts::{FANOUT, FETCHER};
 use serde_json::{Value, json};
@@ -23,7 +24,7 @@ fn said(out: &std::process::Output) -> String {
 }
 
 /// Deploys `fetcher` (the children, granted the server) and `fanout` (the parent).
-fn deploy(service: &Service, server: &TestServer, extra: &[&str]) {
+pub(crate) fn deploy(service: &Service, server: &TestServer, extra: &[&str]) {
     let grant = format!("127.0.0.1:{}", server.port());
     let mut fetcher = vec![
         "deploy",
@@ -377,4 +378,90 @@ fn bad_spawns_and_joins_fail_with_their_reason_and_write_nothing() {
     for w in &mut workers {
         w.wait().unwrap();
     }
+}
+
+#[test]
+fn show_lists_a_parents_children_with_their_states_and_its_join() {
+    let server = TestServer::start();
+    let service = Service::new();
+    deploy(&service, &server, &[]);
+    // More children than a view lists: the rest are counted, not listed.
+    let n = RunView::CHILDREN_SHOWN + 5;
+    let input = json!({ "deployment": "fetcher", "children": n, "url": server.url() });
+    service.ok(&[
+        "submit",
+        "fanout",
+        "--run-id",
+        "parent",
+        "--input",
+        &input.to_string(),
+    ]);
+    let workers = workers(&service, 1, &["--concurrency", "16"]);
+    service.wait_all_finished(Duration::from_secs(300), || {});
+    drain(workers);
+    assert_joined_once(&service, &server, "parent", n);
+
+    let text = service.ok(&["show", "parent"]);
+    assert!(
+        text.contains(&format!("children ({n}): {n} completed\n")),
+        "{text}"
+    );
+    let listed: Vec<&str> = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with("item-"))
+        .collect();
+    assert_eq!(listed.len(), RunView::CHILDREN_SHOWN, "{text}");
+    let first = child_run_id("parent", "item-0");
+    assert_eq!(
+        listed[0],
+        format!("  item-0  completed  {first}  fetcher"),
+        "oldest first, with key, state, id and agent"
+    );
+    assert!(
+        text.contains("  ... and 5 more: idem ls --parent parent\n"),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("  all  join all of 105 children  no timeout  joined at ")),
+        "{text}"
+    );
+    assert!(
+        !text.contains("\nparent "),
+        "a top-level run has no parent: {text}"
+    );
+
+    let doc: Value = serde_json::from_str(&service.ok(&["show", "parent", "--json"])).unwrap();
+    assert_eq!(doc["children_count"]["total"], n);
+    assert_eq!(
+        doc["children_count"]["by_status"],
+        json!({ "completed": n })
+    );
+    let children = doc["children"].as_array().unwrap();
+    assert_eq!(children.len(), RunView::CHILDREN_SHOWN);
+    assert_eq!(
+        children[0],
+        json!({ "run_id": first, "key": "item-0", "agent": "fetcher", "status": "completed" })
+    );
+    assert_eq!(doc["waits"][0]["join"], "all");
+    assert_eq!(doc["waits"][0]["join_children"], n);
+
+    // A child names its parent and its key.
+    let child = child_run_id("parent", "item-3");
+    let text = service.ok(&["show", &child]);
+    assert!(
+        text.contains("\nparent    parent (spawned under key item-3)\n"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("children ("),
+        "a child without children: {text}"
+    );
+    let doc: Value = serde_json::from_str(&service.ok(&["show", &child, "--json"])).unwrap();
+    assert_eq!(doc["run"]["parent"], "parent");
+    assert_eq!(doc["run"]["spawn_key"], "item-3");
+    assert_eq!(
+        doc["children_count"],
+        json!({ "total": 0, "by_status": {} })
+    );
 }

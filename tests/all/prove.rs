@@ -1,10 +1,11 @@
 //! `idem prove`, the real binary: the examples come out clean (exit 0), and each
 //! mistake of the `sloppy` guest is caught with the right kind of violation and a
-//! command that, run, shows the mistake again.
+//! command that, run, shows the mistake again. A parent that spawns and joins is
+//! crashed around each spawn and its join, and says its children were not run.
 
 use std::process::Output;
 
-use idem_test_artifacts::{BENCH, DEDUPE, LEDGER, SLOPPY};
+use idem_test_artifacts::{BENCH, DEDUPE, FANOUT, LEDGER, SLOPPY};
 use serde_json::{Value, json};
 
 use crate::http::TestServer;
@@ -342,4 +343,108 @@ fn bad_flags_are_refused_before_anything_runs() {
             stderr(&out)
         );
     }
+}
+
+#[test]
+fn a_spawn_under_an_unstable_key_is_caught() {
+    let dir = CliDir::new();
+    let input = json!({ "mode": "spawn-unstable", "items": 2, "log": "/data/sloppy.log" });
+    let (out, doc) = prove(SLOPPY, &dir, &input, &[]);
+    assert_eq!(out.status.code(), Some(VIOLATIONS), "{doc:#}");
+    assert_eq!(doc["clean"]["spawns"], json!(["child-0"]), "{doc:#}");
+    let found = violations(&doc, "unstable-spawn-key");
+    // A crash right after the spawn: the replay spawned a second child.
+    let (scenario, v) = found
+        .iter()
+        .find(|(s, _)| s["name"] == "after-spawn:1")
+        .unwrap_or_else(|| panic!("{doc:#}"));
+    let detail = v["detail"].as_str().unwrap();
+    assert!(detail.contains("2 children here against 1"), "{v:#}");
+    assert!(detail.contains("\"child-1\""), "{v:#}");
+    assert!(v["hint"].as_str().unwrap().contains("generation"), "{v:#}");
+    assert!(
+        scenario["reproduce"]
+            .as_str()
+            .unwrap()
+            .ends_with("--crash-at after-spawn:1"),
+        "{scenario:#}"
+    );
+    // A crash before the spawn: the replay spawned under another key than the clean run.
+    assert!(
+        found.iter().any(|(s, _)| s["name"] == "before-spawn:1"),
+        "{doc:#}"
+    );
+    // The steps themselves are right: nothing but the spawns is wrong.
+    let kinds: std::collections::BTreeSet<&str> = scenarios(&doc)
+        .iter()
+        .flat_map(|s| s["violations"].as_array().unwrap())
+        .map(|v| v["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["unstable-spawn-key"].into(), "{doc:#}");
+    let log = dir.data().join("sloppy.log");
+    assert!(!log.exists(), "the proof wrote to the granted directory");
+}
+
+#[test]
+fn a_parent_is_crashed_around_its_spawns_and_join_and_says_its_children_were_not_run() {
+    let dir = CliDir::new();
+    let input = json!({ "deployment": "fetcher", "children": 3, "url": "http://127.0.0.1:9" });
+    let (out, doc) = prove(FANOUT, &dir, &input, &[]);
+    assert_eq!(out.status.code(), Some(0), "{doc:#}");
+    assert_eq!(doc["passed"], true);
+    assert_eq!(
+        doc["clean"]["spawns"],
+        json!(["item-0", "item-1", "item-2"])
+    );
+    assert_eq!(doc["clean"]["awaits"], "all");
+    let note = doc["notes"][0].as_str().unwrap();
+    assert!(
+        note.starts_with(
+            "children not run: the run spawned 3 children and waits for them in join \"all\""
+        ),
+        "{note}"
+    );
+    let names: Vec<&str> = scenarios(&doc)
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    for point in [
+        "before-spawn:1",
+        "after-spawn:1",
+        "before-spawn:3",
+        "after-spawn:3",
+        "before-join:1",
+        "after-join:1",
+    ] {
+        assert!(names.contains(&point), "{point}: {names:?}");
+    }
+    let reached =
+        |name: &str| scenarios(&doc).iter().find(|s| s["name"] == name).unwrap()["reached"].clone();
+    assert_eq!(reached("after-spawn:2"), true);
+    assert_eq!(reached("before-join:1"), true);
+    assert_eq!(
+        reached("after-join:1"),
+        false,
+        "the join never gets its children in a proof"
+    );
+
+    // The text report says so too.
+    let grant = format!("{}::/data", dir.data().display());
+    let scratch = dir.dir.path().join("scratch");
+    let out = run_cli(&[
+        "prove",
+        FANOUT,
+        "--input",
+        &input.to_string(),
+        "--dir",
+        &grant,
+        "--scratch",
+        scratch.to_str().unwrap(),
+        "--phases",
+        "after-spawn",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("\nchildren not run: "), "{text}");
+    assert!(text.contains("\nafter-spawn "), "{text}");
 }

@@ -336,6 +336,22 @@ fn openapi_document_matches_the_routes() {
         .unwrap()
         .len();
     assert_eq!(codes, idem::serve::CODES.len());
+    // Child runs: the list's filter and the cancel's answer.
+    let list = &doc["paths"]["/api/runs"]["get"]["parameters"];
+    assert!(
+        list.as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "parent"),
+        "{list}"
+    );
+    let cancel = &doc["paths"]["/api/runs/{run_id}/cancel"]["post"]["responses"]["200"];
+    assert_eq!(
+        cancel["content"]["application/json"]["schema"]["$ref"],
+        "#/components/schemas/Cancelled"
+    );
+    let answer = &doc["components"]["schemas"]["Cancelled"];
+    assert_eq!(answer["required"], json!(["cancelled", "descendants"]));
 }
 
 #[test]
@@ -482,7 +498,10 @@ fn api_runs_submit_list_show_signal_cancel() {
     let cancel = served.post_json("/api/runs/b/cancel", None, &json!({}));
     assert_eq!(cancel.status, 401);
     let cancel = served.post_json("/api/runs/b/cancel", Some(token), &json!({}));
-    assert_eq!(cancel.json(), json!({ "cancelled": "now" }));
+    assert_eq!(
+        cancel.json(),
+        json!({ "cancelled": "now", "descendants": [] })
+    );
     assert_eq!(
         served.get("/api/runs/b").json()["run"]["status"],
         "cancelled"
@@ -921,6 +940,93 @@ fn metrics_agree_with_the_store_during_and_after_runs() {
     assert_eq!(m["idem_in_doubt_keys"], 1.0);
     assert_eq!(m["idem_runs{status=\"in-doubt\"}"], 1.0);
 }
+
+/// Submits a `fanout` parent of `n` children (each pausing `pause_ms` in its claim)
+/// through the API of `served`, whose worker drives it.
+pub(crate) fn submit_parent(served: &Served, server: &TestServer, n: u32, pause_ms: u64) {
+    let input = json!({ "deployment": "fetcher", "children": n, "url": server.url(),
+                        "pause_ms": pause_ms });
+    let r = served.post_json(
+        "/api/runs",
+        None,
+        &json!({ "agent": "fanout", "input": input, "run_id": "parent" }),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+}
+
+/// Waits until the API says run `run_id` completed.
+pub(crate) fn until_completed(served: &Served, run_id: &str) -> Value {
+    wait_for(Duration::from_secs(120), || {
+        let doc = served.get(&format!("/api/runs/{run_id}")).json();
+        let status = doc["run"]["status"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            matches!(status.as_str(), "queued" | "running" | "completed"),
+            "{doc}"
+        );
+        (status == "completed").then_some(doc)
+    })
+}
+
+#[test]
+fn metrics_count_spawns_and_joins() {
+    let server = TestServer::start();
+    let service = crate::workers::Service::new();
+    crate::children::deploy(&service, &server, &[]);
+    let served = Served::start(
+        &service.db(),
+        &["--no-auth", "--no-cache", "--worker", "--poll", "50ms"],
+    );
+    let before = scrape(&served);
+    assert_eq!(before["idem_spawns_total"], 0.0);
+    assert_eq!(before["idem_joins_waiting"], 0.0);
+    // Each child holds its claim 2 s after its request: the parent waits in its join
+    // meanwhile.
+    submit_parent(&served, &server, 3, 2_000);
+    let during = wait_for(Duration::from_secs(60), || {
+        let m = scrape(&served);
+        (m["idem_joins_waiting"] == 1.0).then_some(m)
+    });
+    assert_eq!(during["idem_spawns_total"], 3.0, "{during:?}");
+    let children: f64 = STATUSES
+        .iter()
+        .map(|s| during[&format!("idem_child_runs{{status=\"{s}\"}}")])
+        .sum();
+    assert_eq!(children, 3.0, "{during:?}");
+    assert!(
+        during["idem_child_runs{status=\"completed\"}"] < 3.0,
+        "the parent waits while a child has not ended: {during:?}"
+    );
+    assert_eq!(during["idem_joins_ended_total{outcome=\"joined\"}"], 0.0);
+
+    until_completed(&served, "parent");
+    let after = scrape(&served);
+    assert_eq!(
+        after["idem_spawns_total"], 3.0,
+        "spawned once each: {after:?}"
+    );
+    assert_eq!(after["idem_child_runs{status=\"completed\"}"], 3.0);
+    assert_eq!(after["idem_child_runs{status=\"running\"}"], 0.0);
+    assert_eq!(
+        after["idem_runs{status=\"completed\"}"], 4.0,
+        "three children and the parent"
+    );
+    assert_eq!(after["idem_joins_waiting"], 0.0);
+    assert_eq!(after["idem_joins_ended_total{outcome=\"joined\"}"], 1.0);
+    assert_eq!(after["idem_joins_ended_total{outcome=\"timed-out\"}"], 0.0);
+    assert_eq!(server.seen().len(), 3, "each child's request once");
+}
+
+const STATUSES: [&str; 6] = [
+    "queued",
+    "running",
+    "completed",
+    "failed",
+    "in-doubt",
+    "cancelled",
+];
 
 #[test]
 fn the_api_alone_deploys_submits_and_sees_a_run_complete_on_postgres() {

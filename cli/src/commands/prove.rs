@@ -40,7 +40,9 @@ pub struct ProveCommand {
     #[command(flatten)]
     authority: AuthorityArgs,
     /// The phases to crash at: `all`, `none`, or a comma-separated list of
-    /// before-claim, after-claim, in-effect, after-commit, after-save.
+    /// before-claim, after-claim, in-effect, after-commit, after-save, before-spawn,
+    /// after-spawn, before-join, after-join (a spawn's phases at each spawn of the
+    /// clean run, a join's at each join).
     #[arg(long, default_value = "all", value_name = "all|none|LIST", value_parser = phases)]
     phases: PhaseList,
     /// The steps to crash at: `all`, or N for steps 1 to N.
@@ -79,24 +81,29 @@ pub struct PhaseList(Vec<Phase>);
 
 fn phases(s: &str) -> Result<PhaseList, String> {
     match s {
-        "all" => return Ok(PhaseList(Phase::ALL.to_vec())),
+        "all" => return Ok(PhaseList(every_phase().collect())),
         "none" => return Ok(PhaseList(Vec::new())),
         _ => {}
     }
     s.split(',')
         .map(|name| {
-            Phase::ALL
-                .into_iter()
+            every_phase()
                 .find(|p| p.name() == name.trim())
                 .ok_or_else(|| {
                     format!(
                         "unknown phase {name:?}: expected all, none, or a list of before-claim, \
-                         after-claim, in-effect, after-commit, after-save"
+                         after-claim, in-effect, after-commit, after-save, before-spawn, \
+                         after-spawn, before-join, after-join"
                     )
                 })
         })
         .collect::<Result<_, _>>()
         .map(PhaseList)
+}
+
+/// A step's phases, then a spawn's and a join's.
+pub(crate) fn every_phase() -> impl Iterator<Item = Phase> {
+    Phase::ALL.into_iter().chain(Phase::CHILDREN)
 }
 
 /// `--steps`.
@@ -330,7 +337,8 @@ mod tests {
 
     #[test]
     fn parses_phases_steps_and_seeds() {
-        assert_eq!(phases("all").unwrap().0.len(), 5);
+        assert_eq!(phases("all").unwrap().0.len(), 9);
+        assert_eq!(phases("after-spawn").unwrap().0, [Phase::AfterSpawn]);
         assert!(phases("none").unwrap().0.is_empty());
         assert_eq!(
             phases("in-effect,after-save").unwrap().0,

@@ -1,9 +1,10 @@
-//! `idem show`: one run — its status and outcome, the worker lease on it, its steps in
-//! the order they were claimed, and its open claims.
+//! `idem show`: one run — its status and outcome, the worker lease on it, its parent
+//! and children, its steps in the order they were claimed, its waits and joins, and
+//! its open claims.
 
 use clap::Parser;
-use idem::ops::RunView;
-use idem::store::{Millis, OpenClaim, RunRecord, StepRecord, WaitRecord};
+use idem::ops::{ChildCounts, RunView};
+use idem::store::{ChildRecord, Millis, OpenClaim, RunRecord, StepRecord, WaitRecord};
 
 use super::args::DbArgs;
 use super::display;
@@ -29,6 +30,7 @@ impl ShowCommand {
             return Ok(Exit::Done);
         }
         print_run(&view.run, view.now);
+        print_children(&view.run.run_id, &view.children, &view.children_count);
         print_steps(&view.steps);
         print_waits(&view.waits, view.now);
         print_claims(&view.open_claims, view.now);
@@ -45,6 +47,15 @@ fn print_run(run: &RunRecord, now: Millis) {
     }
     println!("agent     {} ({})", display::name(&run.agent), run.digest);
     println!("namespace {}", display::name(&run.namespace));
+    if let Some(parent) = &run.parent {
+        let key = run.spawn_key.as_deref().unwrap_or_default();
+        let detached = if run.detached { ", detached" } else { "" };
+        println!(
+            "parent    {} (spawned under key {}{detached})",
+            display::name(parent),
+            display::name(key)
+        );
+    }
     println!("created   {} ago", display::age(now, run.created));
     match &run.lease {
         Some(lease) if lease.expires > now => println!(
@@ -82,6 +93,36 @@ fn print_run(run: &RunRecord, now: Millis) {
     );
 }
 
+/// Its children, if it spawned any: the count per status, then each child (up to
+/// [`RunView::CHILDREN_SHOWN`], oldest first) with its key and status.
+fn print_children(run_id: &str, children: &[ChildRecord], counts: &ChildCounts) {
+    if counts.total == 0 {
+        return;
+    }
+    let per_status: Vec<String> = counts
+        .by_status
+        .iter()
+        .map(|(status, n)| format!("{n} {status}"))
+        .collect();
+    println!("children ({}): {}", counts.total, per_status.join(", "));
+    for child in children {
+        println!(
+            "  {}  {}  {}  {}",
+            display::name(&child.key),
+            child.status,
+            display::name(&child.run_id),
+            display::name(&child.agent)
+        );
+    }
+    let left = counts.total.saturating_sub(children.len() as u64);
+    if left > 0 {
+        println!(
+            "  ... and {left} more: idem ls --parent {}",
+            display::name(run_id)
+        );
+    }
+}
+
 /// Its steps, in the order they were claimed.
 fn print_steps(steps: &[StepRecord]) {
     println!("steps ({}):", steps.len());
@@ -106,22 +147,34 @@ fn print_steps(steps: &[StepRecord]) {
     }
 }
 
-/// Its sleeps and signal waits, if any.
+/// Its sleeps, signal waits and joins, if any.
 fn print_waits(waits: &[WaitRecord], now: Millis) {
     if !waits.is_empty() {
         println!("waits ({}):", waits.len());
         for wait in waits {
-            let what = match &wait.signal {
-                Some(signal) => format!("signal {}", display::name(signal)),
-                None => "sleep".to_string(),
+            let what = match (&wait.signal, &wait.join) {
+                (Some(signal), _) => format!("signal {}", display::name(signal)),
+                (None, Some(mode)) => format!(
+                    "join {} of {} children",
+                    display::name(mode),
+                    wait.join_children.unwrap_or_default()
+                ),
+                (None, None) => "sleep".to_string(),
             };
             let due = wait.due.map_or_else(
                 || "no timeout".to_string(),
                 |due| format!("due {}", display::utc(due)),
             );
             let state = match (&wait.outcome, wait.settled) {
+                // A join that got its children is stored as received.
+                (Some(outcome), Some(at)) if wait.join.is_some() && outcome == "received" => {
+                    format!("joined at {}", display::utc(at))
+                }
                 (Some(outcome), Some(at)) => format!("{outcome} at {}", display::utc(at)),
-                _ if wait.signal.is_none() && wait.due.is_some_and(|d| d <= now) => {
+                _ if wait.signal.is_none()
+                    && wait.join.is_none()
+                    && wait.due.is_some_and(|d| d <= now) =>
+                {
                     "elapsed".to_string()
                 }
                 _ => "pending".to_string(),

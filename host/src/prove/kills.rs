@@ -209,6 +209,7 @@ impl Kills {
             events: Vec::new(),
             steps: store.steps(&opts.run_id).await?,
             open: store.open_claims(Some(&opts.run_id)).await?,
+            children: super::scenario::children(&store, &opts.run_id).await?,
             captured: file_capture::read(&capture, &opts.run_id).map_err(|source| {
                 ProveError::Scratch {
                     path: capture.clone(),

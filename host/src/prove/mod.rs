@@ -8,7 +8,14 @@
 //! answered by a capture (`capture.rs`; the clean run's requests go out once and the
 //! answers are replayed to every other scenario), the directories granted to the agent
 //! are fresh copies per scenario, compared with the clean run's afterwards, and the
-//! store's log of the run (`observe.rs`) shows every claim, commit and checkpoint.
+//! store's log of the run (`observe.rs`) shows every claim, commit and checkpoint,
+//! spawn and join.
+//!
+//! Child runs are recorded, not run: a spawn writes its child to the scratch store as
+//! it would to a real one (so a replay that spawns under another key leaves another
+//! child, which the checks catch), and nothing drives the child. A join waiting for
+//! children ends the scenario there: each scenario is checked up to that join, and
+//! the report says so.
 //!
 //! # Layout
 //! - `mod.rs`: [`ProveOptions`], [`prove`], [`ProveError`].
@@ -133,6 +140,7 @@ pub async fn prove(
     let clean_report = report(Scenario::Clean, &clean, None, &before, started);
     let output = match &clean.ended {
         Ended::Completed(output) => output.clone(),
+        Ended::AwaitingChildren(_) => Vec::new(),
         Ended::Not(_) => {
             // Nothing to compare with: the clean run's failure is the finding.
             progress(Progress::Planned { scenarios: 1 });
@@ -142,12 +150,13 @@ pub async fn prove(
                 opts.run_id.clone(),
                 clean_run,
                 vec![clean_report],
+                Vec::new(),
             ));
         }
     };
     let baseline = Baseline::new(&clean, output);
     let answers = Arc::new(Answers::new(clean.captured.exchanges.clone()));
-    let plan = plan(opts, &baseline);
+    let (plan, notes) = plan(opts, &baseline);
     progress(Progress::Planned {
         scenarios: plan.len() + 1,
     });
@@ -164,17 +173,30 @@ pub async fn prove(
         progress(Progress::Finished(&report));
         reports.push(report);
     }
-    let clean_run = clean_run(&clean, &baseline.keys);
-    Ok(ProveReport::new(opts.run_id.clone(), clean_run, reports))
+    let mut clean_run = clean_run(&clean, &baseline.keys);
+    clean_run.spawns.clone_from(&baseline.spawns);
+    Ok(ProveReport::new(
+        opts.run_id.clone(),
+        clean_run,
+        reports,
+        notes,
+    ))
 }
 
 /// The scenarios after the clean run: a crash at each phase of each of the clean run's
-/// steps (up to `opts.steps`), each chaos seed, and the kills if asked for.
-fn plan(opts: &ProveOptions, baseline: &Baseline) -> Vec<Scenario> {
-    let steps = u32::try_from(baseline.keys.len()).unwrap_or(u32::MAX);
-    let upto = opts.steps.map_or(steps, |n| n.min(steps));
+/// steps (up to `opts.steps`; a spawn's phases at each of its spawns, a join's at each
+/// of its joins), each chaos seed, and the kills if asked for; and what was left out.
+fn plan(opts: &ProveOptions, baseline: &Baseline) -> (Vec<Scenario>, Vec<String>) {
+    let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
     let mut plan = Vec::new();
+    let mut notes = Vec::new();
     for &phase in &opts.phases {
+        let steps = match phase {
+            Phase::BeforeSpawn | Phase::AfterSpawn => count(baseline.spawns.len()),
+            Phase::BeforeJoin | Phase::AfterJoin => count(baseline.joins.len()),
+            _ => count(baseline.keys.len()),
+        };
+        let upto = opts.steps.map_or(steps, |n| n.min(steps));
         for step in 1..=upto {
             plan.push(Scenario::Crash {
                 point: CrashPoint { phase, step },
@@ -182,13 +204,31 @@ fn plan(opts: &ProveOptions, baseline: &Baseline) -> Vec<Scenario> {
         }
     }
     plan.extend(opts.chaos.iter().map(|&seed| Scenario::Chaos { seed }));
-    if let Some(kills) = &opts.kills {
-        plan.push(Scenario::Kills {
-            kills: kills.count,
-            seed: kills.seed,
-        });
+    if let Some(key) = &baseline.awaits {
+        notes.push(format!(
+            "children not run: the run spawned {} children and waits for them in join {}; \
+             idem prove records each spawn in its scratch store but runs no child, so every \
+             scenario was checked up to that join (the same children spawned, once each, \
+             under the same keys) and after-join crash points are never reached",
+            baseline.children.len(),
+            crate::text::quoted(key)
+        ));
     }
-    plan
+    if let Some(kills) = &opts.kills {
+        if baseline.spawns.is_empty() {
+            plan.push(Scenario::Kills {
+                kills: kills.count,
+                seed: kills.seed,
+            });
+        } else {
+            notes.push(
+                "kills not run: the agent spawns children, whose deployments the scratch \
+                 store of the killed processes does not hold"
+                    .to_string(),
+            );
+        }
+    }
+    (plan, notes)
 }
 
 /// Runs one scenario after the clean run in `scratch`, its HTTP answered from the clean
@@ -229,8 +269,16 @@ fn clean_run(clean: &Observation, keys: &[String]) -> CleanRun {
         output: match &clean.ended {
             Ended::Completed(output) => String::from_utf8_lossy(output).into_owned(),
             Ended::Not(why) => why.clone(),
+            Ended::AwaitingChildren(key) => {
+                format!("(none: waits in join {})", crate::text::quoted(key))
+            }
         },
         requests: clean.captured.exchanges.len() as u64,
+        spawns: Vec::new(),
+        awaits: match &clean.ended {
+            Ended::AwaitingChildren(key) => Some(key.clone()),
+            _ => None,
+        },
     }
 }
 

@@ -1,15 +1,22 @@
 //! A decorator of the store's instance role that remembers what a run did to it: every
-//! `run-once` answer, commit, checkpoint load and save, in order. It wraps the
-//! scenario's real store and changes nothing; the invariants are read off its log
-//! afterwards. The other roles are the real store's, through an
-//! [`Overlay`](crate::store::Overlay).
+//! `run-once` answer, commit, checkpoint load and save, spawn and join, in order. It
+//! wraps the scenario's real store and changes nothing the run could tell; the
+//! invariants are read off its log afterwards. The other roles are the real store's,
+//! through an [`Overlay`](crate::store::Overlay).
+//!
+//! Children are not run by a proof: a spawn records the child in the scratch store
+//! (whose deployments a stand-in fills, [`StandIn`]) and nothing drives it, so a join
+//! that is not over stops the scenario there ([`StopSignal`]) instead of waiting for
+//! ever.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use crate::runtime::{Authority, StopSignal};
 use crate::store::{
-    Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts, InstanceStore, JoinRequest,
-    RunFence, SpawnRequest, Spawned, StoreError, WaitRequest, WaitState,
+    Admission, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts, Deployment,
+    InstanceStore, JoinRequest, RunFence, SpawnRefusal, SpawnRequest, Spawned, Store, StoreError,
+    WaitRequest, WaitState,
 };
 
 /// What one `run-once` call got from the store. A wait on a live holder is not an
@@ -43,6 +50,43 @@ pub(crate) enum Event {
     Save { step: u64 },
     /// A checkpoint read (an instance starting, usually).
     Load { step: Option<u64> },
+    /// A spawn the store granted: the child, and whether this call created it.
+    Spawn {
+        key: String,
+        child: String,
+        deployment: String,
+        created: bool,
+    },
+    /// A join reached; `pending` when its children have not ended (in a proof, they
+    /// never do).
+    Join { key: String, pending: bool },
+}
+
+/// What a scratch store deploys under a name the agent spawns and the scratch store
+/// does not know: a component whose runs nobody drives (the agent's own bytes), with
+/// no authority. The child is recorded as a real spawn records it; it never runs.
+#[derive(Debug, Clone)]
+pub(crate) struct StandIn {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) digest: String,
+    pub(crate) bytes: Arc<Vec<u8>>,
+}
+
+impl StandIn {
+    /// Deploys the stand-in under `name`.
+    pub(crate) async fn deploy(&self, name: &str) -> Result<(), StoreError> {
+        self.store.put_component(&self.digest, &self.bytes).await?;
+        self.store
+            .deploy(&Deployment {
+                name,
+                digest: &self.digest,
+                authority: &Authority::default().encode(),
+                admission: Admission::Explicit,
+                source: None,
+            })
+            .await?;
+        Ok(())
+    }
 }
 
 /// The wrapper.
@@ -50,13 +94,22 @@ pub(crate) enum Event {
 pub(crate) struct ObservedInstance {
     inner: Arc<dyn InstanceStore>,
     events: Mutex<Vec<Event>>,
+    stand_in: StandIn,
+    /// Raised when a join is not over: the children it waits for are never run here.
+    stop: StopSignal,
 }
 
 impl ObservedInstance {
-    pub(crate) fn new(inner: Arc<dyn InstanceStore>) -> ObservedInstance {
+    pub(crate) fn new(
+        inner: Arc<dyn InstanceStore>,
+        stand_in: StandIn,
+        stop: StopSignal,
+    ) -> ObservedInstance {
         ObservedInstance {
             inner,
             events: Mutex::default(),
+            stand_in,
+            stop,
         }
     }
 
@@ -177,10 +230,35 @@ impl InstanceStore for ObservedInstance {
     }
 
     async fn spawn(&self, req: &SpawnRequest<'_>) -> Result<Spawned, StoreError> {
-        self.inner.spawn(req).await
+        let spawned = match self.inner.spawn(req).await {
+            Err(StoreError::SpawnRefused {
+                refusal: SpawnRefusal::UnknownDeployment(name),
+                ..
+            }) => {
+                self.stand_in.deploy(&name).await?;
+                self.inner.spawn(req).await?
+            }
+            other => other?,
+        };
+        self.push(Event::Spawn {
+            key: req.key.to_string(),
+            child: spawned.run_id.clone(),
+            deployment: req.deployment.to_string(),
+            created: spawned.created,
+        });
+        Ok(spawned)
     }
 
     async fn join(&self, req: &JoinRequest<'_>) -> Result<WaitState, StoreError> {
-        self.inner.join(req).await
+        let state = self.inner.join(req).await?;
+        let pending = matches!(state, WaitState::Pending { .. });
+        self.push(Event::Join {
+            key: req.key.to_string(),
+            pending,
+        });
+        if pending {
+            self.stop.stop();
+        }
+        Ok(state)
     }
 }

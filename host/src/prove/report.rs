@@ -74,11 +74,14 @@ pub enum ViolationKind {
     OpenClaims,
     /// The granted directories do not hold what the clean run left in them.
     FilesDiffer,
+    /// A child the clean run never spawned (or one of its children never spawned): the
+    /// spawn's key changes between instances, so children multiply on replay.
+    UnstableSpawnKey,
 }
 
 impl ViolationKind {
     /// Every kind, in report order.
-    pub const ALL: [ViolationKind; 9] = [
+    pub const ALL: [ViolationKind; 10] = [
         ViolationKind::NotCompleted,
         ViolationKind::KeyNotCommitted,
         ViolationKind::DuplicateEffect,
@@ -88,6 +91,7 @@ impl ViolationKind {
         ViolationKind::ProgressAhead,
         ViolationKind::OpenClaims,
         ViolationKind::FilesDiffer,
+        ViolationKind::UnstableSpawnKey,
     ];
 
     /// The kind's name, as reports spell it.
@@ -102,6 +106,7 @@ impl ViolationKind {
             ViolationKind::ProgressAhead => "progress-ahead",
             ViolationKind::OpenClaims => "open-claims",
             ViolationKind::FilesDiffer => "files-differ",
+            ViolationKind::UnstableSpawnKey => "unstable-spawn-key",
         }
     }
 }
@@ -168,6 +173,12 @@ pub struct CleanRun {
     pub output: String,
     /// HTTP requests it made.
     pub requests: u64,
+    /// The keys it spawned children under, in the order first spawned.
+    pub spawns: Vec<String>,
+    /// The join it stopped in, if it did: a proof spawns children (recorded in the
+    /// scratch store, as a run would) but never runs them, so a join waiting for them
+    /// ends each scenario there, and everything up to it is checked.
+    pub awaits: Option<String>,
 }
 
 /// Totals over every scenario.
@@ -196,12 +207,19 @@ pub struct ProveReport {
     pub clean: CleanRun,
     /// Every scenario, the clean one first.
     pub scenarios: Vec<ScenarioReport>,
+    /// What the proof left out, and why.
+    pub notes: Vec<String>,
     /// The totals.
     pub summary: Summary,
 }
 
 impl ProveReport {
-    pub(crate) fn new(run_id: String, clean: CleanRun, scenarios: Vec<ScenarioReport>) -> Self {
+    pub(crate) fn new(
+        run_id: String,
+        clean: CleanRun,
+        scenarios: Vec<ScenarioReport>,
+        notes: Vec<String>,
+    ) -> Self {
         let mut summary = Summary::default();
         for s in &scenarios {
             summary.scenarios += 1;
@@ -217,6 +235,7 @@ impl ProveReport {
             run_id,
             clean,
             scenarios,
+            notes,
             summary,
         }
     }

@@ -8,11 +8,30 @@ use std::sync::Arc;
 use super::ProveError;
 use super::capture::Recorder;
 use super::check::{Ended, Files, Observation};
-use super::observe::ObservedInstance;
+use super::observe::{Event, ObservedInstance, StandIn};
 use crate::runtime::{
-    Authority, DirGrant, Echo, FaultPlan, Host, LoadedAgent, RunOptions, Runtime,
+    Authority, DirGrant, Echo, FaultPlan, Host, LoadedAgent, RunOptions, Runtime, StopSignal,
 };
-use crate::store::{OpenOptions, Overlay, RunStatus, SqliteStore, Store};
+use crate::store::{OpenOptions, Overlay, RunFilter, RunStatus, SqliteStore, Store, StoreError};
+
+/// The child runs `run_id` left in `store`: the key each was spawned under, and its id,
+/// oldest first.
+pub(crate) async fn children(
+    store: &dyn Store,
+    run_id: &str,
+) -> Result<Vec<(String, String)>, StoreError> {
+    let mut kids: Vec<(String, String)> = store
+        .runs(&RunFilter {
+            parent: Some(run_id),
+            ..RunFilter::default()
+        })
+        .await?
+        .into_iter()
+        .map(|r| (r.spawn_key.unwrap_or_default(), r.run_id))
+        .collect();
+    kids.reverse();
+    Ok(kids)
+}
 
 /// A scratch directory: the store at `idem.db`, each grant's copy under `grants/N`.
 pub(crate) struct Scratch {
@@ -121,7 +140,17 @@ impl InProcess<'_> {
             &scratch.db(),
             &OpenOptions::default(),
         )?);
-        let observed = Arc::new(ObservedInstance::new(Arc::clone(&store) as _));
+        let stop = StopSignal::new();
+        let stand_in = StandIn {
+            store: Arc::clone(&store),
+            digest: self.agent.digest().to_string(),
+            bytes: Arc::new(self.agent.bytes()?.to_vec()),
+        };
+        let observed = Arc::new(ObservedInstance::new(
+            Arc::clone(&store) as _,
+            stand_in,
+            stop.clone(),
+        ));
         let host = Host::new(
             Arc::clone(self.runtime),
             Arc::new(Overlay::new(Arc::clone(&store)).with_instance(Arc::clone(&observed) as _)),
@@ -135,14 +164,24 @@ impl InProcess<'_> {
             namespace: self.namespace.map(str::to_string),
             capture: Some(Arc::clone(&capture) as _),
             echo: Echo::Off,
-            stop: None,
+            stop: Some(stop),
             source: None,
         };
-        let (ended, instances, reclaimed) = match host.run(self.agent, &opts).await {
+        let result = host.run(self.agent, &opts).await;
+        let events = observed.events();
+        // The join the run stopped in, if its last join was not over.
+        let awaiting = events.iter().rev().find_map(|e| match e {
+            Event::Join { key, pending } => Some((key.clone(), *pending)),
+            _ => None,
+        });
+        let (ended, instances, reclaimed) = match result {
             Ok(report) => {
-                let ended = match report.status {
-                    RunStatus::Completed => Ended::Completed(report.outcome),
-                    status => Ended::Not(format!(
+                let ended = match (report.status, awaiting) {
+                    (RunStatus::Completed, _) => Ended::Completed(report.outcome),
+                    (_, Some((key, true))) if report.waiting.is_some() => {
+                        Ended::AwaitingChildren(key)
+                    }
+                    (status, _) => Ended::Not(format!(
                         "{status}: {}",
                         String::from_utf8_lossy(&report.outcome)
                     )),
@@ -159,9 +198,10 @@ impl InProcess<'_> {
         Ok(Observation {
             ended,
             namespace,
-            events: observed.events(),
+            events,
             steps: store.steps(self.run_id).await?,
             open: store.open_claims(Some(self.run_id)).await?,
+            children: children(store.as_ref(), self.run_id).await?,
             captured: capture.captured(),
             files: scratch.files()?,
             instances,

@@ -159,10 +159,25 @@ pub(crate) struct Faults {
     pending: Vec<CrashPoint>,
     recycle_every: Option<u32>,
     chaos: Option<fastrand::Rng>,
-    /// Each key's step number: its place in the order the run first used it (1-based).
-    /// Kept only while a crash point is pending or chaos is on, the only things that
-    /// name steps, so that a long run's memory does not grow with its keys.
+    /// Each key's step number: its place in the order the run first used keys of its
+    /// kind (1-based): claims, spawns and joins are numbered apart. Kept only while a
+    /// crash point is pending or chaos is on, the only things that name steps, so that
+    /// a long run's memory does not grow with its keys.
     steps: HashMap<String, u32>,
+    /// Keys numbered so far, per kind: claims, spawns, joins.
+    numbered: [u32; 3],
+}
+
+/// Which count a key is numbered in: the imports name a spawn's key `\0spawn\0KEY` and
+/// a join's `\0join\0KEY` ("\0" never begins an agent's key).
+fn kind_of(key: &str) -> usize {
+    if key.starts_with("\0spawn\0") {
+        1
+    } else if key.starts_with("\0join\0") {
+        2
+    } else {
+        0
+    }
 }
 
 impl Faults {
@@ -172,6 +187,7 @@ impl Faults {
             recycle_every: plan.recycle_every,
             chaos: plan.chaos.map(fastrand::Rng::with_seed),
             steps: HashMap::new(),
+            numbered: [0; 3],
         }
     }
 
@@ -189,9 +205,9 @@ impl Faults {
         if let Some(&step) = self.steps.get(key) {
             return step;
         }
-        let next = u32::try_from(self.steps.len())
-            .unwrap_or(u32::MAX)
-            .saturating_add(1);
+        let count = &mut self.numbered[kind_of(key)];
+        *count = count.saturating_add(1);
+        let next = *count;
         self.steps.insert(key.to_owned(), next);
         next
     }
@@ -207,6 +223,7 @@ impl Faults {
             let point = self.pending.swap_remove(i);
             if !self.numbers_steps() {
                 self.steps = HashMap::new();
+                self.numbered = [0; 3];
             }
             return Err(Recycle {
                 reason: format!("crash point {point}"),
@@ -286,9 +303,14 @@ mod tests {
         assert_eq!(faults.step_of("a"), 1);
         assert_eq!(faults.step_of("b"), 2);
         assert_eq!(faults.step_of("a"), 1, "a key keeps its number");
+        // Spawns and joins are numbered apart from claims, and from each other.
+        assert_eq!(faults.step_of("\0spawn\0a"), 1);
+        assert_eq!(faults.step_of("\0join\0all"), 1);
+        assert_eq!(faults.step_of("\0spawn\0b"), 2);
+        assert_eq!(faults.step_of("c"), 3);
         assert!(faults.check(Phase::AfterClaim, 2, 0).is_err());
         // The last point fired: nothing names steps, and nothing is kept for them.
-        assert_eq!(faults.step_of("c"), 0);
+        assert_eq!(faults.step_of("d"), 0);
         assert!(faults.steps.is_empty());
 
         let mut quiet = Faults::new(&FaultPlan {

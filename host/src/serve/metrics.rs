@@ -7,6 +7,10 @@
 //! are counts now. The durable-step latency is the time from a step's claim to its
 //! commit, per committed step; the steps of a completed or cancelled run never change,
 //! so theirs are read once and kept.
+//!
+//! Child runs: `spawns` counts the child runs in the store (each spawned exactly once),
+//! `child_runs` gauges them by status, `joins_waiting` gauges the parents suspended in
+//! a join, and `joins_ended` counts the joins that got their children or timed out.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -67,6 +71,7 @@ pub(crate) async fn render(
     register_runs(&mut registry, &runs);
     register_counters(&mut registry, &runs);
     register_gauges(&mut registry, &runs, now, parked);
+    register_children(&mut registry, store, &runs).await?;
     register_step_latency(&mut registry, store, &runs, settled).await?;
 
     let mut text = String::new();
@@ -156,6 +161,73 @@ fn register_gauges(registry: &mut Registry, runs: &[RunRecord], now: Millis, par
         gauge.set(value as i64);
         registry.register(name, help, gauge);
     }
+}
+
+/// Spawns and joins: the child runs by status, the parents waiting in a join, and the
+/// joins that ended, read from the waits of each run that has children.
+async fn register_children(
+    registry: &mut Registry,
+    store: &dyn Store,
+    runs: &[RunRecord],
+) -> Result<(), StoreError> {
+    let spawns = Counter::<u64>::default();
+    spawns.inc_by(runs.iter().filter(|r| r.parent.is_some()).count() as u64);
+    registry.register(
+        "spawns",
+        "Child runs spawned (each once, however often its parent replayed the spawn)",
+        spawns,
+    );
+    let by_status = Family::<Vec<(String, String)>, Gauge>::default();
+    registry.register(
+        "child_runs",
+        "Child runs in the store, by status",
+        by_status.clone(),
+    );
+    for status in STATUSES {
+        let n = runs
+            .iter()
+            .filter(|r| r.parent.is_some() && r.status == status)
+            .count();
+        by_status
+            .get_or_create(&vec![("status".into(), status.as_str().into())])
+            .set(n as i64);
+    }
+    let waiting = Gauge::<i64>::default();
+    waiting.set(
+        runs.iter()
+            .filter(|r| r.joining.is_some() && !r.status.is_finished())
+            .count() as i64,
+    );
+    registry.register(
+        "joins_waiting",
+        "Runs suspended in a join, waiting for their children",
+        waiting,
+    );
+    let parents: std::collections::BTreeSet<&str> =
+        runs.iter().filter_map(|r| r.parent.as_deref()).collect();
+    let (mut joined, mut timed_out) = (0u64, 0u64);
+    for parent in parents {
+        for wait in store.waits(parent).await? {
+            match (wait.join.is_some(), wait.outcome.as_deref()) {
+                // A join that got its children is stored as received.
+                (true, Some("received")) => joined += 1,
+                (true, Some("timed-out")) => timed_out += 1,
+                _ => {}
+            }
+        }
+    }
+    let ended = Family::<Vec<(String, String)>, Counter>::default();
+    registry.register(
+        "joins_ended",
+        "Joins that ended: got their children (joined) or timed out",
+        ended.clone(),
+    );
+    for (outcome, n) in [("joined", joined), ("timed-out", timed_out)] {
+        ended
+            .get_or_create(&vec![("outcome".into(), outcome.into())])
+            .inc_by(n);
+    }
+    Ok(())
 }
 
 /// `durable_step_seconds`: the time from each committed step's claim to its commit. The

@@ -44,6 +44,11 @@ pub fn document() -> Value {
                 },
             },
         });
+        // The cancel's answer says what else it reached: its shape is documented.
+        if route.id == "cancel_run" {
+            op["responses"]["200"]["content"][route.responds] =
+                json!({ "schema": { "$ref": "#/components/schemas/Cancelled" } });
+        }
         match route.access {
             Access::Page => op["security"] = json!([]),
             Access::Read => op["x-idem-access"] = json!("read"),
@@ -133,6 +138,27 @@ fn schemas() -> Value {
                 "key": { "type": "string", "description": "the agent's key or namespace:key" },
                 "result": { "description": "the effect happened: its result (any JSON)" },
                 "retry": { "type": "boolean", "const": true },
+            },
+        },
+        "Cancelled": {
+            "type": "object",
+            "required": ["cancelled", "descendants"],
+            "properties": {
+                "cancelled": { "type": "string", "enum": ["now", "requested"], "description": "now: no worker held the run; requested: its worker stops it at its next host call" },
+                "worker": { "type": "string", "description": "the worker asked to stop it (requested only)" },
+                "descendants": {
+                    "type": "array",
+                    "description": "the run's descendants the cancel reached (not detached, not ended before), as they stand after it",
+                    "items": {
+                        "type": "object",
+                        "required": ["run_id", "status", "cancel_requested"],
+                        "properties": {
+                            "run_id": { "type": "string" },
+                            "status": { "type": "string" },
+                            "cancel_requested": { "type": "boolean", "description": "still running, the cancel asked of its worker" },
+                        },
+                    },
+                },
             },
         },
         "Gc": {

@@ -121,6 +121,7 @@ pub const ROUTES: &[Route] = &[
                 "only runs with this status (queued, running, completed, failed, in-doubt, cancelled)",
             ),
             ("agent", "only runs of this agent (deployment name)"),
+            ("parent", "only the child runs this run spawned"),
             ("limit", "at most this many runs (1 to 1000, default 100)"),
             ("offset", "skip this many runs first (default 0)"),
         ],
@@ -140,7 +141,8 @@ pub const ROUTES: &[Route] = &[
         method: "GET",
         path: "/api/runs/{run_id}",
         id: "show_run",
-        summary: "One run: its record, steps, waits, open claims, lease and log",
+        summary: "One run: its record (with its parent), steps, waits and joins, open claims, \
+                  children (a count per status and the first 100), lease and log",
         access: Access::Read,
         body: Body::Empty,
         query: &[],
@@ -170,7 +172,8 @@ pub const ROUTES: &[Route] = &[
         method: "POST",
         path: "/api/runs/{run_id}/cancel",
         id: "cancel_run",
-        summary: "Cancel a run",
+        summary: "Cancel a run and its descendants that are not detached; the answer lists \
+                  the descendants it reached",
         access: Access::Mutate,
         body: Body::Empty,
         query: &[],

@@ -39,7 +39,9 @@ pub struct Submitted {
 }
 
 /// Where a run stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum RunStatus {
     /// Submitted, never started by any worker.

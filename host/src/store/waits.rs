@@ -90,6 +90,8 @@ pub struct WaitRecord {
     pub signal: Option<String>,
     /// For a join, whether it waits for `all` its children or `any`.
     pub join: Option<String>,
+    /// For a join, how many children it lists.
+    pub join_children: Option<u64>,
     /// When the sleep ends or the signal wait times out (`None`: never).
     pub due: Option<Millis>,
     /// When the wait was first reached.

@@ -7,7 +7,6 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use idem::prove::{Progress, ProveReport, Scenario, ScenarioReport};
-use idem::runtime::Phase;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::commands::display;
@@ -108,6 +107,9 @@ pub fn print(agent: &Path, found: &ProveReport, reproduce: &dyn Fn(&Scenario) ->
     if let Some(note) = no_effect_note(found) {
         println!("{note}");
     }
+    for note in &found.notes {
+        println!("{note}");
+    }
     if found.passed() {
         println!(
             "verdict: PASSED — every key committed once, no unexplained repeat, the same \
@@ -137,7 +139,7 @@ fn no_effect_note(found: &ProveReport) -> Option<String> {
 /// The table of scenarios by group, and its total row, which it returns.
 fn table(found: &ProveReport) -> Row {
     let mut order: Vec<String> = vec!["clean".into()];
-    order.extend(Phase::ALL.iter().map(|p| p.to_string()));
+    order.extend(super::every_phase().map(|p| p.to_string()));
     order.extend(["chaos".into(), "kills".into()]);
     let mut rows: BTreeMap<String, Row> = BTreeMap::new();
     for s in &found.scenarios {

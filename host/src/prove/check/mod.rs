@@ -4,8 +4,10 @@
 //! what the agent says about itself.
 //!
 //! `observation.rs`: what is checked; `keys.rs`: the invariants of the store's log;
-//! `effects.rs`: the invariants of the side effects downstream.
+//! `effects.rs`: the invariants of the side effects downstream; `children.rs`: the
+//! spawns and the join.
 
+mod children;
 mod effects;
 mod keys;
 mod observation;
@@ -82,6 +84,9 @@ pub(crate) fn check(obs: &Observation, clean: Option<&Baseline>, before: &Files)
                 );
             }
         }
+        // Children are not run by a proof: a run that waits for them is checked up to
+        // its join (against the clean run's join, below).
+        Ended::AwaitingChildren(_) => {}
         Ended::Not(why) => f.add(
             ViolationKind::NotCompleted,
             None,
@@ -111,6 +116,10 @@ pub(crate) fn check(obs: &Observation, clean: Option<&Baseline>, before: &Files)
         return f;
     };
     let stable = keys(obs, clean, &mut f);
+    children::spawns(obs, clean, &mut f);
+    if matches!(obs.ended, Ended::AwaitingChildren(_)) || clean.awaits.is_some() {
+        children::join(obs, clean, &mut f);
+    }
     http_effects(obs, clean, &mut f);
     // Against keys that changed, the clean run's checkpoints say nothing: the steps
     // they cover were committed under other keys.
@@ -125,7 +134,7 @@ pub(crate) fn check(obs: &Observation, clean: Option<&Baseline>, before: &Files)
 
 fn rank(kind: ViolationKind) -> u8 {
     match kind {
-        ViolationKind::UnstableKey => 0,
+        ViolationKind::UnstableKey | ViolationKind::UnstableSpawnKey => 0,
         ViolationKind::EffectOutsideClaim => 1,
         ViolationKind::DuplicateEffect => 2,
         ViolationKind::OutputDiffers => 3,

@@ -17,6 +17,8 @@ pub(crate) enum Ended {
     Completed(Vec<u8>),
     /// Otherwise: failed, in doubt, an error of the host; in words.
     Not(String),
+    /// Suspended in the join under this key, for children a proof does not run.
+    AwaitingChildren(String),
 }
 
 /// Everything observed of one scenario.
@@ -29,6 +31,8 @@ pub(crate) struct Observation {
     pub(crate) events: Vec<Event>,
     pub(crate) steps: Vec<StepRecord>,
     pub(crate) open: Vec<OpenClaim>,
+    /// The child runs in the store: the key each was spawned under, and its run id.
+    pub(crate) children: Vec<(String, String)>,
     pub(crate) captured: Captured,
     pub(crate) files: Files,
     pub(crate) instances: u64,
@@ -102,6 +106,14 @@ pub(crate) struct Baseline {
     /// HTTP requests per key (`None`: made outside any claim).
     pub(super) requests: HashMap<Option<String>, u64>,
     pub(crate) files: Files,
+    /// Spawn keys in the order first spawned.
+    pub(crate) spawns: Vec<String>,
+    /// Join keys in the order first reached.
+    pub(crate) joins: Vec<String>,
+    /// The child runs the clean run left: spawn key and run id.
+    pub(crate) children: Vec<(String, String)>,
+    /// The join the clean run stopped in, for children a proof does not run.
+    pub(crate) awaits: Option<String>,
 }
 
 impl Baseline {
@@ -111,6 +123,7 @@ impl Baseline {
         let mut next_call = BTreeMap::new();
         let mut committed_by = BTreeMap::new();
         let mut commit_order = Vec::new();
+        let (mut spawns, mut joins) = (Vec::new(), Vec::new());
         for event in &clean.events {
             match event {
                 Event::Call { key, answer, .. } => {
@@ -132,6 +145,16 @@ impl Baseline {
                     committed_by.entry(*step).or_insert(commit_order.len());
                 }
                 Event::Load { .. } => {}
+                Event::Spawn { key, .. } => {
+                    if !spawns.contains(key) {
+                        spawns.push(key.clone());
+                    }
+                }
+                Event::Join { key, .. } => {
+                    if !joins.contains(key) {
+                        joins.push(key.clone());
+                    }
+                }
             }
         }
         let mut requests = HashMap::new();
@@ -147,6 +170,13 @@ impl Baseline {
             commit_order,
             requests,
             files: clean.files.clone(),
+            spawns,
+            joins,
+            children: clean.children.clone(),
+            awaits: match &clean.ended {
+                Ended::AwaitingChildren(key) => Some(key.clone()),
+                _ => None,
+            },
         }
     }
 }

@@ -39,6 +39,7 @@ fn observation(events: Vec<Event>, keys: &[&str], output: &str) -> Observation {
         events,
         steps: keys.iter().map(|k| step(k)).collect(),
         open: Vec::new(),
+        children: Vec::new(),
         captured: Captured::default(),
         files: Files::new(),
         instances: 1,
@@ -161,4 +162,26 @@ fn repeated_file_lines_need_retakes_in_doubt() {
     let found = check(&obs, Some(&base), &Files::new());
     assert_eq!(found.duplicates_in_doubt, 1);
     assert!(found.violations.is_empty(), "{:?}", found.violations);
+}
+
+#[test]
+fn a_child_the_clean_run_never_spawned_is_an_unstable_spawn_key() {
+    let mut base = clean();
+    base.children = vec![("kid-1".into(), "r~1".into())];
+    let mut obs = observation(Vec::new(), &["a", "b", "c"], "{}");
+    obs.children = base.children.clone();
+    let found = check(&obs, Some(&base), &Files::new());
+    assert!(found.violations.is_empty(), "{:?}", found.violations);
+    obs.children.push(("kid-2".into(), "r~2".into()));
+    let found = check(&obs, Some(&base), &Files::new());
+    let kinds: Vec<_> = found.violations.iter().map(|v| v.kind).collect();
+    assert_eq!(kinds, [ViolationKind::UnstableSpawnKey]);
+    assert_eq!(found.violations[0].key.as_deref(), Some("kid-2"));
+    assert!(
+        found.violations[0]
+            .detail
+            .contains("2 children here against 1"),
+        "{:?}",
+        found.violations
+    );
 }

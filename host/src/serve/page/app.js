@@ -67,7 +67,12 @@ function duration(ms) { return ms < 1000 ? ms + " ms" : (ms / 1000).toFixed(2) +
 function shownStatus(run, now) {
   const live = run.lease && run.lease.expires > now;
   if (!["queued", "running"].includes(run.status) || live || run.wake_at == null) return run.status;
+  if (run.joining != null) return "joining";
   return run.waiting_for != null ? "waiting" : "sleeping";
+}
+
+function runLink(runId, attrs) {
+  return el("a", Object.assign({ class: "run-link mono", href: "/runs/" + encodeURIComponent(runId), text: runId }, attrs || {}));
 }
 
 function badge(text, cls) { return el("span", { class: "badge " + (cls || "s-" + text), text }); }
@@ -159,6 +164,12 @@ function runPage(runId) {
     el("h1", { class: "mono", text: runId }),
     el("dl", { id: "summary", class: "grid" }),
     el("section", { id: "parked-section" }),
+    el("section", { id: "children-section", hidden: true },
+      el("h2", { text: "Children" }),
+      el("p", { id: "children-count", class: "muted" }),
+      el("table", { id: "children" },
+        el("thead", {}, el("tr", {}, ...["key", "status", "run", "agent"].map(h => el("th", { text: h })))),
+        el("tbody"))),
     el("h2", { text: "Steps" }),
     el("table", { id: "steps" },
       el("thead", {}, el("tr", {},
@@ -168,7 +179,7 @@ function runPage(runId) {
     el("table", { id: "claims" },
       el("thead", {}, el("tr", {}, ...["key", "holder", "attempt", "token", "lease"].map(h => el("th", { text: h })))),
       el("tbody")),
-    el("h2", { text: "Sleeps and signals" }),
+    el("h2", { text: "Sleeps, signals and joins" }),
     el("table", { id: "waits" },
       el("thead", {}, el("tr", {}, ...["key", "kind", "due", "state"].map(h => el("th", { text: h })))),
       el("tbody")),
@@ -208,12 +219,15 @@ function drawRun(runId, doc) {
     ["agent", run.agent],
     ["digest", el("span", { class: "mono", text: run.digest })],
     ["namespace", run.namespace],
+    ...(run.parent != null ? [["parent", el("span", {}, runLink(run.parent, { id: "parent-link" }),
+      ` (spawned under key ${run.spawn_key ?? ""}${run.detached ? ", detached" : ""})`)]] : []),
     ["created", `${utc(run.created)} (${age(now, run.created)} ago)`],
     ["lease", lease],
     ["counts", `executed ${c.executed} · skipped ${c.skipped} · awaited ${c.awaited} · reclaimed ${c.reclaimed} · instances ${c.instances}`],
   ];
   if (run.wake_at != null && !run.lease)
-    rows.push(["waiting", (run.waiting_for != null ? "for signal " + run.waiting_for : "sleeping") +
+    rows.push(["waiting", (run.joining != null ? "in join " + run.joining
+      : run.waiting_for != null ? "for signal " + run.waiting_for : "sleeping") +
       (run.wake_at < 9e15 ? " until " + utc(run.wake_at) : "")]);
   if (run.cancel_requested) rows.push(["cancel", "requested"]);
   if (run.note) rows.push(["note", run.note]);
@@ -246,6 +260,20 @@ function drawRun(runId, doc) {
       }));
   }
 
+  // The children: a count per status, then the first ones the API lists, each a link.
+  const counts = doc.children_count || { total: 0, by_status: {} };
+  document.getElementById("children-section").hidden = counts.total === 0;
+  const perStatus = Object.entries(counts.by_status).map(([st, n]) => `${n} ${st}`).join(", ");
+  const more = counts.total - doc.children.length;
+  document.getElementById("children-count").textContent = `${counts.total} in all: ${perStatus}` +
+    (more > 0 ? ` (the first ${doc.children.length} shown; /api/runs?parent=${runId} lists all)` : "");
+  document.querySelector("#children tbody").replaceChildren(...doc.children.map(ch =>
+    el("tr", { "data-run": ch.run_id, "data-status": ch.status },
+      el("td", {}, el("code", { text: ch.key })),
+      el("td", {}, badge(ch.status)),
+      el("td", {}, runLink(ch.run_id)),
+      el("td", { text: ch.agent }))));
+
   document.querySelector("#steps tbody").replaceChildren(...doc.steps.map((s, i) => {
     let outcome;
     if (s.committed_at != null) outcome = badge("committed", "s-completed");
@@ -276,11 +304,16 @@ function drawRun(runId, doc) {
       el("td", { text: "expires " + until(now, cl.lease_expires) }))));
 
   document.querySelector("#waits tbody").replaceChildren(...doc.waits.map(w => {
-    const state = w.outcome != null && w.settled != null ? `${w.outcome} at ${utc(w.settled)}`
-      : (w.signal == null && w.due != null && w.due <= now ? "elapsed" : "pending");
-    return el("tr", {},
+    const isJoin = w.join != null && w.signal == null;
+    // A join that got its children is stored as received.
+    const outcome = isJoin && w.outcome === "received" ? "joined" : w.outcome;
+    const state = w.outcome != null && w.settled != null ? `${outcome} at ${utc(w.settled)}`
+      : (w.signal == null && !isJoin && w.due != null && w.due <= now ? "elapsed" : "pending");
+    const kind = w.signal != null ? "signal " + w.signal
+      : isJoin ? `join ${w.join} of ${w.join_children} children` : "sleep";
+    return el("tr", { "data-key": w.key },
       el("td", {}, el("code", { text: w.key })),
-      el("td", { text: w.signal != null ? "signal " + w.signal : "sleep" }),
+      el("td", { text: kind }),
       el("td", { text: w.due != null ? utc(w.due) : "no timeout" }),
       el("td", { text: state }));
   }));

@@ -232,8 +232,11 @@ pub(super) async fn send_signal(
 pub(super) async fn waits(conn: &Conn, run_id: &str) -> Result<Vec<WaitRecord>, TxError> {
     let rows = conn
         .query(
-            "SELECT key, signal, due, created, outcome, settled, join_mode FROM waits
-             WHERE run_id = $1 ORDER BY created, key",
+            "SELECT key, signal, due, created, outcome, settled, join_mode,
+                    CASE WHEN join_mode IS NULL THEN NULL ELSE
+                        (SELECT COUNT(*) FROM join_members m
+                         WHERE m.run_id = waits.run_id AND m.key = waits.key) END
+             FROM waits WHERE run_id = $1 ORDER BY created, key",
             &[&run_id],
         )
         .await?;
@@ -247,6 +250,7 @@ pub(super) async fn waits(conn: &Conn, run_id: &str) -> Result<Vec<WaitRecord>, 
                 outcome: row.try_get(4)?,
                 settled: row.try_get(5)?,
                 join: row.try_get(6)?,
+                join_children: row.try_get::<_, Option<i64>>(7)?.map(|n| n.max(0) as u64),
             })
         })
         .collect()

@@ -222,8 +222,11 @@ pub(super) fn send_signal(
 pub(super) fn waits(conn: &Connection, run_id: &str) -> Result<Vec<WaitRecord>, TxError> {
     let records = conn
         .prepare_cached(
-            "SELECT key, signal, due, created, outcome, settled, join_mode FROM waits
-             WHERE run_id = ?1 ORDER BY created, key",
+            "SELECT key, signal, due, created, outcome, settled, join_mode,
+                    CASE WHEN join_mode IS NULL THEN NULL ELSE
+                        (SELECT COUNT(*) FROM join_members m
+                         WHERE m.run_id = waits.run_id AND m.key = waits.key) END
+             FROM waits WHERE run_id = ?1 ORDER BY created, key",
         )?
         .query_map([run_id], |row| {
             Ok(WaitRecord {
@@ -234,6 +237,7 @@ pub(super) fn waits(conn: &Connection, run_id: &str) -> Result<Vec<WaitRecord>, 
                 outcome: row.get(4)?,
                 settled: row.get(5)?,
                 join: row.get(6)?,
+                join_children: row.get::<_, Option<i64>>(7)?.map(|n| n.max(0) as u64),
             })
         })?
         .collect::<rusqlite::Result<_>>()?;

@@ -263,6 +263,11 @@ pub(super) async fn a_parent_joining_all_is_due_once_when_its_last_child_ends(en
     ));
     let waits = store.waits("p").await.unwrap();
     assert_eq!(waits[0].join.as_deref(), Some("all"));
+    assert_eq!(
+        waits[0].join_children,
+        Some(3),
+        "the join lists three children"
+    );
 }
 
 pub(super) async fn a_join_of_any_takes_the_first_child_to_end(env: &Env<'_>) {

@@ -46,6 +46,7 @@ pub(super) async fn a_sleep_keeps_its_first_wake_time_and_elapses_on_the_clock(e
     let waits = store.waits("r").await.unwrap();
     assert_eq!(waits.len(), 1);
     assert_eq!((waits[0].due, waits[0].created), (Some(T0 + 60_000), T0));
+    assert_eq!(waits[0].join_children, None, "a sleep lists no children");
 }
 
 pub(super) async fn a_suspended_run_is_leased_only_when_due_in_due_order(env: &Env<'_>) {

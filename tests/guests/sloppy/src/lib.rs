@@ -22,6 +22,9 @@
 //!   ignores the refusal), a side effect no key protects.
 //! - `generation`: the output carries the instance's generation, so an interrupted run
 //!   returns something an uninterrupted one does not.
+//! - `spawn-unstable`: after its steps it spawns a child run (of the `sloppy`
+//!   deployment, mode `ok`, no items) under a key that carries the instance's
+//!   generation: a resumed instance spawns another child instead of finding the first.
 //!
 //! Output: `{"items": N}`, plus `"generation": G` in `generation` mode.
 
@@ -30,7 +33,7 @@ use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use idem_sdk::http::Request;
-use idem_sdk::{Agent, Error, Key, load, run_once, save};
+use idem_sdk::{Agent, Error, Key, load, run_once, save, spawn};
 use serde::{Deserialize, Serialize};
 
 #[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +44,8 @@ enum Mode {
     Attempt,
     Outside,
     Generation,
+    #[serde(rename = "spawn-unstable")]
+    SpawnUnstable,
 }
 
 #[derive(Deserialize)]
@@ -58,6 +63,13 @@ struct Output {
     items: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     generation: Option<u32>,
+}
+
+/// The input of the child `spawn-unstable` spawns.
+#[derive(Serialize)]
+struct ChildInput {
+    mode: &'static str,
+    items: u64,
 }
 
 /// The checkpoint's state: how many instances have started, counting this one.
@@ -97,6 +109,15 @@ impl Agent for Sloppy {
             };
             run_once(&key, |step| effect(&input, i, step))?;
             save(i + 1, &Attempts { attempt })?;
+        }
+        if input.mode == Mode::SpawnUnstable {
+            // The mistake: the child's key changes with every instance.
+            let key = format!("child-{}", idem_sdk::generation());
+            let child = ChildInput {
+                mode: "ok",
+                items: 0,
+            };
+            spawn(&key, "sloppy", &child)?;
         }
         Ok(Output {
             items: input.items,
