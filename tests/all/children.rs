@@ -443,11 +443,6 @@ fn a_python_parent_fans_out_and_joins_exactly_once() {
             let id = child_run_id(run_id, &format!("item-{i}"));
             assert!(spawns.iter().any(|k| k.run_id == id), "{run_id}: child {i}");
         }
-        let run = block_on(service.store().run(run_id)).unwrap().unwrap();
-        assert_eq!(
-            run.counts.recycled, 1,
-            "{run_id}: the crash point fired once"
-        );
         answers.push(output(&service, run_id));
     }
     let py = &answers[0];
@@ -472,4 +467,59 @@ fn a_python_parent_fans_out_and_joins_exactly_once() {
     assert_effects_fenced(&service, &server);
     drain(workers);
     integrity_ok(&service.path());
+}
+
+/// The Python parent's refused spawns and joins reach it as the SDK's typed exceptions,
+/// with the host's reason, and write nothing: an unknown deployment and a stranger
+/// joined fail the run naming them, a cycle is the answer of the chain's last link.
+#[test]
+fn a_python_parents_bad_spawns_and_joins_are_typed_and_write_nothing() {
+    let Some(py_fanout) = crate::python::built(PY_FANOUT, "bad child runs") else {
+        return;
+    };
+    let server = TestServer::start();
+    let service = Service::new();
+    deploy(&service, &server, &[]);
+    service.ok(&["deploy", py_fanout, "--name", "py-fanout"]);
+    let run = |run_id: &str, input: Value| {
+        service.cli(&[
+            "run",
+            py_fanout,
+            "--run-id",
+            run_id,
+            "--input",
+            &input.to_string(),
+        ])
+    };
+    let out = run("unknown", json!({ "deployment": "nobody", "children": 2 }));
+    assert!(!out.status.success());
+    assert!(
+        said(&out).contains("UnknownDeployment: spawn refused: no deployment is called \"nobody\""),
+        "{}",
+        said(&out)
+    );
+    assert!(children_of(&service, "unknown").is_empty());
+    let out = run(
+        "stranger",
+        json!({ "deployment": "fetcher", "children": 0, "join_also": "unknown" }),
+    );
+    assert!(!out.status.success());
+    assert!(
+        said(&out).contains("NotAChild: join refused: run \"unknown\" is not a child of this run"),
+        "{}",
+        said(&out)
+    );
+    let out = run(
+        "cycle",
+        json!({ "deployment": "py-fanout", "recurse": { "key": "again" } }),
+    );
+    assert!(out.status.success(), "{}", said(&out));
+    let answer = output(&service, "cycle");
+    let refused = answer["child"]["refused"].as_str().unwrap();
+    assert!(
+        refused.starts_with("spawn refused: ") && refused.contains("would repeat for ever"),
+        "{answer}"
+    );
+    assert_eq!(children_of(&service, "cycle").len(), 1, "{answer}");
+    assert_eq!(server.seen().len(), 0);
 }

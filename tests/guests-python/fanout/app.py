@@ -4,11 +4,13 @@ input, spawn keys, child inputs and output, so the same tests run on both.
 
 Input (all optional but ``deployment``): ``{"deployment": "fetcher", "children": 5,
 "url": "http://127.0.0.1:PORT", "pause_ms": 0, "mode": "all", "timeout_ms": null,
-"fail": [], "join_also": null, "recurse": null, "depth": 0, "checkpoint": true}``.
+"fail": [], "child_input": null, "join_also": null, "recurse": null, "depth": 0,
+"checkpoint": true}``.
 
 Child ``i`` is spawned under key ``item-{i}`` with input ``{"pause_after": true,
 "pause_ms": P, "steps": 1, "url": URL}`` (the ``fetcher`` agent's), or ``{"fail":
-true}`` for the items listed in ``fail``. ``mode``: ``all`` joins every child
+true}`` for the items listed in ``fail``; ``child_input``: the input of every child
+instead (for children of another agent). ``mode``: ``all`` joins every child
 (``idem.join_all``, key ``all``), ``any`` the first to end (``idem.join_any``, key
 ``first``). ``join_also``: a run id joined with the children (to see a join refused).
 ``checkpoint``: save the children's ids once all are spawned, so a resumed instance
@@ -35,6 +37,7 @@ def normalized(input):
         "mode": input.get("mode"),
         "timeout_ms": input.get("timeout_ms"),
         "fail": input.get("fail", []),
+        "child_input": input.get("child_input"),
         "join_also": input.get("join_also"),
         "recurse": None
         if recurse is None
@@ -52,7 +55,9 @@ def spawn_children(input):
             return [idem.Child(run_id) for run_id in saved.state]
     kids = []
     for i in range(input["children"]):
-        if i in input["fail"]:
+        if input["child_input"] is not None:
+            child_input = input["child_input"]
+        elif i in input["fail"]:
             child_input = {"fail": True}
         else:
             child_input = {
