@@ -4,8 +4,9 @@ The SDK calls the bindings componentize-py generates from ``wit/`` (``wit_world`
 ``componentize_py_types``). Their types (the outcome and error variants, ``Err``, the
 HTTP enums) are used here as generated; only the functions and resources that would
 call into the host are replaced, while a test runs, by :class:`FakeHost`: an in-memory
-store of keys, claims, checkpoints, waits and signals, and an HTTP "server" function.
-A host call that would end the instance (a sleep not yet due, a claim stopped in doubt)
+store of keys, claims, checkpoints, waits, signals and child runs, and an HTTP
+"server" function. A host call that would end the instance (a sleep not yet due, a join
+whose children have not ended, a claim stopped in doubt)
 raises :class:`InstanceEnded`, which no agent code catches; the test then "resumes" by
 calling the agent again, as the host would on a fresh instance.
 
@@ -73,8 +74,8 @@ for _name in [m for m in sys.modules if m == "idem" or m.startswith("idem.")]:
     del sys.modules[_name]
 
 from componentize_py_types import Err, Ok  # noqa: E402
-from wit_world.imports import idem_agent_types as types  # noqa: E402
 from wit_world.imports import (  # noqa: E402
+    children,
     once,
     outbound,
     outgoing_handler,
@@ -84,6 +85,7 @@ from wit_world.imports import (  # noqa: E402
     streams,
     waits,
 )
+from wit_world.imports import idem_agent_types as types  # noqa: E402
 from wit_world.imports import wasi_http_types as http_types  # noqa: E402
 
 import idem  # noqa: E402
@@ -117,6 +119,20 @@ class KeyState:
 
 
 @dataclass
+class FakeChild:
+    """A child run in the fake store: how it was spawned, and how it ended."""
+
+    key: str
+    deployment: str
+    input: bytes
+    detached: bool
+    #: `None` while it runs; then its status and output (its error text when failed).
+    end: tuple[children.ChildStatus, bytes] | None = None
+    #: When it ended among the run's children (the first to end is 1).
+    ended_as: int = 0
+
+
+@dataclass
 class Request:
     """A request as the fake server received it."""
 
@@ -140,7 +156,7 @@ class FakeHost:
     """The host's side of every import the SDK calls, in memory.
 
     ``refuse[op] = error`` makes the next call of ``op`` (``run_once``, ``commit``,
-    ``save``, ``sleep``, ``wait``) fail with that WIT error value.
+    ``save``, ``sleep``, ``wait``, ``spawn``, ``join``) fail with that WIT error value.
     """
 
     def __init__(self, run_id: str = "run-1") -> None:
@@ -169,6 +185,17 @@ class FakeHost:
         self.tied_next: tuple[str, int] | None = None
         #: ("handle", key) and ("response", key) in the order they happened.
         self.events: list[tuple[str, str | None]] = []
+        #: The deployments a spawn may name.
+        self.deployments: set[str] = set()
+        #: This run's children by run id, in the order they were spawned.
+        self.children: dict[str, FakeChild] = {}
+        #: Children one run may spawn.
+        self.max_children = 10_000
+        #: Joins by key: the children listed, the mode, and the recorded answer (a
+        #: list of ends, or `None` for a timeout) once the join is over.
+        self.joins: dict[str, tuple[list[str], str, list[children.ChildEnd] | None]] = {}
+        #: When each join not yet over times out (ms, on `now_ms`), if it does.
+        self.join_deadlines: dict[str, int | None] = {}
 
     # The instance: each `resume` is a fresh one, as after a crash or a wake-up.
     def resume(self, body: Callable[[], Any]) -> Any:
@@ -306,6 +333,92 @@ class FakeHost:
             return waits.Received_TimedOut()
         return waits.Received_Payload(payload)
 
+    # idem:agent/children
+    def child_id(self, key: str) -> str:
+        """The run id of the child spawned under ``key`` (the host hashes; this is
+        readable)."""
+        return f"{self.run_id}~{key}"
+
+    def finish(self, key: str, status: children.ChildStatus, output: bytes = b"") -> None:
+        """The child spawned under ``key`` ends (the parent's join sees it)."""
+        child = self.children[self.child_id(key)]
+        assert child.end is None, f"child {key} ended twice"
+        child.end = (status, output)
+        child.ended_as = 1 + sum(1 for c in self.children.values() if c.ended_as)
+
+    def spawn(self, key: str, deployment: str, input: bytes, detached: bool) -> str:
+        self.calls.append(("spawn", key, deployment, bytes(input), detached))
+        self._refused("spawn")
+        if not key or any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):
+            raise Err(children.SpawnError_InvalidKey("the key is empty or holds a control"))
+        if deployment not in self.deployments:
+            raise Err(
+                children.SpawnError_UnknownDeployment(f'no deployment is called "{deployment}"')
+            )
+        run_id = self.child_id(key)
+        known = self.children.get(run_id)
+        if known is not None:
+            if (known.deployment, known.input) != (deployment, bytes(input)):
+                raise Err(
+                    children.SpawnError_KeyReused(
+                        f'the key "{key}" was spawned with another deployment or input'
+                    )
+                )
+            return run_id
+        if len(self.children) >= self.max_children:
+            raise Err(
+                children.SpawnError_Limit(
+                    f"this run has spawned {len(self.children)} children, the limit"
+                )
+            )
+        self.children[run_id] = FakeChild(key, deployment, bytes(input), detached)
+        return run_id
+
+    def _join(self, key: str, ids: list[str], timeout_ms: int | None, mode: str) -> Any:
+        self.calls.append((f"join_{mode}", key, list(ids), timeout_ms))
+        self._refused("join")
+        if not key:
+            raise Err(children.JoinError_InvalidKey("the key is empty"))
+        if self.held() is not None:
+            raise Err(children.JoinError_ClaimsHeld("commit or release the claims first"))
+        recorded = self.joins.get(key)
+        if recorded is not None:
+            if (recorded[0], recorded[1]) != (ids, mode):
+                raise Err(children.JoinError_KeyReused(f'"{key}" joined other children'))
+            return recorded[2]
+        if key in self.sleeps or key in self.received:
+            raise Err(children.JoinError_KeyReused(f'"{key}" is another wait\'s key'))
+        if not ids or len(set(ids)) != len(ids):
+            raise Err(children.JoinError_InvalidChildren("empty, or a child listed twice"))
+        for run_id in ids:
+            if run_id not in self.children:
+                raise Err(children.JoinError_NotAChild(run_id))
+        ends = [
+            children.ChildEnd(i, run_id, *end)
+            for i, run_id in enumerate(ids)
+            if (end := self.children[run_id].end) is not None
+        ]
+        if mode == "any" and ends:
+            first = min(ends, key=lambda e: self.children[e.run_id].ended_as)
+            self.joins[key] = (ids, mode, [first])
+        elif mode == "all" and len(ends) == len(ids):
+            self.joins[key] = (ids, mode, ends)
+        else:
+            deadline = self.join_deadlines.setdefault(
+                key, None if timeout_ms is None else self.now_ms + timeout_ms
+            )
+            if deadline is None or deadline > self.now_ms:
+                raise self.end(f"joining {key}")
+            self.joins[key] = (ids, mode, None)
+        return self.joins[key][2]
+
+    def join_all(self, key: str, ids: list[str], timeout_ms: int | None) -> Any:
+        return self._join(key, ids, timeout_ms, "all")
+
+    def join_any(self, key: str, ids: list[str], timeout_ms: int | None) -> Any:
+        ends = self._join(key, ids, timeout_ms, "any")
+        return None if ends is None else ends[0]
+
     # idem:agent/outbound
     def set_header_names(self, key: str, token: str) -> None:
         self._refused("set_header_names")
@@ -362,6 +475,9 @@ class FakeHost:
             (run_info, "generation", lambda: self.generation),
             (waits, "sleep", self.sleep),
             (waits, "wait_for_signal", self.wait_for_signal),
+            (children, "spawn", self.spawn),
+            (children, "join_all", self.join_all),
+            (children, "join_any", self.join_any),
             (outbound, "set_header_names", self.set_header_names),
             (outbound, "last_denial", lambda: self.denial),
             (outgoing_handler, "handle", self.handle),

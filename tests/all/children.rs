@@ -4,14 +4,16 @@
 //! a fan-out of 1,000 children (SQLite and PostgreSQL), and the cancel of a parent with
 //! running children leave each child run once, each child's effect applied once (a
 //! repeat only as a retake in doubt, under a greater token), and the parent's joined
-//! answer exact. Bad spawns and joins fail with their reason and write nothing.
+//! answer exact. Bad spawns and joins fail with their reason and write nothing. The
+//! Python twin of `fanout` (`tests/guests-python/fanout`, on the Python SDK) fans out to
+//! the same children, through a worker and through a crash point, with the same answer.
 
 use std::process::Child as Process;
 use std::time::{Duration, Instant};
 
 use idem::ops::RunView;
 use idem::store::{RunFilter, RunStatus, child_run_id};
-use idem_test_artifacts::{FANOUT, FETCHER};
+use idem_test_artifacts::{FANOUT, FETCHER, PY_FANOUT};
 use serde_json::{Value, json};
 
 use crate::http::TestServer;
@@ -464,4 +466,146 @@ fn show_lists_a_parents_children_with_their_states_and_its_join() {
         doc["children_count"],
         json!({ "total": 0, "by_status": {} })
     );
+
+/// The Python parent spawns Rust `fetcher` children through a worker: each child's
+/// effect reaches the server once, and the joined answer is exact. Then, under `idem
+/// run --crash-at after-spawn:2` (the parent dies after its second spawn and resumes),
+/// it spawns nothing twice and answers as the Rust `fanout` does on the same input, a
+/// failing child included.
+#[test]
+fn a_python_parent_fans_out_and_joins_exactly_once() {
+    let Some(py_fanout) = crate::python::built(PY_FANOUT, "child runs") else {
+        return;
+    };
+    let server = TestServer::start();
+    let service = Service::new();
+    let grant = format!("127.0.0.1:{}", server.port());
+    service.ok(&[
+        "deploy",
+        FETCHER,
+        "--name",
+        "fetcher",
+        "--allow-http",
+        &grant,
+    ]);
+    service.ok(&["deploy", py_fanout, "--name", "py-fanout"]);
+    let input = json!({ "deployment": "fetcher", "children": 5, "url": server.url() });
+    service.ok(&[
+        "submit",
+        "py-fanout",
+        "--run-id",
+        "parent",
+        "--input",
+        &input.to_string(),
+    ]);
+    let workers = workers(&service, 1, &["--concurrency", "4"]);
+    service.wait_all_finished(Duration::from_secs(120), || {});
+    assert_joined_once(&service, &server, "parent", 5);
+    let parent = block_on(service.store().run("parent")).unwrap().unwrap();
+    assert!(
+        parent.counts.instances <= 3,
+        "spawned, suspended in the join, woken once: {} instances",
+        parent.counts.instances
+    );
+
+    let input = json!({ "deployment": "fetcher", "children": 3, "url": server.url(),
+                        "fail": [1], "checkpoint": false });
+    let mut answers = Vec::new();
+    for (guest, run_id) in [(py_fanout, "py-crashed"), (FANOUT, "rust")] {
+        let out = service.cli(&[
+            "run",
+            guest,
+            "--run-id",
+            run_id,
+            "--crash-at",
+            "after-spawn:2",
+            "--input",
+            &input.to_string(),
+        ]);
+        assert!(out.status.success(), "{run_id}: {}", said(&out));
+        let spawns = children_of(&service, run_id);
+        assert_eq!(spawns.len(), 3, "{run_id}: one child per item");
+        for i in 0..3 {
+            let id = child_run_id(run_id, &format!("item-{i}"));
+            assert!(spawns.iter().any(|k| k.run_id == id), "{run_id}: child {i}");
+        }
+        answers.push(output(&service, run_id));
+    }
+    let py = &answers[0];
+    assert_eq!(
+        (&py["spawned"], &py["completed"], &py["failed"]),
+        (&json!(3), &json!(2), &json!(1)),
+        "{py}"
+    );
+    assert_eq!(py["bodies"][0], "POST /step/0 ok", "{py}");
+    assert!(
+        py["bodies"][1].as_str().unwrap().starts_with("failed: "),
+        "{py}"
+    );
+    assert_eq!(
+        answers[0], answers[1],
+        "the Python parent answers as the Rust one"
+    );
+    // 5 + 2 + 2 children reached the server, each key once.
+    let keys = by_key(&server.seen());
+    assert_eq!(keys.len(), 9, "{keys:?}");
+    assert!(keys.values().all(|tokens| tokens.len() == 1), "{keys:?}");
+    assert_effects_fenced(&service, &server);
+    drain(workers);
+    integrity_ok(&service.path());
+}
+
+/// The Python parent's refused spawns and joins reach it as the SDK's typed exceptions,
+/// with the host's reason, and write nothing: an unknown deployment and a stranger
+/// joined fail the run naming them, a cycle is the answer of the chain's last link.
+#[test]
+fn a_python_parents_bad_spawns_and_joins_are_typed_and_write_nothing() {
+    let Some(py_fanout) = crate::python::built(PY_FANOUT, "bad child runs") else {
+        return;
+    };
+    let server = TestServer::start();
+    let service = Service::new();
+    deploy(&service, &server, &[]);
+    service.ok(&["deploy", py_fanout, "--name", "py-fanout"]);
+    let run = |run_id: &str, input: Value| {
+        service.cli(&[
+            "run",
+            py_fanout,
+            "--run-id",
+            run_id,
+            "--input",
+            &input.to_string(),
+        ])
+    };
+    let out = run("unknown", json!({ "deployment": "nobody", "children": 2 }));
+    assert!(!out.status.success());
+    assert!(
+        said(&out).contains("UnknownDeployment: spawn refused: no deployment is called \"nobody\""),
+        "{}",
+        said(&out)
+    );
+    assert!(children_of(&service, "unknown").is_empty());
+    let out = run(
+        "stranger",
+        json!({ "deployment": "fetcher", "children": 0, "join_also": "unknown" }),
+    );
+    assert!(!out.status.success());
+    assert!(
+        said(&out).contains("NotAChild: join refused: run \"unknown\" is not a child of this run"),
+        "{}",
+        said(&out)
+    );
+    let out = run(
+        "cycle",
+        json!({ "deployment": "py-fanout", "recurse": { "key": "again" } }),
+    );
+    assert!(out.status.success(), "{}", said(&out));
+    let answer = output(&service, "cycle");
+    let refused = answer["child"]["refused"].as_str().unwrap();
+    assert!(
+        refused.starts_with("spawn refused: ") && refused.contains("would repeat for ever"),
+        "{answer}"
+    );
+    assert_eq!(children_of(&service, "cycle").len(), 1, "{answer}");
+    assert_eq!(server.seen().len(), 0);
 }

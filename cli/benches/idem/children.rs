@@ -49,13 +49,17 @@ pub(crate) fn children(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Res
     );
 
     let server = std::env::var("IDEM_BENCH_POSTGRES").unwrap_or_else(|_| DEFAULT_URL.into());
-    progress(&format!("  fan-out of {n} children, two workers, PostgreSQL"));
+    progress(&format!(
+        "  fan-out of {n} children, two workers, PostgreSQL"
+    ));
     let mut samples = Vec::new();
     for turn in 0..turns.max {
         let schema = format!("idem_bench_fanout_{}_{turn}", std::process::id());
         let url = format!("{server}?options=-csearch_path%3D{schema}");
         let admin = bed.tokio.block_on(admin(&server)).with_context(|| {
-            format!("the children section needs a PostgreSQL server at {server} (IDEM_BENCH_POSTGRES)")
+            format!(
+                "the children section needs a PostgreSQL server at {server} (IDEM_BENCH_POSTGRES)"
+            )
         })?;
         bed.tokio
             .block_on(admin.batch_execute(&format!("CREATE SCHEMA {schema}")))?;
@@ -81,7 +85,9 @@ pub(crate) fn children(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Res
     );
 
     let (few, many) = (10, plan.children_waiting);
-    progress(&format!("  a parent waiting on {few} and on {many} children"));
+    progress(&format!(
+        "  a parent waiting on {few} and on {many} children"
+    ));
     let few_rss = waiting_parent(bed, few)?;
     let many_rss = waiting_parent(bed, many)?;
     table.row_with_ratio(

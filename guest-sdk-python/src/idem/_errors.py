@@ -98,6 +98,101 @@ class TimedOut(IdemError):
         self.name = name
 
 
+class SpawnError(_Refused):
+    """The host refused a :func:`~idem.spawn`; nothing was recorded and no child
+    started."""
+
+    prefix = "spawn refused"
+
+
+class InvalidSpawnKey(SpawnError):
+    """The spawn's key is empty, too long or holds control characters."""
+
+    prefix = "invalid spawn key"
+
+
+class UnknownDeployment(SpawnError):
+    """No deployment has the name the spawn gave."""
+
+
+class SpawnKeyReused(SpawnError):
+    """The key was spawned before with another deployment or input."""
+
+
+class SpawnTooLarge(SpawnError):
+    """The child's input is over the host's limit."""
+
+
+class SpawnLimit(SpawnError):
+    """The child would pass the host's depth limit, or this run its children limit."""
+
+
+class SpawnCycle(SpawnError):
+    """An ancestor of this run was spawned with the same deployment and key: the agent
+    would spawn itself for ever."""
+
+
+class JoinError(_Refused):
+    """The host refused a join (:func:`~idem.join`, :func:`~idem.join_all`,
+    :func:`~idem.join_any`); nothing was recorded."""
+
+    prefix = "join refused"
+
+
+class InvalidJoinKey(JoinError):
+    """The join's key is empty, too long or holds control characters."""
+
+    prefix = "invalid join key"
+
+
+class InvalidChildren(JoinError):
+    """The list of children is empty, too long, or names a child twice."""
+
+
+class NotAChild(JoinError):
+    """A run the join listed is not a child of this run; ``run_id`` is its id."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f'run "{run_id}" is not a child of this run')
+        self.run_id = run_id
+
+
+class JoinKeyReused(JoinError):
+    """The key was used by another wait, or by a join of other children."""
+
+
+class InvalidJoinTime(JoinError):
+    """The join's timeout is beyond what the host keeps."""
+
+
+class JoinClaimsHeld(JoinError):
+    """The instance holds claims: commit or release them before joining."""
+
+    prefix = "cannot join while holding claims"
+
+
+class JoinTimedOut(IdemError):
+    """A join ended at its timeout before its children did; ``key`` is the join's key.
+    Recorded too: a replay of the join times out again at once."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"timed out joining children under key {key!r}")
+        self.key = key
+
+
+class ChildFailed(IdemError):
+    """A joined child did not complete: :meth:`~idem.ChildOutcome.result` of a child
+    that failed (``error`` is its error text) or was cancelled (``error`` is ``None``)."""
+
+    def __init__(self, run_id: str, error: str | None) -> None:
+        if error is None:
+            super().__init__(f"child {run_id} was cancelled")
+        else:
+            super().__init__(f"child {run_id} failed: {error}")
+        self.run_id = run_id
+        self.error = error
+
+
 class EffectFailed(IdemError):
     """A step's side effect failed for good: :func:`~idem.run_once_retry` committed its
     last error as the step's result (the error was permanent, or the attempts were

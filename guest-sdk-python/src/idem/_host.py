@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import NoReturn
 
 from componentize_py_types import Err
-from wit_world.imports import idem_agent_types as types
 from wit_world.imports import (
+    children,
     once,
     outbound,
     outgoing_handler,
@@ -17,12 +17,14 @@ from wit_world.imports import (
     streams,
     waits,
 )
+from wit_world.imports import idem_agent_types as types
 from wit_world.imports import wasi_http_types as http_types
 
 from . import _errors
 
 __all__ = [
     "Err",
+    "children",
     "generation",
     "http_types",
     "once",
@@ -30,6 +32,8 @@ __all__ = [
     "outgoing_handler",
     "poll",
     "progress",
+    "raise_join_error",
+    "raise_spawn_error",
     "raise_step_error",
     "raise_wait_error",
     "run_id",
@@ -79,3 +83,35 @@ def raise_wait_error(err: Err[waits.WaitError]) -> NoReturn:
     """Turns a WIT ``wait-error`` into the SDK's exception for it."""
     value = err.value
     raise _WAIT_ERRORS.get(type(value), _errors.WaitError)(value.value) from None
+
+
+_SPAWN_ERRORS: dict[type, type[_errors.SpawnError]] = {
+    children.SpawnError_InvalidKey: _errors.InvalidSpawnKey,
+    children.SpawnError_UnknownDeployment: _errors.UnknownDeployment,
+    children.SpawnError_KeyReused: _errors.SpawnKeyReused,
+    children.SpawnError_TooLarge: _errors.SpawnTooLarge,
+    children.SpawnError_Limit: _errors.SpawnLimit,
+    children.SpawnError_Cycle: _errors.SpawnCycle,
+}
+
+
+def raise_spawn_error(err: Err[children.SpawnError]) -> NoReturn:
+    """Turns a WIT ``spawn-error`` into the SDK's exception for it."""
+    value = err.value
+    raise _SPAWN_ERRORS.get(type(value), _errors.SpawnError)(value.value) from None
+
+
+_JOIN_ERRORS: dict[type, type[_errors.JoinError]] = {
+    children.JoinError_InvalidKey: _errors.InvalidJoinKey,
+    children.JoinError_InvalidChildren: _errors.InvalidChildren,
+    children.JoinError_NotAChild: _errors.NotAChild,
+    children.JoinError_KeyReused: _errors.JoinKeyReused,
+    children.JoinError_InvalidTime: _errors.InvalidJoinTime,
+    children.JoinError_ClaimsHeld: _errors.JoinClaimsHeld,
+}
+
+
+def raise_join_error(err: Err[children.JoinError]) -> NoReturn:
+    """Turns a WIT ``join-error`` into the SDK's exception for it."""
+    value = err.value
+    raise _JOIN_ERRORS.get(type(value), _errors.JoinError)(value.value) from None

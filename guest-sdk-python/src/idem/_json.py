@@ -10,6 +10,10 @@ from ._errors import CodecError
 
 
 def _plain(value: Any) -> Any:
+    # A value that names its own encoding (a `Child` is its run id).
+    own = getattr(value, "_json_value", None)
+    if own is not None and not isinstance(value, type):
+        return own()
     # Dataclasses become objects in field order, as serde encodes a Rust struct.
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}

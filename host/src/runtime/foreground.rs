@@ -94,7 +94,8 @@ impl Host {
             if let Some(report) = suspended.take() {
                 let joining = report.waiting.as_ref().is_some_and(|w| w.join.is_some());
                 let due = if joining {
-                    self.until_due_driving_children(&opts.run_id, signals).await?
+                    self.until_due_driving_children(&opts.run_id, signals)
+                        .await?
                 } else {
                     self.until_due(&opts.run_id, signals).await?
                 };
@@ -152,7 +153,10 @@ impl Host {
         run_id: &str,
         signals: &RunSignals,
     ) -> Result<Due, HostError> {
-        let host = Arc::new(Host::new(Arc::clone(&self.runtime), Arc::clone(&self.store))?);
+        let host = Arc::new(Host::new(
+            Arc::clone(&self.runtime),
+            Arc::clone(&self.store),
+        )?);
         let worker = Arc::new(crate::worker::Worker::new(
             host,
             crate::worker::WorkerOptions {
