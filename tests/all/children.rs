@@ -466,6 +466,7 @@ fn show_lists_a_parents_children_with_their_states_and_its_join() {
         doc["children_count"],
         json!({ "total": 0, "by_status": {} })
     );
+}
 
 /// The Python parent spawns Rust `fetcher` children through a worker: each child's
 /// effect reaches the server once, and the joined answer is exact. Then, under `idem
