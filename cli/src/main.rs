@@ -38,7 +38,28 @@ fn colour_on_stderr() -> bool {
     !no_color && std::io::stderr().is_terminal()
 }
 
+/// Output piped into a reader that stopped (`idem ls | head`) ends the process quietly
+/// with 141, as a shell reports a process SIGPIPE ended, instead of a panic: Rust
+/// ignores SIGPIPE, so `println!` to a closed pipe panics. Any other panic is reported
+/// as before.
+fn quiet_on_closed_stdout() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        report(info);
+    }));
+}
+
 fn main() -> ExitCode {
+    quiet_on_closed_stdout();
     let args = commands::Args::parse();
     let default_level = args.command.log_level();
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -183,3 +183,45 @@ fn completions_and_man_pages_name_the_commands() {
         "a hidden command has no page"
     );
 }
+
+#[test]
+fn output_into_a_closed_pipe_ends_quietly_not_with_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("idem.db");
+    let db = db.to_str().unwrap();
+    // A store with enough runs that `ls` writes past what the pipe holds.
+    let out = crate::util::run_cli(&[
+        "deploy",
+        idem_test_artifacts::STEPS,
+        "--name",
+        "s",
+        "--db",
+        db,
+    ]);
+    assert!(out.status.success(), "{}", crate::util::stderr(&out));
+    for i in 0..400 {
+        let id = format!("run-with-a-long-name-to-fill-the-pipe-{i:04}");
+        let out =
+            crate::util::run_cli(&["submit", "s", "--run-id", &id, "--input", "{}", "--db", db]);
+        assert!(out.status.success(), "{}", crate::util::stderr(&out));
+    }
+    let mut ls = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["ls", "--db", db, "--limit", "400"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read one line and close the pipe, as `| head -1` does.
+    let mut stdout = ls.stdout.take().unwrap();
+    let mut first = [0u8; 16];
+    std::io::Read::read_exact(&mut stdout, &mut first).unwrap();
+    drop(stdout);
+    let out = ls.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        matches!(out.status.code(), Some(0 | 141)),
+        "{:?}",
+        out.status
+    );
+}
