@@ -14,7 +14,7 @@ Import everything at module top level: the import runs once, when the component 
 built, not on every instance.
 """
 
-from . import http
+from . import http, llm
 from ._agent import agent
 from ._agent import watch_importer as _watch_importer
 from ._errors import (
@@ -78,6 +78,7 @@ __all__ = [
     "agent",
     "generation",
     "http",
+    "llm",
     "load",
     "once",
     "run_id",
