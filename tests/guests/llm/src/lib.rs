@@ -81,7 +81,7 @@ struct Output {
 fn outcome(o: Outcome) -> String {
     match o {
         Outcome::Executed => "executed".into(),
-        Outcome::Reclaimed { attempt } => format!("reclaimed:{attempt}"),
+        Outcome::Reclaimed { .. } => "reclaimed".into(),
         Outcome::Skipped => "skipped".into(),
         Outcome::Awaited => "awaited".into(),
         other => format!("{other:?}"),
