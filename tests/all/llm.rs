@@ -706,3 +706,92 @@ fn python_model_calls_are_steps_too() {
     bad_answers(guest);
     missing_key(guest);
 }
+
+/// `idem prove` on an `llm-agent` example, the stand-in model granted by `--env` and
+/// `--allow-http`: a clean verdict over every crash point, chaos and kills, the model
+/// reached only by the clean run (every other scenario is answered from its capture).
+fn proven(example: &str) {
+    let server = ModelServer::start();
+    let dir = crate::util::CliDir::new();
+    let grant = format!("{}::/data", dir.data().display());
+    let input = json!({
+        "conversation": "ticket-17",
+        "question": "What is idem? Note it down.",
+        "api": server.url(),
+        "notes": "/data/notes.log",
+    })
+    .to_string();
+    let base = format!("OPENAI_BASE_URL={}/v1", server.url());
+    let key = format!("OPENAI_API_KEY={API_KEY}");
+    let allow = format!("127.0.0.1:{}", server.addr.port());
+    let scratch = dir.dir.path().join("scratch");
+    let out = crate::util::run_cli(&[
+        "prove",
+        example,
+        "--input",
+        &input,
+        "--dir",
+        &grant,
+        "--env",
+        &base,
+        "--env",
+        &key,
+        "--allow-http",
+        &allow,
+        "--chaos",
+        "2",
+        "--kills",
+        "1",
+        "--json",
+        "--scratch",
+        scratch.to_str().unwrap(),
+    ]);
+    let doc: Value = serde_json::from_str(&crate::util::stdout(&out)).unwrap_or_else(|e| {
+        panic!(
+            "prove printed no JSON ({e}): {}\n{}",
+            crate::util::stdout(&out),
+            crate::util::stderr(&out)
+        )
+    });
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{doc:#}\n{}",
+        crate::util::stderr(&out)
+    );
+    assert_eq!(doc["passed"], true);
+    // Two model turns and two tool calls, each its own key.
+    assert_eq!(doc["clean"]["keys"].as_array().unwrap().len(), 4, "{doc:#}");
+    let output: Value = serde_json::from_str(doc["clean"]["output"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        output,
+        json!({"answer": "answer: found idem, noted", "turns": 2,
+               "usage": {"input": 250, "output": 30, "cached": 50}}),
+        "{doc:#}"
+    );
+    assert_eq!(
+        doc["clean"]["requests"], 3,
+        "two model turns and one lookup"
+    );
+    // The clean run alone reached the model: two turns, one request each.
+    let calls = server.model_calls();
+    assert_eq!(calls.len(), 2, "{doc:#}");
+    assert!(calls.iter().all(|(_, list)| list.len() == 1));
+    assert!(
+        !dir.data().join("notes.log").exists(),
+        "the grant is copied"
+    );
+}
+
+#[test]
+fn the_llm_agent_example_is_proven_clean() {
+    proven(idem_test_artifacts::LLM_AGENT);
+}
+
+#[test]
+fn the_python_llm_agent_example_is_proven_clean() {
+    let Some(guest) = crate::python::built(idem_test_artifacts::PY_LLM_AGENT, "llm example") else {
+        return;
+    };
+    proven(guest);
+}
