@@ -350,18 +350,28 @@ impl Bed {
             .unwrap_or_else(|e| panic!("run {run_id}: {e:#}"))
     }
 
-    /// The lines of `notes.log`, by the key that wrote them: `(key, token)`.
-    fn notes(&self) -> Vec<(String, u64)> {
+    /// The lines of `notes.log`: who wrote each.
+    fn notes(&self) -> Vec<Note> {
         std::fs::read_to_string(self.host.data().join("notes.log"))
             .unwrap_or_default()
             .lines()
             .map(|line| {
                 let mut parts = line.split(' ');
-                let key = parts.next().unwrap().to_owned();
-                (key, parts.next().unwrap().parse().unwrap())
+                Note {
+                    key: parts.next().unwrap().to_owned(),
+                    token: parts.next().unwrap().parse().unwrap(),
+                    in_doubt: parts.next().unwrap() == "in-doubt",
+                }
             })
             .collect()
     }
+}
+
+/// A line of `notes.log`: the step that wrote it.
+struct Note {
+    key: String,
+    token: u64,
+    in_doubt: bool,
 }
 
 fn completed(report: &RunReport) -> Value {
@@ -390,48 +400,61 @@ fn keys(run_id: &str) -> [String; 4] {
     ]
 }
 
-/// Each key's side effect happened once, or twice when `in_doubt_ok` (retaken in
-/// doubt after an instance died in it), the repeat under a greater token.
-fn once_per_key(bed: &Bed, run_id: &str, in_doubt_ok: bool, what: &str) {
-    let [turn1, lookup, note, turn2] = keys(run_id);
-    let model = bed.server.model_calls();
-    let lookups = bed.server.exchanges("/tool/lookup");
-    let notes = bed.notes();
-    let mut tokens: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for (key, list) in &model {
-        tokens.insert(key.clone(), list.iter().map(Exchange::token).collect());
+/// How often each key of [`keys`] reaches its side effect when the run is dropped at
+/// `point`: once, or twice for the keys whose effect ran and whose claim was then
+/// retaken in doubt. Steps count claims: 1 the first turn, 2 and 3 the tools (claimed
+/// together, their effects run before either commits), 4 the second turn.
+fn expected(point: Option<CrashPoint>) -> [usize; 4] {
+    let mut times = [1; 4];
+    let in_doubt: &[usize] = match point.map(|p| (p.phase, p.step)) {
+        Some((Phase::InEffect, 1)) => &[0],
+        // The batch's first commit: both tools ran.
+        Some((Phase::InEffect, 2)) => &[1, 2],
+        // The lookup committed, the note ran and did not.
+        Some((Phase::InEffect, 3) | (Phase::AfterCommit, 2)) => &[2],
+        Some((Phase::InEffect, 4)) => &[3],
+        _ => &[],
+    };
+    for &i in in_doubt {
+        times[i] = 2;
     }
-    tokens.insert(
-        lookup.clone(),
-        lookups.iter().map(Exchange::token).collect(),
-    );
-    tokens.insert(
-        note.clone(),
-        notes
-            .iter()
-            .filter(|(k, _)| k == &note)
-            .map(|(_, t)| *t)
-            .collect(),
-    );
+    times
+}
+
+/// Each key's side effect happened as often as [`expected`] says, a repeat under a
+/// greater token (and, for the note, flagged in doubt).
+fn once_per_key(bed: &Bed, run_id: &str, point: Option<CrashPoint>) {
+    let what = point.map_or_else(|| "clean".to_owned(), |p| p.to_string());
+    let keys = keys(run_id);
+    let model = bed.server.model_calls();
     assert_eq!(
-        model.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(),
-        [turn1, turn2],
+        model.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+        [&keys[0], &keys[3]],
         "{what}: one model key per turn"
     );
-    assert!(lookups.iter().all(|e| e.key() == lookup), "{what}");
-    assert!(notes.iter().all(|(k, _)| k == &note), "{what}");
-    for (key, tokens) in &tokens {
-        let most = if in_doubt_ok { 2 } else { 1 };
-        assert!(
-            (1..=most).contains(&tokens.len()),
-            "{what}: {key} reached {} times: {tokens:?}",
-            tokens.len()
-        );
+    let lookups = bed.server.exchanges("/tool/lookup");
+    assert!(lookups.iter().all(|e| e.key() == keys[1]), "{what}");
+    let notes = bed.notes();
+    assert!(notes.iter().all(|n| n.key == keys[2]), "{what}");
+    let tokens: [Vec<u64>; 4] = [
+        model[0].1.iter().map(Exchange::token).collect(),
+        lookups.iter().map(Exchange::token).collect(),
+        notes.iter().map(|n| n.token).collect(),
+        model[1].1.iter().map(Exchange::token).collect(),
+    ];
+    for ((key, tokens), times) in keys.iter().zip(&tokens).zip(expected(point)) {
+        assert_eq!(tokens.len(), times, "{what}: {key} reached {tokens:?}");
         assert!(
             tokens.windows(2).all(|w| w[0] < w[1]),
             "{what}: {key}'s repeat under a greater token: {tokens:?}"
         );
     }
+    let doubts: Vec<bool> = notes.iter().map(|n| n.in_doubt).collect();
+    assert_eq!(
+        doubts,
+        (0..notes.len()).map(|i| i > 0).collect::<Vec<_>>(),
+        "{what}: only the repeat of the note is in doubt"
+    );
 }
 
 fn tool_loop(guest: &str, provider: &str) {
@@ -445,7 +468,7 @@ fn tool_loop(guest: &str, provider: &str) {
     let out = completed(&report);
     assert_eq!(out["answer"], "answer: found idem, noted", "{provider}");
     assert_eq!(out["usage"], json!([250, 30, 50]), "{provider}");
-    once_per_key(&bed, "loop", false, provider);
+    once_per_key(&bed, "loop", None);
     // The endpoint came from the grant, and so did the key.
     let first = &bed.server.model_calls()[0].1[0];
     let path = if provider == "anthropic" {
@@ -489,7 +512,7 @@ fn crash_sweep(guest: &str, phases: &[Phase]) {
             let out = completed(&report);
             assert_eq!(out["answer"], "answer: found idem, noted", "{point}");
             assert_eq!(out["usage"], json!([250, 30, 50]), "{point}");
-            once_per_key(&bed, "sweep", phase == Phase::InEffect, &point.to_string());
+            once_per_key(&bed, "sweep", Some(point));
         }
     }
 }
@@ -518,7 +541,7 @@ fn replay_is_byte_identical(guest: &str) {
             },
         );
         let out = completed(&report);
-        once_per_key(&bed, "replay", false, &point.to_string());
+        once_per_key(&bed, "replay", Some(point));
         let calls = bed.server.model_calls();
         let turns = out["turns"].as_array().unwrap();
         assert_eq!(turns.len(), 2, "{point}");
@@ -648,16 +671,18 @@ fn bad_answers(guest: &str) {
         // Nothing lost: the first turn and its tools are committed; the failed turn is
         // not, and holds no claim.
         let steps = block_on(bed.host.store().steps(name)).unwrap();
-        let committed = |key: &str| {
+        // The store qualifies keys with the agent's namespace: `NAMESPACE:KEY`.
+        let step = |key: &str| {
             steps
                 .iter()
-                .find(|s| s.key == key)
-                .is_some_and(|s| s.committed_at.is_some())
+                .find(|s| s.key.split_once(':').is_some_and(|(_, k)| k == key))
+                .unwrap_or_else(|| panic!("{name}: no step {key}: {steps:?}"))
         };
+        let committed = |key: &str| step(key).committed_at.is_some();
         for key in [&turn1, &lookup, &note] {
-            assert!(committed(key), "{name}: {key} committed");
+            assert!(committed(key), "{name}: {key} committed: {steps:?}");
         }
-        let failed_turn = steps.iter().find(|s| s.key == turn2).unwrap();
+        let failed_turn = step(&turn2);
         assert!(failed_turn.committed_at.is_none(), "{name}");
         assert!(failed_turn.holder.is_none(), "{name}");
     }

@@ -6,8 +6,8 @@ Input: ``{"provider": "openai", "conversation": "c1", "prompt": "...", "tool_url
 "http://127.0.0.1:PORT", "max_turns": 4, "manual": false, "retry": {"max_attempts": 3,
 "initial_ms": 100, "max_ms": 5000}, "max_response_bytes": null}``. Tools: ``lookup``
 POSTs its arguments to ``{tool_url}/tool/lookup`` under its step and answers the
-response's text; ``note`` appends ``{key} {token} {arguments}`` to ``/data/notes.log``.
-With ``manual`` the loop is written out with ``Client.complete`` and ``run_once_all``.
+response's text; ``note`` appends the line ``{key} {token} {first|in-doubt}
+{arguments}`` to ``/data/notes.log``. With ``manual`` the loop is written out with ``Client.complete`` and ``run_once_all``.
 
 Output: ``{"answer": text, "usage": [in, out, cached], "turns": [{"turn", "key",
 "body", "outcome"}, ..]}``.
@@ -41,7 +41,8 @@ def run_tool(tool_url: str, call: llm.ToolCall, step: idem.Step) -> str:
         return r.text
     if call.name == "note":
         with open("/data/notes.log", "a") as f:
-            f.write(f"{step.key} {step.token} {call.arguments}\n")
+            doubt = "in-doubt" if step.in_doubt else "first"
+            f.write(f"{step.key} {step.token} {doubt} {call.arguments}\n")
             f.flush()
             os.fsync(f.fileno())
         return "noted"

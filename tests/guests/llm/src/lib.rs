@@ -12,8 +12,8 @@
 //! ```
 //!
 //! Two tools: `lookup` POSTs its arguments to `{tool_url}/tool/lookup` (tied to its
-//! step) and answers the response's text; `note` appends `{key} {token} {arguments}` to
-//! `/data/notes.log` and answers `noted`. With `manual`, the loop is written out with
+//! step) and answers the response's text; `note` appends the line `{key} {token}
+//! {first|in-doubt} {arguments}` to `/data/notes.log` and answers `noted`. With `manual`, the loop is written out with
 //! `Client::complete` and `run_once_all`, so that every turn's reply is in the output;
 //! otherwise `Client::run_tools` runs it.
 //!
@@ -119,7 +119,8 @@ fn run_tool(tool_url: &str, call: &ToolCall, step: &Step) -> Result<String, Erro
                 .create(true)
                 .append(true)
                 .open("/data/notes.log")?;
-            writeln!(file, "{} {} {}", step.key(), step.token(), call.arguments)?;
+            let doubt = if step.in_doubt() { "in-doubt" } else { "first" };
+            writeln!(file, "{} {} {doubt} {}", step.key(), step.token(), call.arguments)?;
             file.sync_all()?;
             Ok("noted".into())
         }
