@@ -9,7 +9,7 @@
 //! sleep; and a 429 storm, a malformed, truncated or too large response and a missing
 //! key grant each end the run with their typed error, earlier steps kept.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::io::Write as _;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -340,7 +340,6 @@ impl Bed {
                 },
                 limits: self.host.limits.clone(),
                 sync: SyncMode::Normal,
-                ..Authority::default()
             },
             faults,
             ..RunOptions::default()
