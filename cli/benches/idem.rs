@@ -26,6 +26,8 @@ use serde_json::json;
 
 // The report lives in a folder of its own: a file next to this one would be taken by
 // cargo for another bench target.
+#[path = "idem/llm.rs"]
+mod llm;
 #[path = "idem/parallel.rs"]
 mod parallel;
 #[path = "idem/postgres.rs"]
@@ -100,6 +102,8 @@ struct Plan {
     py_steps: Turns,
     /// Per turn: a run of one 200 ms HTTP effect and a run of five in parallel.
     parallel: Turns,
+    /// Per turn: a run of `n` model calls and a run of `n` HTTP steps.
+    llm: Turns,
     /// The PostgreSQL rows: per turn, a run of `n` timed steps per sync mode, and 1, 8
     /// and 64 concurrent runs of `n / 2` steps; `4 n` floor samples.
     postgres: Turns,
@@ -141,6 +145,7 @@ const FULL_PLAN: Plan = Plan {
     py_cold: turns(40, 1, 20),
     py_steps: turns(10, 50, 30),
     parallel: turns(10, 0, 10),
+    llm: turns(20, 20, 10),
     postgres: turns(10, 200, 20),
 };
 
@@ -172,6 +177,7 @@ const QUICK_PLAN: Plan = Plan {
     py_cold: turns(3, 1, 1),
     py_steps: turns(3, 10, 1),
     parallel: turns(3, 0, 1),
+    llm: turns(3, 5, 1),
     postgres: turns(1, 20, 1),
 };
 
@@ -183,7 +189,7 @@ type Section = (
 );
 
 /// Every section, in the order of the table.
-const SECTIONS: [Section; 13] = [
+const SECTIONS: [Section; 14] = [
     ("steps", "floor and durable steps", floor_and_steps),
     ("calls", "host-call round trip", host_calls),
     ("resume", "resume after recycle", resume),
@@ -216,6 +222,7 @@ const SECTIONS: [Section; 13] = [
         "parallel effects in one step",
         parallel::parallel,
     ),
+    ("llm", "model calls as steps", llm::llm),
     ("postgres", "PostgreSQL", postgres::postgres),
 ];
 

@@ -176,6 +176,8 @@ fn answer(stream: TcpStream, record: &Mutex<Record>) {
     } else {
         let request: Value = serde_json::from_slice(&seen.body).unwrap_or(Value::Null);
         let results = tool_results(&request, anthropic);
+        // Tools are called when offered, once: a request carrying results is answered.
+        let calls = results.is_empty() && request["tools"].is_array();
         let mut r = record.lock().unwrap();
         let serial = r.exchanges.len() + 1;
         let canned = if results.is_empty() {
@@ -185,7 +187,11 @@ fn answer(stream: TcpStream, record: &Mutex<Record>) {
         };
         match canned {
             Some(c) => (c.status, c.headers, c.body),
-            None => (200, Vec::new(), model_answer(anthropic, serial, &results)),
+            None => (
+                200,
+                Vec::new(),
+                model_answer(anthropic, serial, calls, &results),
+            ),
         }
     };
     let mut stream = stream;
@@ -239,10 +245,10 @@ fn tool_results(request: &Value, anthropic: bool) -> Vec<String> {
     }
 }
 
-/// The first turn calls both tools; the second answers with their results. Each body
-/// carries the request's serial number, so that a call made twice answers differently.
-fn model_answer(anthropic: bool, serial: usize, results: &[String]) -> Vec<u8> {
-    let calls = results.is_empty();
+/// With `calls`, a turn calling both tools; else an answer naming the tool results.
+/// Each body carries the request's serial number, so that a call made twice answers
+/// differently.
+fn model_answer(anthropic: bool, serial: usize, calls: bool, results: &[String]) -> Vec<u8> {
     let body = match (anthropic, calls) {
         (false, true) => json!({
             "id": format!("chatcmpl-{serial}"), "object": "chat.completion",
@@ -491,6 +497,32 @@ fn the_tool_loop_calls_each_turn_and_each_tool_once() {
     tool_loop(LLM, "anthropic");
 }
 
+/// A conversation of three turns without tools: one key per turn, one request each,
+/// the usage summed.
+fn chat_turns(guest: &str) {
+    let bed = Bed::new(guest);
+    let report = bed.run(
+        "chat",
+        bed.input(json!({"chat": 3})),
+        bed.env("openai"),
+        FaultPlan::default(),
+    );
+    let out = completed(&report);
+    assert_eq!(out["usage"], json!([450, 30, 0]));
+    let calls = bed.server.model_calls();
+    let keys: Vec<&str> = calls.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, ["chat/llm/c1/1", "chat/llm/c1/2", "chat/llm/c1/3"]);
+    assert!(calls.iter().all(|(_, list)| list.len() == 1));
+    // Each turn sent the whole conversation so far: the third, seven messages.
+    let third: Value = serde_json::from_slice(&calls[2].1[0].seen.body).unwrap();
+    assert_eq!(third["messages"].as_array().unwrap().len(), 7, "{third}");
+}
+
+#[test]
+fn a_conversation_without_tools_is_one_step_per_turn() {
+    chat_turns(LLM);
+}
+
 /// Every crash point of the conversation's steps (two model calls, a batch of two
 /// tools): the run completes with the same answer, each key reached once, or twice in
 /// doubt under a greater token.
@@ -721,6 +753,7 @@ fn python_model_calls_are_steps_too() {
     };
     tool_loop(guest, "openai");
     tool_loop(guest, "anthropic");
+    chat_turns(guest);
     crash_sweep(
         guest,
         &[Phase::AfterClaim, Phase::InEffect, Phase::AfterCommit],

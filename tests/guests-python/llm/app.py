@@ -7,7 +7,9 @@ Input: ``{"provider": "openai", "conversation": "c1", "prompt": "...", "tool_url
 "initial_ms": 100, "max_ms": 5000}, "max_response_bytes": null}``. Tools: ``lookup``
 POSTs its arguments to ``{tool_url}/tool/lookup`` under its step and answers the
 response's text; ``note`` appends the line ``{key} {token} {first|in-doubt}
-{arguments}`` to ``/data/notes.log``. With ``manual`` the loop is written out with ``Client.complete`` and ``run_once_all``.
+{arguments}`` to ``/data/notes.log``. With ``manual`` the loop is written out with
+``Client.complete`` and ``run_once_all``; with ``"chat": N``, instead, N turns without
+tools, a user message before each.
 
 Output: ``{"answer": text, "usage": [in, out, cached], "turns": [{"turn", "key",
 "body", "outcome"}, ..]}``.
@@ -70,6 +72,20 @@ def run(input: dict) -> dict:
     chat.system("You are a test.").user(input["prompt"])
     tool_url = input["tool_url"]
     max_turns = input.get("max_turns", 4)
+    if input.get("chat"):
+        # `chat` turns without tools, a user message before each.
+        total = llm.Usage()
+        answer = ""
+        for i in range(input["chat"]):
+            chat.user(f"question {i}")
+            r = client.complete(chat, [])
+            total = total + r.usage
+            answer = r.message.content
+        return {
+            "answer": answer,
+            "usage": [total.input_tokens, total.output_tokens, total.cached_tokens],
+            "turns": [],
+        }
     if not input.get("manual"):
         reply = client.run_tools(
             chat, TOOLS, max_turns, lambda call, step: run_tool(tool_url, call, step)

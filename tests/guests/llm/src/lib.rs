@@ -15,7 +15,8 @@
 //! step) and answers the response's text; `note` appends the line `{key} {token}
 //! {first|in-doubt} {arguments}` to `/data/notes.log` and answers `noted`. With `manual`, the loop is written out with
 //! `Client::complete` and `run_once_all`, so that every turn's reply is in the output;
-//! otherwise `Client::run_tools` runs it.
+//! otherwise `Client::run_tools` runs it. With `"chat": N`, instead, N turns without
+//! tools, a user message before each (the bench's model calls).
 //!
 //! Output: `{"answer": text, "usage": [in, out, cached], "turns": [{"turn", "key",
 //! "body", "outcome"}, ..]}` (`turns` only with `manual`), or the failure's text.
@@ -44,6 +45,8 @@ struct Input {
     retry: Option<Retry>,
     #[serde(default)]
     max_response_bytes: Option<usize>,
+    #[serde(default)]
+    chat: u32,
 }
 
 fn openai() -> String {
@@ -155,6 +158,24 @@ impl Agent for Llm {
         chat.system("You are a test.");
         chat.user(input.prompt.as_str());
         let tools = tools();
+        if input.chat > 0 {
+            // `chat` turns without tools, a user message before each.
+            let mut usage = [0; 3];
+            let mut answer = String::new();
+            for i in 0..input.chat {
+                chat.user(format!("question {i}"));
+                let reply = client.complete(&mut chat, &[])?;
+                usage[0] += reply.usage.input_tokens;
+                usage[1] += reply.usage.output_tokens;
+                usage[2] += reply.usage.cached_tokens;
+                answer = reply.message.content;
+            }
+            return Ok(Output {
+                answer,
+                usage,
+                turns: Vec::new(),
+            });
+        }
         if !input.manual {
             let reply = client.run_tools(&mut chat, &tools, input.max_turns, |call, step| {
                 run_tool(&input.tool_url, call, step)
