@@ -246,6 +246,11 @@ class Failures(Base):
                 self.assertIsNone(state.committed, "nothing recorded")
                 self.assertIsNone(state.holder, "the claim released")
 
+    def test_the_repr_leaves_the_key_out(self):
+        text = repr(llm.Client.openai("m"))
+        self.assertNotIn("sk-test", text)
+        self.assertIn("api_key=<granted>", text)
+
     def test_a_missing_key_grant_is_typed_and_sends_nothing(self):
         with (
             mock.patch.dict(os.environ, {"OPENAI_API_KEY": ""}),

@@ -276,6 +276,13 @@ class Client:
         self.max_response_bytes = max_response_bytes
         self.timeout = timeout
 
+    def __repr__(self) -> str:
+        # The key stays out of logs and tracebacks.
+        return (
+            f"Client({self.provider.value}, {self.model!r}, base_url={self.base_url!r}, "
+            "api_key=<granted>)"
+        )
+
     @classmethod
     def openai(cls, model: str, **kw: Any) -> Client:
         """An OpenAI-compatible endpoint: the key from the granted environment variable

@@ -276,8 +276,9 @@ pub struct Reply {
     pub key: String,
 }
 
-/// A model endpoint: provider, URL, key, model and the call's policies.
-#[derive(Debug, Clone)]
+/// A model endpoint: provider, URL, key, model and the call's policies. Its `Debug`
+/// form leaves the key out.
+#[derive(Clone)]
 pub struct Client {
     provider: Provider,
     base_url: String,
@@ -287,6 +288,21 @@ pub struct Client {
     retry: RetryPolicy,
     max_response_bytes: usize,
     timeout: Option<Duration>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("provider", &self.provider)
+            .field("base_url", &self.base_url)
+            .field("api_key", &"<granted>")
+            .field("model", &self.model)
+            .field("max_tokens", &self.max_tokens)
+            .field("retry", &self.retry)
+            .field("max_response_bytes", &self.max_response_bytes)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
 }
 
 /// The default of [`Client::max_response_bytes`]: the host's default limit on a
@@ -702,6 +718,25 @@ mod tests {
             assert_eq!(retry_after(&with(&[("retry-after", bad)])), None, "{bad}");
         }
         assert_eq!(retry_after(&with(&[])), None);
+    }
+
+    #[test]
+    fn the_debug_form_leaves_the_key_out() {
+        let client = Client {
+            provider: Provider::OpenAi,
+            base_url: "http://h".into(),
+            api_key: "sk-secret".into(),
+            model: "m".into(),
+            max_tokens: 1,
+            retry: RetryPolicy::default(),
+            max_response_bytes: 1,
+            timeout: None,
+        };
+        let debug = format!("{client:?}");
+        assert!(
+            !debug.contains("sk-secret") && debug.contains("<granted>"),
+            "{debug}"
+        );
     }
 
     #[test]
