@@ -20,7 +20,10 @@ const TESTS_DIR: &str = "tests/guests-python";
 /// The Python examples the tests run, as (folder from the repo root, guest name). Named
 /// here rather than found: `examples/` also holds the target dir of a manual build, so
 /// it cannot be watched as a whole.
-const EXAMPLES: &[(&str, &str)] = &[("examples/python-ledger", "py-ledger")];
+const EXAMPLES: &[(&str, &str)] = &[
+    ("examples/python-ledger", "py-ledger"),
+    ("examples/python-llm-agent", "py-llm-agent"),
+];
 
 pub fn watched(root: &Path) -> Vec<PathBuf> {
     let mut paths = vec![root.join("guest-sdk-python/src"), root.join(TESTS_DIR)];

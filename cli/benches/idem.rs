@@ -28,6 +28,8 @@ use serde_json::json;
 // cargo for another bench target.
 #[path = "idem/children.rs"]
 mod children;
+#[path = "idem/llm.rs"]
+mod llm;
 #[path = "idem/parallel.rs"]
 mod parallel;
 #[path = "idem/postgres.rs"]
@@ -107,6 +109,8 @@ struct Plan {
     children: Turns,
     /// Children a waiting parent holds, for its memory against a parent of 10.
     children_waiting: usize,
+    /// Per turn: a run of `n` model calls and a run of `n` HTTP steps.
+    llm: Turns,
     /// The PostgreSQL rows: per turn, a run of `n` timed steps per sync mode, and 1, 8
     /// and 64 concurrent runs of `n / 2` steps; `4 n` floor samples.
     postgres: Turns,
@@ -150,6 +154,7 @@ const FULL_PLAN: Plan = Plan {
     parallel: turns(10, 0, 10),
     children: turns(3, 1000, 0),
     children_waiting: 10_000,
+    llm: turns(20, 20, 10),
     postgres: turns(10, 200, 20),
 };
 
@@ -183,6 +188,7 @@ const QUICK_PLAN: Plan = Plan {
     parallel: turns(3, 0, 1),
     children: turns(1, 50, 0),
     children_waiting: 100,
+    llm: turns(3, 5, 1),
     postgres: turns(1, 20, 1),
 };
 
@@ -194,7 +200,7 @@ type Section = (
 );
 
 /// Every section, in the order of the table.
-const SECTIONS: [Section; 14] = [
+const SECTIONS: [Section; 15] = [
     ("steps", "floor and durable steps", floor_and_steps),
     ("calls", "host-call round trip", host_calls),
     ("resume", "resume after recycle", resume),
@@ -232,6 +238,7 @@ const SECTIONS: [Section; 14] = [
         "child runs: fan-out and join",
         children::children,
     ),
+    ("llm", "model calls as steps", llm::llm),
     ("postgres", "PostgreSQL", postgres::postgres),
 ];
 

@@ -56,6 +56,9 @@ pub enum Error {
     /// denied by the host; a response with an error status is not this.
     #[error("{0}")]
     Http(String),
+    /// A model call of [`llm`](crate::llm) failed.
+    #[error("{0}")]
+    Llm(#[from] crate::llm::LlmError),
     /// The agent's own failure.
     #[error("{0}")]
     Agent(String),

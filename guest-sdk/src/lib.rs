@@ -78,6 +78,8 @@
 //! - `http.rs`: [`http::Request`], a blocking client on `wasi:http` whose requests
 //!   inside [`run_once`] carry the step's key and token, and [`http::send_all`], which
 //!   keeps several requests in flight together.
+//! - `llm/`: [`llm::Client`], model calls (OpenAI-compatible and Anthropic) as steps
+//!   whose committed result is the response body, and the tool-call loop.
 //! - `error.rs`: [`Error`].
 //! - `bindings.rs`: the raw `wit-bindgen` output for `../wit`; agents never need it.
 //!
@@ -95,6 +97,7 @@ mod children;
 mod error;
 pub mod http;
 mod key;
+pub mod llm;
 mod once;
 mod once_all;
 mod progress;

@@ -221,7 +221,7 @@ pub(crate) fn backoff_key(key: &Key, attempt: u32) -> String {
 
 /// A random number for the jitter (from WASI's random source, through std's hasher
 /// keys); recorded with the sleep, so a replay need not draw the same.
-fn random() -> u64 {
+pub(crate) fn random() -> u64 {
     std::collections::hash_map::RandomState::new()
         .build_hasher()
         .finish()

@@ -23,6 +23,7 @@ mod in_doubt;
 mod kill;
 mod lease;
 mod limits;
+mod llm;
 mod multi_process;
 mod new;
 mod operator_text;

@@ -14,7 +14,7 @@ Import everything at module top level: the import runs once, when the component 
 built, not on every instance.
 """
 
-from . import http
+from . import http, llm
 from ._agent import agent
 from ._agent import watch_importer as _watch_importer
 from ._children import Child, ChildOutcome, join, join_all, join_any, spawn
@@ -116,6 +116,7 @@ __all__ = [
     "join",
     "join_all",
     "join_any",
+    "llm",
     "load",
     "once",
     "run_id",

@@ -221,3 +221,80 @@ class HttpError(IdemError):
 class HttpDenied(HttpError):
     """The host refused the request: the destination is not granted, or the request
     was made outside a claim where that is not allowed."""
+
+
+class LlmError(IdemError):
+    """A model call of :mod:`idem.llm` failed. In every case but :class:`TurnLimit` the
+    call's key is left uncommitted (its claim released): nothing the model answered was
+    recorded, every earlier step stays committed, and running the agent again calls the
+    model again for that turn."""
+
+
+class MissingKey(LlmError):
+    """The run was not granted the environment variable holding the model's API key."""
+
+    def __init__(self, var: str) -> None:
+        super().__init__(
+            f"the model's API key is missing: environment variable {var} is not granted to "
+            "the run (or is empty)"
+        )
+        self.var = var
+
+
+class BadEndpoint(LlmError):
+    """An environment variable naming the endpoint holds no http:// or https:// URL."""
+
+    def __init__(self, var: str, value: str) -> None:
+        super().__init__(f"environment variable {var} is not an http:// or https:// URL: {value!r}")
+        self.var = var
+        self.value = value
+
+
+class ModelStatus(LlmError):
+    """The model answered with an error status retrying does not cure (400, 401, ...)."""
+
+    def __init__(self, url: str, status: int, body: str) -> None:
+        super().__init__(f"the model at {url} refused the request with status {status}: {body}")
+        self.url = url
+        self.status = status
+        self.body = body
+
+
+class GaveUp(LlmError):
+    """Every attempt the retry policy allows failed (429, a 5xx, a failed exchange)."""
+
+    def __init__(self, key: str, attempts: int, last: str) -> None:
+        super().__init__(
+            f"the model call {key} gave up after {attempts} attempts; the last: {last}"
+        )
+        self.key = key
+        self.attempts = attempts
+        self.last = last
+
+
+class Malformed(LlmError):
+    """The response is not what the provider's API answers: not JSON, cut short, or
+    missing a field the client needs."""
+
+    def __init__(self, key: str, detail: str) -> None:
+        super().__init__(f"malformed model response to {key}: {detail}")
+        self.key = key
+        self.detail = detail
+
+
+class ResponseTooLarge(LlmError):
+    """The response body is over the client's limit or the host's result limit."""
+
+    def __init__(self, key: str, detail: str) -> None:
+        super().__init__(f"the model's response to {key} is too large: {detail}")
+        self.key = key
+        self.detail = detail
+
+
+class TurnLimit(LlmError):
+    """The model still asked for tools after the tool loop's turn limit."""
+
+    def __init__(self, conversation: str, turns: int) -> None:
+        super().__init__(f"conversation {conversation} still calls tools after {turns} model turns")
+        self.conversation = conversation
+        self.turns = turns
