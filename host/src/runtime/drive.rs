@@ -60,7 +60,8 @@ impl Host {
         signals: Arc<RunSignals>,
     ) -> Result<RunReport, HostError> {
         let _driving = self.start_driving(&leased.record.run_id)?;
-        self.drive_leased(agent, leased, authority, faults, log, signals, None)
+        let mut faults = Faults::new(faults);
+        self.drive_leased(agent, leased, authority, &mut faults, log, signals, None)
             .await
     }
 
@@ -72,7 +73,7 @@ impl Host {
         agent: &LoadedAgent,
         leased: LeasedRun,
         authority: &Authority,
-        faults: &FaultPlan,
+        faults: &mut Faults,
         log: LogSink,
         signals: Arc<RunSignals>,
         capture: Option<Arc<dyn HttpCapture>>,
@@ -93,7 +94,7 @@ impl Host {
             heartbeat: Arc::clone(&self.heartbeat),
             signals,
             counts: leased.record.counts,
-            faults: Faults::new(faults),
+            faults: std::mem::take(faults),
             last_committed: 0,
             fuel_left: authority.limits.max_fuel,
             counts_flushed: std::time::Instant::now(),
@@ -114,7 +115,7 @@ impl Host {
             instances = tracing::field::Empty,
         );
         let result = self
-            .drive_instances(agent, authority, &leased.input, run, !leased.taken_over)
+            .drive_instances(agent, authority, &leased.input, run, !leased.taken_over, faults)
             .instrument(span.clone())
             .await;
         if let Ok(report) = &result {
@@ -133,6 +134,7 @@ impl Host {
         input: &[u8],
         mut run: RunCtx,
         counts_exact: bool,
+        faults: &mut Faults,
     ) -> Result<RunReport, HostError> {
         let start = DriveStart {
             counts: run.counts,
@@ -148,7 +150,12 @@ impl Host {
                 self.flush_log(&run).await;
                 Next::after(end, run.run_id(), &run.limits)
             };
-            if let Some(report) = self.apply(next, &mut run, &start).await? {
+            let applied = self.apply(next, &mut run, &start).await;
+            if !matches!(applied, Ok(None)) {
+                // What is left of the fault plan goes back to the caller's next drive.
+                *faults = std::mem::take(&mut run.faults);
+            }
+            if let Some(report) = applied? {
                 return Ok(report);
             }
         }

@@ -153,8 +153,10 @@ const CHAOS_DROP_ONE_IN: u32 = 10;
 /// Fuel budgets for chaos instances: from a few loop iterations to a whole short run.
 const CHAOS_FUEL: std::ops::Range<u64> = 20_000..20_000_000;
 
-/// The live state of a [`FaultPlan`] over a run.
-#[derive(Debug)]
+/// The live state of a [`FaultPlan`] over a run: kept across the drives of one
+/// foreground call, so that each crash point fires once however often the run
+/// suspends and is driven again. The default plans nothing.
+#[derive(Debug, Default)]
 pub(crate) struct Faults {
     pending: Vec<CrashPoint>,
     recycle_every: Option<u32>,

@@ -90,6 +90,9 @@ impl Host {
         // What this call's drives did so far: between them, another process may drive
         // the run on, and its work is not this call's to report.
         let mut done = Counts::default();
+        // One plan for every drive of this call: a crash point fires once, not once per
+        // drive after each wait.
+        let mut faults = super::faults::Faults::new(&opts.faults);
         loop {
             if let Some(report) = suspended.take() {
                 let joining = report.waiting.as_ref().is_some_and(|w| w.join.is_some());
@@ -121,7 +124,7 @@ impl Host {
                 agent,
                 leased,
                 &opts.authority,
-                &opts.faults,
+                &mut faults,
                 LogSink::echoing(opts.echo.clone()),
                 Arc::clone(&drive_signals),
                 opts.capture.clone(),
