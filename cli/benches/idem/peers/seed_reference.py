@@ -12,6 +12,7 @@ from __future__ import annotations
 import sqlite3
 import time
 import uuid
+from collections.abc import Callable
 
 import common
 
@@ -37,17 +38,12 @@ class Reference:
         self.db.execute("COMMIT")
 
     def start(self, run_id: str) -> int:
-        row = self.db.execute(
-            "SELECT next FROM progress WHERE run_id = ?", (run_id,)
-        ).fetchone()
+        row = self.db.execute("SELECT next FROM progress WHERE run_id = ?", (run_id,)).fetchone()
         return int(row[0]) if row else 0
 
-    def step(self, run_id: str, i: int, effect: object) -> int:
-        self._tx(
-            "INSERT OR IGNORE INTO steps (run_id, step) VALUES (?, ?)", (run_id, i)
-        )
-        assert callable(effect)
-        value = int(effect(i))
+    def step(self, run_id: str, i: int, effect: Callable[[int], int]) -> int:
+        self._tx("INSERT OR IGNORE INTO steps (run_id, step) VALUES (?, ?)", (run_id, i))
+        value = effect(i)
         self._tx(
             "UPDATE steps SET result = ? WHERE run_id = ? AND step = ?",
             (str(value), run_id, i),
@@ -59,7 +55,7 @@ class Reference:
         )
         return value
 
-    def run(self, run_id: str, n: int, effect: object) -> None:
+    def run(self, run_id: str, n: int, effect: Callable[[int], int]) -> None:
         for i in range(self.start(run_id), n):
             self.step(run_id, i, effect)
 
@@ -79,6 +75,8 @@ def main() -> None:
     common.configure(args)
     ref = Reference(args.db, args.sync)
     if args.workload == "steps":
+        # Untimed: the first workflow pays for what is set up once.
+        ref.run(str(uuid.uuid4()), 10, noop)
         samples = []
         for _ in range(args.turns):
             t = time.perf_counter()
@@ -86,6 +84,8 @@ def main() -> None:
             samples.append((time.perf_counter() - t) * 1e6 / args.n)
         common.report(per_step_us=samples, mode=ref.mode())
     elif args.workload == "short":
+        # Untimed: the first workflow pays for what is set up once.
+        ref.run(str(uuid.uuid4()), 10, noop)
         samples = []
         for _ in range(args.turns):
             t = time.perf_counter()
