@@ -151,6 +151,7 @@ const FULL_PLAN: Plan = Plan {
         kill_at: 620,
         short: 200,
         turns: 3,
+        crash_turns: 1,
         quick: false,
     },
 };
@@ -189,6 +190,7 @@ const QUICK_PLAN: Plan = Plan {
         kill_at: 62,
         short: 20,
         turns: 1,
+        crash_turns: 1,
         quick: true,
     },
 };

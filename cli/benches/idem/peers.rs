@@ -43,8 +43,10 @@ pub(crate) struct PeersPlan {
     pub(crate) kill_at: u64,
     /// One-step workflows in a turn.
     pub(crate) short: u64,
-    /// Turns of the step and short workloads, and crashes, per row.
+    /// Turns of the step and short workloads per row.
     pub(crate) turns: usize,
+    /// Crashes per row (a crash of a peer on a synced SQLite takes tens of seconds).
+    pub(crate) crash_turns: usize,
     /// Whether this is `--quick`: no install, only an installed venv is used.
     pub(crate) quick: bool,
 }
@@ -75,6 +77,8 @@ impl Idem {
 
 struct Peer {
     name: &'static str,
+    /// Its files' names in the bench's temp dir.
+    slug: &'static str,
     script: &'static str,
     /// Extra arguments for every invocation.
     args: &'static [&'static str],
@@ -85,6 +89,7 @@ struct Peer {
 const PEERS: [Peer; 5] = [
     Peer {
         name: "seed's reference (Python sqlite3, WAL, 3 commits a step), synchronous NORMAL",
+        slug: "seed-normal",
         script: "seed_reference.py",
         args: &["--sync", "normal"],
         postgres: false,
@@ -92,6 +97,7 @@ const PEERS: [Peer; 5] = [
     },
     Peer {
         name: "seed's reference, synchronous FULL",
+        slug: "seed-full",
         script: "seed_reference.py",
         args: &["--sync", "full"],
         postgres: false,
@@ -99,6 +105,7 @@ const PEERS: [Peer; 5] = [
     },
     Peer {
         name: "DBOS Transact 3.4.0, SQLite",
+        slug: "dbos-sqlite",
         script: "dbos_peer.py",
         args: &[],
         postgres: false,
@@ -106,6 +113,7 @@ const PEERS: [Peer; 5] = [
     },
     Peer {
         name: "DBOS Transact 3.4.0, PostgreSQL",
+        slug: "dbos-postgres",
         script: "dbos_peer.py",
         args: &[],
         postgres: true,
@@ -113,6 +121,7 @@ const PEERS: [Peer; 5] = [
     },
     Peer {
         name: "LangGraph 1.2.24 + SqliteSaver, durability sync",
+        slug: "langgraph",
         script: "langgraph_peer.py",
         args: &[],
         postgres: false,
@@ -333,7 +342,7 @@ fn measure(
         match (peer.postgres, pg) {
             (true, Some(pg)) => pg.dbos.clone(),
             _ => dir
-                .join(format!("{}-{}-{what}.db", peer.script, peer.args.join("")))
+                .join(format!("{}-{what}.db", peer.slug))
                 .display()
                 .to_string(),
         }
@@ -469,7 +478,7 @@ fn measure(
         // The resumed process starts warm: the killed one compiled the agent into the
         // cache, as a machine that ran the agent before a crash has it.
         let (mut ms, mut repeated) = (Vec::new(), Vec::new());
-        for turn in 0..turns {
+        for turn in 0..plan.crash_turns {
             let (took, again) = idem_crash_turn(bed, &dir, n, kill_at, policy, turn)?;
             ms.push(took);
             repeated.push(again as f64);
@@ -488,7 +497,7 @@ fn measure(
     for peer in &peers {
         progress(&format!("  {}: crash and resume", peer.name));
         let (mut ms, mut repeated) = (Vec::new(), Vec::new());
-        for turn in 0..turns {
+        for turn in 0..plan.crash_turns {
             let (took, again) = peer_crash_turn(python, peer, &dir, pg, n, kill_at, turn)?;
             ms.push(took);
             repeated.push(again as f64);
