@@ -462,7 +462,7 @@ fn measure(
             ),
             "runs/s",
             rates,
-            Some(format!("idem {ratio:.1}×")),
+            Some(format!("idem {ratio:.2}×")),
         );
     }
 
@@ -635,11 +635,7 @@ fn peer_crash_turn(
     kill_at: u64,
     turn: usize,
 ) -> anyhow::Result<(f64, u64)> {
-    let turn_dir = dir.join(format!(
-        "{}{}-crash-{turn}",
-        peer.script,
-        peer.args.join("")
-    ));
+    let turn_dir = dir.join(format!("{}-crash-{turn}", peer.slug));
     std::fs::create_dir_all(&turn_dir)?;
     let log = turn_dir.join("log").display().to_string();
     let db = match (peer.postgres, pg) {
