@@ -2,7 +2,7 @@
 //! and how it scales, and prints one markdown table (`cargo bench -p idem-host --bench
 //! idem`, `-- --quick` for a short check that it works; name sections to run only
 //! those: `-- steps calls resume cold throughput scaling workers sleepers prove
-//! takeover python parallel postgres`).
+//! takeover python parallel postgres peers`).
 //!
 //! Everything goes through idem's public API and the real `idem` binary, on a temp dir
 //! under cargo's target dir: a real disk, so that an fsync costs what it costs there.
@@ -32,6 +32,8 @@ mod children;
 mod llm;
 #[path = "idem/parallel.rs"]
 mod parallel;
+#[path = "idem/peers.rs"]
+mod peers;
 #[path = "idem/postgres.rs"]
 mod postgres;
 #[path = "idem/prove.rs"]
@@ -114,6 +116,8 @@ struct Plan {
     /// The PostgreSQL rows: per turn, a run of `n` timed steps per sync mode, and 1, 8
     /// and 64 concurrent runs of `n / 2` steps; `4 n` floor samples.
     postgres: Turns,
+    /// The peers rows.
+    peers: peers::PeersPlan,
 }
 
 const fn turns(max: usize, n: u64, budget_secs: u64) -> Turns {
@@ -156,6 +160,14 @@ const FULL_PLAN: Plan = Plan {
     children_waiting: 10_000,
     llm: turns(20, 20, 10),
     postgres: turns(10, 200, 20),
+    peers: peers::PeersPlan {
+        n: 1_000,
+        kill_at: 620,
+        short: 200,
+        turns: 3,
+        crash_turns: 1,
+        quick: false,
+    },
 };
 
 const QUICK_PLAN: Plan = Plan {
@@ -190,6 +202,14 @@ const QUICK_PLAN: Plan = Plan {
     children_waiting: 100,
     llm: turns(3, 5, 1),
     postgres: turns(1, 20, 1),
+    peers: peers::PeersPlan {
+        n: 100,
+        kill_at: 62,
+        short: 20,
+        turns: 1,
+        crash_turns: 1,
+        quick: true,
+    },
 };
 
 /// A part of the bench: its name on the command line, its heading, and what it runs.
@@ -200,7 +220,7 @@ type Section = (
 );
 
 /// Every section, in the order of the table.
-const SECTIONS: [Section; 15] = [
+const SECTIONS: [Section; 16] = [
     ("steps", "floor and durable steps", floor_and_steps),
     ("calls", "host-call round trip", host_calls),
     ("resume", "resume after recycle", resume),
@@ -240,6 +260,11 @@ const SECTIONS: [Section; 15] = [
     ),
     ("llm", "model calls as steps", llm::llm),
     ("postgres", "PostgreSQL", postgres::postgres),
+    (
+        "peers",
+        "peers side by side: the seed's reference, DBOS, LangGraph",
+        peers::peers,
+    ),
 ];
 
 /// Concurrent runs in one host for the throughput rows.

@@ -42,7 +42,7 @@ pub(crate) fn postgres(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Res
     result
 }
 
-async fn client(url: &str) -> anyhow::Result<tokio_postgres::Client> {
+pub(crate) async fn client(url: &str) -> anyhow::Result<tokio_postgres::Client> {
     let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
     tokio::spawn(connection);
     Ok(client)
@@ -169,7 +169,7 @@ fn measure(bed: &Bed, plan: &Plan, table: &mut Table, url: &str) -> anyhow::Resu
 }
 
 /// A host on a PostgreSQL store whose runs ask for `sync`; its pool fits 64 runs.
-fn host(bed: &Bed, url: &str, sync: SyncMode) -> anyhow::Result<BenchHost> {
+pub(crate) fn host(bed: &Bed, url: &str, sync: SyncMode) -> anyhow::Result<BenchHost> {
     let options = PostgresOptions {
         pool_size: 64,
         ..PostgresOptions::default()

@@ -35,7 +35,17 @@ impl Table {
     }
 
     pub(crate) fn rate_row(&mut self, what: String, samples: Vec<f64>, ratio: Option<String>) {
-        self.push(what, "steps/s", samples, true, ratio);
+        self.rate_row_in(what, "steps/s", samples, ratio);
+    }
+
+    pub(crate) fn rate_row_in(
+        &mut self,
+        what: String,
+        unit: &'static str,
+        samples: Vec<f64>,
+        ratio: Option<String>,
+    ) {
+        self.push(what, unit, samples, true, ratio);
     }
 
     fn push(
@@ -79,7 +89,7 @@ impl Table {
         }
         println!();
         println!(
-            "p99 is the nearest-rank 99th percentile (for steps/s, the 1st: the slow tail); \
+            "p99 is the nearest-rank 99th percentile (for steps/s and runs/s, the 1st: the slow tail); \
              with fewer than 100 samples it is the worst one."
         );
     }

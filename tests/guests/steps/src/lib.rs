@@ -12,6 +12,9 @@
 //! - `fail_at`: the step whose first attempt fails (the claim is released and the run
 //!   fails with `side effect failed: ...`); run it again and attempt 2 succeeds;
 //! - `pause_ms`: a sleep inside each side effect, so that runs overlap;
+//! - `stall_at`: the step whose first attempt, once its log line is durable, sleeps ten
+//!   minutes before returning: a window in which to kill the process after the effect
+//!   landed and before the step is recorded (the bench's crash scenario);
 //! - `shared`: keys without the run id (`step/{hash}`), shared by every run;
 //! - `fold`: save each checkpoint in its step's commit transaction
 //!   (`Once::run_and_save`) instead of with a separate `save`;
@@ -43,6 +46,8 @@ struct Input {
     fail_at: Option<u64>,
     #[serde(default)]
     pause_ms: u64,
+    #[serde(default)]
+    stall_at: Option<u64>,
     #[serde(default)]
     shared: bool,
     #[serde(default)]
@@ -115,6 +120,9 @@ impl Agent for Steps {
                     generation()
                 );
                 append(&input.log, &line)?;
+                if input.stall_at == Some(i) && step.attempt() == 1 {
+                    thread::sleep(Duration::from_secs(600));
+                }
                 Ok(mix(i, 0x5eed))
             };
             let once = Once::new(&key).in_doubt(policy);
