@@ -21,7 +21,9 @@ pub struct CancelCommand {
 impl CancelCommand {
     pub async fn execute(self) -> anyhow::Result<Exit> {
         let store = self.db.open_existing().await?;
-        let report = ops::cancel(store.as_ref(), &self.run_id).await?;
+        let report = ops::cancel(store.as_ref(), &self.run_id)
+            .await
+            .map_err(crate::exit::op_error)?;
         match report.run {
             Cancelled::Now => println!("cancelled run {}", display::name(&self.run_id)),
             Cancelled::Requested { lease } => println!(

@@ -115,7 +115,14 @@ impl Host {
             instances = tracing::field::Empty,
         );
         let result = self
-            .drive_instances(agent, authority, &leased.input, run, !leased.taken_over, faults)
+            .drive_instances(
+                agent,
+                authority,
+                &leased.input,
+                run,
+                !leased.taken_over,
+                faults,
+            )
             .instrument(span.clone())
             .await;
         if let Ok(report) = &result {
