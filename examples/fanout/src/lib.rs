@@ -86,7 +86,10 @@ fn ask(model: &str, tool: &str, prompt: &str) -> Result<String, Error> {
 /// is released, and the step runs again when the agent does).
 fn text(response: Response) -> Result<String, Error> {
     if !response.is_success() {
-        return Err(Error::Http(format!("the model answered {}", response.status)));
+        return Err(Error::Http(format!(
+            "the model answered {}",
+            response.status
+        )));
     }
     Ok(String::from_utf8_lossy(&response.body).into_owned())
 }
@@ -110,10 +113,17 @@ fn digest(docs: &[String], model: &str, child: &str, log: &str) -> Result<Value,
     }
     let joined = summaries.join("\n");
     // Two tools asked at once, each under its own claim and key.
-    let keys = [Key::for_run("title", &joined)?, Key::for_run("tags", &joined)?];
+    let keys = [
+        Key::for_run("title", &joined)?,
+        Key::for_run("tags", &joined)?,
+    ];
     let answers = run_once_all(&keys, |steps| {
         let requests = steps.iter().map(|step| {
-            let tool = if step.key() == keys[0].as_str() { "title" } else { "tags" };
+            let tool = if step.key() == keys[0].as_str() {
+                "title"
+            } else {
+                "tags"
+            };
             Request::post(&format!("{model}/{tool}"))
                 .body(joined.as_bytes().to_vec())
                 .under(step)

@@ -114,7 +114,11 @@ fn children(input: &Input) -> Result<Vec<Child>, Error> {
         } else {
             json!({ "steps": 1, "url": input.url, "pause_ms": input.pause_ms, "pause_after": true })
         };
-        kids.push(spawn(&format!("item-{i}"), &input.deployment, &child_input)?);
+        kids.push(spawn(
+            &format!("item-{i}"),
+            &input.deployment,
+            &child_input,
+        )?);
     }
     if input.checkpoint {
         save(1, &kids)?;
@@ -157,7 +161,9 @@ fn recurse_once(input: &Input, recurse: &Recurse) -> Result<Value, Error> {
         Ok(child) => child,
         // The end of the chain: its reason is this run's answer.
         Err(Error::Spawn(refused)) => {
-            return Ok(json!({ "depth": input.depth, "refused": Error::Spawn(refused).to_string() }));
+            return Ok(
+                json!({ "depth": input.depth, "refused": Error::Spawn(refused).to_string() }),
+            );
         }
         Err(e) => return Err(e),
     };

@@ -123,7 +123,13 @@ fn run_tool(tool_url: &str, call: &ToolCall, step: &Step) -> Result<String, Erro
                 .append(true)
                 .open("/data/notes.log")?;
             let doubt = if step.in_doubt() { "in-doubt" } else { "first" };
-            writeln!(file, "{} {} {doubt} {}", step.key(), step.token(), call.arguments)?;
+            writeln!(
+                file,
+                "{} {} {doubt} {}",
+                step.key(),
+                step.token(),
+                call.arguments
+            )?;
             file.sync_all()?;
             Ok("noted".into())
         }
