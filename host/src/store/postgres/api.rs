@@ -225,7 +225,7 @@ impl InstanceStore for PostgresStore {
 
     async fn spawn(&self, req: &SpawnRequest<'_>) -> Result<Spawned, StoreError> {
         let fence = req.fence;
-        let with = Some((fence, Lock::Update));
+        let with = Some((fence, Lock::Share));
         write_tx!(
             self,
             "spawn a child run",

@@ -13,8 +13,9 @@ use crate::store::{
 };
 
 /// Spawns the child, or finds it spawned before under the same key. The caller
-/// checked the fence with the parent's row locked for update, so one parent's spawns
-/// are counted one after another.
+/// checked the fence with the parent's row locked `FOR SHARE`: only the lease's holder
+/// spawns (one instance, one spawn at a time), and its children ending meanwhile share
+/// the lock ([`count_down_parent`]).
 pub(super) async fn spawn(conn: &Conn, req: &SpawnRequest<'_>) -> Result<Spawned, TxError> {
     let parent = req.fence.run_id.as_str();
     let refused = |refusal: SpawnRefusal| {
@@ -385,21 +386,41 @@ pub(super) async fn join_left(conn: &Conn, run_id: &str, key: &str) -> Result<i6
 }
 
 /// Counts the run's end down in its parent's join, if the parent is suspended joining
-/// it. The parent's row is locked first, even when nothing changes: a suspension of
-/// the parent (which locks it too) then either comes after this transaction and sees
-/// this child ended, or came before and is counted down here.
+/// it.
+///
+/// The parent's row is read first without a lock. Suspended in a join, it is counted
+/// down by an `UPDATE` (which locks the row, so siblings ending at once take turns,
+/// each one short statement). Otherwise it is locked `FOR SHARE` and read again: a
+/// suspension of the parent locks its row for update, so either it committed before
+/// this lock (and the second read sees it, and this end is counted down) or it waits
+/// for this transaction and then sees this child ended. Siblings ending while the
+/// parent runs share the lock, and the parent's spawns take it shared too: the
+/// children's ends no longer queue behind each other or behind the spawns.
 pub(super) async fn count_down_parent(conn: &Conn, child: &str) -> Result<(), TxError> {
-    let parent = conn
+    let row = conn
         .query_opt(
-            "SELECT p.run_id FROM runs c JOIN runs p ON p.run_id = c.parent
-             WHERE c.run_id = $1 FOR NO KEY UPDATE OF p",
+            "SELECT p.run_id, p.lease_holder IS NULL AND coalesce(p.join_left, 0) > 0
+             FROM runs c JOIN runs p ON p.run_id = c.parent WHERE c.run_id = $1",
             &[&child],
         )
         .await?;
-    let Some(parent) = parent else {
+    let Some(row) = row else {
         return Ok(());
     };
-    let parent: String = parent.try_get(0)?;
+    let (parent, mut joining): (String, bool) = (row.try_get(0)?, row.try_get(1)?);
+    if !joining {
+        joining = conn
+            .query_one(
+                "SELECT lease_holder IS NULL AND coalesce(join_left, 0) > 0 FROM runs
+                 WHERE run_id = $1 FOR SHARE",
+                &[&parent],
+            )
+            .await?
+            .try_get(0)?;
+    }
+    if !joining {
+        return Ok(());
+    }
     conn.execute(
         "UPDATE runs
          SET join_left = join_left - 1,
