@@ -6,7 +6,8 @@
 use super::TxError;
 use super::conn::Conn;
 use super::runs::{lease_from, mark_cancelled, status_from};
-use crate::store::rules::{join_asked, join_mode, join_reused};
+use super::waits::settle;
+use crate::store::rules::{join_asked, join_mode, join_reused, spawned_differently};
 use crate::store::{
     ChildEnd, JoinMode, JoinRefusal, JoinRequest, SpawnRefusal, SpawnRequest, Spawned, StoreError,
     WaitState,
@@ -35,13 +36,9 @@ pub(super) async fn spawn(conn: &Conn, req: &SpawnRequest<'_>) -> Result<Spawned
     if let Some(row) = existing {
         let (of, agent, same_input): (Option<String>, String, bool) =
             (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
-        let what = if of.as_deref() != Some(parent) {
-            "another parent"
-        } else if agent != req.deployment {
-            "another deployment"
-        } else if !same_input {
-            "other input"
-        } else {
+        let Some(what) =
+            spawned_differently(parent, req.deployment, of.as_deref(), &agent, same_input)
+        else {
             return Ok(Spawned {
                 run_id: req.child_id.to_owned(),
                 created: false,
@@ -298,21 +295,6 @@ async fn copy_end(conn: &Conn, run_id: &str, key: &str, seq: Option<i32>) -> Res
          WHERE j.run_id = m.run_id AND j.key = m.key AND j.child = m.child
            AND m.run_id = $1 AND m.key = $2 AND ($3::int4 IS NULL OR m.seq = $3)",
         &[&run_id, &key, &seq],
-    )
-    .await?;
-    Ok(())
-}
-
-async fn settle(
-    conn: &Conn,
-    run_id: &str,
-    key: &str,
-    outcome: &str,
-    payload: Option<&[u8]>,
-) -> Result<(), TxError> {
-    conn.execute(
-        "UPDATE waits SET outcome = $3, payload = $4, settled = $5 WHERE run_id = $1 AND key = $2",
-        &[&run_id, &key, &outcome, &payload, &conn.now],
     )
     .await?;
     Ok(())

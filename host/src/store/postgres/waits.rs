@@ -100,7 +100,8 @@ async fn take_signal(
     }
 }
 
-async fn settle(
+/// Records how the wait `key` of run `run_id` ended, with what it received.
+pub(super) async fn settle(
     conn: &Conn,
     run_id: &str,
     key: &str,

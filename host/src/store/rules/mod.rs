@@ -9,6 +9,27 @@
 
 mod waits;
 
+/// What differs when a spawn finds its child id taken: `None` if the child found is the
+/// one asked for (spawned by `parent` as `deployment` with the same input), else what is
+/// not (`another parent`, `another deployment`, `other input`).
+pub(crate) fn spawned_differently(
+    parent: &str,
+    deployment: &str,
+    found_parent: Option<&str>,
+    found_agent: &str,
+    same_input: bool,
+) -> Option<&'static str> {
+    if found_parent != Some(parent) {
+        Some("another parent")
+    } else if found_agent != deployment {
+        Some("another deployment")
+    } else if !same_input {
+        Some("other input")
+    } else {
+        None
+    }
+}
+
 pub(crate) use waits::{Recorded, WaitRow, asked, join_asked, join_mode, join_reused, sleep_state};
 
 use std::time::Duration;

@@ -7,7 +7,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::TxError;
 use super::leases::check_fence;
 use super::runs::{lease_from, mark_cancelled, status_from};
-use crate::store::rules::{WaitRow, join_asked, join_mode, join_reused};
+use super::waits::settle;
+use crate::store::rules::{WaitRow, join_asked, join_mode, join_reused, spawned_differently};
 use crate::store::{
     ChildEnd, JoinMode, JoinRefusal, JoinRequest, Millis, RunStatus, SpawnRefusal, SpawnRequest,
     Spawned, StoreError, WaitState,
@@ -41,13 +42,9 @@ pub(super) fn spawn(
         })
         .optional()?;
     if let Some((of, agent, same_input)) = existing {
-        let what = if of.as_deref() != Some(parent) {
-            "another parent"
-        } else if agent != req.deployment {
-            "another deployment"
-        } else if !same_input {
-            "other input"
-        } else {
+        let Some(what) =
+            spawned_differently(parent, req.deployment, of.as_deref(), &agent, same_input)
+        else {
             return Ok(Spawned {
                 run_id: req.child_id.to_owned(),
                 created: false,
@@ -313,21 +310,6 @@ fn copy_end(conn: &Connection, run_id: &str, key: &str, seq: Option<i64>) -> Res
          WHERE run_id = ?1 AND key = ?2 AND (?3 IS NULL OR seq = ?3)",
     )?
     .execute(params![run_id, key, seq])?;
-    Ok(())
-}
-
-fn settle(
-    conn: &Connection,
-    run_id: &str,
-    key: &str,
-    outcome: &str,
-    payload: Option<&[u8]>,
-    now: Millis,
-) -> Result<(), TxError> {
-    conn.prepare_cached(
-        "UPDATE waits SET outcome = ?3, payload = ?4, settled = ?5 WHERE run_id = ?1 AND key = ?2",
-    )?
-    .execute(params![run_id, key, outcome, payload, now])?;
     Ok(())
 }
 

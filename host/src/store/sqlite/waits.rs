@@ -97,7 +97,8 @@ fn take_signal(
     }
 }
 
-fn settle(
+/// Records how the wait `key` of run `run_id` ended, with what it received.
+pub(super) fn settle(
     conn: &Connection,
     run_id: &str,
     key: &str,
