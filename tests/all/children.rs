@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use idem::ops::RunView;
 use idem::store::{RunFilter, RunStatus, child_run_id};
-use idem_test_artifacts::{FANOUT, FETCHER, PY_FANOUT};
+use idem_test_artifacts::{FANOUT, FANOUT_DIGEST, FETCHER, PY_FANOUT};
 use serde_json::{Value, json};
 
 use crate::http::TestServer;
@@ -609,4 +609,54 @@ fn a_python_parents_bad_spawns_and_joins_are_typed_and_write_nothing() {
     );
     assert_eq!(children_of(&service, "cycle").len(), 1, "{answer}");
     assert_eq!(server.seen().len(), 0);
+}
+
+/// `examples/fanout`: one child per document, a join, two tools asked at once, a digest
+/// published once. Run by `idem run` with no worker; each model call reaches the
+/// loopback stand-in once per key, and the digest's line is written once, also when the
+/// run is asked again.
+#[test]
+fn the_fanout_example_digests_through_children_each_call_once() {
+    let server = TestServer::start();
+    let service = Service::new();
+    let data = tempfile::tempdir().unwrap();
+    let grant = format!("127.0.0.1:{}", server.port());
+    let dir = format!("{}::/data", data.path().display());
+    service.ok(&[
+        "deploy",
+        FANOUT_DIGEST,
+        "--name",
+        "summarize",
+        "--allow-http",
+        &grant,
+    ]);
+    let docs: Vec<String> = (0..3)
+        .map(|i| format!("document {i} about shipping"))
+        .collect();
+    let input = json!({ "docs": docs, "model": server.url(), "child": "summarize",
+                        "log": "/data/digest.log" });
+    for _ in 0..2 {
+        let out = service.cli(&[
+            "run",
+            FANOUT_DIGEST,
+            "--run-id",
+            "digest-1",
+            "--allow-http",
+            &grant,
+            "--dir",
+            &dir,
+            "--input",
+            &input.to_string(),
+        ]);
+        assert!(out.status.success(), "{}", said(&out));
+    }
+    let out = output(&service, "digest-1");
+    assert_eq!(out["summaries"].as_array().unwrap().len(), 3, "{out}");
+    assert_eq!(out["title"], "POST /title ok", "{out}");
+    assert_eq!(out["tags"], "POST /tags ok", "{out}");
+    let keys = by_key(&server.seen());
+    assert_eq!(keys.len(), 5, "three summaries, a title and tags: {keys:?}");
+    assert!(keys.values().all(|tokens| tokens.len() == 1), "{keys:?}");
+    let log = std::fs::read_to_string(data.path().join("digest.log")).unwrap();
+    assert_eq!(log, "POST /title ok [POST /tags ok]: 3 summaries\n");
 }
