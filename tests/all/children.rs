@@ -13,12 +13,12 @@ use std::time::{Duration, Instant};
 
 use idem::ops::RunView;
 use idem::store::{RunFilter, RunStatus, child_run_id};
-use idem_test_artifacts::{FANOUT, FANOUT_DIGEST, FETCHER, PY_FANOUT};
+use idem_test_artifacts::{FANOUT, FANOUT_DIGEST, PY_FANOUT};
 use serde_json::{Value, json};
 
 use crate::http::TestServer;
 use crate::util::{block_on, integrity_ok, stderr, stdout};
-use crate::workers::{Service, assert_effects_fenced, by_key, signal};
+use crate::workers::{Service, assert_effects_fenced, by_key, deploy_fetcher, signal};
 
 /// What a command printed, on both streams.
 fn said(out: &std::process::Output) -> String {
@@ -27,17 +27,7 @@ fn said(out: &std::process::Output) -> String {
 
 /// Deploys `fetcher` (the children, granted the server) and `fanout` (the parent).
 pub(crate) fn deploy(service: &Service, server: &TestServer, extra: &[&str]) {
-    let grant = format!("127.0.0.1:{}", server.port());
-    let mut fetcher = vec![
-        "deploy",
-        FETCHER,
-        "--name",
-        "fetcher",
-        "--allow-http",
-        &grant,
-    ];
-    fetcher.extend_from_slice(extra);
-    service.ok(&fetcher);
+    deploy_fetcher(service, server, extra);
     let mut fanout = vec!["deploy", FANOUT, "--name", "fanout"];
     fanout.extend_from_slice(extra);
     service.ok(&fanout);
@@ -480,15 +470,7 @@ fn a_python_parent_fans_out_and_joins_exactly_once() {
     };
     let server = TestServer::start();
     let service = Service::new();
-    let grant = format!("127.0.0.1:{}", server.port());
-    service.ok(&[
-        "deploy",
-        FETCHER,
-        "--name",
-        "fetcher",
-        "--allow-http",
-        &grant,
-    ]);
+    deploy_fetcher(&service, &server, &[]);
     service.ok(&["deploy", py_fanout, "--name", "py-fanout"]);
     let input = json!({ "deployment": "fetcher", "children": 5, "url": server.url() });
     service.ok(&[

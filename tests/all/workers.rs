@@ -195,7 +195,7 @@ pub(crate) fn assert_effects_fenced(service: &Service, server: &TestServer) -> u
     repeats
 }
 
-fn deploy_fetcher(service: &Service, server: &TestServer, extra: &[&str]) {
+pub(crate) fn deploy_fetcher(service: &Service, server: &TestServer, extra: &[&str]) {
     let grant = format!("127.0.0.1:{}", server.port());
     let mut args = vec![
         "deploy",

@@ -73,10 +73,9 @@ pub(crate) fn join_asked(
 /// The refusal of a join whose key was recorded for another wait (`recorded`: its
 /// signal, or `None` for a sleep) or for a join `mode` of other children.
 pub(crate) fn join_reused(key: &str, recorded: Option<&str>, mode: Option<&str>) -> JoinRefusal {
-    let was = match (mode, recorded) {
-        (Some(mode), _) => format!("a join of {mode} of other children"),
-        (None, None) => "a sleep".to_string(),
-        (None, Some(name)) => format!("a wait for signal {}", crate::text::quoted(name)),
+    let was = match mode {
+        Some(mode) => format!("a join of {mode} of other children"),
+        None => kind(recorded),
     };
     JoinRefusal::KeyReused(format!(
         "key {} was used for {was}; give each wait its own key",
