@@ -13,6 +13,7 @@ mod cli;
 mod compat;
 mod crash_sweep;
 mod dedupe;
+mod disk_faults;
 mod doc_links;
 mod fuzz_abi;
 mod gc;
@@ -30,6 +31,7 @@ mod operator_text;
 #[cfg(feature = "otlp")]
 mod otlp;
 mod parallel;
+mod pg_faults;
 mod pinning;
 mod postgres;
 mod power_loss;

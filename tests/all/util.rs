@@ -1,5 +1,8 @@
 //! The test harness: a temp dir with a store and a granted data dir, a shared runtime,
-//! the `idem` binary, and readers for the guests' side-effect logs.
+//! the `idem` binary, and readers for the guests' side-effect logs. `proxy`: a fault
+//! proxy between idem and PostgreSQL.
+
+pub mod proxy;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -281,12 +281,25 @@ pub fn workers_through_kills_on(
         assert!(status.success(), "a drained worker exits 0: {status:?}");
     }
 
+    assert_all_completed(service, &server, runs, STEPS);
+    let repeats = assert_effects_fenced(service, &server);
+    eprintln!("{kills} kills, {repeats} effects repeated in doubt");
+}
+
+/// Every one of `runs` runs of the fetcher completed with the right output, and each
+/// of its `steps` keys reached `server`.
+pub(crate) fn assert_all_completed(
+    service: &Service,
+    server: &TestServer,
+    runs: usize,
+    steps: u64,
+) {
     let records = service.runs();
     assert_eq!(records.len(), runs);
     for run in &records {
         assert_eq!(run.status, RunStatus::Completed, "{}", run.run_id);
         let output: Value = serde_json::from_slice(run.outcome.as_deref().unwrap()).unwrap();
-        assert_eq!(output["steps"], STEPS, "{}", run.run_id);
+        assert_eq!(output["steps"], steps, "{}", run.run_id);
         let replies = output["replies"].as_array().unwrap();
         for (i, reply) in replies.iter().enumerate() {
             assert_eq!(
@@ -300,11 +313,9 @@ pub fn workers_through_kills_on(
     let keys = by_key(&server.seen());
     assert_eq!(
         keys.len(),
-        runs * STEPS as usize,
+        runs * steps as usize,
         "every key reached the server"
     );
-    let repeats = assert_effects_fenced(service, &server);
-    eprintln!("{kills} kills, {repeats} effects repeated in doubt");
 }
 
 #[test]

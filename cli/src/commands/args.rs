@@ -27,6 +27,11 @@ pub struct DbArgs {
     /// run holds one).
     #[arg(long, default_value_t = 16, value_name = "N")]
     pub db_pool: usize,
+    /// PostgreSQL only: how long one call to the server may wait for its answer before
+    /// its connection is given up (a server that stopped answering never holds a
+    /// command or a worker longer); the server is given the same bound for a statement.
+    #[arg(long, default_value = "10s", value_parser = duration, value_name = "DURATION")]
+    pub db_timeout: Duration,
 }
 
 impl DbArgs {
@@ -67,6 +72,7 @@ impl DbArgs {
     fn options(&self) -> StoreOptions {
         StoreOptions {
             pool_size: self.db_pool.max(1),
+            call_timeout: self.db_timeout,
             ..StoreOptions::default()
         }
     }

@@ -71,6 +71,9 @@ pub struct StoreOptions {
     pub read_only: bool,
     /// PostgreSQL: the most connections the handle opens.
     pub pool_size: usize,
+    /// PostgreSQL: how long one call to the server may wait for its answer
+    /// ([`PostgresOptions::call_timeout`](super::PostgresOptions::call_timeout)).
+    pub call_timeout: std::time::Duration,
 }
 
 impl Default for StoreOptions {
@@ -80,6 +83,7 @@ impl Default for StoreOptions {
             existing_only: false,
             read_only: false,
             pool_size: 16,
+            call_timeout: std::time::Duration::from_secs(10),
         }
     }
 }
@@ -133,6 +137,7 @@ async fn connect_postgres(url: &str, options: &StoreOptions) -> Result<Arc<dyn S
     let options = PostgresOptions {
         sync: options.sync,
         pool_size: options.pool_size.max(1),
+        call_timeout: options.call_timeout,
         existing_only: options.existing_only || options.read_only,
         ..PostgresOptions::default()
     };

@@ -77,6 +77,7 @@ use super::{Clock, DatabaseFault, StoreError, SyncMode};
 ///     sync: SyncMode::Full,
 ///     pool_size: 32,
 ///     connect_timeout: Duration::from_secs(2),
+///     call_timeout: Duration::from_secs(10),
 ///     clock: Clock::system(),
 ///     existing_only: false,
 /// };
@@ -93,6 +94,16 @@ pub struct PostgresOptions {
     pub pool_size: usize,
     /// How long opening a connection may take before the server counts as unreachable.
     pub connect_timeout: Duration,
+    /// How long any one call to the server may wait for its answer: a statement, a
+    /// round trip of a transaction, its `COMMIT`, a connection from the pool (opened,
+    /// logged in, or waited for). Past it the call fails as
+    /// [`DatabaseFault::Unreachable`] and its connection is closed, so a server that
+    /// stopped answering (a black-holed network, a half-open connection) never holds a
+    /// caller for longer. The server is given the same bound (`statement_timeout` and
+    /// `idle_in_transaction_session_timeout`), so that a session whose client is cut
+    /// off lets go of its locks. A write whose answer is lost this way is read back
+    /// (a step's commit), or left to be retaken in doubt, never silently sent again.
+    pub call_timeout: Duration,
     /// The store's time: [`Clock::system`] reads the server's `now()`; a manual clock
     /// (tests) is passed to the server instead.
     pub clock: Clock,
@@ -107,6 +118,7 @@ impl Default for PostgresOptions {
             sync: SyncMode::Normal,
             pool_size: 16,
             connect_timeout: Duration::from_secs(5),
+            call_timeout: Duration::from_secs(10),
             clock: Clock::system(),
             existing_only: false,
         }
@@ -135,6 +147,8 @@ pub struct PostgresStore {
     pool: Pool,
     /// Durability of writes without a fence.
     sync: SyncMode,
+    /// How long one call may wait for the server's answer.
+    call_timeout: Duration,
     clock: Clock,
     /// The group-commit queues of a step's claims and commits.
     batches: batch::Batches,
@@ -180,6 +194,8 @@ impl PostgresStore {
         if config.get_application_name().is_none() {
             config.application_name("idem");
         }
+        let call_timeout = options.call_timeout.max(Duration::from_millis(1));
+        bound_the_server(&mut config, call_timeout);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("idem-postgres")
@@ -191,7 +207,7 @@ impl PostgresStore {
             })?;
         let manager = Manager::from_connect(
             config,
-            SpawnOn(runtime.handle().clone()),
+            SpawnOn(runtime.handle().clone(), call_timeout),
             ManagerConfig {
                 // A connection the server closed is dropped when it comes back to the
                 // pool; one that died unnoticed fails its next statement, and the
@@ -201,6 +217,12 @@ impl PostgresStore {
         );
         let pool = Pool::builder(manager)
             .max_size(options.pool_size.max(1))
+            // Waiting for a free connection, opening one (its login included) and
+            // checking one that comes back: each bounded like a call.
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(call_timeout))
+            .create_timeout(Some(call_timeout))
+            .recycle_timeout(Some(call_timeout))
             .build()
             .map_err(|e| StoreError::Open {
                 location: location.clone(),
@@ -212,6 +234,7 @@ impl PostgresStore {
                 pool: pool.clone(),
                 location: location.clone(),
                 clock: options.clock.clone(),
+                call_timeout,
             },
         );
         let store = PostgresStore {
@@ -220,6 +243,7 @@ impl PostgresStore {
             dbname,
             pool,
             sync: options.sync,
+            call_timeout,
             clock: options.clock.clone(),
             batches,
             runtime: Some(runtime),
@@ -237,7 +261,11 @@ impl PostgresStore {
     /// naming the server when the cause is one its operator can fix, otherwise a
     /// [`StoreError::Backend`].
     fn failed(&self, op: &'static str, e: tokio_postgres::Error) -> StoreError {
-        match fault(&e) {
+        let fault = fault(&e);
+        if fault == Some(DatabaseFault::Unreachable) {
+            forget_idle(&self.pool);
+        }
+        match fault {
             Some(fault) => StoreError::Database {
                 location: self.location.clone(),
                 op,
@@ -249,6 +277,13 @@ impl PostgresStore {
                 source: Box::new(e),
             },
         }
+    }
+
+    /// The error for a call during `op` that got no answer within the call timeout;
+    /// the idle connections are closed with it ([`forget_idle`]).
+    fn no_answer(&self, op: &'static str) -> StoreError {
+        forget_idle(&self.pool);
+        no_answer(&self.location, op, self.call_timeout)
     }
 
     /// The error for a connection the pool could not hand out during `op`.
@@ -274,8 +309,51 @@ impl Drop for PostgresStore {
     }
 }
 
-/// Opens connections on the store's own runtime, and drives them there.
-struct SpawnOn(tokio::runtime::Handle);
+/// Closes every idle connection of `pool`, after a call on one of their like got no
+/// answer or lost its connection: the same cause (a network cut, a server restarted
+/// or silent) most likely ended or holds them too, and each would cost the next caller
+/// a failed call (or a call timeout) to find out. Calls
+/// after this open fresh connections, which fail at once while the server is away and
+/// work as soon as it is back.
+fn forget_idle(pool: &Pool) {
+    pool.retain(|_, _| false);
+}
+
+/// The error for a call during `op` on the server at `location` that got no answer
+/// within `limit`.
+fn no_answer(location: &str, op: &'static str, limit: Duration) -> StoreError {
+    StoreError::Database {
+        location: location.to_owned(),
+        op,
+        fault: DatabaseFault::Unreachable,
+        detail: format!(
+            "no answer within the call timeout ({}); the connection was closed",
+            super::error::human_duration(limit)
+        ),
+    }
+}
+
+/// Tells the server the call timeout, unless the URL's `options` say otherwise (theirs
+/// come after, and win): a statement runs (or waits for a lock) at most that long, and a
+/// session whose client went silent inside a transaction is ended, its locks released,
+/// after that long. And TCP keepalives find a dead peer of an idle connection in under
+/// a minute rather than the system's two hours, unless the URL sets them.
+fn bound_the_server(config: &mut tokio_postgres::Config, limit: Duration) {
+    let ms = limit.as_millis();
+    let ours = format!("-c statement_timeout={ms} -c idle_in_transaction_session_timeout={ms}");
+    let options = match config.get_options() {
+        Some(theirs) => format!("{ours} {theirs}"),
+        None => ours,
+    };
+    config.options(options);
+    if config.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
+        config.keepalives_idle(Duration::from_secs(30));
+    }
+}
+
+/// Opens connections on the store's own runtime, and drives them there; an attempt
+/// that has not logged in within the call timeout is abandoned.
+struct SpawnOn(tokio::runtime::Handle, Duration);
 
 type ConnectFuture<'a> = Pin<
     Box<
@@ -291,12 +369,19 @@ type ConnectFuture<'a> = Pin<
 
 impl deadpool_postgres::Connect for SpawnOn {
     fn connect(&self, config: &tokio_postgres::Config) -> ConnectFuture<'_> {
-        let (config, handle) = (config.clone(), self.0.clone());
+        let (config, handle, limit) = (config.clone(), self.0.clone(), self.1);
         Box::pin(async move {
             let driver = handle.clone();
             let connected = handle
                 .spawn(async move {
-                    let (client, connection) = config.connect(NoTls).await?;
+                    // The pool's own timeout stops waiting, but only this ends the
+                    // attempt: a server that never answers the login would keep it
+                    // (and its socket) forever.
+                    let Ok(connected) = tokio::time::timeout(limit, config.connect(NoTls)).await
+                    else {
+                        return Err(tokio_postgres::Error::__private_api_timeout());
+                    };
+                    let (client, connection) = connected?;
                     let task = driver.spawn(drive(connection));
                     Ok((client, task))
                 })
@@ -412,6 +497,8 @@ fn connect_reason(e: &tokio_postgres::Error, config_user: Option<&str>, db: &str
 enum TxError {
     Pg(tokio_postgres::Error),
     Store(StoreError),
+    /// No answer within the call timeout: the connection is given up.
+    NoAnswer,
 }
 
 impl From<tokio_postgres::Error> for TxError {

@@ -320,6 +320,19 @@ impl SqliteStore {
         source: Box<dyn std::error::Error + Send + Sync>,
     ) -> StoreError {
         match database_fault(failure.code, self.busy_timeout) {
+            Some(DatabaseFault::Io) if on_read_only_file_system(&self.path) => {
+                StoreError::Database {
+                    location: self.path.display().to_string(),
+                    op,
+                    fault: DatabaseFault::ReadOnly,
+                    detail: format!(
+                        "SQLite: {}; the file system holding the file is read-only (mounted \
+                         or remounted so, as the kernel does after a disk error under \
+                         errors=remount-ro): check it, mount it read-write and try again",
+                        failure.message
+                    ),
+                }
+            }
             Some(fault) => StoreError::Database {
                 location: self.path.display().to_string(),
                 op,
@@ -329,6 +342,28 @@ impl SqliteStore {
             None => StoreError::Backend { op, source },
         }
     }
+}
+
+/// Whether `path` lies on a file system that refuses writes (`EROFS`). SQLite reports
+/// such a write as a plain I/O error, which names neither the cause nor the cure; a
+/// file system turned read-only under a running store (the kernel's `errors=remount-ro`
+/// after a disk error) is the common case. Asked only after an I/O error, a few times
+/// over 100 ms: the kernel fails the write (the journal aborted) a moment before it
+/// marks the file system read-only.
+fn on_read_only_file_system(path: &Path) -> bool {
+    /// `EROFS` on Linux and the BSDs.
+    const EROFS: i32 = 30;
+    for probe in 0..5 {
+        if probe > 0 {
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        if let Err(e) = std::fs::OpenOptions::new().append(true).open(path)
+            && e.raw_os_error() == Some(EROFS)
+        {
+            return true;
+        }
+    }
+    false
 }
 
 /// The fault a SQLite error code stands for, if the user can do something about it.

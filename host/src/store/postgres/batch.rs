@@ -188,6 +188,8 @@ pub(super) struct Target {
     pub(super) pool: deadpool_postgres::Pool,
     pub(super) location: String,
     pub(super) clock: Clock,
+    /// How long a batch waits for its answer.
+    pub(super) call_timeout: std::time::Duration,
 }
 
 /// The queues of the two batch tasks, which run on the store's runtime and end when
@@ -445,6 +447,8 @@ enum BatchError {
     Pg(tokio_postgres::Error),
     /// The pool had no connection to give.
     NoConnection(String),
+    /// No answer within the call timeout: the outcome is unknown.
+    NoAnswer,
 }
 
 /// Takes what is queued, up to [`MAX_ROWS`] without two rows meeting, sends it, and
@@ -474,7 +478,18 @@ async fn serve<J: Job>(
             let (target, mut session) = (target.clone(), idle.pop());
             flights.spawn(async move {
                 let jobs: Vec<&J> = batch.iter().map(|(job, _)| job).collect();
-                let answer = J::send(&target, &mut session, &jobs).await;
+                let answer = match tokio::time::timeout(
+                    target.call_timeout,
+                    J::send(&target, &mut session, &jobs),
+                )
+                .await
+                {
+                    Ok(answer) => answer,
+                    Err(_) => {
+                        super::forget_idle(&target.pool);
+                        Err(BatchError::NoAnswer)
+                    }
+                };
                 if answer.is_err()
                     && let Some(broken) = session.take()
                 {
@@ -556,6 +571,11 @@ fn answer_members<J: Job>(batch: Vec<(J, Reply)>, answer: Answer, target: &Targe
         }
         Err(e) => e,
     };
+    if let BatchError::Pg(e) = &e
+        && fault(e) == Some(DatabaseFault::Unreachable)
+    {
+        super::forget_idle(&target.pool);
+    }
     for (job, reply) in batch {
         let why = match &e {
             // A server error without a fault rolled the statement back: nothing was
@@ -577,6 +597,11 @@ fn answer_members<J: Job>(batch: Vec<(J, Reply)>, answer: Answer, target: &Targe
                 fault: DatabaseFault::Unreachable,
                 detail: detail.clone(),
             }),
+            BatchError::NoAnswer => Unbatched::Failed(super::no_answer(
+                &target.location,
+                job.op(),
+                target.call_timeout,
+            )),
         };
         let _ = reply.send(Err(why));
     }

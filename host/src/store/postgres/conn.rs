@@ -1,5 +1,9 @@
 //! A pooled connection as the statements use it: cached prepared statements, the
-//! store's time, and transactions that begin with the fence check pipelined.
+//! store's time, transactions that begin with the fence check pipelined, and the call
+//! timeout on every round trip.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use deadpool_postgres::Object;
 use tokio_postgres::Row;
@@ -33,10 +37,15 @@ pub(super) enum Lock {
 
 /// A pooled connection, in a transaction or not. One in a transaction that is dropped
 /// before it ended (its caller stopped waiting) is closed, not returned to the pool:
-/// the server rolls its transaction back.
+/// the server rolls its transaction back. So is one whose call got no answer within
+/// the call timeout: its answer may still come, and nothing else may read it.
 pub(super) struct Conn {
     conn: Option<Object>,
     in_tx: bool,
+    /// How long each call waits for its answer.
+    limit: Duration,
+    /// A call got no answer in time: the connection is not to be used again.
+    lost: AtomicBool,
     /// The store's time, read in the transaction's first round trip (zero outside one).
     pub(super) now: Millis,
 }
@@ -47,9 +56,24 @@ impl Conn {
         self.conn.as_ref().unwrap_or_else(|| unreachable!())
     }
 
+    /// `call`'s answer, or [`TxError::NoAnswer`] (and the connection marked lost) when
+    /// none came within the call timeout.
+    pub(super) async fn call<T>(
+        &self,
+        call: impl Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> Result<T, TxError> {
+        match tokio::time::timeout(self.limit, call).await {
+            Ok(answer) => Ok(answer?),
+            Err(_) => {
+                self.lost.store(true, Ordering::Relaxed);
+                Err(TxError::NoAnswer)
+            }
+        }
+    }
+
     /// Runs statements given as text, without parameters (a migration).
     pub(super) async fn batch(&self, sql: &str) -> Result<(), TxError> {
-        Ok(self.client().batch_execute(sql).await?)
+        self.call(self.client().batch_execute(sql)).await
     }
 
     /// Runs a statement; the rows it changed.
@@ -59,8 +83,11 @@ impl Conn {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, TxError> {
         let client = self.client();
-        let stmt = client.prepare_cached(sql).await?;
-        Ok(client.execute(&stmt, params).await?)
+        self.call(async {
+            let stmt = client.prepare_cached(sql).await?;
+            client.execute(&stmt, params).await
+        })
+        .await
     }
 
     /// Runs a query; its rows.
@@ -70,8 +97,11 @@ impl Conn {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, TxError> {
         let client = self.client();
-        let stmt = client.prepare_cached(sql).await?;
-        Ok(client.query(&stmt, params).await?)
+        self.call(async {
+            let stmt = client.prepare_cached(sql).await?;
+            client.query(&stmt, params).await
+        })
+        .await
     }
 
     /// Runs a query that returns at most one row.
@@ -81,8 +111,11 @@ impl Conn {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, TxError> {
         let client = self.client();
-        let stmt = client.prepare_cached(sql).await?;
-        Ok(client.query_opt(&stmt, params).await?)
+        self.call(async {
+            let stmt = client.prepare_cached(sql).await?;
+            client.query_opt(&stmt, params).await
+        })
+        .await
     }
 
     /// Runs a query that returns exactly one row.
@@ -92,8 +125,11 @@ impl Conn {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Row, TxError> {
         let client = self.client();
-        let stmt = client.prepare_cached(sql).await?;
-        Ok(client.query_one(&stmt, params).await?)
+        self.call(async {
+            let stmt = client.prepare_cached(sql).await?;
+            client.query_one(&stmt, params).await
+        })
+        .await
     }
 
     /// Whether `fence` is its run's current lease, locking the run's row as `lock`
@@ -124,7 +160,7 @@ impl Conn {
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        if self.in_tx
+        if (self.in_tx || self.lost.load(Ordering::Relaxed))
             && let Some(conn) = self.conn.take()
         {
             // Detached from the pool and dropped: the connection closes.
@@ -150,6 +186,8 @@ impl PostgresStore {
         Ok(Conn {
             conn: Some(conn),
             in_tx: false,
+            limit: self.call_timeout,
+            lost: AtomicBool::new(false),
             now: 0,
         })
     }
@@ -179,6 +217,8 @@ impl PostgresStore {
         let mut conn = Conn {
             conn: Some(conn),
             in_tx: true,
+            limit: self.call_timeout,
+            lost: AtomicBool::new(false),
             now: 0,
         };
         let begin = match sync {
@@ -189,10 +229,10 @@ impl PostgresStore {
         let client = conn.client();
         // Prepared first (a round trip only on a connection's first use), so that the
         // three below go out together.
-        let now_stmt = client
-            .prepare_cached(NOW)
+        let now_stmt = conn
+            .call(client.prepare_cached(NOW))
             .await
-            .map_err(|e| self.failed(op, e))?;
+            .map_err(|e| self.tx_error(op, e))?;
         let started = async { client.batch_execute(begin).await.map_err(TxError::Pg) };
         let now = async { Ok::<_, TxError>(client.query_one(&now_stmt, &[&manual]).await?) };
         let fenced = async {
@@ -205,7 +245,15 @@ impl PostgresStore {
                 None => Ok(Fenced::None),
             }
         };
-        let joined = tokio::try_join!(started, now, fenced);
+        // One bound for the round trip: `fence_holds` bounds its own call too.
+        let joined = match tokio::time::timeout(conn.limit, async {
+            tokio::try_join!(started, now, fenced)
+        })
+        .await
+        {
+            Ok(joined) => joined,
+            Err(_) => Err(TxError::NoAnswer),
+        };
         let (now_row, fenced) = match joined {
             Ok(((), now_row, fenced)) => (now_row, fenced),
             Err(e) => return Err(self.tx_error(op, e)),
@@ -225,21 +273,29 @@ impl PostgresStore {
     ) -> Result<T, Option<StoreError>> {
         match result {
             Ok(value) => {
-                conn.client()
-                    .batch_execute("COMMIT")
-                    .await
-                    .map_err(|e| self.race_or(op, e))?;
+                // A `COMMIT` whose answer is lost (an error, or none in time) may have
+                // committed or not: the caller is told, never sent it again from here.
+                match conn.call(conn.client().batch_execute("COMMIT")).await {
+                    Ok(()) => {}
+                    Err(TxError::Pg(e)) => return Err(self.race_or(op, e)),
+                    Err(e) => return Err(Some(self.tx_error(op, e))),
+                }
                 conn.in_tx = false;
                 Ok(value)
             }
             Err(e) => {
                 // A connection that cannot even roll back is closed when `conn` drops.
-                if conn.client().batch_execute("ROLLBACK").await.is_ok() {
+                if !matches!(e, TxError::NoAnswer)
+                    && conn
+                        .call(conn.client().batch_execute("ROLLBACK"))
+                        .await
+                        .is_ok()
+                {
                     conn.in_tx = false;
                 }
                 match e {
                     TxError::Pg(e) => Err(self.race_or(op, e)),
-                    TxError::Store(e) => Err(Some(e)),
+                    e => Err(Some(self.tx_error(op, e))),
                 }
             }
         }
@@ -258,6 +314,7 @@ impl PostgresStore {
         match e {
             TxError::Pg(e) => self.failed(op, e),
             TxError::Store(e) => e,
+            TxError::NoAnswer => self.no_answer(op),
         }
     }
 }

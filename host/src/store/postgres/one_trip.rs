@@ -80,18 +80,24 @@ impl PostgresStore {
         let mut tries = 0u32;
         loop {
             let conn = self.pool.get().await.map_err(|e| self.pool_failed(op, e))?;
-            // Prepared first (a round trip only on a connection's first use), so that
-            // the two below go out together.
-            let stmt = conn
-                .prepare_cached(sql)
-                .await
-                .map_err(|e| self.failed(op, e))?;
-            let set = conn.batch_execute(durability(sync));
-            let row = conn.query_one(&stmt, params);
-            match tokio::try_join!(set, row) {
-                Ok(((), row)) => return Ok(row),
-                Err(e) if is_race(&e) && tries < 5 => tries += 1,
-                Err(e) => return Err(self.failed(op, e)),
+            let answer = tokio::time::timeout(self.call_timeout, async {
+                // Prepared first (a round trip only on a connection's first use), so
+                // that the two below go out together.
+                let stmt = conn.prepare_cached(sql).await?;
+                let set = conn.batch_execute(durability(sync));
+                let row = conn.query_one(&stmt, params);
+                tokio::try_join!(set, row)
+            })
+            .await;
+            match answer {
+                Ok(Ok(((), row))) => return Ok(row),
+                Ok(Err(e)) if is_race(&e) && tries < 5 => tries += 1,
+                Ok(Err(e)) => return Err(self.failed(op, e)),
+                Err(_) => {
+                    // Its answer may still come: the connection goes, not to the pool.
+                    drop(deadpool_postgres::Object::take(conn));
+                    return Err(self.no_answer(op));
+                }
             }
         }
     }
@@ -220,7 +226,13 @@ impl PostgresStore {
             counts,
             checkpoint: step.zip(commit.checkpoint.map(|c| c.state.clone())),
         };
-        let row = self.batches.commit(job, alone).await?;
+        let row = match self.batches.commit(job, alone).await {
+            Ok(row) => row,
+            Err(lost) if answer_lost(&lost) => {
+                return self.settle_commit(commit, token, lost).await;
+            }
+            Err(e) => return Err(e),
+        };
         let (fence_held, committed): (bool, bool) = (
             row.try_get(0).map_err(|e| self.failed(op, e))?,
             row.try_get(1).map_err(|e| self.failed(op, e))?,
@@ -235,6 +247,61 @@ impl PostgresStore {
             return Err(claim_lost(claim.key, claim.token));
         }
         Ok(())
+    }
+
+    /// Settles a commit whose answer was lost with its connection (or never came) by
+    /// reading the key back on another (again and again, for up to the call timeout,
+    /// while the server cannot be reached): committed under the caller's token with its
+    /// result, the statement went through (and wrote the counts and checkpoint with
+    /// it, in the same transaction), and the run goes on as if the answer had come.
+    /// Anything else, or no answer to the read either, is the original error: the run
+    /// stops, and the claim is retaken in doubt after its lease, by whichever holder
+    /// then finds it uncommitted. The commit is never sent again from here: a
+    /// statement still running on the server would be met by its own twin.
+    async fn settle_commit(
+        &self,
+        commit: &Commit<'_>,
+        token: i64,
+        lost: StoreError,
+    ) -> Result<(), StoreError> {
+        let op = "read back a commit";
+        let read_once = || async {
+            let conn = self.reader(op).await?;
+            conn.query_opt(
+                "SELECT 1 FROM steps
+                 WHERE key = $1 AND token = $2 AND holder IS NULL AND result = $3",
+                &[&commit.claim.key, &token, &commit.result],
+            )
+            .await
+            .map_err(|e| self.tx_error(op, e))
+        };
+        // The cut that lost the answer may have ended the pool's other connections
+        // too (each failure closes the idle ones, and the next try opens a fresh one),
+        // or the server may be away a moment: tried again, with growing pauses, for
+        // as long as one call may take.
+        let deadline = tokio::time::Instant::now() + self.call_timeout;
+        let mut pause = std::time::Duration::from_millis(20);
+        let mut read = read_once().await;
+        while read.is_err() && tokio::time::Instant::now() + pause < deadline {
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(std::time::Duration::from_millis(500));
+            read = read_once().await;
+        }
+        let key = crate::text::escape(commit.claim.key, false);
+        match read {
+            Ok(Some(_)) => {
+                tracing::info!(%key, error = %lost, "a commit's answer was lost; read back, it had committed");
+                Ok(())
+            }
+            Ok(None) => {
+                tracing::info!(%key, error = %lost, "a commit's answer was lost; read back, it had not committed");
+                Err(lost)
+            }
+            Err(e) => {
+                tracing::info!(%key, error = %lost, read = %e, "a commit's answer was lost, and so was the read back");
+                Err(lost)
+            }
+        }
     }
 
     /// [`Self::commit_in_one_trip`]'s statement for this commit alone.
@@ -325,4 +392,16 @@ fn commit_sql(counts: bool, checkpoint: bool) -> &'static str {
                  SET step = excluded.step, state = excluded.state, updated = excluded.updated)"
         ),
     }
+}
+
+/// Whether `e` leaves a write's outcome unknown: the connection failed, or no answer
+/// came in time, after the statement may have reached the server.
+fn answer_lost(e: &StoreError) -> bool {
+    matches!(
+        e,
+        StoreError::Database {
+            fault: crate::store::DatabaseFault::Unreachable,
+            ..
+        }
+    )
 }

@@ -104,9 +104,14 @@ pub(super) fn open(path: &Path, options: &OpenOptions) -> Result<(Connection, u6
     conn.busy_timeout(options.busy_timeout).map_err(sql_fail)?;
     // SQLite silently falls back to read-only when the file is write-protected.
     if conn.is_readonly(MAIN_DB).map_err(sql_fail)? {
-        return Err(fail(
-            "the file is write-protected; idem needs to write to it".to_owned(),
-        ));
+        let why = if super::on_read_only_file_system(path) {
+            "the file system holding the file is read-only (mounted or remounted so, as the \
+             kernel does after a disk error under errors=remount-ro); idem needs to write to \
+             it: check it, mount it read-write and try again"
+        } else {
+            "the file is write-protected; idem needs to write to it"
+        };
+        return Err(fail(why.to_owned()));
     }
 
     // Judge the file before changing anything: even switching to WAL rewrites the
