@@ -38,6 +38,7 @@ mod prove;
 mod python;
 mod recycle;
 mod rogue;
+mod schedules;
 mod serve;
 mod spans;
 mod store_faults;
