@@ -141,11 +141,11 @@ pub fn every_text(every_ms: Millis) -> String {
     let secs = every.as_secs();
     if every.subsec_millis() != 0 {
         format!("{every_ms}ms")
-    } else if secs % 86_400 == 0 {
+    } else if secs.is_multiple_of(86_400) {
         format!("{}d", secs / 86_400)
-    } else if secs % 3_600 == 0 {
+    } else if secs.is_multiple_of(3_600) {
         format!("{}h", secs / 3_600)
-    } else if secs % 60 == 0 {
+    } else if secs.is_multiple_of(60) {
         format!("{}m", secs / 60)
     } else {
         format!("{secs}s")

@@ -248,7 +248,7 @@ fn utc(t: Millis) -> Option<DateTime<Utc>> {
 /// milliseconds only when the tick has them).
 pub fn tick_text(tick: Millis) -> String {
     match utc(tick) {
-        Some(at) if tick % 1000 == 0 => at.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        Some(at) if tick.rem_euclid(1000) == 0 => at.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
         Some(at) => at.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
         None => tick.to_string(),
     }
