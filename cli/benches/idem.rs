@@ -2,7 +2,7 @@
 //! and how it scales, and prints one markdown table (`cargo bench -p idem-host --bench
 //! idem`, `-- --quick` for a short check that it works; name sections to run only
 //! those: `-- steps calls resume cold throughput scaling workers sleepers prove
-//! takeover python parallel postgres peers`).
+//! takeover python parallel children llm schedules postgres peers`).
 //!
 //! Everything goes through idem's public API and the real `idem` binary, on a temp dir
 //! under cargo's target dir: a real disk, so that an fsync costs what it costs there.
@@ -42,6 +42,8 @@ mod prove;
 mod python;
 #[path = "idem/report.rs"]
 mod report;
+#[path = "idem/schedules.rs"]
+mod schedules;
 #[path = "idem/service.rs"]
 mod service;
 #[path = "idem/sleepers.rs"]
@@ -118,6 +120,8 @@ struct Plan {
     postgres: Turns,
     /// The peers rows.
     peers: peers::PeersPlan,
+    /// Schedules ticking at once in the schedules rows.
+    schedules: usize,
 }
 
 const fn turns(max: usize, n: u64, budget_secs: u64) -> Turns {
@@ -168,6 +172,7 @@ const FULL_PLAN: Plan = Plan {
         crash_turns: 1,
         quick: false,
     },
+    schedules: 1_000,
 };
 
 const QUICK_PLAN: Plan = Plan {
@@ -210,6 +215,7 @@ const QUICK_PLAN: Plan = Plan {
         crash_turns: 1,
         quick: true,
     },
+    schedules: 100,
 };
 
 /// A part of the bench: its name on the command line, its heading, and what it runs.
@@ -220,7 +226,7 @@ type Section = (
 );
 
 /// Every section, in the order of the table.
-const SECTIONS: [Section; 16] = [
+const SECTIONS: [Section; 17] = [
     ("steps", "floor and durable steps", floor_and_steps),
     ("calls", "host-call round trip", host_calls),
     ("resume", "resume after recycle", resume),
@@ -259,6 +265,11 @@ const SECTIONS: [Section; 16] = [
         children::children,
     ),
     ("llm", "model calls as steps", llm::llm),
+    (
+        "schedules",
+        "schedules: tick to start",
+        schedules::schedules,
+    ),
     ("postgres", "PostgreSQL", postgres::postgres),
     (
         "peers",

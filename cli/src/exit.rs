@@ -89,7 +89,9 @@ impl Exit {
             | StoreError::UnknownComponent { .. }
             | StoreError::NamespaceTaken { .. }
             | StoreError::WaitRefused { .. }
-            | StoreError::SignalRefused { .. } => Exit::BadInput,
+            | StoreError::SignalRefused { .. }
+            | StoreError::ScheduleRefused { .. }
+            | StoreError::UnknownSchedule { .. } => Exit::BadInput,
             StoreError::LeaseLost { .. } => Exit::Host,
             _ => Exit::Store,
         }

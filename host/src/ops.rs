@@ -4,13 +4,19 @@
 
 use std::time::Duration;
 
+mod schedules;
+pub use schedules::{
+    ScheduleRequest, ScheduleView, UPCOMING_SHOWN, create_schedule, every_text, parse_every,
+    spec_text, upcoming,
+};
+
 use sha2::{Digest, Sha256};
 
 use crate::runtime::{Authority, HostError, LoadedAgent, check_namespace, check_run_id};
 use crate::store::{
     Admission, Cancelled, ChildRecord, Deployment, DeploymentRecord, GcReport, GcRequest, Millis,
-    OpenClaim, ParkedKeys, ParkedMatch, Resolution, RunFilter, RunRecord, RunStatus, StepRecord,
-    Store, StoreError, Submission, Submitted, WaitRecord,
+    OpenClaim, ParkedKeys, ParkedMatch, Resolution, RunFilter, RunRecord, RunStatus, ScheduledBy,
+    StepRecord, Store, StoreError, Submission, Submitted, WaitRecord,
 };
 use crate::text::{check_visible, escape_for_terminal as shown, hidden_char};
 
@@ -389,6 +395,8 @@ pub struct RunView {
     /// How many children it spawned, and how many stand in each status: the whole
     /// count, however many `children` lists.
     pub children_count: ChildCounts,
+    /// The schedule and tick that started it, if a schedule did.
+    pub schedule: Option<ScheduledBy>,
     /// The store's clock when this was read: compare leases and due times with it.
     pub now: Millis,
 }
@@ -449,8 +457,10 @@ impl RunView {
                 status: child.status,
             })
             .collect();
+        let schedule = store.run_schedule(run_id).await?;
         let now = store.now().await?;
         Ok(RunView {
+            schedule,
             children,
             children_count,
             outcome: run.outcome.as_deref().map(payload_value),

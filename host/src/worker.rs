@@ -17,12 +17,16 @@ use crate::runtime::{
     Authority, FaultPlan, Host, HostError, LoadedAgent, LogSink, Protected, RunReport, RunSignals,
     Stop, check_grants,
 };
-use crate::store::{Acquired, Counts, LeasedRun, RunFence, StoreError};
+use crate::store::{Acquired, Counts, LeasedRun, RunFence, StoreError, TickOutcome};
 use crate::text;
 
 /// How often a busy worker looks for holders that are gone (an idle one looks at each
 /// poll).
 const LOOK_FOR_GONE: Duration = Duration::from_millis(50);
+
+/// Most schedules one worker fires in one transaction; more due wait for its next
+/// look (at once, since firing found work).
+const FIRE_AT_ONCE: usize = 64;
 
 /// How a worker works.
 #[derive(Debug, Clone)]
@@ -123,15 +127,19 @@ impl Worker {
         self.host.be_present().await;
         let mut looked_for_gone: Option<Instant> = None;
         loop {
-            let idle = pool.tasks.len() >= self.options.concurrency;
+            let full = pool.tasks.len() >= self.options.concurrency;
+            // A full worker still wakes at each poll, to fire the schedules that came
+            // due: a tick is started on time however busy the workers are.
+            let pause = if full { self.options.poll } else { backoff };
             tokio::select! {
                 () = &mut shutdown => break,
                 Some(done) = pool.tasks.join_next() => {
                     self.settle(done, &mut pool);
                     continue;
                 }
-                () = tokio::time::sleep(backoff), if !idle => {}
+                () = tokio::time::sleep(pause) => {}
             }
+            let fired = self.fire_schedules().await;
             let free = self.options.concurrency.saturating_sub(pool.tasks.len());
             if free == 0 {
                 continue;
@@ -167,9 +175,10 @@ impl Worker {
                     if let Some(cause) = failing.take() {
                         tracing::warn!(%cause, "the store is back; leasing runs again");
                     }
-                    // Work found: look again at once; none: wait a poll, or less if a
-                    // sleeping run is due sooner.
-                    backoff = if leased.is_empty() {
+                    // Work found (or a tick just started a run): look again at once;
+                    // none: wait a poll, or less if a sleeping run or a tick is due
+                    // sooner.
+                    backoff = if leased.is_empty() && !fired {
                         self.until_next_due().await
                     } else {
                         Duration::ZERO
@@ -190,6 +199,43 @@ impl Worker {
             }
         }
         self.drain(pool).await
+    }
+
+    /// Fires the ticks of schedules that are due (any worker does; the store fires
+    /// each tick once); whether one started a run. A worker limited to one run's
+    /// descendants fires nothing. A store that fails is asked again at the next poll.
+    async fn fire_schedules(&self) -> bool {
+        if self.options.only_under.is_some() {
+            return false;
+        }
+        match self.host.store().fire_schedules(FIRE_AT_ONCE).await {
+            Ok(ticks) => {
+                let mut started = false;
+                for tick in &ticks {
+                    let schedule = text::escape(&tick.schedule, false);
+                    let at = crate::store::tick_text(tick.tick);
+                    match &tick.outcome {
+                        TickOutcome::Started { run_id, .. } => {
+                            started = true;
+                            let run_id = text::escape(run_id, false);
+                            tracing::info!(%schedule, tick = %at, %run_id, "schedule started a run");
+                        }
+                        TickOutcome::Skipped => {
+                            tracing::info!(%schedule, tick = %at, "tick skipped: the previous run is still going");
+                        }
+                        TickOutcome::Failed(why) => {
+                            let why = text::escape(why, false);
+                            tracing::warn!(%schedule, tick = %at, %why, "tick could not start its run");
+                        }
+                    }
+                }
+                started
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot fire schedules");
+                false
+            }
+        }
     }
 
     /// Leases up to `max` due descendants of `root` that nobody holds (and not among

@@ -40,6 +40,7 @@ mod prove;
 mod python;
 mod recycle;
 mod rogue;
+mod schedules;
 mod serve;
 mod spans;
 mod store_faults;

@@ -15,6 +15,7 @@ mod progress;
 mod prove;
 mod resolve;
 mod run;
+mod schedule;
 mod serve;
 mod show;
 mod signal;
@@ -59,6 +60,10 @@ pub enum Command {
     Status(status::StatusCommand),
     /// Settle a key that a run parked in doubt, so that the run can resume.
     Resolve(resolve::ResolveCommand),
+    /// Start runs of a deployment on a cron expression or an interval: create, list,
+    /// show, pause, resume and delete schedules (workers fire their ticks).
+    #[command(subcommand)]
+    Schedule(schedule::ScheduleCommand),
     /// Serve the JSON HTTP API, the web page of runs and `/metrics` over a store.
     Serve(Box<serve::ServeCommand>),
     /// Delete finished runs and what only they used, keeping what live runs and the
@@ -102,6 +107,7 @@ impl Command {
             Command::Logs(cmd) => cmd.execute().await,
             Command::Status(cmd) => cmd.execute().await,
             Command::Resolve(cmd) => cmd.execute().await,
+            Command::Schedule(cmd) => cmd.execute().await,
             Command::Serve(cmd) => cmd.execute().await,
             Command::Gc(cmd) => cmd.execute().await,
             Command::Prove(cmd) => cmd.execute().await,

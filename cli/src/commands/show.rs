@@ -1,10 +1,10 @@
 //! `idem show`: one run — its status and outcome, the worker lease on it, its parent
-//! and children, its steps in the order they were claimed, its waits and joins, and
+//! and children, the schedule that started it, its steps in the order they were claimed, its waits and joins, and
 //! its open claims.
 
 use clap::Parser;
 use idem::ops::{ChildCounts, RunView};
-use idem::store::{ChildRecord, Millis, OpenClaim, RunRecord, StepRecord, WaitRecord};
+use idem::store::{ChildRecord, Millis, OpenClaim, RunRecord, ScheduledBy, StepRecord, WaitRecord};
 
 use super::args::DbArgs;
 use super::display;
@@ -29,7 +29,7 @@ impl ShowCommand {
             println!("{}", display::json(&serde_json::to_value(&view)?));
             return Ok(Exit::Done);
         }
-        print_run(&view.run, view.now);
+        print_run(&view.run, view.schedule.as_ref(), view.now);
         print_children(&view.run.run_id, &view.children, &view.children_count);
         print_steps(&view.steps);
         print_waits(&view.waits, view.now);
@@ -39,7 +39,7 @@ impl ShowCommand {
 }
 
 /// The run itself: its status, agent, lease, outcome and counts.
-fn print_run(run: &RunRecord, now: Millis) {
+fn print_run(run: &RunRecord, schedule: Option<&ScheduledBy>, now: Millis) {
     println!("run       {}", display::name(&run.run_id));
     match display::waiting(run, now) {
         Some(waiting) => println!("status    {} ({waiting})", run.status),
@@ -54,6 +54,13 @@ fn print_run(run: &RunRecord, now: Millis) {
             "parent    {} (spawned under key {}{detached})",
             display::name(parent),
             display::name(key)
+        );
+    }
+    if let Some(by) = schedule {
+        println!(
+            "schedule  {} (tick {})",
+            display::name(&by.schedule),
+            display::utc(by.tick)
         );
     }
     println!("created   {} ago", display::age(now, run.created));

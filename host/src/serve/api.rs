@@ -16,9 +16,9 @@ use serde_json::{Value, json};
 
 use super::ServeState;
 use super::error::ApiError;
-use crate::ops::{self, RunView, SubmitRequest};
+use crate::ops::{self, RunView, ScheduleRequest, ScheduleView, SubmitRequest};
 use crate::runtime::Authority;
-use crate::store::{Cancelled, GcRequest, Resolution, RunFilter, RunStatus};
+use crate::store::{Cancelled, GcRequest, Overlap, Resolution, RunFilter, RunStatus, ScheduleSpec};
 
 type Answer = Result<(StatusCode, Json<Value>), ApiError>;
 
@@ -360,4 +360,99 @@ pub(super) async fn deploy(
         "new_component": deployed.new_component,
         "deployed_at": deployed.record.deployed_at,
     }))
+}
+
+pub(super) async fn list_schedules(State(state): State<ServeState>) -> Answer {
+    let schedules = state.store.schedules().await?;
+    let now = state.store.now().await?;
+    ok(json!({ "schedules": schedules, "now": now }))
+}
+
+/// `POST /api/schedules` body: exactly one of `cron` and `every`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CreateScheduleBody {
+    name: String,
+    deployment: String,
+    cron: Option<String>,
+    tz: Option<String>,
+    every: Option<String>,
+    #[serde(default)]
+    input: Value,
+    #[serde(default)]
+    catch_up: u32,
+    #[serde(default)]
+    overlap: Overlap,
+}
+
+pub(super) async fn create_schedule(
+    State(state): State<ServeState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Answer {
+    let b: CreateScheduleBody = json_body(&headers, body)?;
+    let spec = match (b.cron, b.every, b.tz) {
+        (Some(expr), None, tz) => ScheduleSpec::Cron {
+            expr,
+            tz: tz.unwrap_or_else(|| "UTC".to_owned()),
+        },
+        (None, Some(every), None) => ScheduleSpec::Every {
+            every_ms: ops::parse_every(&every)?,
+        },
+        _ => {
+            return Err(ApiError::new(
+                "bad_request",
+                "give exactly one of `cron` (with `tz`, UTC by default) and `every`",
+            ));
+        }
+    };
+    let input =
+        serde_json::to_vec(&b.input).map_err(|e| ApiError::new("internal", e.to_string()))?;
+    let record = ops::create_schedule(
+        state.store.as_ref(),
+        &ScheduleRequest {
+            name: &b.name,
+            deployment: &b.deployment,
+            spec,
+            input: &input,
+            catch_up: b.catch_up,
+            overlap: b.overlap,
+        },
+    )
+    .await?;
+    let view = ScheduleView::of(state.store.as_ref(), &record.name).await?;
+    let doc = serde_json::to_value(&view).map_err(|e| ApiError::new("internal", e.to_string()))?;
+    Ok((StatusCode::CREATED, Json(doc)))
+}
+
+pub(super) async fn show_schedule(
+    State(state): State<ServeState>,
+    Path(name): Path<String>,
+) -> Answer {
+    let view = ScheduleView::of(state.store.as_ref(), &name).await?;
+    ok(serde_json::to_value(&view).map_err(|e| ApiError::new("internal", e.to_string()))?)
+}
+
+pub(super) async fn delete_schedule(
+    State(state): State<ServeState>,
+    Path(name): Path<String>,
+) -> Answer {
+    state.store.delete_schedule(&name).await?;
+    ok(json!({ "deleted": name }))
+}
+
+pub(super) async fn pause_schedule(
+    State(state): State<ServeState>,
+    Path(name): Path<String>,
+) -> Answer {
+    let schedule = state.store.pause_schedule(&name, true).await?;
+    ok(json!({ "schedule": schedule }))
+}
+
+pub(super) async fn resume_schedule(
+    State(state): State<ServeState>,
+    Path(name): Path<String>,
+) -> Answer {
+    let schedule = state.store.pause_schedule(&name, false).await?;
+    ok(json!({ "schedule": schedule }))
 }

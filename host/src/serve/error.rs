@@ -55,6 +55,7 @@ pub const CODES: &[(&str, u16, &str)] = &[
     ("forbidden", 403, "the request is not allowed from here"),
     ("not_found", 404, "no such route"),
     ("unknown_run", 404, "no such run"),
+    ("unknown_schedule", 404, "no such schedule"),
     (
         "unknown_deployment",
         404,
@@ -72,6 +73,11 @@ pub const CODES: &[(&str, u16, &str)] = &[
         "the key is not parked in doubt by the run",
     ),
     ("run_finished", 409, "the run is finished"),
+    (
+        "schedule_refused",
+        409,
+        "the schedule's name is taken, or its spec, time zone, interval or catch-up is refused",
+    ),
     (
         "namespace_taken",
         409,
@@ -125,6 +131,8 @@ impl From<StoreError> for ApiError {
             StoreError::RunFinished { .. } => "run_finished",
             StoreError::NamespaceTaken { .. } => "namespace_taken",
             StoreError::SignalRefused { .. } => "signal_refused",
+            StoreError::UnknownSchedule { .. } => "unknown_schedule",
+            StoreError::ScheduleRefused { .. } => "schedule_refused",
             StoreError::Database { .. } | StoreError::Open { .. } => "store_unavailable",
             _ => "internal",
         };

@@ -11,6 +11,12 @@
 //! Child runs: `spawns` counts the child runs in the store (each spawned exactly once),
 //! `child_runs` gauges them by status, `joins_waiting` gauges the parents suspended in
 //! a join, and `joins_ended` counts the joins that got their children or timed out.
+//!
+//! Schedules: `schedule_ticks` counts each schedule's ticks by outcome (`started`,
+//! `skipped` for overlap, `missed`, `failed`), kept in the schedule's row since it was
+//! created; `schedules` gauges them by state; `schedule_lag_seconds` is how late each
+//! active schedule's next tick is (0 while it is not due yet): above a poll, no worker
+//! is firing it.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -27,7 +33,7 @@ use prometheus_client::registry::Registry;
 
 use super::ServeState;
 use super::error::ApiError;
-use crate::store::{Millis, RunFilter, RunRecord, RunStatus, Store, StoreError};
+use crate::store::{Millis, RunFilter, RunRecord, RunStatus, ScheduleRecord, Store, StoreError};
 
 /// Step latencies of runs whose steps cannot change any more, by run.
 #[derive(Debug, Default)]
@@ -72,6 +78,7 @@ pub(crate) async fn render(
     register_counters(&mut registry, &runs);
     register_gauges(&mut registry, &runs, now, parked);
     register_children(&mut registry, store, &runs).await?;
+    register_schedules(&mut registry, &store.schedules().await?, now);
     register_step_latency(&mut registry, store, &runs, settled).await?;
 
     let mut text = String::new();
@@ -286,5 +293,55 @@ pub(super) async fn serve(State(state): State<ServeState>) -> Response {
         )
             .into_response(),
         Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+/// Schedules: ticks by outcome, schedules by state, and how late each one's next tick
+/// is.
+fn register_schedules(registry: &mut Registry, schedules: &[ScheduleRecord], now: Millis) {
+    let ticks = Family::<Vec<(String, String)>, Counter>::default();
+    registry.register(
+        "schedule_ticks",
+        "A schedule's ticks, by outcome: started a run, skipped (the previous run still \
+         going), missed (no worker fired it and it was not caught up), failed",
+        ticks.clone(),
+    );
+    let lag = Family::<Vec<(String, String)>, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+    registry.register(
+        "schedule_lag_seconds",
+        "How late an active schedule's next tick is (0 until it is due)",
+        lag.clone(),
+    );
+    let by_state = Family::<Vec<(String, String)>, Gauge>::default();
+    registry.register("schedules", "Schedules, by state", by_state.clone());
+    let (mut active, mut paused) = (0, 0);
+    for s in schedules {
+        let t = &s.ticks;
+        for (outcome, n) in [
+            ("started", t.started),
+            ("skipped", t.skipped),
+            ("missed", t.missed),
+            ("failed", t.failed),
+        ] {
+            ticks
+                .get_or_create(&vec![
+                    ("schedule".into(), s.name.clone()),
+                    ("outcome".into(), outcome.into()),
+                ])
+                .inc_by(n);
+        }
+        if s.paused {
+            paused += 1;
+        } else {
+            active += 1;
+            let late = s.next_tick.map_or(0, |t| now.saturating_sub(t).max(0));
+            lag.get_or_create(&vec![("schedule".into(), s.name.clone())])
+                .set(late as f64 / 1000.0);
+        }
+    }
+    for (state, n) in [("active", active), ("paused", paused)] {
+        by_state
+            .get_or_create(&vec![("state".into(), state.into())])
+            .set(n);
     }
 }

@@ -286,6 +286,12 @@ fn handler(route: &Route) -> MethodRouter<ServeState> {
         "list_deployments" => get(api::list_deployments),
         "deploy" => post(api::deploy),
         "gc" => post(api::gc),
+        "list_schedules" => get(api::list_schedules),
+        "create_schedule" => post(api::create_schedule),
+        "show_schedule" => get(api::show_schedule),
+        "delete_schedule" => axum::routing::delete(api::delete_schedule),
+        "pause_schedule" => post(api::pause_schedule),
+        "resume_schedule" => post(api::resume_schedule),
         // A route in the table without a handler: the tests build the router and
         // call every route, so this cannot ship.
         _ => get(|| async { ApiError::new("internal", "route without a handler") }),

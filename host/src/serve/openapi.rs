@@ -161,6 +161,22 @@ fn schemas() -> Value {
                 },
             },
         },
+        "CreateSchedule": {
+            "type": "object",
+            "required": ["name", "deployment"],
+            "additionalProperties": false,
+            "description": "exactly one of cron and every",
+            "properties": {
+                "name": { "type": "string", "description": "unique in the store; no '/' or '@' (runs are named <name>@<tick>)" },
+                "deployment": { "type": "string", "description": "the deployment each tick starts a run of" },
+                "cron": { "type": "string", "description": "5 fields, or 6 with seconds first" },
+                "tz": { "type": "string", "description": "the IANA zone the cron expression is read in (default UTC)" },
+                "every": { "type": "string", "description": "an interval aligned to the Unix epoch, as 500ms, 30s, 5m, 1h or 1d (100ms to 366d)" },
+                "input": { "description": "every run's input (any JSON; null when absent)" },
+                "catch_up": { "type": "integer", "minimum": 0, "maximum": 1000, "description": "missed ticks started when late, before the latest (default 0: only the latest)" },
+                "overlap": { "type": "string", "enum": ["skip", "allow", "cancel-previous"], "description": "what a tick does while the previous run is queued or running (default skip)" },
+            },
+        },
         "Gc": {
             "type": "object",
             "additionalProperties": false,

@@ -26,7 +26,7 @@ pub enum Body {
 /// One route.
 #[derive(Debug, Clone, Copy)]
 pub struct Route {
-    /// `GET` or `POST`.
+    /// `GET`, `POST` or `DELETE`.
     pub method: &'static str,
     /// The path, with `{name}` for a path parameter (axum and OpenAPI spell them alike).
     pub path: &'static str,
@@ -198,6 +198,70 @@ pub const ROUTES: &[Route] = &[
         access: Access::Mutate,
         body: Body::Component,
         query: &[("name", "the deployment's name (required)")],
+        responds: JSON,
+    },
+    Route {
+        method: "GET",
+        path: "/api/schedules",
+        id: "list_schedules",
+        summary: "Every schedule, by name: its spec, policies, state, next tick and tick \
+                  counts",
+        access: Access::Read,
+        body: Body::Empty,
+        query: &[],
+        responds: JSON,
+    },
+    Route {
+        method: "POST",
+        path: "/api/schedules",
+        id: "create_schedule",
+        summary: "Create a schedule: each tick (a cron expression in a time zone, or an \
+                  interval) starts one run of a deployment",
+        access: Access::Mutate,
+        body: Body::Json("CreateSchedule"),
+        query: &[],
+        responds: JSON,
+    },
+    Route {
+        method: "GET",
+        path: "/api/schedules/{name}",
+        id: "show_schedule",
+        summary: "One schedule: its record, input, next ticks and the run of its latest \
+                  started tick",
+        access: Access::Read,
+        body: Body::Empty,
+        query: &[],
+        responds: JSON,
+    },
+    Route {
+        method: "DELETE",
+        path: "/api/schedules/{name}",
+        id: "delete_schedule",
+        summary: "Delete a schedule; the runs it started stay",
+        access: Access::Mutate,
+        body: Body::Empty,
+        query: &[],
+        responds: JSON,
+    },
+    Route {
+        method: "POST",
+        path: "/api/schedules/{name}/pause",
+        id: "pause_schedule",
+        summary: "Pause a schedule: no tick fires until it is resumed",
+        access: Access::Mutate,
+        body: Body::Empty,
+        query: &[],
+        responds: JSON,
+    },
+    Route {
+        method: "POST",
+        path: "/api/schedules/{name}/resume",
+        id: "resume_schedule",
+        summary: "Resume a schedule from now (ticks that fell while it was paused are not \
+                  run)",
+        access: Access::Mutate,
+        body: Body::Empty,
+        query: &[],
         responds: JSON,
     },
     Route {

@@ -114,6 +114,21 @@ pub enum StoreError {
         /// Why.
         reason: String,
     },
+    /// A schedule cannot be created as asked: its name is taken, its spec or catch-up
+    /// is out of range, or its deployment does not exist. Nothing was written.
+    #[error("schedule {} refused: {reason}", crate::text::quoted(name))]
+    ScheduleRefused {
+        /// The schedule.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// The schedule does not exist.
+    #[error("schedule {} does not exist", crate::text::quoted(name))]
+    UnknownSchedule {
+        /// The schedule.
+        name: String,
+    },
     /// No component with this digest is in the store.
     #[error("no component with digest {digest} is in the store")]
     UnknownComponent {

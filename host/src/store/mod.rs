@@ -31,16 +31,15 @@
 //! - [`CatalogStore`], what runs are made from: components by digest, deployments,
 //!   the components a namespace admits, moving a run to another component.
 //! - [`OperatorStore`], an operator: submit, list and look at runs (record, authority,
-//!   steps, open claims, waits, log), cancel, resolve a parked key, send a signal, gc.
+//!   steps, open claims, waits, log), cancel, resolve a parked key, send a signal, gc;
+//!   create, list, pause, resume and delete schedules (`schedules.rs`), whose ticks
+//!   workers fire ([`WorkerStore::fire_schedules`]).
 //!
 //! A decorator implements the one role it observes, and an [`Overlay`] makes it a
 //! whole store with the underlying store's other roles (`roles/overlay.rs` says why
 //! this way).
 //!
 //! # Where the next features land
-//! - Schedules: defining, listing and removing them is [`OperatorStore`]; a schedule
-//!   coming due makes a run where workers look for work ([`WorkerStore::next_due`],
-//!   [`WorkerStore::acquire_runs`]): [`WorkerStore`].
 //! - Flow control: concurrency limits are kept where runs are leased
 //!   ([`WorkerStore::acquire_runs`]) and rate-limit token buckets where a step takes
 //!   its claim ([`InstanceStore::claim`]); a limit's setting belongs to its deployment
@@ -57,7 +56,7 @@
 //! - `mod.rs`: the roles, what lands where, and the re-exports.
 //! - `roles/`: one file per role trait, [`Store`] their sum, and [`Overlay`].
 //! - `fence.rs`, `claims.rs`, `progress.rs`, `runs.rs`, `children.rs`, `deploy.rs`,
-//!   `waits.rs`, `gc.rs`: the values the roles speak in, by topic.
+//!   `waits.rs`, `gc.rs`, `schedules.rs`: the values the roles speak in, by topic.
 //! - `clock.rs`: the store's time, and a manual clock tests drive.
 //! - `error.rs`: [`StoreError`] and [`DatabaseFault`], in no backend's words.
 //! - `parked.rs`: the keys a run parked in doubt, as an operator names them.
@@ -91,6 +90,7 @@ mod roles;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod rules;
 mod runs;
+mod schedules;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 #[cfg(test)]
@@ -121,6 +121,11 @@ pub use roles::{CatalogStore, InstanceStore, OperatorStore, Overlay, Store, Work
 pub use runs::{
     Acquired, Cancelled, LeaseState, LeasedRun, RunEnd, RunFilter, RunLeaseInfo, RunRecord,
     RunStatus, Submission, Submitted,
+};
+pub use schedules::{
+    MAX_CATCH_UP, MAX_EVERY_MS, MAX_SCHEDULE_NAME_BYTES, MIN_EVERY_MS, Overlap, Plan, ScheduleDef,
+    ScheduleRecord, ScheduleSpec, ScheduledBy, SpecError, Tick, TickCounts, TickOutcome,
+    schedule_run_id, tick_text,
 };
 #[cfg(feature = "sqlite")]
 pub use sqlite::{OpenOptions, SqliteStore};

@@ -50,6 +50,7 @@ mod leases;
 mod logs;
 mod one_trip;
 mod runs;
+mod schedules;
 mod schema;
 #[cfg(test)]
 mod tests;

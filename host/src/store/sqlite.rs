@@ -35,6 +35,7 @@ mod migration_tests;
 mod owned;
 mod presence;
 mod runs;
+mod schedules;
 mod schema;
 #[cfg(test)]
 mod tests;

@@ -105,6 +105,13 @@ function runsPage() {
   status.addEventListener("change", apply);
   agent.addEventListener("change", apply);
   main.replaceChildren(
+    el("section", { id: "schedules-section", hidden: true },
+      el("h1", { text: "Schedules" }),
+      el("table", { id: "schedules" },
+        el("thead", {}, el("tr", {},
+          ...["schedule", "deployment", "when", "state", "next tick", "started", "skipped", "missed", "failed", "last run"]
+            .map((h, i) => el("th", { class: i >= 5 && i <= 8 ? "num" : null, text: h })))),
+        el("tbody"))),
     el("h1", { text: "Runs" }),
     el("div", { class: "filters" },
       el("label", {}, "status", status),
@@ -143,6 +150,7 @@ async function refreshRuns() {
         el("td", { text: age(doc.now, run.created) }));
     });
     document.querySelector("#runs tbody").replaceChildren(...rows);
+    await refreshSchedules(doc.now);
     document.getElementById("prev").disabled = state.offset === 0;
     document.getElementById("next").disabled = doc.next_offset == null;
     document.getElementById("page-info").textContent =
@@ -153,6 +161,28 @@ async function refreshRuns() {
     say(String(e.message || e));
   }
   schedule(refreshRuns);
+}
+
+function when(spec) {
+  if (spec.kind === "every") return "every " + duration(spec.every_ms);
+  return "cron " + spec.expr + " (" + spec.tz + ")";
+}
+
+async function refreshSchedules(now) {
+  const doc = await api("GET", "/api/schedules");
+  document.getElementById("schedules-section").hidden = doc.schedules.length === 0;
+  const rows = doc.schedules.map(s => el("tr", { "data-schedule": s.name },
+    el("td", { class: "mono", text: s.name }),
+    el("td", { text: s.deployment }),
+    el("td", { class: "mono", text: when(s.spec) }),
+    el("td", {}, badge(s.paused ? "paused" : "active", s.paused ? "s-cancelled" : "s-running")),
+    el("td", { text: s.paused || s.next_tick == null ? "-" : utc(s.next_tick) + " (" + until(now, s.next_tick) + ")" }),
+    el("td", { class: "num", text: s.ticks.started }),
+    el("td", { class: "num", text: s.ticks.skipped }),
+    el("td", { class: "num", text: s.ticks.missed }),
+    el("td", { class: "num", text: s.ticks.failed }),
+    el("td", {}, s.last_run ? runLink(s.last_run) : "-")));
+  document.querySelector("#schedules tbody").replaceChildren(...rows);
 }
 
 // ----- one run -----

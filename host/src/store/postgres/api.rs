@@ -7,15 +7,18 @@ use std::time::Duration;
 
 use super::conn::{Fenced, Lock, write_tx};
 use super::one_trip::OneTrip;
-use super::{PostgresStore, TxError, children, claims, components, gc, leases, logs, runs, waits};
+use super::{
+    PostgresStore, TxError, children, claims, components, gc, leases, logs, runs, schedules, waits,
+};
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
 use crate::store::{
     Acquired, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
     Counts, Deployment, DeploymentRecord, GcReport, GcRequest, InstanceStore, JoinRequest,
     LeaseState, LeasedRun, Millis, OpenClaim, OperatorStore, Presence, Resolution, RunEnd,
-    RunFence, RunFilter, RunRecord, SignalSent, SpawnRequest, Spawned, StepRecord, StoreError,
-    Submission, Submitted, Suspension, SyncMode, WaitRecord, WaitRequest, WaitState, WorkerStore,
+    RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent,
+    SpawnRequest, Spawned, StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode,
+    Tick, WaitRecord, WaitRequest, WaitState, WorkerStore,
 };
 
 /// Refuses a write whose fence did not hold.
@@ -260,7 +263,9 @@ impl WorkerStore for PostgresStore {
 
     async fn next_due(&self, after: Millis) -> Result<Option<Millis>, StoreError> {
         self.read("find the next due run", async |conn| {
-            leases::next_due(conn, after).await
+            let run = leases::next_due(conn, after).await?;
+            let tick = schedules::next_tick(conn, after).await?;
+            Ok(run.into_iter().chain(tick).min())
         })
         .await
     }
@@ -360,6 +365,21 @@ impl WorkerStore for PostgresStore {
 
     async fn end_leases_of_gone(&self, _holder: &str) -> Result<u64, StoreError> {
         Ok(0)
+    }
+
+    async fn fire_schedules(&self, max: usize) -> Result<Vec<Tick>, StoreError> {
+        let manual = self.manual_now();
+        let due = self
+            .read("look for due schedules", async |conn| {
+                schedules::any_due(conn, manual).await
+            })
+            .await?;
+        if !due || max == 0 {
+            return Ok(Vec::new());
+        }
+        write_tx!(self, "fire schedules", self.sync, None, |conn, _f| {
+            schedules::fire(conn, max).await
+        })
     }
 }
 
@@ -501,6 +521,48 @@ impl OperatorStore for PostgresStore {
     async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError> {
         self.read("read a run's log", async |conn| {
             logs::read(conn, run_id).await
+        })
+        .await
+    }
+
+    async fn create_schedule(&self, def: &ScheduleDef<'_>) -> Result<ScheduleRecord, StoreError> {
+        write_tx!(self, "create a schedule", self.sync, None, |conn, _f| {
+            schedules::create(conn, def).await
+        })
+    }
+
+    async fn schedules(&self) -> Result<Vec<ScheduleRecord>, StoreError> {
+        self.read("list schedules", async |conn| schedules::list(conn).await)
+            .await
+    }
+
+    async fn schedule(&self, name: &str) -> Result<Option<ScheduleRecord>, StoreError> {
+        self.read("read a schedule", async |conn| {
+            schedules::get(conn, name).await
+        })
+        .await
+    }
+
+    async fn pause_schedule(&self, name: &str, paused: bool) -> Result<ScheduleRecord, StoreError> {
+        let op = if paused {
+            "pause a schedule"
+        } else {
+            "resume a schedule"
+        };
+        write_tx!(self, op, self.sync, None, |conn, _f| {
+            schedules::pause(conn, name, paused).await
+        })
+    }
+
+    async fn delete_schedule(&self, name: &str) -> Result<(), StoreError> {
+        write_tx!(self, "delete a schedule", self.sync, None, |conn, _f| {
+            schedules::delete(conn, name).await
+        })
+    }
+
+    async fn run_schedule(&self, run_id: &str) -> Result<Option<ScheduledBy>, StoreError> {
+        self.read("read a run's schedule", async |conn| {
+            schedules::run_schedule(conn, run_id).await
         })
         .await
     }

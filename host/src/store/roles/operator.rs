@@ -3,8 +3,9 @@
 use std::fmt;
 
 use crate::store::{
-    Cancelled, GcReport, GcRequest, OpenClaim, Resolution, RunFilter, RunRecord, SignalSent,
-    StepRecord, StoreError, Submission, Submitted, WaitRecord,
+    Cancelled, GcReport, GcRequest, OpenClaim, Resolution, RunFilter, RunRecord, ScheduleDef,
+    ScheduleRecord, ScheduledBy, SignalSent, StepRecord, StoreError, Submission, Submitted,
+    WaitRecord,
 };
 #[cfg(doc)]
 use crate::store::{InstanceStore, RunStatus, WorkerStore};
@@ -83,4 +84,28 @@ pub trait OperatorStore: Send + Sync + fmt::Debug {
     /// it runs. Fencing tokens keep increasing per key across a deletion: a key granted
     /// again after gc deleted it gets a token greater than every token it had.
     async fn gc(&self, req: &GcRequest) -> Result<GcReport, StoreError>;
+
+    /// Creates a schedule whose first tick is the first after now on the store's clock.
+    /// Fails with [`StoreError::ScheduleRefused`], writing nothing, if the name is taken,
+    /// the deployment does not exist, or the spec or catch-up is out of range.
+    async fn create_schedule(&self, def: &ScheduleDef<'_>) -> Result<ScheduleRecord, StoreError>;
+
+    /// Every schedule, by name.
+    async fn schedules(&self) -> Result<Vec<ScheduleRecord>, StoreError>;
+
+    /// The schedule, if it exists.
+    async fn schedule(&self, name: &str) -> Result<Option<ScheduleRecord>, StoreError>;
+
+    /// Pauses a schedule (no tick fires), or resumes it: its next tick is then the first
+    /// after now, and the ticks that fell while it was paused are not started. Pausing
+    /// a paused schedule (or resuming a running one) changes nothing. Fails with
+    /// [`StoreError::UnknownSchedule`].
+    async fn pause_schedule(&self, name: &str, paused: bool) -> Result<ScheduleRecord, StoreError>;
+
+    /// Deletes a schedule; the runs it started stay (and still name it). Fails with
+    /// [`StoreError::UnknownSchedule`].
+    async fn delete_schedule(&self, name: &str) -> Result<(), StoreError>;
+
+    /// The schedule and tick that started run `run_id`, if a schedule did.
+    async fn run_schedule(&self, run_id: &str) -> Result<Option<ScheduledBy>, StoreError>;
 }

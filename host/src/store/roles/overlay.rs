@@ -21,9 +21,9 @@ use super::{CatalogStore, InstanceStore, OperatorStore, Store, WorkerStore};
 use crate::store::{
     Acquired, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
     Deployment, DeploymentRecord, GcReport, GcRequest, JoinRequest, LeaseState, LeasedRun, Millis,
-    OpenClaim, Presence, Resolution, RunEnd, RunFence, RunFilter, RunRecord, SignalSent,
-    SpawnRequest, Spawned, StepRecord, StoreError, Submission, Submitted, Suspension, WaitRecord,
-    WaitRequest, WaitState,
+    OpenClaim, Presence, Resolution, RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef,
+    ScheduleRecord, ScheduledBy, SignalSent, SpawnRequest, Spawned, StepRecord, StoreError,
+    Submission, Submitted, Suspension, Tick, WaitRecord, WaitRequest, WaitState,
 };
 
 /// A [`Store`] assembled from one handle per role: an underlying store's, with any
@@ -242,6 +242,10 @@ impl WorkerStore for Overlay {
     async fn end_leases_of_gone(&self, holder: &str) -> Result<u64, StoreError> {
         self.worker.end_leases_of_gone(holder).await
     }
+
+    async fn fire_schedules(&self, max: usize) -> Result<Vec<Tick>, StoreError> {
+        self.worker.fire_schedules(max).await
+    }
 }
 
 #[async_trait::async_trait]
@@ -340,5 +344,29 @@ impl OperatorStore for Overlay {
 
     async fn gc(&self, req: &GcRequest) -> Result<GcReport, StoreError> {
         self.operator.gc(req).await
+    }
+
+    async fn create_schedule(&self, def: &ScheduleDef<'_>) -> Result<ScheduleRecord, StoreError> {
+        self.operator.create_schedule(def).await
+    }
+
+    async fn schedules(&self) -> Result<Vec<ScheduleRecord>, StoreError> {
+        self.operator.schedules().await
+    }
+
+    async fn schedule(&self, name: &str) -> Result<Option<ScheduleRecord>, StoreError> {
+        self.operator.schedule(name).await
+    }
+
+    async fn pause_schedule(&self, name: &str, paused: bool) -> Result<ScheduleRecord, StoreError> {
+        self.operator.pause_schedule(name, paused).await
+    }
+
+    async fn delete_schedule(&self, name: &str) -> Result<(), StoreError> {
+        self.operator.delete_schedule(name).await
+    }
+
+    async fn run_schedule(&self, run_id: &str) -> Result<Option<ScheduledBy>, StoreError> {
+        self.operator.run_schedule(run_id).await
     }
 }

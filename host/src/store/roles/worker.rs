@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::store::InstanceStore;
 use crate::store::{
     Acquired, Counts, LeaseState, LeasedRun, Millis, Presence, RunEnd, RunFence, StoreError,
-    Suspension,
+    Suspension, Tick,
 };
 
 /// What a worker needs to lease runs and drive them: the store's clock, the queue of
@@ -22,8 +22,8 @@ pub trait WorkerStore: Send + Sync + fmt::Debug {
     async fn now(&self) -> Result<Millis, StoreError>;
 
     /// The earliest time after `after` at which a run nobody holds becomes due (a sleep
-    /// ends, a wait times out), if any: a worker with nothing due sleeps until then
-    /// instead of a whole poll.
+    /// ends, a wait times out) or a schedule that is not paused ticks, if any: a worker
+    /// with nothing due sleeps until then instead of a whole poll.
     async fn next_due(&self, after: Millis) -> Result<Option<Millis>, StoreError>;
 
     /// Leases up to `max` runs that are queued or running with no live lease (and not
@@ -101,4 +101,13 @@ pub trait WorkerStore: Send + Sync + fmt::Debug {
     /// their keys next, in doubt); returns how many ended. Changes nothing, and
     /// returns 0, unless the store knows the holder is gone ([`is_gone`](Self::is_gone)).
     async fn end_leases_of_gone(&self, holder: &str) -> Result<u64, StoreError>;
+
+    /// Fires the ticks of schedules that are due on the store's clock, up to `max`
+    /// schedules: per schedule, in one transaction, starts the run of each tick to start
+    /// (the latest due, and missed ones up to its catch-up), applies its overlap policy,
+    /// and moves its next tick past them. Workers calling at once fire each tick once:
+    /// a schedule is fired by one of them, and the others skip it. Ticks that a
+    /// schedule did not catch up are counted as missed. Cheap when nothing is due (one
+    /// read).
+    async fn fire_schedules(&self, max: usize) -> Result<Vec<Tick>, StoreError>;
 }

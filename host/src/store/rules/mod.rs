@@ -1,12 +1,14 @@
 //! The decisions every backend makes the same way, in one place: what a claim of a key
 //! gets given the key's row, which token a grant takes, whether a run's lease may be
 //! granted, when a lease runs out, how a component joins a namespace, which values a
-//! store refuses to keep, what gc collects, and the rules of waits (`waits.rs`). A backend reads the row (locking it
+//! store refuses to keep, what gc collects, the rules of waits (`waits.rs`) and of
+//! schedules (`schedules.rs`). A backend reads the row (locking it
 //! as its database needs), asks here, and writes what the answer says; so the two
 //! backends cannot drift apart on a rule, and the store suite, which runs on both,
 //! checks one implementation. The backends never import each other: what they share
 //! is here.
 
+mod schedules;
 mod waits;
 
 /// What differs when a spawn finds its child id taken: `None` if the child found is the
@@ -30,6 +32,7 @@ pub(crate) fn spawned_differently(
     }
 }
 
+pub(crate) use schedules::{TickAction, check_def, tick_action};
 pub(crate) use waits::{Recorded, WaitRow, asked, join_asked, join_mode, join_reused, sleep_state};
 
 use std::time::Duration;

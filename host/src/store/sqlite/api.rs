@@ -6,15 +6,18 @@
 use std::time::Duration;
 
 use super::owned::{OwnedEnd, OwnedJoin, OwnedRef, OwnedRequest, OwnedSpawn, OwnedWaitKind};
-use super::{SqliteStore, children, claims, components, gc, leases, logs, presence, runs, waits};
+use super::{
+    SqliteStore, children, claims, components, gc, leases, logs, presence, runs, schedules, waits,
+};
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
 use crate::store::{
     Acquired, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
     Counts, Deployment, DeploymentRecord, GcReport, GcRequest, InstanceStore, JoinRequest,
     LeaseState, LeasedRun, Millis, OpenClaim, OperatorStore, Presence, Resolution, RunEnd,
-    RunFence, RunFilter, RunRecord, SignalSent, SpawnRequest, Spawned, StepRecord, StoreError,
-    Submission, Submitted, Suspension, SyncMode, WaitRecord, WaitRequest, WaitState, WorkerStore,
+    RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent,
+    SpawnRequest, Spawned, StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode,
+    Tick, WaitRecord, WaitRequest, WaitState, WorkerStore,
 };
 
 #[async_trait::async_trait]
@@ -189,7 +192,9 @@ impl WorkerStore for SqliteStore {
 
     async fn next_due(&self, after: Millis) -> Result<Option<Millis>, StoreError> {
         self.read("find the next due run", move |conn| {
-            leases::next_due(conn, after)
+            let run = leases::next_due(conn, after)?;
+            let tick = schedules::next_tick(conn, after)?;
+            Ok(run.into_iter().chain(tick).min())
         })
         .await
     }
@@ -305,6 +310,22 @@ impl WorkerStore for SqliteStore {
         let holder = holder.to_owned();
         self.write("end a gone holder's leases", self.sync, move |conn, now| {
             leases::end_leases_of(conn, &holder, now)
+        })
+        .await
+    }
+
+    async fn fire_schedules(&self, max: usize) -> Result<Vec<Tick>, StoreError> {
+        let now = self.clock.now();
+        let due = self
+            .read("look for due schedules", move |conn| {
+                schedules::any_due(conn, now)
+            })
+            .await?;
+        if !due || max == 0 {
+            return Ok(Vec::new());
+        }
+        self.write("fire schedules", self.sync, move |conn, now| {
+            schedules::fire(conn, max, now)
         })
         .await
     }
@@ -515,6 +536,63 @@ impl OperatorStore for SqliteStore {
         let run_id = run_id.to_owned();
         self.read("read a run's log", move |conn| logs::read(conn, &run_id))
             .await
+    }
+
+    async fn create_schedule(&self, def: &ScheduleDef<'_>) -> Result<ScheduleRecord, StoreError> {
+        let (name, deployment) = (def.name.to_owned(), def.deployment.to_owned());
+        let (spec, input) = (def.spec.clone(), def.input.to_vec());
+        let (catch_up, overlap) = (def.catch_up, def.overlap);
+        self.write("create a schedule", self.sync, move |conn, now| {
+            let def = ScheduleDef {
+                name: &name,
+                deployment: &deployment,
+                spec: &spec,
+                input: &input,
+                catch_up,
+                overlap,
+            };
+            schedules::create(conn, &def, now)
+        })
+        .await
+    }
+
+    async fn schedules(&self) -> Result<Vec<ScheduleRecord>, StoreError> {
+        self.read("list schedules", schedules::list).await
+    }
+
+    async fn schedule(&self, name: &str) -> Result<Option<ScheduleRecord>, StoreError> {
+        let name = name.to_owned();
+        self.read("read a schedule", move |conn| schedules::get(conn, &name))
+            .await
+    }
+
+    async fn pause_schedule(&self, name: &str, paused: bool) -> Result<ScheduleRecord, StoreError> {
+        let name = name.to_owned();
+        let op = if paused {
+            "pause a schedule"
+        } else {
+            "resume a schedule"
+        };
+        self.write(op, self.sync, move |conn, now| {
+            schedules::pause(conn, &name, paused, now)
+        })
+        .await
+    }
+
+    async fn delete_schedule(&self, name: &str) -> Result<(), StoreError> {
+        let name = name.to_owned();
+        self.write("delete a schedule", self.sync, move |conn, _| {
+            schedules::delete(conn, &name)
+        })
+        .await
+    }
+
+    async fn run_schedule(&self, run_id: &str) -> Result<Option<ScheduledBy>, StoreError> {
+        let run_id = run_id.to_owned();
+        self.read("read a run's schedule", move |conn| {
+            schedules::run_schedule(conn, &run_id)
+        })
+        .await
     }
 
     async fn gc(&self, req: &GcRequest) -> Result<GcReport, StoreError> {

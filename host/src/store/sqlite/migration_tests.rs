@@ -91,6 +91,8 @@ fn version_2_store_migrates_with_runs_results_and_checkpoints_intact() {
             "run_outcomes",
             "run_upgrades",
             "runs",
+            "scheduled_runs",
+            "schedules",
             "signals",
             "steps",
             "waits",

@@ -11,6 +11,7 @@
 //! - `leases.rs`: run leases and fences.
 //! - `deploy.rs`: components, deployments and namespaces.
 //! - `waits.rs`: sleeps, signals and suspended runs.
+//! - `schedules.rs`: schedules, their ticks and policies.
 //! - `gc.rs`: retention: what gc deletes, what it keeps, and tokens across a deletion.
 //! - `shared.rs`: what takes more than one handle: reopening, races between handles.
 //! - `postgres_harness.rs`: a schema of its own per test on a real PostgreSQL server
@@ -24,6 +25,7 @@ mod leases;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres_harness;
 mod runs;
+mod schedules;
 mod shared;
 mod waits;
 
@@ -143,12 +145,19 @@ macro_rules! store_tests {
                 gc::a_deleted_key_granted_again_gets_a_greater_token,
                 gc::keys_inside_the_dedupe_window_outlive_their_run,
                 gc::failed_runs_stay_unless_asked_and_live_claims_always,
+                schedules::a_tick_starts_one_run_of_the_deployment_once,
+                schedules::late_ticks_are_caught_up_to_the_limit_and_the_rest_missed,
+                schedules::overlapping_ticks_skip_allow_or_cancel_the_previous_run,
+                schedules::paused_schedules_fire_nothing_and_resume_from_now,
+                schedules::cron_ticks_fall_in_their_time_zone,
+                schedules::bad_schedules_are_refused_and_write_nothing,
             ];
             harness: [
                 shared::reopening_keeps_everything,
                 shared::two_handles_race_for_claims,
                 shared::two_handles_acquire_disjoint_runs,
                 gc::gc_deletes_exactly_a_finished_runs_rows_and_a_dry_run_nothing,
+                schedules::two_handles_fire_each_tick_once,
             ]
         );
     };
