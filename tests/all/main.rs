@@ -30,6 +30,7 @@ mod operator_text;
 #[cfg(feature = "otlp")]
 mod otlp;
 mod parallel;
+mod pause;
 mod pinning;
 mod postgres;
 mod power_loss;

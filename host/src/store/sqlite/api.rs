@@ -6,15 +6,18 @@
 use std::time::Duration;
 
 use super::owned::{OwnedEnd, OwnedJoin, OwnedRef, OwnedRequest, OwnedSpawn, OwnedWaitKind};
-use super::{SqliteStore, children, claims, components, gc, leases, logs, presence, runs, waits};
+use super::{
+    SqliteStore, children, claims, components, gc, leases, logs, pause, presence, runs, waits,
+};
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
 use crate::store::{
     Acquired, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
-    Counts, Deployment, DeploymentRecord, GcReport, GcRequest, InstanceStore, JoinRequest,
-    LeaseState, LeasedRun, Millis, OpenClaim, OperatorStore, Presence, Resolution, RunEnd,
-    RunFence, RunFilter, RunRecord, SignalSent, SpawnRequest, Spawned, StepRecord, StoreError,
-    Submission, Submitted, Suspension, SyncMode, WaitRecord, WaitRequest, WaitState, WorkerStore,
+    Counts, Deployment, DeploymentPaused, DeploymentRecord, GcReport, GcRequest, InstanceStore,
+    JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim, OperatorStore, Paused, PausedDeployment,
+    Presence, Resolution, Resumed, RunEnd, RunFence, RunFilter, RunRecord, SignalSent,
+    SpawnRequest, Spawned, StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode,
+    WaitRecord, WaitRequest, WaitState, WorkerStore,
 };
 
 #[async_trait::async_trait]
@@ -450,6 +453,43 @@ impl OperatorStore for SqliteStore {
             runs::cancel_run(conn, &run_id, now)
         })
         .await
+    }
+
+    async fn pause_run(&self, run_id: &str) -> Result<Paused, StoreError> {
+        let run_id = run_id.to_owned();
+        self.write("pause a run", self.sync, move |conn, now| {
+            pause::pause_run(conn, &run_id, now)
+        })
+        .await
+    }
+
+    async fn resume_run(&self, run_id: &str) -> Result<Resumed, StoreError> {
+        let run_id = run_id.to_owned();
+        self.write("resume a run", self.sync, move |conn, now| {
+            pause::resume_run(conn, &run_id, now)
+        })
+        .await
+    }
+
+    async fn pause_deployment(&self, name: &str) -> Result<DeploymentPaused, StoreError> {
+        let name = name.to_owned();
+        self.write("pause a deployment", self.sync, move |conn, now| {
+            pause::pause_deployment(conn, &name, now)
+        })
+        .await
+    }
+
+    async fn resume_deployment(&self, name: &str) -> Result<DeploymentPaused, StoreError> {
+        let name = name.to_owned();
+        self.write("resume a deployment", self.sync, move |conn, now| {
+            pause::resume_deployment(conn, &name, now)
+        })
+        .await
+    }
+
+    async fn paused_deployments(&self) -> Result<Vec<PausedDeployment>, StoreError> {
+        self.read("list paused deployments", pause::paused_deployments)
+            .await
     }
 
     async fn resolve(
