@@ -19,7 +19,7 @@ use crate::util::{integrity_ok, stderr, stdout};
 use crate::workers::{Service, assert_effects_fenced, by_key, deploy_fetcher, signal};
 
 const STEPS: u64 = 3;
-const WORKER: &[&str] = &["--lease", "2s", "--concurrency", "8"];
+const WORKER: &[&str] = &["--lease", "6s", "--concurrency", "3"];
 
 fn submit(service: &Service, server: &TestServer, run_id: &str, pause_ms: u64) {
     let input =
@@ -91,9 +91,9 @@ fn pause_and_resume_under_load_on_postgres() {
 /// deployment paused then resumed.
 fn pause_and_resume_under_load(service: &Service, runs: usize, seed: u64) {
     let server = TestServer::start();
-    deploy_fetcher(service, &server, &["--lease", "2s"]);
+    deploy_fetcher(service, &server, &["--lease", "6s"]);
     for i in 0..runs {
-        submit(service, &server, &format!("run-{i:03}"), 60);
+        submit(service, &server, &format!("run-{i:03}"), 300);
     }
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut workers: Vec<_> = (0..3)
@@ -103,13 +103,22 @@ fn pause_and_resume_under_load(service: &Service, runs: usize, seed: u64) {
     // their worker gave them back).
     let mut paused: BTreeMap<String, Option<usize>> = BTreeMap::new();
     let (mut requested, mut at_once, mut resumed, mut refused) = (0, 0, 0, 0);
+    let mut finished_first = 0;
     let mut deployment_paused = false;
-    let mut next = Instant::now() + Duration::from_millis(rng.u64(20..120));
+    let mut next = Instant::now() + Duration::from_millis(rng.u64(10..80));
     service.wait_all_finished(Duration::from_secs(600), || {
         let records = service.try_runs().unwrap_or_default();
-        // A paused run parked sends nothing more until it is resumed.
+        // A paused run parked sends nothing more until it is resumed. One whose agent
+        // returned before its worker heard of the pause ended as it ended; a parked one
+        // never ends while paused.
+        let mut ended_first = Vec::new();
         for (run_id, seen) in paused.iter_mut() {
             let run = records.iter().find(|r| &r.run_id == run_id).unwrap();
+            if run.status == RunStatus::Completed {
+                assert!(seen.is_none(), "run {run_id} completed while parked");
+                ended_first.push(run_id.clone());
+                continue;
+            }
             match seen {
                 None if parked(run) => *seen = Some(requests_of(&server, run_id)),
                 Some(n) => assert_eq!(
@@ -120,10 +129,14 @@ fn pause_and_resume_under_load(service: &Service, runs: usize, seed: u64) {
                 None => {}
             }
         }
+        for run_id in ended_first {
+            paused.remove(&run_id);
+            finished_first += 1;
+        }
         if Instant::now() < next {
             return;
         }
-        next = Instant::now() + Duration::from_millis(rng.u64(20..120));
+        next = Instant::now() + Duration::from_millis(rng.u64(10..80));
         // Once a third of the runs completed, the whole deployment, once.
         let done = records
             .iter()
@@ -132,7 +145,7 @@ fn pause_and_resume_under_load(service: &Service, runs: usize, seed: u64) {
         if !deployment_paused && done >= runs / 3 {
             deployment_paused = true;
             let out = service.ok(&["pause", "--deployment", "fetcher"]);
-            assert!(out.starts_with("paused deployment \"fetcher\""), "{out}");
+            assert!(out.starts_with("paused deployment fetcher"), "{out}");
             // Every worker stops its runs at their next host call: nothing is held, and
             // the server hears nothing more.
             wait_for(
@@ -154,7 +167,7 @@ fn pause_and_resume_under_load(service: &Service, runs: usize, seed: u64) {
                 .filter(|r| !r.status.is_finished())
                 .count();
             let out = service.ok(&["resume", "--deployment", "fetcher"]);
-            assert!(out.starts_with("resumed deployment \"fetcher\""), "{out}");
+            assert!(out.starts_with("resumed deployment fetcher"), "{out}");
             // The runs paused one by one stay paused; the others are due again.
             let still: usize = service
                 .runs()
@@ -170,10 +183,21 @@ fn pause_and_resume_under_load(service: &Service, runs: usize, seed: u64) {
                 .nth(rng.usize(0..paused.len()))
                 .unwrap()
                 .clone();
-            let out = service.ok(&["resume", &run_id]);
-            assert_eq!(out.trim(), format!("resumed run \"{run_id}\""));
-            paused.remove(&run_id);
-            resumed += 1;
+            let out = service.cli(&["resume", &run_id]);
+            let parked_before = paused.remove(&run_id).unwrap().is_some();
+            if out.status.success() {
+                assert_eq!(stdout(&out).trim(), format!("resumed run {run_id}"));
+                resumed += 1;
+            } else {
+                // Its agent returned just now, before its worker heard of the pause.
+                assert!(!parked_before, "run {run_id} completed while parked");
+                assert!(
+                    stderr(&out).contains("already completed"),
+                    "{}",
+                    stderr(&out)
+                );
+                finished_first += 1;
+            }
             return;
         }
         let running: Vec<&RunRecord> = records
@@ -201,7 +225,7 @@ fn pause_and_resume_under_load(service: &Service, runs: usize, seed: u64) {
         if out.starts_with("pause requested: worker") {
             requested += 1;
         } else {
-            assert_eq!(out.trim(), format!("paused run \"{run_id}\""));
+            assert_eq!(out.trim(), format!("paused run {run_id}"));
             at_once += 1;
         }
         paused.insert(run_id, None);
@@ -212,7 +236,7 @@ fn pause_and_resume_under_load(service: &Service, runs: usize, seed: u64) {
     }
     eprintln!(
         "{requested} pauses asked of a worker, {at_once} at once, {resumed} resumes, \
-         {refused} refused (completed first)"
+         {refused} refused (completed first), {finished_first} ended before their worker heard"
     );
     assert!(requested >= 3, "only {requested} pauses reached a worker");
     assert!(resumed >= 3, "only {resumed} resumes");
@@ -239,8 +263,11 @@ fn pause_and_resume_under_load(service: &Service, runs: usize, seed: u64) {
         runs * STEPS as usize,
         "every key reached the server"
     );
+    // Nothing was killed: a pause cuts no side effect in two, so nothing repeats (a
+    // drain that stopped an instance while its commit was being written once made
+    // its claim be retaken in doubt; see `Watch::settle_started`).
     let repeats = assert_effects_fenced(service, &server);
-    eprintln!("{repeats} effects repeated in doubt");
+    assert_eq!(repeats, 0, "effects repeated");
 }
 
 #[test]
@@ -258,11 +285,11 @@ fn a_paused_run_stays_paused_across_its_workers_restart() {
         |runs| runs.iter().any(|r| r.lease.is_some()),
     );
     let out = service.ok(&["pause", "slow"]);
-    assert!(out.starts_with("pause requested: worker \"w0\""), "{out}");
+    assert!(out.starts_with("pause requested: worker w0"), "{out}");
     // Asking again changes nothing.
     assert_eq!(
         service.ok(&["pause", "slow"]).trim(),
-        "run \"slow\" was paused already"
+        "run slow was paused already"
     );
     wait_for(
         &service,
@@ -296,13 +323,10 @@ fn a_paused_run_stays_paused_across_its_workers_restart() {
     assert_eq!(requests_of(&server, "slow"), sent);
 
     // Resumed: it goes on from its checkpoint and completes, each key sent once.
+    assert_eq!(service.ok(&["resume", "slow"]).trim(), "resumed run slow");
     assert_eq!(
         service.ok(&["resume", "slow"]).trim(),
-        "resumed run \"slow\""
-    );
-    assert_eq!(
-        service.ok(&["resume", "slow"]).trim(),
-        "run \"slow\" was not paused"
+        "run slow was not paused"
     );
     service.wait_all_finished(Duration::from_secs(60), || {});
     let run = record(&service, "slow");

@@ -108,7 +108,10 @@ pub(super) async fn a_held_run_learns_its_pause_at_renewal_and_parks_holding_not
     // Its worker still writes under its fence: the step in flight commits.
     env.commit("k", grant.token, &held, b"done").await.unwrap();
     assert_eq!(
-        store.renew_runs(&[held.clone()], RUN_LEASE).await.unwrap(),
+        store
+            .renew_runs(std::slice::from_ref(&held), RUN_LEASE)
+            .await
+            .unwrap(),
         vec![LeaseState::Held {
             expires: T0 + RUN_LEASE_MS,
             cancel_requested: false,
@@ -274,7 +277,10 @@ pub(super) async fn a_paused_deployment_pauses_its_runs_and_every_run_started_un
     );
     // The holder hears it at renewal.
     assert!(matches!(
-        store.renew_runs(&[held.clone()], RUN_LEASE).await.unwrap()[..],
+        store
+            .renew_runs(std::slice::from_ref(&held), RUN_LEASE)
+            .await
+            .unwrap()[..],
         [LeaseState::Held {
             pause_requested: true,
             ..
