@@ -372,3 +372,66 @@ fn bad_pauses_and_resumes_are_refused_and_change_nothing() {
     assert_eq!((run.status, run.paused_by), (RunStatus::Cancelled, None));
     assert!(!service.ok(&["ls", "--status", "paused"]).contains("queued"));
 }
+
+#[test]
+fn the_api_pauses_and_resumes_runs_and_deployments_and_metrics_count_them() {
+    let service = Service::new();
+    let server = TestServer::start();
+    deploy_fetcher(&service, &server, &[]);
+    submit(&service, &server, "one", 0);
+    submit(&service, &server, "two", 0);
+    let served = crate::serve::Served::start(&service.db(), &["--no-auth", "--no-cache"]);
+    let post = |path: &str| served.post_json(path, None, &json!({}));
+    let r = post("/api/runs/one/pause");
+    assert_eq!((r.status, r.json()), (200, json!({ "paused": "now" })));
+    let r = post("/api/runs/one/pause");
+    assert_eq!((r.status, r.json()), (200, json!({ "paused": "already" })));
+    let shown = served.get("/api/runs/one").json();
+    assert_eq!(shown["run"]["status"], "paused");
+    assert_eq!(shown["run"]["paused_by"], "run");
+    let metrics = crate::serve::scrape(&served);
+    assert_eq!(metrics["idem_runs{status=\"paused\"}"], 1.0);
+    assert_eq!(metrics["idem_runs{status=\"queued\"}"], 1.0);
+    // The deployment: the other run too, and the list says it is paused.
+    let r = post("/api/deployments/fetcher/pause");
+    assert_eq!(
+        (r.status, r.json()),
+        (
+            200,
+            json!({ "deployment": "fetcher", "was_paused": false, "runs": 1, "held": 0 })
+        )
+    );
+    assert_eq!(
+        served.get("/api/deployments").json()["paused"][0]["name"],
+        "fetcher"
+    );
+    let metrics = crate::serve::scrape(&served);
+    assert_eq!(metrics["idem_runs{status=\"paused\"}"], 2.0);
+    let listed = served.get("/api/runs?status=paused").json();
+    assert_eq!(listed["runs"].as_array().unwrap().len(), 2, "{listed}");
+    let r = post("/api/deployments/fetcher/resume");
+    assert_eq!(r.json()["runs"], 1);
+    let r = post("/api/runs/one/resume");
+    assert_eq!((r.status, r.json()), (200, json!({ "resumed": true })));
+    let r = post("/api/runs/one/resume");
+    assert_eq!((r.status, r.json()), (200, json!({ "resumed": false })));
+    // Bad input: typed errors, nothing changed.
+    let r = post("/api/runs/ghost/pause");
+    assert_eq!(
+        (r.status, r.json()["error"]["code"].clone()),
+        (404, json!("unknown_run"))
+    );
+    let r = post("/api/deployments/nobody/pause");
+    assert_eq!(
+        (r.status, r.json()["error"]["code"].clone()),
+        (404, json!("unknown_deployment"))
+    );
+    service.ok(&["cancel", "two"]);
+    let r = post("/api/runs/two/pause");
+    assert_eq!(
+        (r.status, r.json()["error"]["code"].clone()),
+        (409, json!("run_finished"))
+    );
+    let metrics = crate::serve::scrape(&served);
+    assert_eq!(metrics["idem_runs{status=\"paused\"}"], 0.0);
+}
