@@ -85,6 +85,7 @@ impl Exit {
             StoreError::InputMismatch { .. }
             | StoreError::NotInDoubt { .. }
             | StoreError::UnknownRun { .. }
+            | StoreError::UnknownDeployment { .. }
             | StoreError::RunFinished { .. }
             | StoreError::UnknownComponent { .. }
             | StoreError::NamespaceTaken { .. }

@@ -14,9 +14,7 @@ use sha2::{Digest, Sha256};
 
 use crate::runtime::{Authority, HostError, LoadedAgent, check_namespace, check_run_id};
 use crate::store::{
-    Admission, Cancelled, ChildRecord, Deployment, DeploymentRecord, GcReport, GcRequest, Millis,
-    OpenClaim, ParkedKeys, ParkedMatch, Resolution, RunFilter, RunRecord, RunStatus, ScheduledBy,
-    StepRecord, Store, StoreError, Submission, Submitted, WaitRecord,
+    Admission, Cancelled, ChildRecord, Deployment, DeploymentRecord, GcReport, GcRequest, Millis, OpenClaim, ParkedKeys, ParkedMatch, Resolution, RunFilter, RunRecord, RunStatus, ScheduledBy, StepRecord, Store, StoreError, Submission, Submitted, WaitRecord, DeploymentPaused, Paused, Resumed,
 };
 use crate::text::{check_visible, escape_for_terminal as shown, hidden_char};
 
@@ -373,6 +371,43 @@ pub async fn cancel(store: &dyn Store, run_id: &str) -> Result<CancelReport, OpE
         }
     }
     Ok(CancelReport { run, descendants })
+}
+
+/// Pauses run `run_id`
+/// ([`OperatorStore::pause_run`](crate::store::OperatorStore::pause_run)): no worker
+/// takes it until it is resumed, and a worker holding it stops it at its next host call
+/// outside a side effect. Its children go on (pause their deployment to stop them too).
+pub async fn pause(store: &dyn Store, run_id: &str) -> Result<Paused, OpError> {
+    Ok(store.pause_run(run_id).await?)
+}
+
+/// Resumes run `run_id`: it goes on where it stopped, from its checkpoint and its
+/// committed steps, as a recycled run does.
+pub async fn resume(store: &dyn Store, run_id: &str) -> Result<Resumed, OpError> {
+    Ok(store.resume_run(run_id).await?)
+}
+
+/// Pauses the deployment `agent` names (its name, or a digest deployed under a name):
+/// its unfinished runs, and the runs started under its name until it is resumed.
+/// Returns the deployment's name with what was done.
+pub async fn pause_deployment(
+    store: &dyn Store,
+    agent: &str,
+) -> Result<(String, DeploymentPaused), OpError> {
+    let name = find_deployment(store, agent).await?.name;
+    let paused = store.pause_deployment(&name).await?;
+    Ok((name, paused))
+}
+
+/// Resumes the deployment `agent` names and the runs paused with it; runs paused one
+/// by one stay paused.
+pub async fn resume_deployment(
+    store: &dyn Store,
+    agent: &str,
+) -> Result<(String, DeploymentPaused), OpError> {
+    let name = find_deployment(store, agent).await?.name;
+    let resumed = store.resume_deployment(&name).await?;
+    Ok((name, resumed))
 }
 
 /// Everything the store knows of one run, as `idem show --json` and the API print it.

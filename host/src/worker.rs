@@ -69,7 +69,7 @@ impl Default for WorkerOptions {
 pub struct WorkerReport {
     /// Runs it drove to an end (completed, failed, in doubt, cancelled).
     pub finished: u64,
-    /// Runs it gave back unfinished (drained, or not servable here).
+    /// Runs it gave back unfinished (drained, paused, or not servable here).
     pub released: u64,
     /// Times a run it drove suspended in a wait (a sleep, a wait for a signal) and was
     /// given back until due; the same run counts once per wait.
@@ -271,7 +271,7 @@ impl Worker {
                         .await?
                     {
                         Acquired::Leased(run) => leased.push(run),
-                        Acquired::Held(_) | Acquired::Finished(_) => {}
+                        Acquired::Held(_) | Acquired::Finished(_) | Acquired::Paused(_) => {}
                     }
                 }
             }
@@ -339,6 +339,10 @@ impl Worker {
                 report.finished += 1;
             }
             Outcome::Driven(run) if run.waiting.is_some() => report.suspended += 1,
+            Outcome::Driven(run) if run.status == crate::store::RunStatus::Paused => {
+                tracing::info!(run_id = %run_id_shown, "run paused; its lease given back");
+                report.released += 1;
+            }
             Outcome::Driven(_) => report.released += 1,
             Outcome::NotServable(why) => {
                 tracing::warn!(run_id = %run_id_shown, %why, "run given back: this worker cannot serve it");

@@ -32,6 +32,7 @@ mod operator_text;
 mod otlp;
 mod parallel;
 mod pg_faults;
+mod pause;
 mod pinning;
 mod postgres;
 mod power_loss;

@@ -819,7 +819,7 @@ fn serve_refuses_unsafe_setups() {
 }
 
 /// The metrics' counters, by name (labels included), from the text format.
-fn scrape(served: &Served) -> std::collections::BTreeMap<String, f64> {
+pub(crate) fn scrape(served: &Served) -> std::collections::BTreeMap<String, f64> {
     let r = served.get("/metrics");
     assert_eq!(r.status, 200);
     assert!(

@@ -11,8 +11,8 @@ use crate::exit::Exit;
 pub struct LsCommand {
     #[command(flatten)]
     db: DbArgs,
-    /// Only runs with this status: queued, running, completed, failed, in-doubt,
-    /// cancelled.
+    /// Only runs with this status: queued, running, paused, completed, failed,
+    /// in-doubt, cancelled.
     #[arg(long, value_parser = parse_status)]
     status: Option<RunStatus>,
     /// Only runs of this agent (deployment name).

@@ -11,9 +11,11 @@ mod generate;
 mod logs;
 mod ls;
 mod new;
+mod pause;
 mod progress;
 mod prove;
 mod resolve;
+mod resume;
 mod run;
 mod schedule;
 mod serve;
@@ -52,6 +54,10 @@ pub enum Command {
     Show(show::ShowCommand),
     /// Cancel a run.
     Cancel(cancel::CancelCommand),
+    /// Pause runs, or a deployment: no worker takes them until they are resumed.
+    Pause(pause::PauseCommand),
+    /// Resume paused runs, or a paused deployment: they go on where they stopped.
+    Resume(resume::ResumeCommand),
     /// Send a signal to a run (one waiting for it wakes at once).
     Signal(signal::SignalCommand),
     /// Print a run's log (what its agent wrote to stderr and stdout).
@@ -103,6 +109,8 @@ impl Command {
             Command::Ls(cmd) => cmd.execute().await,
             Command::Show(cmd) => cmd.execute().await,
             Command::Cancel(cmd) => cmd.execute().await,
+            Command::Pause(cmd) => cmd.execute().await,
+            Command::Resume(cmd) => cmd.execute().await,
             Command::Signal(cmd) => cmd.execute().await,
             Command::Logs(cmd) => cmd.execute().await,
             Command::Status(cmd) => cmd.execute().await,

@@ -146,7 +146,7 @@ impl RunCommand {
             RunStatus::Completed => Exit::Done,
             RunStatus::InDoubt => Exit::InDoubt,
             RunStatus::Cancelled => Exit::Cancelled,
-            RunStatus::Running | RunStatus::Queued => Exit::Interrupted,
+            RunStatus::Running | RunStatus::Queued | RunStatus::Paused => Exit::Interrupted,
             RunStatus::Failed => Exit::AgentFailed,
         })
     }
@@ -187,12 +187,16 @@ impl RunCommand {
                 "was interrupted; its lease was given back: the same command resumes it"
             }
             (RunStatus::InDoubt, _) => "stopped in doubt (settle it with idem resolve)",
+            (RunStatus::Paused, _) => {
+                "is paused; it holds nothing: idem resume continues it (a worker, or the same \
+                 command, drives it then)"
+            }
             _ => "failed",
         };
         println!("run {} {status}", display::name(&report.run_id));
         match report.status {
             RunStatus::Completed => println!("output: {}", display::payload(&report.outcome)),
-            RunStatus::Running | RunStatus::Queued => {}
+            RunStatus::Running | RunStatus::Queued | RunStatus::Paused => {}
             _ => println!("error: {}", display::payload(&report.outcome)),
         }
         print_counts(report);

@@ -82,6 +82,21 @@ fn print_run(run: &RunRecord, schedule: Option<&ScheduledBy>, now: Millis) {
     if run.cancel_requested {
         println!("cancel    requested");
     }
+    if let Some(by) = run.paused_by {
+        let how = match by {
+            idem::store::PausedBy::Run => "by an operator (idem resume RUN continues it)",
+            idem::store::PausedBy::Deployment => {
+                "with its deployment (idem resume --deployment NAME, or idem resume RUN)"
+            }
+        };
+        let stopping = match &run.lease {
+            Some(lease) if lease.expires > now => {
+                "; its worker stops it at its next host call and gives the lease back"
+            }
+            _ => "",
+        };
+        println!("paused    {how}{stopping}");
+    }
     if let Some(note) = &run.note {
         println!("note      {}", display::name(note));
     }

@@ -226,6 +226,15 @@ impl Host {
                 store.release_run(&run.fence, &run.counts, None).await?;
                 start.report(run, RunStatus::Running, Vec::new())
             }
+            Next::Paused => {
+                store.release_run(&run.fence, &run.counts, None).await?;
+                // Resumed meanwhile, it is running again (and due): say what the store says.
+                let status = match store.run(run.run_id()).await? {
+                    Some(record) if record.status == RunStatus::Paused => RunStatus::Paused,
+                    _ => RunStatus::Running,
+                };
+                start.report(run, status, Vec::new())
+            }
             Next::GiveUp { instances } => {
                 store
                     .release_run(&run.fence, &run.counts, Some("gave up: too many instances"))

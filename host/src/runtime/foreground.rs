@@ -199,7 +199,9 @@ impl Host {
                 .ok_or_else(|| StoreError::UnknownRun {
                     run_id: run_id.to_string(),
                 })?;
-            if record.status.is_finished() {
+            // A run paused meanwhile is not this call's to wait for: it ends here, and
+            // whoever resumes it later drives it.
+            if record.status.is_finished() || record.status == RunStatus::Paused {
                 return Ok(Due::Finished(Box::new(record)));
             }
             let now = self.store.now().await?;
@@ -222,7 +224,7 @@ impl Host {
     }
 
     /// Takes the lease of a run for the foreground, waiting while another live holder
-    /// has it; `Err(record)` if the run finished meanwhile.
+    /// has it; `Err(record)` if the run finished or was paused meanwhile.
     async fn acquire_foreground(
         &self,
         run_id: &str,
@@ -237,7 +239,7 @@ impl Host {
                 .await?
             {
                 Acquired::Leased(leased) => return Ok(Ok(leased)),
-                Acquired::Finished(record) => return Ok(Err(record)),
+                Acquired::Finished(record) | Acquired::Paused(record) => return Ok(Err(record)),
                 Acquired::Held(holder) => {
                     if self.is_gone(&holder.worker).await?
                         && self.take_from_gone(&holder.worker).await?
@@ -260,9 +262,23 @@ impl Host {
         }
     }
 
-    /// The report of a run that is finished, or `None` if it can be driven.
+    /// The report of a run that is finished (or paused: reported as it stands, not
+    /// driven), or `None` if it can be driven.
     async fn finished_report(&self, record: &RunRecord) -> Result<Option<RunReport>, HostError> {
         match record.status {
+            RunStatus::Paused => Ok(Some(RunReport {
+                run_id: record.run_id.clone(),
+                status: RunStatus::Paused,
+                outcome: Vec::new(),
+                counts: record.counts,
+                counts_now: Counts::default(),
+                counts_exact: true,
+                instances_now: 0,
+                already_finished: false,
+                failure: None,
+                waiting: None,
+                rebuilt: None,
+            })),
             RunStatus::Queued | RunStatus::Running | RunStatus::Failed => Ok(None),
             RunStatus::InDoubt => {
                 let keys = self

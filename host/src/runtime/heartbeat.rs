@@ -4,7 +4,7 @@
 //! expire and its work can be taken over.
 //!
 //! One task renews everything a few times per lease period, in one batch per kind.
-//! What it learns goes back to the run: a lost run lease or a cancel request raises the
+//! What it learns goes back to the run: a lost run lease, a cancel or a pause raises the
 //! run's stop signal, and a claim found taken over is marked dead, so nothing more is
 //! sent downstream under it.
 
@@ -293,6 +293,10 @@ async fn renew_runs(store: &dyn Store, runs: Vec<RunToRenew>, failing: bool) -> 
                             cancel_requested: true,
                             ..
                         } => signals.raise(Stop::Cancel),
+                        LeaseState::Held {
+                            pause_requested: true,
+                            ..
+                        } => signals.raise(Stop::Pause),
                         LeaseState::Held { .. } => {}
                         LeaseState::Lost => {
                             tracing::warn!(

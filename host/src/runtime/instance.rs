@@ -216,14 +216,14 @@ async fn call_run(
 }
 
 /// Resolves with the stop signal that must end the instance from outside: any but a
-/// drain at once, a drain once the instance holds no claim (a side effect in flight
+/// drain or a pause at once, those once the instance holds no claim (a side effect in flight
 /// ends at its own commit or release).
 async fn stopped(signals: &RunSignals, watch: &Watch) -> Stop {
     loop {
         let changed = signals.changed();
         let moved = watch.moved();
         match signals.stop() {
-            Some(Stop::Drain) if watch.holds_claims() => {}
+            Some(Stop::Drain | Stop::Pause) if watch.holds_claims() => {}
             Some(stop) => return stop,
             None => {}
         }

@@ -30,6 +30,8 @@ pub(crate) enum Next {
     /// Stopped from outside to be resumed (a drain, or its timeout): give the lease
     /// back, the run unfinished.
     Release,
+    /// Paused by an operator: give the lease back; the store keeps the run paused.
+    Paused,
     /// The run used every instance one drive may: give it back with a note, and fail.
     GiveUp {
         /// Instances this drive created.
@@ -112,6 +114,7 @@ impl Next {
             InstanceEnd::InDoubt(key) => Next::InDoubt { key },
             InstanceEnd::Suspended(suspend) => Next::Suspend(suspend),
             InstanceEnd::Stopped(Stop::Drain | Stop::Abort) => Next::Release,
+            InstanceEnd::Stopped(Stop::Pause) => Next::Paused,
             InstanceEnd::Stopped(Stop::Cancel) => Next::Finish(Ending {
                 status: RunStatus::Cancelled,
                 outcome: b"cancelled by an operator".to_vec(),
@@ -170,6 +173,10 @@ mod tests {
         assert!(matches!(
             after(InstanceEnd::Stopped(Stop::Abort)),
             Next::Release
+        ));
+        assert!(matches!(
+            after(InstanceEnd::Stopped(Stop::Pause)),
+            Next::Paused
         ));
         let cancelled = ending(after(InstanceEnd::Stopped(Stop::Cancel)));
         assert!(matches!(cancelled.run_end(), RunEnd::Cancelled));

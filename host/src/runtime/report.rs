@@ -11,7 +11,8 @@ pub struct RunReport {
     /// The run's id.
     pub run_id: String,
     /// How the run stands now. `Running` when it was given back unfinished (the worker
-    /// shut down).
+    /// shut down); `Paused` when an operator paused it (it was given back, or found
+    /// paused and not driven).
     pub status: RunStatus,
     /// The output bytes when completed; the error text when failed; the reason when in
     /// doubt or cancelled.

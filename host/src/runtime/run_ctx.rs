@@ -165,6 +165,10 @@ struct WatchState {
     effects: Vec<(u64, String, Instant)>,
     /// The deadline the watchdog sleeps towards, if it sleeps.
     armed: Option<Instant>,
+    /// Claims whose commit, release or park is being written: no longer timed, but a
+    /// drain or a pause must not cut the write off (its caller would stop waiting for
+    /// it, and the claim be retaken in doubt).
+    settling: usize,
 }
 
 impl Watch {
@@ -176,6 +180,7 @@ impl Watch {
                 last_call: Instant::now(),
                 effects: Vec::new(),
                 armed: None,
+                settling: 0,
             }),
             moved: tokio::sync::Notify::new(),
         }
@@ -224,9 +229,24 @@ impl Watch {
         }
     }
 
-    /// Whether the instance holds a claim: a side effect may be under way.
+    /// Whether the instance holds a claim: a side effect may be under way, or its
+    /// settling be written.
     pub(crate) fn holds_claims(&self) -> bool {
-        !self.lock().effects.is_empty()
+        let state = self.lock();
+        !state.effects.is_empty() || state.settling > 0
+    }
+
+    /// A claim's settling (commit, release, park) is being written to the store.
+    pub(crate) fn settle_started(&self) {
+        self.lock().settling += 1;
+    }
+
+    /// The settling written (or refused): a drain or pause waiting for it may go on.
+    pub(crate) fn settle_ended(&self) {
+        let mut state = self.lock();
+        state.settling = state.settling.saturating_sub(1);
+        let drained = state.effects.is_empty() && state.settling == 0;
+        self.wake_if_sooner(state, drained);
     }
 
     /// Resolves the next time a deadline moves (a host call, a claim granted or

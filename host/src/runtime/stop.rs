@@ -12,6 +12,11 @@ pub enum Stop {
     /// claim, and its lease is given back.
     #[error("the worker is shutting down")]
     Drain,
+    /// An operator paused the run (or its deployment): it stops as a drain does, at
+    /// its next host call that holds no claim, and its lease is given back; no worker
+    /// takes it until it is resumed.
+    #[error("the run was paused")]
+    Pause,
     /// The drain took too long: the instance ends at once, in the middle of whatever
     /// side effect it runs (retaken in doubt).
     #[error("the worker is shutting down and the drain timed out")]
@@ -26,7 +31,7 @@ pub enum Stop {
 
 /// Stop signals for one run, shared by its driver, its instances' watchdogs and the
 /// heartbeat. The strongest signal wins: a lost lease over a cancel over an abort over
-/// a drain.
+/// a pause over a drain.
 #[derive(Debug, Default)]
 pub(crate) struct RunSignals {
     stop: AtomicU8,
@@ -37,9 +42,10 @@ impl RunSignals {
     fn rank(stop: Stop) -> u8 {
         match stop {
             Stop::Drain => 1,
-            Stop::Abort => 2,
-            Stop::Cancel => 3,
-            Stop::LeaseLost => 4,
+            Stop::Pause => 2,
+            Stop::Abort => 3,
+            Stop::Cancel => 4,
+            Stop::LeaseLost => 5,
         }
     }
 
@@ -56,8 +62,9 @@ impl RunSignals {
         match self.stop.load(Ordering::SeqCst) {
             0 => None,
             1 => Some(Stop::Drain),
-            2 => Some(Stop::Abort),
-            3 => Some(Stop::Cancel),
+            2 => Some(Stop::Pause),
+            3 => Some(Stop::Abort),
+            4 => Some(Stop::Cancel),
             _ => Some(Stop::LeaseLost),
         }
     }
@@ -117,6 +124,23 @@ impl StopSignal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_strongest_run_signal_wins() {
+        let signals = RunSignals::default();
+        assert_eq!(signals.stop(), None);
+        signals.raise(Stop::Drain);
+        signals.raise(Stop::Pause);
+        signals.raise(Stop::Drain);
+        assert_eq!(signals.stop(), Some(Stop::Pause));
+        signals.raise(Stop::Abort);
+        assert_eq!(signals.stop(), Some(Stop::Abort));
+        signals.raise(Stop::Pause);
+        signals.raise(Stop::Cancel);
+        assert_eq!(signals.stop(), Some(Stop::Cancel));
+        signals.raise(Stop::LeaseLost);
+        assert_eq!(signals.stop(), Some(Stop::LeaseLost));
+    }
 
     #[tokio::test]
     async fn a_stop_reaches_every_clone_raised_before_or_after_the_wait() {

@@ -80,8 +80,8 @@ impl HasData for HasIdem {
 
 impl IdemCtx {
     /// Marks a call into idem and stops the instance if the run was told to stop, or
-    /// ends it if a request found one of its claims taken over. A drain waits for the
-    /// claims the instance holds: their side effects may be under way, and each ends at
+    /// ends it if a request found one of its claims taken over. A drain (or a pause)
+    /// waits for the claims the instance holds: their side effects may be under way, and each ends at
     /// its own commit or release.
     pub(crate) fn enter(&mut self) -> wasmtime::Result<()> {
         self.watch.touch();
@@ -95,7 +95,7 @@ impl IdemCtx {
             }));
         }
         match self.run.signals.stop() {
-            Some(Stop::Drain) if !self.held.is_empty() => Ok(()),
+            Some(Stop::Drain | Stop::Pause) if !self.held.is_empty() => Ok(()),
             Some(stop) => Err(wasmtime::Error::new(stop)),
             None => Ok(()),
         }

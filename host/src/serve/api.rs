@@ -18,7 +18,9 @@ use super::ServeState;
 use super::error::ApiError;
 use crate::ops::{self, RunView, ScheduleRequest, ScheduleView, SubmitRequest};
 use crate::runtime::Authority;
-use crate::store::{Cancelled, GcRequest, Overlap, Resolution, RunFilter, RunStatus, ScheduleSpec};
+use crate::store::{
+    Cancelled, GcRequest, Overlap, Paused, Resolution, Resumed, RunFilter, RunStatus, ScheduleSpec,
+};
 
 type Answer = Result<(StatusCode, Json<Value>), ApiError>;
 
@@ -318,7 +320,47 @@ pub(super) async fn gc(
 
 pub(super) async fn list_deployments(State(state): State<ServeState>) -> Answer {
     let deployments = state.store.deployments().await?;
-    ok(json!({ "deployments": deployments }))
+    let paused = state.store.paused_deployments().await?;
+    ok(json!({ "deployments": deployments, "paused": paused }))
+}
+
+pub(super) async fn pause_run(
+    State(state): State<ServeState>,
+    Path(run_id): Path<String>,
+) -> Answer {
+    match ops::pause(state.store.as_ref(), &run_id).await? {
+        Paused::Now => ok(json!({ "paused": "now" })),
+        Paused::Requested { lease } => ok(json!({ "paused": "requested", "worker": lease.worker })),
+        Paused::Already => ok(json!({ "paused": "already" })),
+    }
+}
+
+pub(super) async fn resume_run(
+    State(state): State<ServeState>,
+    Path(run_id): Path<String>,
+) -> Answer {
+    let resumed = ops::resume(state.store.as_ref(), &run_id).await?;
+    ok(json!({ "resumed": resumed == Resumed::Now }))
+}
+
+pub(super) async fn pause_deployment(
+    State(state): State<ServeState>,
+    Path(name): Path<String>,
+) -> Answer {
+    let (name, paused) = ops::pause_deployment(state.store.as_ref(), &name).await?;
+    ok(
+        json!({ "deployment": name, "was_paused": paused.was_paused, "runs": paused.runs, "held": paused.held }),
+    )
+}
+
+pub(super) async fn resume_deployment(
+    State(state): State<ServeState>,
+    Path(name): Path<String>,
+) -> Answer {
+    let (name, resumed) = ops::resume_deployment(state.store.as_ref(), &name).await?;
+    ok(
+        json!({ "deployment": name, "was_paused": resumed.was_paused, "runs": resumed.runs, "held": 0 }),
+    )
 }
 
 #[derive(Debug, Deserialize)]

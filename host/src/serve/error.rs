@@ -126,6 +126,7 @@ impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> ApiError {
         let code = match &e {
             StoreError::UnknownRun { .. } => "unknown_run",
+            StoreError::UnknownDeployment { .. } => "unknown_deployment",
             StoreError::InputMismatch { .. } => "input_mismatch",
             StoreError::NotInDoubt { .. } => "not_parked",
             StoreError::RunFinished { .. } => "run_finished",

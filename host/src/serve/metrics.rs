@@ -41,19 +41,21 @@ pub(crate) struct SettledSteps {
     by_run: Mutex<HashMap<String, Vec<f64>>>,
 }
 
-const STATUSES: [RunStatus; 6] = [
+const STATUSES: [RunStatus; 7] = [
     RunStatus::Queued,
     RunStatus::Running,
+    RunStatus::Paused,
     RunStatus::Completed,
     RunStatus::Failed,
     RunStatus::InDoubt,
     RunStatus::Cancelled,
 ];
 
-/// Whether a worker would take this run now: queued or running, no live lease, not
-/// waiting for a later time or a signal, not being cancelled.
+/// Whether a worker would take this run now: queued or running, not paused, no live
+/// lease, not waiting for a later time or a signal, not being cancelled.
 fn ready(run: &RunRecord, now: Millis) -> bool {
     !run.status.is_finished()
+        && run.status != RunStatus::Paused
         && !run.cancel_requested
         && run.lease.as_ref().is_none_or(|l| l.expires <= now)
         && run.wake_at.is_none_or(|at| at <= now)

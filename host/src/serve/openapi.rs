@@ -44,10 +44,17 @@ pub fn document() -> Value {
                 },
             },
         });
-        // The cancel's answer says what else it reached: its shape is documented.
-        if route.id == "cancel_run" {
+        // These answers say what was done: their shapes are documented.
+        let answer = match route.id {
+            "cancel_run" => Some("Cancelled"),
+            "pause_run" => Some("Paused"),
+            "resume_run" => Some("Resumed"),
+            "pause_deployment" | "resume_deployment" => Some("DeploymentPaused"),
+            _ => None,
+        };
+        if let Some(schema) = answer {
             op["responses"]["200"]["content"][route.responds] =
-                json!({ "schema": { "$ref": "#/components/schemas/Cancelled" } });
+                json!({ "schema": { "$ref": format!("#/components/schemas/{schema}") } });
         }
         match route.access {
             Access::Page => op["security"] = json!([]),
@@ -175,6 +182,31 @@ fn schemas() -> Value {
                 "input": { "description": "every run's input (any JSON; null when absent)" },
                 "catch_up": { "type": "integer", "minimum": 0, "maximum": 1000, "description": "missed ticks started when late, before the latest (default 0: only the latest)" },
                 "overlap": { "type": "string", "enum": ["skip", "allow", "cancel-previous"], "description": "what a tick does while the previous run is queued or running (default skip)" },
+            },
+        },
+        "Paused": {
+            "type": "object",
+            "required": ["paused"],
+            "properties": {
+                "paused": { "type": "string", "enum": ["now", "requested", "already"], "description": "now: no worker held the run; requested: its worker stops it at its next host call and gives it back; already: it was paused, nothing changed" },
+                "worker": { "type": "string", "description": "the worker asked to stop it (requested only)" },
+            },
+        },
+        "Resumed": {
+            "type": "object",
+            "required": ["resumed"],
+            "properties": {
+                "resumed": { "type": "boolean", "description": "false: the run was not paused, nothing changed" },
+            },
+        },
+        "DeploymentPaused": {
+            "type": "object",
+            "required": ["deployment", "was_paused", "runs", "held"],
+            "properties": {
+                "deployment": { "type": "string", "description": "the deployment's name" },
+                "was_paused": { "type": "boolean", "description": "whether it was paused before the call" },
+                "runs": { "type": "integer", "description": "runs the call paused (or resumed)" },
+                "held": { "type": "integer", "description": "of the runs paused, those a worker held: each stops at its next host call" },
             },
         },
         "Gc": {

@@ -54,6 +54,12 @@ pub enum StoreError {
         /// The run.
         run_id: String,
     },
+    /// No deployment has this name.
+    #[error("no deployment is named {}", crate::text::quoted(name))]
+    UnknownDeployment {
+        /// The name.
+        name: String,
+    },
     /// The run has finished, so it cannot be changed this way.
     #[error("run {} is already {status}", crate::text::quoted(run_id))]
     RunFinished {

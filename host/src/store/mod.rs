@@ -82,6 +82,7 @@ mod gc;
 mod model_tests;
 mod open;
 mod parked;
+mod pause;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod presence;
@@ -113,6 +114,7 @@ pub use fence::{ParseSyncModeError, RunFence, SyncMode};
 pub use gc::{GcReport, GcRequest};
 pub use open::{Location, StoreOptions, is_postgres_url, open};
 pub use parked::{ParkedKeys, ParkedMatch, qualified_key};
+pub use pause::{DeploymentPaused, Paused, PausedBy, PausedDeployment, Resumed};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresOptions, PostgresStore};
 pub use presence::Presence;

@@ -49,6 +49,7 @@ mod gc;
 mod leases;
 mod logs;
 mod one_trip;
+mod pause;
 mod runs;
 mod schedules;
 mod schema;

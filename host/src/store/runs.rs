@@ -48,6 +48,10 @@ pub enum RunStatus {
     Queued,
     /// Started and not finished: a worker drives it, or will once its lease is free.
     Running,
+    /// Queued or running, and paused by an operator ([`OperatorStore::pause_run`], or
+    /// with its deployment): no worker takes it until it is resumed. A worker that held
+    /// it when it was paused stops it at its next host call (its lease shows until then).
+    Paused,
     /// The agent returned its output.
     Completed,
     /// The agent returned an error (or trapped, or hit a limit); submitting or running
@@ -66,6 +70,7 @@ impl RunStatus {
         match self {
             RunStatus::Queued => "queued",
             RunStatus::Running => "running",
+            RunStatus::Paused => "paused",
             RunStatus::Completed => "completed",
             RunStatus::Failed => "failed",
             RunStatus::InDoubt => "in-doubt",
@@ -75,7 +80,10 @@ impl RunStatus {
 
     /// Whether no worker will drive the run again without an operator's act.
     pub fn is_finished(self) -> bool {
-        !matches!(self, RunStatus::Queued | RunStatus::Running)
+        !matches!(
+            self,
+            RunStatus::Queued | RunStatus::Running | RunStatus::Paused
+        )
     }
 }
 
@@ -92,6 +100,7 @@ impl FromStr for RunStatus {
         [
             RunStatus::Queued,
             RunStatus::Running,
+            RunStatus::Paused,
             RunStatus::Completed,
             RunStatus::Failed,
             RunStatus::InDoubt,
@@ -101,8 +110,8 @@ impl FromStr for RunStatus {
         .find(|status| status.as_str() == s)
         .ok_or_else(|| {
             format!(
-                "unknown run status {s:?}: expected queued, running, completed, failed, \
-                 in-doubt or cancelled"
+                "unknown run status {s:?}: expected queued, running, paused, completed, \
+                 failed, in-doubt or cancelled"
             )
         })
     }
@@ -146,6 +155,8 @@ pub struct RunRecord {
     /// An operator asked for the run to be cancelled; its worker stops it at its next
     /// host call.
     pub cancel_requested: bool,
+    /// Who paused the run, while it is paused ([`RunStatus::Paused`]).
+    pub paused_by: Option<super::PausedBy>,
     /// Why the last worker that held the run gave it back without finishing it (it
     /// could not provide what the run needs, say), if it said.
     pub note: Option<String>,
@@ -194,6 +205,8 @@ pub enum Acquired {
     Held(RunLeaseInfo),
     /// The run is finished ([`RunStatus::is_finished`]); nothing was changed.
     Finished(RunRecord),
+    /// The run is paused ([`RunStatus::Paused`]); nothing was changed.
+    Paused(RunRecord),
 }
 
 /// What a worker learned renewing one of its run leases.
@@ -205,6 +218,9 @@ pub enum LeaseState {
         expires: Millis,
         /// An operator asked for the run to be cancelled.
         cancel_requested: bool,
+        /// An operator paused the run (or its deployment): stop at the next host call
+        /// outside a side effect and give the lease back.
+        pause_requested: bool,
     },
     /// Another lease was granted since (or the run ended): stop writing for the run.
     Lost,

@@ -33,6 +33,7 @@ mod logs;
 #[cfg(test)]
 mod migration_tests;
 mod owned;
+mod pause;
 mod presence;
 mod runs;
 mod schedules;

@@ -389,14 +389,17 @@ impl IdemCtxView<'_> {
         claim.span.record("outcome", "released");
         claim.span.record("duration_ms", millis(claim.asked));
         let run = &self.ctx.run;
-        run.store
+        self.ctx.watch.settle_started();
+        let released = run
+            .store
             .release(&ClaimRef {
                 key: &claim.key,
                 token: claim.token,
                 fence: &run.fence,
             })
-            .await
-            .map_err(trap_store)?;
+            .await;
+        self.ctx.watch.settle_ended();
+        released.map_err(trap_store)?;
         Ok(())
     }
 }
@@ -444,6 +447,7 @@ impl HostClaim for IdemCtxView<'_> {
             None => None,
         };
         let run = &self.ctx.run;
+        self.ctx.watch.settle_started();
         let written = run
             .store
             .commit(&Commit {
@@ -457,6 +461,7 @@ impl HostClaim for IdemCtxView<'_> {
                 counts: counts.as_ref(),
             })
             .await;
+        self.ctx.watch.settle_ended();
         match written {
             Ok(()) => {}
             Err(StoreError::ClaimLost { .. }) => {
@@ -486,6 +491,7 @@ impl HostClaim for IdemCtxView<'_> {
         self.end_effect(&claim);
         let reason = cut(&reason, Limits::MAX_REASON_BYTES);
         let run = &self.ctx.run;
+        self.ctx.watch.settle_started();
         let parked = run
             .store
             .park(
@@ -497,6 +503,7 @@ impl HostClaim for IdemCtxView<'_> {
                 &reason,
             )
             .await;
+        self.ctx.watch.settle_ended();
         match parked {
             Ok(()) => Err(wasmtime::Error::new(HostTrap::InDoubt { key: claim.key })),
             // Another holder took the key over meanwhile and will settle it: this

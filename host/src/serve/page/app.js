@@ -91,7 +91,7 @@ function runsPage() {
   state.offset = Number(params.get("offset") || 0);
   const main = document.getElementById("main");
   const status = el("select", { id: "filter-status" },
-    ...["", "queued", "running", "completed", "failed", "in-doubt", "cancelled"].map(s =>
+    ...["", "queued", "running", "paused", "completed", "failed", "in-doubt", "cancelled"].map(s =>
       el("option", { value: s, text: s || "any", selected: s === state.status })));
   const agent = el("input", { id: "filter-agent", value: state.agent, placeholder: "any" });
   const apply = () => {
@@ -221,6 +221,8 @@ function runPage(runId) {
         el("input", { id: "signal-name", placeholder: "signal name" }),
         el("input", { id: "signal-payload", placeholder: "payload JSON (null)" }),
         el("button", { id: "signal", text: "Send signal", onclick: () => signal(runId) }),
+        el("button", { id: "pause", text: "Pause", onclick: () => pause(runId, "pause") }),
+        el("button", { id: "resume", text: "Resume", onclick: () => pause(runId, "resume") }),
         el("button", { id: "cancel", class: "danger", text: "Cancel run", onclick: () => cancel(runId) }))));
   refreshRun(runId);
 }
@@ -260,6 +262,8 @@ function drawRun(runId, doc) {
       : run.waiting_for != null ? "for signal " + run.waiting_for : "sleeping") +
       (run.wake_at < 9e15 ? " until " + utc(run.wake_at) : "")]);
   if (run.cancel_requested) rows.push(["cancel", "requested"]);
+  if (run.paused_by) rows.push(["paused", (run.paused_by === "deployment" ? "with its deployment" : "by an operator") +
+    (run.lease && run.lease.expires > now ? "; its worker stops it at its next host call" : "")]);
   if (run.note) rows.push(["note", run.note]);
   if (doc.outcome != null)
     rows.push([run.status === "completed" ? "output" : "reason",
@@ -376,6 +380,16 @@ async function signal(runId) {
     const doc = await api("POST", `/api/runs/${encodeURIComponent(runId)}/signal`, { name, payload });
     say(doc.woke ? `signal ${name} sent: the run is due now` : `signal ${name} kept for the run`, true);
   } catch (e) { say(String(e.message || e)); }
+}
+
+async function pause(runId, act) {
+  try {
+    const doc = await api("POST", `/api/runs/${encodeURIComponent(runId)}/${act}`);
+    say(act === "resume" ? (doc.resumed ? "resumed" : "the run was not paused")
+      : doc.paused === "requested" ? "pause requested from worker " + doc.worker
+      : doc.paused === "already" ? "the run was paused already" : "paused", true);
+  } catch (e) { say(String(e.message || e)); }
+  refreshRun(runId);
 }
 
 async function cancel(runId) {

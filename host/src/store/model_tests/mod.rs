@@ -566,6 +566,7 @@ async fn apply(
                 LeaseState::Held {
                     expires,
                     cancel_requested: false,
+                    pause_requested: false,
                 }
             } else {
                 LeaseState::Lost

@@ -8,17 +8,13 @@ use std::time::Duration;
 use super::conn::{Fenced, Lock, write_tx};
 use super::one_trip::OneTrip;
 use super::{
-    PostgresStore, TxError, children, claims, components, gc, leases, logs, runs, schedules, waits,
+    PostgresStore, TxError, children, claims, components, gc, leases, logs, runs, schedules, waits, pause,
 };
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
 use crate::store::{
     Acquired, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
-    Counts, Deployment, DeploymentRecord, GcReport, GcRequest, InstanceStore, JoinRequest,
-    LeaseState, LeasedRun, Millis, OpenClaim, OperatorStore, Presence, Resolution, RunEnd,
-    RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent,
-    SpawnRequest, Spawned, StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode,
-    Tick, WaitRecord, WaitRequest, WaitState, WorkerStore,
+    Counts, Deployment, DeploymentRecord, GcReport, GcRequest, InstanceStore, JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim, OperatorStore, Presence, Resolution, RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent, SpawnRequest, Spawned, StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode, Tick, WaitRecord, WaitRequest, WaitState, WorkerStore, DeploymentPaused, Paused, PausedDeployment, Resumed,
 };
 
 /// Refuses a write whose fence did not hold.
@@ -468,6 +464,37 @@ impl OperatorStore for PostgresStore {
         write_tx!(self, "cancel a run", self.sync, None, |conn, _f| {
             runs::cancel_run(conn, run_id).await
         })
+    }
+
+    async fn pause_run(&self, run_id: &str) -> Result<Paused, StoreError> {
+        write_tx!(self, "pause a run", self.sync, None, |conn, _f| {
+            pause::pause_run(conn, run_id).await
+        })
+    }
+
+    async fn resume_run(&self, run_id: &str) -> Result<Resumed, StoreError> {
+        write_tx!(self, "resume a run", self.sync, None, |conn, _f| {
+            pause::resume_run(conn, run_id).await
+        })
+    }
+
+    async fn pause_deployment(&self, name: &str) -> Result<DeploymentPaused, StoreError> {
+        write_tx!(self, "pause a deployment", self.sync, None, |conn, _f| {
+            pause::pause_deployment(conn, name).await
+        })
+    }
+
+    async fn resume_deployment(&self, name: &str) -> Result<DeploymentPaused, StoreError> {
+        write_tx!(self, "resume a deployment", self.sync, None, |conn, _f| {
+            pause::resume_deployment(conn, name).await
+        })
+    }
+
+    async fn paused_deployments(&self) -> Result<Vec<PausedDeployment>, StoreError> {
+        self.read("list paused deployments", async |conn| {
+            pause::paused_deployments(conn).await
+        })
+        .await
     }
 
     async fn resolve(

@@ -24,6 +24,7 @@ pub(super) async fn next_due(conn: &Conn, after: Millis) -> Result<Option<Millis
              WHERE status IN ('queued', 'running')
                AND coalesce(wake_at, created) > $1
                AND lease_holder IS NULL
+               AND paused IS NULL
              ORDER BY coalesce(wake_at, created), seq
              LIMIT 1",
             &[&after],
@@ -52,6 +53,7 @@ pub(super) async fn acquire_runs(
                AND coalesce(wake_at, created) <= $1
                AND (lease_holder IS NULL OR lease_expires <= $1)
                AND lease_token < 9223372036854775807
+               AND paused IS NULL
                AND NOT (run_id = ANY ($2))
              ORDER BY coalesce(wake_at, created), seq
              LIMIT $3
@@ -84,8 +86,8 @@ pub(super) async fn acquire_run(
 ) -> Result<Acquired, TxError> {
     let row = conn
         .query_opt(
-            "SELECT status, lease_holder, lease_token, lease_expires FROM runs
-             WHERE run_id = $1 FOR NO KEY UPDATE",
+            "SELECT status, lease_holder, lease_token, lease_expires, paused IS NOT NULL
+             FROM runs WHERE run_id = $1 FOR NO KEY UPDATE",
             &[&run_id],
         )
         .await?;
@@ -97,6 +99,12 @@ pub(super) async fn acquire_run(
         lease_from(&row, 1)?,
         u64_col(&row, 2)?,
     );
+    if row.try_get::<_, bool>(4)? && !status.is_finished() {
+        let record = runs::run(conn, run_id)
+            .await?
+            .ok_or_else(|| unknown_run(run_id))?;
+        return Ok(Acquired::Paused(record));
+    }
     // Read before deciding, as the rule needs it; a grant that finds the epoch lost
     // must move it on first anyway, and a refusal that does so only moves it early.
     let floor = token_floor(conn).await?;
@@ -180,7 +188,7 @@ pub(super) async fn renew_runs(
             .query_opt(
                 "UPDATE runs SET lease_expires = $3
                  WHERE run_id = $1 AND lease_token = $2 AND lease_holder IS NOT NULL
-                 RETURNING cancel_requested",
+                 RETURNING cancel_requested, paused IS NOT NULL",
                 &[&fence.run_id, &token, &expires],
             )
             .await?;
@@ -188,6 +196,7 @@ pub(super) async fn renew_runs(
             states[at] = LeaseState::Held {
                 expires,
                 cancel_requested: row.try_get(0)?,
+                pause_requested: row.try_get(1)?,
             };
         }
     }

@@ -11,19 +11,28 @@ use crate::store::{
     Submission, Submitted,
 };
 
+/// A run's status as shown: `paused` for a queued or running run an operator paused
+/// (the `status` column keeps what it is underneath: resuming it clears `paused`).
+macro_rules! run_status {
+    () => {
+        "CASE WHEN r.paused IS NOT NULL AND r.status IN ('queued', 'running') \
+         THEN 'paused' ELSE r.status END"
+    };
+}
+
 /// A `SELECT` of whole run records followed by `$tail`; [`record`] reads its rows.
 macro_rules! select_records {
-    ($tail:literal) => {
+    ($($tail:tt)*) => {
         concat!(
-            "SELECT r.run_id, r.agent, r.digest, r.namespace, r.status, o.outcome,
+            "SELECT r.run_id, r.agent, r.digest, r.namespace, ", run_status!(), ", o.outcome,
                     r.executed, r.skipped, r.awaited, r.reclaimed, r.instances,
                     r.lease_holder, r.lease_token, r.lease_expires, r.cancel_requested,
                     r.note, r.created, r.updated, p.step, r.wake_at, r.waiting_for,
-                    r.recycled, r.parent, r.spawn_key, r.detached, r.joining
+                    r.recycled, r.parent, r.spawn_key, r.detached, r.joining, r.paused
              FROM runs r
              LEFT JOIN progress p ON p.run_id = r.run_id
              LEFT JOIN run_outcomes o ON o.run_id = r.run_id ",
-            $tail
+            $($tail)*
         )
     };
 }
@@ -235,7 +244,9 @@ pub(super) async fn runs(conn: &Conn, filter: &RunFilter<'_>) -> Result<Vec<RunR
     let rows = conn
         .query(
             select_records!(
-                "WHERE ($1::text IS NULL OR r.status = $1) AND ($2::text IS NULL OR r.agent = $2)
+                "WHERE ($1::text IS NULL OR ",
+                run_status!(),
+                " = $1) AND ($2::text IS NULL OR r.agent = $2)
                    AND ($4::text IS NULL OR r.parent = $4)
                  ORDER BY r.created DESC, r.seq DESC LIMIT $3"
             ),
@@ -352,6 +363,10 @@ pub(super) fn record(row: &Row) -> Result<RunRecord, TxError> {
         spawn_key: row.try_get(23)?,
         detached: row.try_get(24)?,
         joining: row.try_get(25)?,
+        paused_by: row
+            .try_get::<_, Option<String>>(26)?
+            .as_deref()
+            .and_then(crate::store::PausedBy::parse),
     })
 }
 

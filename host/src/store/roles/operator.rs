@@ -3,9 +3,7 @@
 use std::fmt;
 
 use crate::store::{
-    Cancelled, GcReport, GcRequest, OpenClaim, Resolution, RunFilter, RunRecord, ScheduleDef,
-    ScheduleRecord, ScheduledBy, SignalSent, StepRecord, StoreError, Submission, Submitted,
-    WaitRecord,
+    Cancelled, GcReport, GcRequest, OpenClaim, Resolution, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent, StepRecord, StoreError, Submission, Submitted, WaitRecord, DeploymentPaused, Paused, PausedDeployment, Resumed,
 };
 #[cfg(doc)]
 use crate::store::{InstanceStore, RunStatus, WorkerStore};
@@ -37,6 +35,30 @@ pub trait OperatorStore: Send + Sync + fmt::Debug {
     /// worker. Fails with [`StoreError::UnknownRun`], or [`StoreError::RunFinished`] for a
     /// run that completed or was cancelled already.
     async fn cancel_run(&self, run_id: &str) -> Result<Cancelled, StoreError>;
+
+    /// Pauses a run: no worker takes it until [`resume_run`](Self::resume_run); a
+    /// worker holding it stops it at its next host call outside a side effect. Pausing a
+    /// paused run changes nothing ([`Paused::Already`]). Fails with
+    /// [`StoreError::UnknownRun`], or [`StoreError::RunFinished`] for a run that is not
+    /// queued or running.
+    async fn pause_run(&self, run_id: &str) -> Result<Paused, StoreError>;
+
+    /// Resumes a paused run (however it was paused): it is due as it was. Resuming a
+    /// run that is not paused changes nothing ([`Resumed::NotPaused`]). Fails as
+    /// [`pause_run`](Self::pause_run) does.
+    async fn resume_run(&self, run_id: &str) -> Result<Resumed, StoreError>;
+
+    /// Pauses deployment `name`: its unfinished runs, and every run that becomes
+    /// unfinished under the name until it is resumed. Fails with
+    /// [`StoreError::UnknownDeployment`].
+    async fn pause_deployment(&self, name: &str) -> Result<DeploymentPaused, StoreError>;
+
+    /// Resumes deployment `name` and the runs paused with it; runs paused one by one
+    /// stay paused. Fails with [`StoreError::UnknownDeployment`].
+    async fn resume_deployment(&self, name: &str) -> Result<DeploymentPaused, StoreError>;
+
+    /// The paused deployments, by name.
+    async fn paused_deployments(&self) -> Result<Vec<PausedDeployment>, StoreError>;
 
     /// Settles a key parked by run `run_id`: commits a result under a fresh token, or
     /// releases the claim for a retry. The run goes back to [`RunStatus::Running`] (with

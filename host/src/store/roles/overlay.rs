@@ -20,10 +20,7 @@ use std::time::Duration;
 use super::{CatalogStore, InstanceStore, OperatorStore, Store, WorkerStore};
 use crate::store::{
     Acquired, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
-    Deployment, DeploymentRecord, GcReport, GcRequest, JoinRequest, LeaseState, LeasedRun, Millis,
-    OpenClaim, Presence, Resolution, RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef,
-    ScheduleRecord, ScheduledBy, SignalSent, SpawnRequest, Spawned, StepRecord, StoreError,
-    Submission, Submitted, Suspension, Tick, WaitRecord, WaitRequest, WaitState,
+    Deployment, DeploymentRecord, GcReport, GcRequest, JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim, Presence, Resolution, RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent, SpawnRequest, Spawned, StepRecord, StoreError, Submission, Submitted, Suspension, Tick, WaitRecord, WaitRequest, WaitState, DeploymentPaused, Paused, PausedDeployment, Resumed,
 };
 
 /// A [`Store`] assembled from one handle per role: an underlying store's, with any
@@ -303,6 +300,26 @@ impl OperatorStore for Overlay {
 
     async fn cancel_run(&self, run_id: &str) -> Result<Cancelled, StoreError> {
         self.operator.cancel_run(run_id).await
+    }
+
+    async fn pause_run(&self, run_id: &str) -> Result<Paused, StoreError> {
+        self.operator.pause_run(run_id).await
+    }
+
+    async fn resume_run(&self, run_id: &str) -> Result<Resumed, StoreError> {
+        self.operator.resume_run(run_id).await
+    }
+
+    async fn pause_deployment(&self, name: &str) -> Result<DeploymentPaused, StoreError> {
+        self.operator.pause_deployment(name).await
+    }
+
+    async fn resume_deployment(&self, name: &str) -> Result<DeploymentPaused, StoreError> {
+        self.operator.resume_deployment(name).await
+    }
+
+    async fn paused_deployments(&self) -> Result<Vec<PausedDeployment>, StoreError> {
+        self.operator.paused_deployments().await
     }
 
     async fn resolve(

@@ -7,17 +7,13 @@ use std::time::Duration;
 
 use super::owned::{OwnedEnd, OwnedJoin, OwnedRef, OwnedRequest, OwnedSpawn, OwnedWaitKind};
 use super::{
-    SqliteStore, children, claims, components, gc, leases, logs, presence, runs, schedules, waits,
+    SqliteStore, children, claims, components, gc, leases, logs, presence, runs, schedules, waits, pause,
 };
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
 use crate::store::{
     Acquired, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
-    Counts, Deployment, DeploymentRecord, GcReport, GcRequest, InstanceStore, JoinRequest,
-    LeaseState, LeasedRun, Millis, OpenClaim, OperatorStore, Presence, Resolution, RunEnd,
-    RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent,
-    SpawnRequest, Spawned, StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode,
-    Tick, WaitRecord, WaitRequest, WaitState, WorkerStore,
+    Counts, Deployment, DeploymentRecord, GcReport, GcRequest, InstanceStore, JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim, OperatorStore, Presence, Resolution, RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent, SpawnRequest, Spawned, StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode, Tick, WaitRecord, WaitRequest, WaitState, WorkerStore, DeploymentPaused, Paused, PausedDeployment, Resumed,
 };
 
 #[async_trait::async_trait]
@@ -471,6 +467,43 @@ impl OperatorStore for SqliteStore {
             runs::cancel_run(conn, &run_id, now)
         })
         .await
+    }
+
+    async fn pause_run(&self, run_id: &str) -> Result<Paused, StoreError> {
+        let run_id = run_id.to_owned();
+        self.write("pause a run", self.sync, move |conn, now| {
+            pause::pause_run(conn, &run_id, now)
+        })
+        .await
+    }
+
+    async fn resume_run(&self, run_id: &str) -> Result<Resumed, StoreError> {
+        let run_id = run_id.to_owned();
+        self.write("resume a run", self.sync, move |conn, now| {
+            pause::resume_run(conn, &run_id, now)
+        })
+        .await
+    }
+
+    async fn pause_deployment(&self, name: &str) -> Result<DeploymentPaused, StoreError> {
+        let name = name.to_owned();
+        self.write("pause a deployment", self.sync, move |conn, now| {
+            pause::pause_deployment(conn, &name, now)
+        })
+        .await
+    }
+
+    async fn resume_deployment(&self, name: &str) -> Result<DeploymentPaused, StoreError> {
+        let name = name.to_owned();
+        self.write("resume a deployment", self.sync, move |conn, now| {
+            pause::resume_deployment(conn, &name, now)
+        })
+        .await
+    }
+
+    async fn paused_deployments(&self) -> Result<Vec<PausedDeployment>, StoreError> {
+        self.read("list paused deployments", pause::paused_deployments)
+            .await
     }
 
     async fn resolve(

@@ -65,6 +65,7 @@ pub(super) fn next_due(conn: &Connection, after: Millis) -> Result<Option<Millis
              WHERE status IN ('queued', 'running')
                AND coalesce(wake_at, created) > ?1
                AND lease_holder IS NULL
+               AND paused IS NULL
              ORDER BY coalesce(wake_at, created)
              LIMIT 1",
         )?
@@ -99,6 +100,7 @@ pub(super) fn acquire_runs(
                AND coalesce(wake_at, created) <= ?1
                AND (lease_holder IS NULL OR lease_expires <= ?1)
                AND lease_token < 9223372036854775807
+               AND paused IS NULL
              ORDER BY coalesce(wake_at, created), rowid",
         )?;
         let mut rows = stmt.query([now])?;
@@ -135,9 +137,10 @@ pub(super) fn acquire_run(
     now: Millis,
     floor: u64,
 ) -> Result<Acquired, TxError> {
-    let row: Option<(RunStatus, Option<RunLeaseInfo>, u64)> = conn
+    let row: Option<(RunStatus, Option<RunLeaseInfo>, u64, bool)> = conn
         .prepare_cached(
-            "SELECT status, lease_holder, lease_token, lease_expires, lease_token
+            "SELECT status, lease_holder, lease_token, lease_expires, lease_token,
+                    paused IS NOT NULL
              FROM runs WHERE run_id = ?1",
         )?
         .query_row([run_id], |row| {
@@ -145,12 +148,17 @@ pub(super) fn acquire_run(
                 status_from(row, 0)?,
                 lease_from(row, 1)?,
                 u64_column(row, 4)?,
+                row.get(5)?,
             ))
         })
         .optional()?;
-    let Some((status, lease_now, last)) = row else {
+    let Some((status, lease_now, last, paused)) = row else {
         return Err(unknown_run(run_id));
     };
+    if paused && !status.is_finished() {
+        let record = runs::run(conn, run_id)?.ok_or_else(|| unknown_run(run_id))?;
+        return Ok(Acquired::Paused(record));
+    }
     match decide_run_lease(status, lease_now, last, floor, worker, now)? {
         LeaseDecision::Finished => {
             let record = runs::run(conn, run_id)?.ok_or_else(|| unknown_run(run_id))?;
@@ -214,18 +222,21 @@ pub(super) fn renew_runs(
             states.push(LeaseState::Lost);
             continue;
         };
-        let cancel_requested: Option<bool> = conn
+        let asked: Option<(bool, bool)> = conn
             .prepare_cached(
                 "UPDATE runs SET lease_expires = ?3
                  WHERE run_id = ?1 AND lease_token = ?2 AND lease_holder IS NOT NULL
-                 RETURNING cancel_requested",
+                 RETURNING cancel_requested, paused IS NOT NULL",
             )?
-            .query_row(params![fence.run_id, token, expires], |row| row.get(0))
+            .query_row(params![fence.run_id, token, expires], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })
             .optional()?;
-        states.push(match cancel_requested {
-            Some(cancel_requested) => LeaseState::Held {
+        states.push(match asked {
+            Some((cancel_requested, pause_requested)) => LeaseState::Held {
                 expires,
                 cancel_requested,
+                pause_requested,
             },
             None => LeaseState::Lost,
         });

@@ -85,6 +85,7 @@ fn version_2_store_migrates_with_runs_results_and_checkpoints_intact() {
             "epoch",
             "join_members",
             "namespace_members",
+            "paused_deployments",
             "progress",
             "run_inputs",
             "run_logs",

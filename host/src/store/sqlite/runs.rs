@@ -12,20 +12,29 @@ use crate::store::{
     StoreError, Submission, Submitted,
 };
 
+/// A run's status as shown: `paused` for a queued or running run an operator paused
+/// (the `status` column keeps what it is underneath: resuming it clears `paused`).
+macro_rules! run_status {
+    () => {
+        "CASE WHEN r.paused IS NOT NULL AND r.status IN ('queued', 'running') \
+         THEN 'paused' ELSE r.status END"
+    };
+}
+
 /// A `SELECT` of whole run records (with the checkpoint's step and the outcome),
 /// followed by `$tail`. [`record`] reads its rows.
 macro_rules! select_records {
-    ($tail:literal) => {
+    ($($tail:tt)*) => {
         concat!(
-            "SELECT r.run_id, r.agent, r.digest, r.namespace, r.status, o.outcome,
+            "SELECT r.run_id, r.agent, r.digest, r.namespace, ", run_status!(), ", o.outcome,
                     r.executed, r.skipped, r.awaited, r.reclaimed, r.instances,
                     r.lease_holder, r.lease_token, r.lease_expires, r.cancel_requested,
                     r.note, r.created, r.updated, p.step, r.wake_at, r.waiting_for,
-                    r.recycled, r.parent, r.spawn_key, r.detached, r.joining
+                    r.recycled, r.parent, r.spawn_key, r.detached, r.joining, r.paused
              FROM runs r
              LEFT JOIN progress p ON p.run_id = r.run_id
              LEFT JOIN run_outcomes o ON o.run_id = r.run_id ",
-            $tail
+            $($tail)*
         )
     };
 }
@@ -236,7 +245,9 @@ pub(super) fn runs(conn: &Connection, filter: &OwnedFilter) -> Result<Vec<RunRec
         .map_or(-1, |limit| i64::try_from(limit).unwrap_or(i64::MAX));
     let records = conn
         .prepare_cached(select_records!(
-            "WHERE (?1 IS NULL OR r.status = ?1) AND (?2 IS NULL OR r.agent = ?2)
+            "WHERE (?1 IS NULL OR ",
+            run_status!(),
+            " = ?1) AND (?2 IS NULL OR r.agent = ?2)
                AND (?4 IS NULL OR r.parent = ?4)
              ORDER BY r.created DESC, r.rowid DESC LIMIT ?3"
         ))?
@@ -378,6 +389,7 @@ pub(super) fn record(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
         spawn_key: row.get(23)?,
         detached: row.get(24)?,
         joining: row.get(25)?,
+        paused_by: paused_by_from(row, 26)?,
     })
 }
 
@@ -401,4 +413,22 @@ pub(super) fn status_from(row: &Row<'_>, idx: usize) -> rusqlite::Result<RunStat
         // A status the schema's CHECK constraint should have kept out.
         rusqlite::Error::FromSqlConversionFailure(idx, Type::Text, e.into())
     })
+}
+
+/// Reads the `paused` column at `idx`.
+fn paused_by_from(row: &Row<'_>, idx: usize) -> rusqlite::Result<Option<crate::store::PausedBy>> {
+    let text: Option<String> = row.get(idx)?;
+    match text {
+        None => Ok(None),
+        Some(text) => crate::store::PausedBy::parse(&text)
+            .map(Some)
+            .ok_or_else(|| {
+                // A value the schema's CHECK constraint should have kept out.
+                rusqlite::Error::FromSqlConversionFailure(
+                    idx,
+                    Type::Text,
+                    format!("unknown pause {text:?}").into(),
+                )
+            }),
+    }
 }

@@ -319,11 +319,13 @@ pub(super) async fn renew_runs_reports_held_lost_and_cancel_requests(env: &Env<'
         [
             LeaseState::Held {
                 expires,
-                cancel_requested: false
+                cancel_requested: false,
+                pause_requested: false,
             },
             LeaseState::Held {
                 expires,
-                cancel_requested: true
+                cancel_requested: true,
+                pause_requested: false,
             },
             LeaseState::Lost,
             LeaseState::Lost,

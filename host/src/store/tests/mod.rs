@@ -12,6 +12,7 @@
 //! - `deploy.rs`: components, deployments and namespaces.
 //! - `waits.rs`: sleeps, signals and suspended runs.
 //! - `schedules.rs`: schedules, their ticks and policies.
+//! - `pause.rs`: pausing and resuming runs and deployments.
 //! - `gc.rs`: retention: what gc deletes, what it keeps, and tokens across a deletion.
 //! - `shared.rs`: what takes more than one handle: reopening, races between handles.
 //! - `postgres_harness.rs`: a schema of its own per test on a real PostgreSQL server
@@ -22,6 +23,7 @@ mod claims;
 mod deploy;
 mod gc;
 mod leases;
+mod pause;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres_harness;
 mod runs;
@@ -142,6 +144,11 @@ macro_rules! store_tests {
                 children::bad_joins_are_refused_and_write_nothing,
                 children::a_join_times_out_on_the_stores_clock,
                 children::cancelling_a_parent_cancels_its_children_but_not_detached_ones,
+                pause::a_paused_run_is_not_leased_until_resumed,
+                pause::a_held_run_learns_its_pause_at_renewal_and_parks_holding_nothing,
+                pause::a_paused_suspended_run_keeps_its_signal_and_wakes_when_resumed,
+                pause::pausing_finished_or_unknown_runs_is_refused_and_changes_nothing,
+                pause::a_paused_deployment_pauses_its_runs_and_every_run_started_under_it,
                 gc::a_deleted_key_granted_again_gets_a_greater_token,
                 gc::keys_inside_the_dedupe_window_outlive_their_run,
                 gc::failed_runs_stay_unless_asked_and_live_claims_always,
