@@ -2,7 +2,7 @@
 //! and how it scales, and prints one markdown table (`cargo bench -p idem-host --bench
 //! idem`, `-- --quick` for a short check that it works; name sections to run only
 //! those: `-- steps calls resume cold throughput scaling workers sleepers prove
-//! takeover python parallel postgres peers`).
+//! takeover python parallel postgres peers flow`).
 //!
 //! Everything goes through idem's public API and the real `idem` binary, on a temp dir
 //! under cargo's target dir: a real disk, so that an fsync costs what it costs there.
@@ -28,6 +28,8 @@ use serde_json::json;
 // cargo for another bench target.
 #[path = "idem/children.rs"]
 mod children;
+#[path = "idem/flow.rs"]
+mod flow;
 #[path = "idem/llm.rs"]
 mod llm;
 #[path = "idem/parallel.rs"]
@@ -118,6 +120,8 @@ struct Plan {
     postgres: Turns,
     /// The peers rows.
     peers: peers::PeersPlan,
+    /// The flow-control rows: turns of 20 polls each, over `n` queued runs.
+    flow: Turns,
 }
 
 const fn turns(max: usize, n: u64, budget_secs: u64) -> Turns {
@@ -168,6 +172,7 @@ const FULL_PLAN: Plan = Plan {
         crash_turns: 1,
         quick: false,
     },
+    flow: turns(30, 2_000, 10),
 };
 
 const QUICK_PLAN: Plan = Plan {
@@ -210,6 +215,7 @@ const QUICK_PLAN: Plan = Plan {
         crash_turns: 1,
         quick: true,
     },
+    flow: turns(3, 200, 1),
 };
 
 /// A part of the bench: its name on the command line, its heading, and what it runs.
@@ -220,7 +226,7 @@ type Section = (
 );
 
 /// Every section, in the order of the table.
-const SECTIONS: [Section; 16] = [
+const SECTIONS: [Section; 17] = [
     ("steps", "floor and durable steps", floor_and_steps),
     ("calls", "host-call round trip", host_calls),
     ("resume", "resume after recycle", resume),
@@ -260,6 +266,11 @@ const SECTIONS: [Section; 16] = [
     ),
     ("llm", "model calls as steps", llm::llm),
     ("postgres", "PostgreSQL", postgres::postgres),
+    (
+        "flow",
+        "flow control: the lease query under limits",
+        flow::flow,
+    ),
     (
         "peers",
         "peers side by side: the seed's reference, DBOS, LangGraph",

@@ -89,7 +89,10 @@ impl Exit {
             | StoreError::UnknownComponent { .. }
             | StoreError::NamespaceTaken { .. }
             | StoreError::WaitRefused { .. }
-            | StoreError::SignalRefused { .. } => Exit::BadInput,
+            | StoreError::SignalRefused { .. }
+            | StoreError::FlowRefused { .. }
+            | StoreError::FlowKeyMissing { .. }
+            | StoreError::PriorityRefused { .. } => Exit::BadInput,
             StoreError::LeaseLost { .. } => Exit::Host,
             _ => Exit::Store,
         }

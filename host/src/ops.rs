@@ -103,6 +103,9 @@ pub struct SubmitRequest<'a> {
     pub run_id: Option<&'a str>,
     /// The namespace of the run's keys; the deployment's name when `None`.
     pub namespace: Option<&'a str>,
+    /// The run's priority: 0 (the default, lowest) to [`MAX_PRIORITY`](crate::store::MAX_PRIORITY);
+    /// workers lease due runs of higher priority first.
+    pub priority: u32,
 }
 
 /// Queues a run of a deployed agent, with the deployment's authority as `narrow` changes
@@ -143,6 +146,7 @@ pub async fn submit(
             input: req.input,
             authority: &authority.encode(),
             replace_authority: false,
+            priority: req.priority,
         })
         .await?)
 }

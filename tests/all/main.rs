@@ -14,6 +14,7 @@ mod compat;
 mod crash_sweep;
 mod dedupe;
 mod doc_links;
+mod flow;
 mod fuzz_abi;
 mod gc;
 mod grants;

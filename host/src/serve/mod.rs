@@ -286,6 +286,9 @@ fn handler(route: &Route) -> MethodRouter<ServeState> {
         "list_deployments" => get(api::list_deployments),
         "deploy" => post(api::deploy),
         "gc" => post(api::gc),
+        "list_flow" => get(api::list_flow),
+        "set_flow" => post(api::set_flow),
+        "clear_flow" => post(api::clear_flow),
         // A route in the table without a handler: the tests build the router and
         // call every route, so this cannot ship.
         _ => get(|| async { ApiError::new("internal", "route without a handler") }),

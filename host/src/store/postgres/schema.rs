@@ -20,6 +20,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0005_epoch.sql"),
     include_str!("../migrations/postgres/0006_rebuilds.sql"),
     include_str!("../migrations/postgres/0007_children.sql"),
+    include_str!("../migrations/postgres/0009_flow.sql"),
 ];
 
 /// The schema version this build writes and understands.

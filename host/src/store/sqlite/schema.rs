@@ -26,6 +26,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0007_recycled.sql"),
     include_str!("../migrations/sqlite/0008_rebuilds.sql"),
     include_str!("../migrations/sqlite/0009_children.sql"),
+    include_str!("../migrations/sqlite/0011_flow.sql"),
 ];
 
 /// The schema version this build writes and understands.

@@ -10,6 +10,7 @@
 //! - `runs.rs`: submitting, progress, counts, outcomes, cancel, logs.
 //! - `leases.rs`: run leases and fences.
 //! - `deploy.rs`: components, deployments and namespaces.
+//! - `flow.rs`: limits on running runs, concurrency keys, priorities.
 //! - `waits.rs`: sleeps, signals and suspended runs.
 //! - `gc.rs`: retention: what gc deletes, what it keeps, and tokens across a deletion.
 //! - `shared.rs`: what takes more than one handle: reopening, races between handles.
@@ -19,6 +20,7 @@
 mod children;
 mod claims;
 mod deploy;
+mod flow;
 mod gc;
 mod leases;
 #[cfg(feature = "postgres")]
@@ -143,12 +145,17 @@ macro_rules! store_tests {
                 gc::a_deleted_key_granted_again_gets_a_greater_token,
                 gc::keys_inside_the_dedupe_window_outlive_their_run,
                 gc::failed_runs_stay_unless_asked_and_live_claims_always,
+                flow::a_deployment_limit_holds_across_workers,
+                flow::a_concurrency_key_serialises_runs_per_key,
+                flow::priorities_lease_highest_first_then_oldest,
+                flow::bad_flow_settings_are_refused_and_change_nothing,
             ];
             harness: [
                 shared::reopening_keeps_everything,
                 shared::two_handles_race_for_claims,
                 shared::two_handles_acquire_disjoint_runs,
                 gc::gc_deletes_exactly_a_finished_runs_rows_and_a_dry_run_nothing,
+                flow::racing_handles_never_exceed_a_limit,
             ]
         );
     };
@@ -270,6 +277,7 @@ impl Env<'_> {
                 input,
                 authority: b"authority",
                 replace_authority: false,
+                priority: 0,
             })
             .await
             .unwrap()
