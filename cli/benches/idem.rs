@@ -2,7 +2,7 @@
 //! and how it scales, and prints one markdown table (`cargo bench -p idem-host --bench
 //! idem`, `-- --quick` for a short check that it works; name sections to run only
 //! those: `-- steps calls resume cold throughput scaling workers sleepers prove
-//! takeover python parallel children llm schedules postgres peers`).
+//! takeover python parallel children llm schedules postgres peers flow`).
 //!
 //! Everything goes through idem's public API and the real `idem` binary, on a temp dir
 //! under cargo's target dir: a real disk, so that an fsync costs what it costs there.
@@ -28,6 +28,8 @@ use serde_json::json;
 // cargo for another bench target.
 #[path = "idem/children.rs"]
 mod children;
+#[path = "idem/flow.rs"]
+mod flow;
 #[path = "idem/llm.rs"]
 mod llm;
 #[path = "idem/parallel.rs"]
@@ -122,6 +124,8 @@ struct Plan {
     peers: peers::PeersPlan,
     /// Schedules ticking at once in the schedules rows.
     schedules: usize,
+    /// The flow-control rows: turns of 20 polls each, over `n` queued runs.
+    flow: Turns,
 }
 
 const fn turns(max: usize, n: u64, budget_secs: u64) -> Turns {
@@ -173,6 +177,7 @@ const FULL_PLAN: Plan = Plan {
         quick: false,
     },
     schedules: 1_000,
+    flow: turns(30, 2_000, 10),
 };
 
 const QUICK_PLAN: Plan = Plan {
@@ -216,6 +221,7 @@ const QUICK_PLAN: Plan = Plan {
         quick: true,
     },
     schedules: 100,
+    flow: turns(3, 200, 1),
 };
 
 /// A part of the bench: its name on the command line, its heading, and what it runs.
@@ -271,6 +277,11 @@ const SECTIONS: [Section; 17] = [
         schedules::schedules,
     ),
     ("postgres", "PostgreSQL", postgres::postgres),
+    (
+        "flow",
+        "flow control: the lease query under limits",
+        flow::flow,
+    ),
     (
         "peers",
         "peers side by side: the seed's reference, DBOS, LangGraph",

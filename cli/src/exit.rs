@@ -92,7 +92,10 @@ impl Exit {
             | StoreError::WaitRefused { .. }
             | StoreError::SignalRefused { .. }
             | StoreError::ScheduleRefused { .. }
-            | StoreError::UnknownSchedule { .. } => Exit::BadInput,
+            | StoreError::UnknownSchedule { .. }
+            | StoreError::FlowRefused { .. }
+            | StoreError::FlowKeyMissing { .. }
+            | StoreError::PriorityRefused { .. } => Exit::BadInput,
             StoreError::LeaseLost { .. } => Exit::Host,
             _ => Exit::Store,
         }

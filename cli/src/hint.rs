@@ -53,6 +53,14 @@ fn for_store(e: &StoreError) -> Option<String> {
              AGENT.wasm --name {ns}`) or pass --upgrade; otherwise pick another --namespace",
             ns = idem::text::escape(namespace, false)
         )),
+        StoreError::FlowKeyMissing { .. } => Some(
+            "give the run an input with its key there, or change the deployment's key with \
+             `idem flow set`"
+                .into(),
+        ),
+        StoreError::FlowRefused { .. } => {
+            Some("`idem flow ls` lists the limits; `idem flow clear NAME` removes them".into())
+        }
         StoreError::LeaseLost { .. } => {
             Some("another worker drives the run now; `idem show RUN` says which".into())
         }

@@ -14,7 +14,10 @@ use sha2::{Digest, Sha256};
 
 use crate::runtime::{Authority, HostError, LoadedAgent, check_namespace, check_run_id};
 use crate::store::{
-    Admission, Cancelled, ChildRecord, Deployment, DeploymentRecord, GcReport, GcRequest, Millis, OpenClaim, ParkedKeys, ParkedMatch, Resolution, RunFilter, RunRecord, RunStatus, ScheduledBy, StepRecord, Store, StoreError, Submission, Submitted, WaitRecord, DeploymentPaused, Paused, Resumed,
+    Admission, Cancelled, ChildRecord, Deployment, DeploymentPaused, DeploymentRecord, GcReport,
+    GcRequest, Millis, OpenClaim, ParkedKeys, ParkedMatch, Paused, Resolution, Resumed, RunFilter,
+    RunRecord, RunStatus, ScheduledBy, StepRecord, Store, StoreError, Submission, Submitted,
+    WaitRecord,
 };
 use crate::text::{check_visible, escape_for_terminal as shown, hidden_char};
 
@@ -107,6 +110,9 @@ pub struct SubmitRequest<'a> {
     pub run_id: Option<&'a str>,
     /// The namespace of the run's keys; the deployment's name when `None`.
     pub namespace: Option<&'a str>,
+    /// The run's priority: 0 (the default, lowest) to [`MAX_PRIORITY`](crate::store::MAX_PRIORITY);
+    /// workers lease due runs of higher priority first.
+    pub priority: u32,
 }
 
 /// Queues a run of a deployed agent, with the deployment's authority as `narrow` changes
@@ -147,6 +153,7 @@ pub async fn submit(
             input: req.input,
             authority: &authority.encode(),
             replace_authority: false,
+            priority: req.priority,
         })
         .await?)
 }

@@ -15,6 +15,7 @@ mod crash_sweep;
 mod dedupe;
 mod disk_faults;
 mod doc_links;
+mod flow;
 mod fuzz_abi;
 mod gc;
 mod grants;
@@ -31,8 +32,8 @@ mod operator_text;
 #[cfg(feature = "otlp")]
 mod otlp;
 mod parallel;
-mod pg_faults;
 mod pause;
+mod pg_faults;
 mod pinning;
 mod postgres;
 mod power_loss;

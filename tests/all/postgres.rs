@@ -585,6 +585,7 @@ fn tokens_lost_in_a_server_crash_are_never_granted_again() {
                 input: b"",
                 authority: b"",
                 replace_authority: false,
+                priority: 0,
             })
             .await
             .unwrap();

@@ -163,6 +163,7 @@ pub fn lease_by_hand(
                 input: b"null",
                 authority: &Authority::default().encode(),
                 replace_authority: false,
+                priority: 0,
             })
             .await
             .unwrap();

@@ -144,6 +144,7 @@ impl Waits {
                         input: &serde_json::to_vec(input).unwrap(),
                         authority: &authority,
                         replace_authority: false,
+                        priority: 0,
                     })
                     .await
                     .unwrap();

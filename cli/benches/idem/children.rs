@@ -141,6 +141,7 @@ fn fan_out(
                         input: &serde_json::to_vec(&input)?,
                         authority: &authority,
                         replace_authority: false,
+                        priority: 0,
                     })
                     .await?;
                 Ok::<_, anyhow::Error>(())

@@ -200,6 +200,7 @@ async fn lease_rate(bed: &Bed, url: &str, queued: usize) -> anyhow::Result<f64> 
                 input: b"{}",
                 authority: b"",
                 replace_authority: false,
+                priority: 0,
             })
             .await?;
     }

@@ -164,6 +164,7 @@ pub(crate) async fn submit_all(
                 input: &serde_json::to_vec(&input)?,
                 authority,
                 replace_authority: false,
+                priority: 0,
             })
             .await?;
         n += 1;

@@ -72,6 +72,7 @@ async fn submit_waiter(
             input: &serde_json::to_vec(input)?,
             authority,
             replace_authority: false,
+            priority: 0,
         })
         .await?;
     Ok(())

@@ -38,6 +38,7 @@ impl StoreStep {
                 input: b"{}",
                 authority: b"",
                 replace_authority: false,
+                priority: 0,
             })
             .await?;
         let token = match store

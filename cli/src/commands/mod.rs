@@ -6,6 +6,7 @@ mod args;
 mod cancel;
 mod deploy;
 mod display;
+mod flow;
 mod gc;
 mod generate;
 mod logs;
@@ -48,6 +49,8 @@ pub enum Command {
     Submit(Box<submit::SubmitCommand>),
     /// Lease queued runs from the store and drive them until stopped.
     Worker(worker::WorkerCommand),
+    /// Limit a deployment's running runs, in all and per concurrency key.
+    Flow(flow::FlowCommand),
     /// List runs.
     Ls(ls::LsCommand),
     /// Show one run: its lease, steps, open claims.
@@ -106,6 +109,7 @@ impl Command {
             Command::Deploy(cmd) => cmd.execute().await,
             Command::Submit(cmd) => cmd.execute().await,
             Command::Worker(cmd) => cmd.execute().await,
+            Command::Flow(cmd) => cmd.execute().await,
             Command::Ls(cmd) => cmd.execute().await,
             Command::Show(cmd) => cmd.execute().await,
             Command::Cancel(cmd) => cmd.execute().await,

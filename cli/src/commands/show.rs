@@ -47,6 +47,12 @@ fn print_run(run: &RunRecord, schedule: Option<&ScheduledBy>, now: Millis) {
     }
     println!("agent     {} ({})", display::name(&run.agent), run.digest);
     println!("namespace {}", display::name(&run.namespace));
+    if run.priority > 0 {
+        println!("priority  {}", run.priority);
+    }
+    if let Some(key) = &run.flow_key {
+        println!("flow key  {}", display::name(key));
+    }
     if let Some(parent) = &run.parent {
         let key = run.spawn_key.as_deref().unwrap_or_default();
         let detached = if run.detached { ", detached" } else { "" };

@@ -27,6 +27,10 @@ pub struct SubmitCommand {
     /// name. Defaults to the deployment's name.
     #[arg(long)]
     namespace: Option<String>,
+    /// The run's priority, 0 (the lowest) to 1000: workers lease due runs of higher
+    /// priority first, then the oldest.
+    #[arg(long, default_value_t = 0)]
+    priority: u32,
     /// Narrow what the run may reach (the deployment's grants when not given).
     #[command(flatten)]
     authority: AuthorityArgs,
@@ -46,6 +50,7 @@ impl SubmitCommand {
                 input: &input,
                 run_id: self.run_id.as_deref(),
                 namespace: self.namespace.as_deref(),
+                priority: self.priority,
             },
             |base| self.authority.apply(base),
         )

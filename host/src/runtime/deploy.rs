@@ -68,6 +68,7 @@ impl Host {
                 input: &opts.input,
                 authority: &authority,
                 replace_authority: true,
+                priority: 0,
             })
             .await?;
         let previous = current.map(|c| c.digest).filter(|d| *d != agent.digest);

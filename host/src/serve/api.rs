@@ -153,6 +153,8 @@ pub(super) struct SubmitBody {
     input: Value,
     run_id: Option<String>,
     namespace: Option<String>,
+    #[serde(default)]
+    priority: u32,
 }
 
 pub(super) async fn submit_run(
@@ -170,6 +172,7 @@ pub(super) async fn submit_run(
             input: &input,
             run_id: b.run_id.as_deref(),
             namespace: b.namespace.as_deref(),
+            priority: b.priority,
         },
         Authority::clone,
     )
@@ -316,6 +319,46 @@ pub(super) async fn gc(
     };
     let report = ops::gc(state.store.as_ref(), &req).await?;
     ok(json!({ "dry_run": req.dry_run, "report": report }))
+}
+
+pub(super) async fn list_flow(State(state): State<ServeState>) -> Answer {
+    let limits = state.store.flows().await?;
+    ok(json!({ "limits": limits }))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SetFlowBody {
+    deployment: String,
+    max_running: Option<u32>,
+    key: Option<String>,
+    per_key: Option<u32>,
+}
+
+pub(super) async fn set_flow(
+    State(state): State<ServeState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Answer {
+    let b: SetFlowBody = json_body(&headers, body)?;
+    let limits = state
+        .store
+        .set_flow(&crate::store::FlowSetting {
+            deployment: &b.deployment,
+            max_running: b.max_running,
+            key: b.key.as_deref(),
+            per_key: b.per_key,
+        })
+        .await?;
+    ok(json!({ "limits": limits }))
+}
+
+pub(super) async fn clear_flow(
+    State(state): State<ServeState>,
+    Path(deployment): Path<String>,
+) -> Answer {
+    let cleared = state.store.clear_flow(&deployment).await?;
+    ok(json!({ "deployment": deployment, "cleared": cleared }))
 }
 
 pub(super) async fn list_deployments(State(state): State<ServeState>) -> Answer {

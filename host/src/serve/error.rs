@@ -51,6 +51,21 @@ pub const CODES: &[(&str, u16, &str)] = &[
         "the signal's name or payload is refused",
     ),
     ("ambiguous_key", 400, "the key names two parked keys"),
+    (
+        "flow_refused",
+        400,
+        "a deployment's limits are zero, absurd or inconsistent",
+    ),
+    (
+        "flow_key_missing",
+        400,
+        "the input has nothing where the deployment reads its concurrency key",
+    ),
+    (
+        "priority_refused",
+        400,
+        "the priority is beyond the highest",
+    ),
     ("unauthorized", 401, "the bearer token is missing or wrong"),
     ("forbidden", 403, "the request is not allowed from here"),
     ("not_found", 404, "no such route"),
@@ -134,6 +149,13 @@ impl From<StoreError> for ApiError {
             StoreError::SignalRefused { .. } => "signal_refused",
             StoreError::UnknownSchedule { .. } => "unknown_schedule",
             StoreError::ScheduleRefused { .. } => "schedule_refused",
+            StoreError::FlowRefused {
+                refusal: crate::store::FlowRefusal::UnknownDeployment(_),
+                ..
+            } => "unknown_deployment",
+            StoreError::FlowRefused { .. } => "flow_refused",
+            StoreError::FlowKeyMissing { .. } => "flow_key_missing",
+            StoreError::PriorityRefused { .. } => "priority_refused",
             StoreError::Database { .. } | StoreError::Open { .. } => "store_unavailable",
             _ => "internal",
         };

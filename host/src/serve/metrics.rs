@@ -33,7 +33,9 @@ use prometheus_client::registry::Registry;
 
 use super::ServeState;
 use super::error::ApiError;
-use crate::store::{Millis, RunFilter, RunRecord, RunStatus, ScheduleRecord, Store, StoreError};
+use crate::store::{
+    FlowCounts, Limit, Millis, RunFilter, RunRecord, RunStatus, ScheduleRecord, Store, StoreError,
+};
 
 /// Step latencies of runs whose steps cannot change any more, by run.
 #[derive(Debug, Default)]
@@ -81,6 +83,7 @@ pub(crate) async fn render(
     register_gauges(&mut registry, &runs, now, parked);
     register_children(&mut registry, store, &runs).await?;
     register_schedules(&mut registry, &store.schedules().await?, now);
+    register_flow(&mut registry, store, &runs, now).await?;
     register_step_latency(&mut registry, store, &runs, settled).await?;
 
     let mut text = String::new();
@@ -170,6 +173,82 @@ fn register_gauges(registry: &mut Registry, runs: &[RunRecord], now: Millis, par
         gauge.set(value as i64);
         registry.register(name, help, gauge);
     }
+}
+
+/// Flow control, per deployment with limits: its limit, its runs holding a live lease,
+/// and its due runs the limits hold back now (those a worker would pass over: the
+/// lease query's own rule, applied to the runs in the order it leases them).
+async fn register_flow(
+    registry: &mut Registry,
+    store: &dyn Store,
+    runs: &[RunRecord],
+    now: Millis,
+) -> Result<(), StoreError> {
+    let limits = store.flows().await?;
+    let limit = Family::<Vec<(String, String)>, Gauge>::default();
+    let running = Family::<Vec<(String, String)>, Gauge>::default();
+    let held = Family::<Vec<(String, String)>, Gauge>::default();
+    registry.register(
+        "flow_max_running",
+        "A deployment's limit on its running runs",
+        limit.clone(),
+    );
+    registry.register(
+        "flow_running",
+        "Runs of a deployment with limits that hold a live lease",
+        running.clone(),
+    );
+    registry.register(
+        "flow_held_back",
+        "Due runs of a deployment that its limits (in all or per key) hold back now",
+        held.clone(),
+    );
+    let mut counts = FlowCounts::default();
+    for l in &limits {
+        counts.limits.insert(
+            l.deployment.clone(),
+            Limit {
+                max_running: l.max_running.map(u64::from),
+                per_key: l.per_key.map(u64::from),
+            },
+        );
+    }
+    let live = |r: &RunRecord| r.lease.as_ref().is_some_and(|l| l.expires > now);
+    for run in runs.iter().filter(|r| live(r)) {
+        counts.count(&run.agent, run.flow_key.as_deref());
+    }
+    let mut ready_runs: Vec<&RunRecord> = runs
+        .iter()
+        .filter(|r| counts.limits.contains_key(&r.agent) && ready(r, now))
+        .collect();
+    ready_runs.sort_by_key(|r| {
+        (
+            std::cmp::Reverse(r.priority),
+            r.wake_at.unwrap_or(r.created),
+        )
+    });
+    let mut held_by: HashMap<&str, i64> = HashMap::new();
+    for run in ready_runs {
+        if counts.saturated(&run.agent, run.flow_key.as_deref()) {
+            *held_by.entry(run.agent.as_str()).or_default() += 1;
+        } else {
+            counts.admit(&run.agent, run.flow_key.as_deref());
+        }
+    }
+    for l in &limits {
+        let label = vec![("deployment".to_string(), l.deployment.clone())];
+        if let Some(max) = l.max_running {
+            limit.get_or_create(&label).set(i64::from(max));
+        }
+        let live_runs = runs
+            .iter()
+            .filter(|r| r.agent == l.deployment && live(r))
+            .count();
+        running.get_or_create(&label).set(live_runs as i64);
+        held.get_or_create(&label)
+            .set(held_by.get(l.deployment.as_str()).copied().unwrap_or(0));
+    }
+    Ok(())
 }
 
 /// Spawns and joins: the child runs by status, the parents waiting in a join, and the

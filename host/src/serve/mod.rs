@@ -296,6 +296,9 @@ fn handler(route: &Route) -> MethodRouter<ServeState> {
         "delete_schedule" => axum::routing::delete(api::delete_schedule),
         "pause_schedule" => post(api::pause_schedule),
         "resume_schedule" => post(api::resume_schedule),
+        "list_flow" => get(api::list_flow),
+        "set_flow" => post(api::set_flow),
+        "clear_flow" => post(api::clear_flow),
         // A route in the table without a handler: the tests build the router and
         // call every route, so this cannot ship.
         _ => get(|| async { ApiError::new("internal", "route without a handler") }),

@@ -125,6 +125,22 @@ fn schemas() -> Value {
                 "input": { "description": "the run's input (any JSON; null when absent)" },
                 "run_id": { "type": "string" },
                 "namespace": { "type": "string" },
+                "priority": {
+                    "type": "integer", "minimum": 0, "maximum": 1000,
+                    "description": "workers lease due runs of higher priority first (default 0)",
+                },
+            },
+        },
+        "SetFlow": {
+            "type": "object",
+            "required": ["deployment"],
+            "additionalProperties": false,
+            "description": "at least one limit; key and per_key together",
+            "properties": {
+                "deployment": { "type": "string" },
+                "max_running": { "type": "integer", "minimum": 1, "maximum": 1000000 },
+                "key": { "type": "string", "description": "a JSON pointer into each run's input" },
+                "per_key": { "type": "integer", "minimum": 1, "maximum": 1000000 },
             },
         },
         "Signal": {

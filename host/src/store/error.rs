@@ -135,6 +135,40 @@ pub enum StoreError {
         /// The schedule.
         name: String,
     },
+    /// Limits on a deployment's runs were refused ([`FlowRefusal`](super::FlowRefusal)).
+    /// Nothing was written.
+    #[error(
+        "limits on deployment {} refused: {refusal}",
+        crate::text::quoted(deployment)
+    )]
+    FlowRefused {
+        /// The deployment.
+        deployment: String,
+        /// Why.
+        refusal: super::FlowRefusal,
+    },
+    /// The run's deployment reads a concurrency key from its input, and the input has
+    /// nothing there. Nothing was written.
+    #[error(
+        "run {} has no concurrency key: its input has nothing at {} (deployment {} reads its key there)",
+        crate::text::quoted(run_id),
+        crate::text::quoted(pointer),
+        crate::text::quoted(deployment)
+    )]
+    FlowKeyMissing {
+        /// The run.
+        run_id: String,
+        /// The deployment.
+        deployment: String,
+        /// The JSON pointer.
+        pointer: String,
+    },
+    /// A priority beyond [`MAX_PRIORITY`](super::MAX_PRIORITY). Nothing was written.
+    #[error("priority {priority} is beyond the highest ({})", super::MAX_PRIORITY)]
+    PriorityRefused {
+        /// The priority given.
+        priority: u32,
+    },
     /// No component with this digest is in the store.
     #[error("no component with digest {digest} is in the store")]
     UnknownComponent {

@@ -76,6 +76,7 @@ mod clock;
 mod deploy;
 mod error;
 mod fence;
+mod flow;
 mod gc;
 #[cfg(test)]
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -111,6 +112,8 @@ pub use clock::Clock;
 pub use deploy::{Admission, Deployment, DeploymentRecord};
 pub use error::{DatabaseFault, StoreError};
 pub use fence::{ParseSyncModeError, RunFence, SyncMode};
+pub(crate) use flow::{FlowCounts, Limit, check_setting, key_of};
+pub use flow::{FlowLimits, FlowRefusal, FlowSetting, MAX_FLOW_LIMIT, MAX_PRIORITY};
 pub use gc::{GcReport, GcRequest};
 pub use open::{Location, StoreOptions, is_postgres_url, open};
 pub use parked::{ParkedKeys, ParkedMatch, qualified_key};

@@ -45,6 +45,7 @@ mod claims;
 mod components;
 mod conn;
 mod epoch;
+mod flow;
 mod gc;
 mod leases;
 mod logs;

@@ -27,6 +27,10 @@ pub struct Submission<'a> {
     /// For an existing run: replace its authority with this one (an operator resuming
     /// it in the foreground decides again); otherwise the run keeps what it had.
     pub replace_authority: bool,
+    /// A new run's priority, 0 (the default, lowest) to
+    /// [`MAX_PRIORITY`](super::MAX_PRIORITY): workers lease due runs of higher priority
+    /// first, then the oldest. An existing run keeps its own.
+    pub priority: u32,
 }
 
 /// What [`OperatorStore::submit`] did.
@@ -174,6 +178,11 @@ pub struct RunRecord {
     pub detached: bool,
     /// The key of the join the suspended run waits on, if it waits on one.
     pub joining: Option<String>,
+    /// Its priority: workers lease due runs of higher priority first.
+    pub priority: u32,
+    /// Its concurrency key, read from its input where its deployment says
+    /// ([`FlowLimits::key`](super::FlowLimits::key)), if it has one.
+    pub flow_key: Option<String>,
     /// When the run was submitted.
     pub created: Millis,
     /// When the run's record last changed.

@@ -27,6 +27,7 @@ mod components;
 mod epoch;
 #[cfg(test)]
 mod fault_tests;
+mod flow;
 mod gc;
 mod leases;
 mod logs;
@@ -139,7 +140,8 @@ impl Default for OpenOptions {
 /// # let digest = "00";
 /// # store.put_component(digest, b"\0asm").await?;
 /// # store.submit(&idem::store::Submission { run_id: "run-1", agent: "billing", digest,
-/// #     namespace: "billing", input: b"{}", authority: b"", replace_authority: false }).await?;
+/// #     namespace: "billing", input: b"{}", authority: b"", replace_authority: false,
+/// #     priority: 0 }).await?;
 /// let lease = Duration::from_secs(30);
 /// let Acquired::Leased(run) = store.acquire_run("run-1", "worker-a", lease).await? else {
 ///     panic!("nobody else holds the run");

@@ -304,6 +304,7 @@ async fn run_case(backend: Backend, ops: &[Op]) -> Result<(), TestCaseError> {
                 input: b"",
                 authority: b"",
                 replace_authority: false,
+                priority: 0,
             })
             .await?;
         // Every holder starts with its run leased.

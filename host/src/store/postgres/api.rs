@@ -8,13 +8,19 @@ use std::time::Duration;
 use super::conn::{Fenced, Lock, write_tx};
 use super::one_trip::OneTrip;
 use super::{
-    PostgresStore, TxError, children, claims, components, gc, leases, logs, runs, schedules, waits, pause,
+    PostgresStore, TxError, children, claims, components, flow, gc, leases, logs, pause, runs,
+    schedules, waits,
 };
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
 use crate::store::{
     Acquired, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
-    Counts, Deployment, DeploymentRecord, GcReport, GcRequest, InstanceStore, JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim, OperatorStore, Presence, Resolution, RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent, SpawnRequest, Spawned, StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode, Tick, WaitRecord, WaitRequest, WaitState, WorkerStore, DeploymentPaused, Paused, PausedDeployment, Resumed,
+    Counts, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits, FlowSetting, GcReport,
+    GcRequest, InstanceStore, JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim, OperatorStore,
+    Paused, PausedDeployment, Presence, Resolution, Resumed, RunEnd, RunFence, RunFilter,
+    RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent, SpawnRequest, Spawned,
+    StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode, Tick, WaitRecord,
+    WaitRequest, WaitState, WorkerStore,
 };
 
 /// Refuses a write whose fence did not hold.
@@ -426,6 +432,31 @@ impl CatalogStore for PostgresStore {
             components::admitted(conn, namespace, digest).await
         })
         .await
+    }
+
+    async fn set_flow(&self, setting: &FlowSetting<'_>) -> Result<FlowLimits, StoreError> {
+        write_tx!(
+            self,
+            "set a deployment's limits",
+            self.sync,
+            None,
+            |conn, _f| { flow::set_flow(conn, setting).await }
+        )
+    }
+
+    async fn clear_flow(&self, deployment: &str) -> Result<bool, StoreError> {
+        write_tx!(
+            self,
+            "clear a deployment's limits",
+            self.sync,
+            None,
+            |conn, _f| { flow::clear_flow(conn, deployment).await }
+        )
+    }
+
+    async fn flows(&self) -> Result<Vec<FlowLimits>, StoreError> {
+        self.read("list limits", async |conn| flow::flows(conn).await)
+            .await
     }
 
     async fn upgrade_run(&self, run_id: &str, from: &str, to: &str) -> Result<(), StoreError> {

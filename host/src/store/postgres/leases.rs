@@ -33,7 +33,54 @@ pub(super) async fn next_due(conn: &Conn, after: Millis) -> Result<Option<Millis
     Ok(row.map(|row| row.try_get(0)).transpose()?)
 }
 
-/// Leases up to `max` runs nobody holds a live lease on, oldest first.
+/// The due runs nobody holds a live lease on, locked for this transaction (passing
+/// over those another worker is taking): up to `$3` of priority above 0, highest first,
+/// then as many of priority 0 as make `$3`, oldest first; none in `$2`, none of a
+/// deployment in `$4`, none of a deployment and key (`agent || chr(31) || flow_key`) in
+/// `$5`. The last column says whether any deployment has limits.
+const CANDIDATES: &str = "
+    WITH prioritized AS (
+        SELECT run_id, lease_token, lease_holder IS NOT NULL AS taken_over, agent, flow_key,
+               0 AS pass, priority, coalesce(wake_at, created) AS due, seq
+        FROM runs
+        WHERE priority > 0 AND status IN ('queued', 'running')
+          AND coalesce(wake_at, created) <= $1
+          AND (lease_holder IS NULL OR lease_expires <= $1)
+          AND lease_token < 9223372036854775807
+          AND paused IS NULL
+          AND NOT (run_id = ANY ($2)) AND NOT (agent = ANY ($4))
+          AND NOT (coalesce(agent || chr(31) || flow_key, '') = ANY ($5))
+        ORDER BY priority DESC, coalesce(wake_at, created), seq
+        LIMIT $3
+        FOR UPDATE SKIP LOCKED
+    ), oldest AS (
+        SELECT run_id, lease_token, lease_holder IS NOT NULL AS taken_over, agent, flow_key,
+               1 AS pass, priority, coalesce(wake_at, created) AS due, seq
+        FROM runs
+        WHERE status IN ('queued', 'running')
+          AND coalesce(wake_at, created) <= $1
+          AND (lease_holder IS NULL OR lease_expires <= $1)
+          AND lease_token < 9223372036854775807
+          AND paused IS NULL
+          AND priority = 0
+          AND NOT (run_id = ANY ($2)) AND NOT (agent = ANY ($4))
+          AND NOT (coalesce(agent || chr(31) || flow_key, '') = ANY ($5))
+        ORDER BY coalesce(wake_at, created), seq
+        LIMIT greatest($3 - (SELECT count(*) FROM prioritized), 0)
+        FOR UPDATE SKIP LOCKED
+    )
+    SELECT run_id, lease_token, taken_over, agent, flow_key,
+           EXISTS (SELECT 1 FROM flow_limits)
+    FROM (SELECT * FROM prioritized UNION ALL SELECT * FROM oldest) AS due
+    ORDER BY pass, priority DESC, due, seq";
+
+/// How many times a lease query under limits looks again for runs, after the runs it
+/// found filled a deployment's or a key's limit: each time passes over one more.
+const FLOW_ROUNDS: usize = 4;
+
+/// Leases up to `max` runs nobody holds a live lease on, of the highest priority
+/// first, then oldest first, passing over runs whose deployment or concurrency key is
+/// at its limit (`flow.rs`).
 pub(super) async fn acquire_runs(
     conn: &Conn,
     worker: &str,
@@ -45,32 +92,56 @@ pub(super) async fn acquire_runs(
         return Ok(Vec::new());
     }
     let now = conn.now;
-    let limit = i64::try_from(max).unwrap_or(i64::MAX);
-    let rows = conn
-        .query(
-            "SELECT run_id, lease_token, lease_holder IS NOT NULL FROM runs
-             WHERE status IN ('queued', 'running')
-               AND coalesce(wake_at, created) <= $1
-               AND (lease_holder IS NULL OR lease_expires <= $1)
-               AND lease_token < 9223372036854775807
-               AND paused IS NULL
-               AND NOT (run_id = ANY ($2))
-             ORDER BY coalesce(wake_at, created), seq
-             LIMIT $3
-             FOR UPDATE SKIP LOCKED",
-            &[&now, &skip, &limit],
-        )
-        .await?;
+    let mut passed: Vec<String> = skip.to_vec();
+    let (mut full_agents, mut full_keys) = (Vec::<String>::new(), Vec::<String>::new());
+    let mut flow = None;
+    let mut chosen: Vec<(String, u64, bool)> = Vec::new();
+    for _ in 0..FLOW_ROUNDS {
+        let limit = i64::try_from(max - chosen.len()).unwrap_or(i64::MAX);
+        let rows = conn
+            .query(
+                CANDIDATES,
+                &[&now, &passed, &limit, &full_agents, &full_keys],
+            )
+            .await?;
+        let limited = match rows.first() {
+            Some(row) => row.try_get::<_, bool>(5)?,
+            None => false,
+        };
+        if limited && flow.is_none() {
+            flow = super::flow::counts(conn).await?;
+        }
+        let mut refused = false;
+        for row in &rows {
+            let run_id: String = row.try_get(0)?;
+            if let Some(flow) = flow.as_mut() {
+                let (agent, key): (String, Option<String>) = (row.try_get(3)?, row.try_get(4)?);
+                if !flow.admit(&agent, key.as_deref()) {
+                    refused = true;
+                    if flow.saturated(&agent, None) {
+                        full_agents.push(agent);
+                    } else if let Some(key) = key {
+                        full_keys.push(format!("{agent}\u{1f}{key}"));
+                    }
+                    passed.push(run_id);
+                    continue;
+                }
+            }
+            passed.push(run_id.clone());
+            chosen.push((run_id, u64_col(row, 1)?, row.try_get(2)?));
+        }
+        if !refused || chosen.len() == max {
+            break;
+        }
+    }
     let expires = lease_expiry(now, lease);
-    let floor = if rows.is_empty() {
+    let floor = if chosen.is_empty() {
         0
     } else {
         token_floor(conn).await?
     };
-    let mut leased = Vec::with_capacity(rows.len());
-    for row in &rows {
-        let run_id: String = row.try_get(0)?;
-        let (last, taken_over) = (u64_col(row, 1)?, row.try_get(2)?);
+    let mut leased = Vec::with_capacity(chosen.len());
+    for (run_id, last, taken_over) in chosen {
         let token = run_lease_token(last, floor)?;
         leased.push(grant(conn, &run_id, token, worker, expires, taken_over).await?);
     }

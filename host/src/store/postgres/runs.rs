@@ -7,8 +7,8 @@ use tokio_postgres::Row;
 use super::conn::Conn;
 use super::{TxError, to_sql_int, u64_col};
 use crate::store::{
-    Cancelled, Checkpoint, Counts, RunFilter, RunLeaseInfo, RunRecord, RunStatus, StoreError,
-    Submission, Submitted,
+    Cancelled, Checkpoint, Counts, MAX_PRIORITY, RunFilter, RunLeaseInfo, RunRecord, RunStatus,
+    StoreError, Submission, Submitted,
 };
 
 /// A run's status as shown: `paused` for a queued or running run an operator paused
@@ -28,7 +28,8 @@ macro_rules! select_records {
                     r.executed, r.skipped, r.awaited, r.reclaimed, r.instances,
                     r.lease_holder, r.lease_token, r.lease_expires, r.cancel_requested,
                     r.note, r.created, r.updated, p.step, r.wake_at, r.waiting_for,
-                    r.recycled, r.parent, r.spawn_key, r.detached, r.joining, r.paused
+                    r.recycled, r.parent, r.spawn_key, r.detached, r.joining, r.paused,
+                    r.priority, r.flow_key
              FROM runs r
              LEFT JOIN progress p ON p.run_id = r.run_id
              LEFT JOIN run_outcomes o ON o.run_id = r.run_id ",
@@ -42,10 +43,28 @@ macro_rules! select_records {
 pub(super) async fn submit(conn: &Conn, submission: &Submission<'_>) -> Result<Submitted, TxError> {
     let run_id = submission.run_id;
     let now = conn.now;
+    let priority = match i32::try_from(submission.priority) {
+        Ok(priority) if submission.priority <= MAX_PRIORITY => priority,
+        _ => {
+            return Err(TxError::Store(StoreError::PriorityRefused {
+                priority: submission.priority,
+            }));
+        }
+    };
+    // Refused before the insert: an existing run keeps its key, so only a new one's
+    // input must have one.
+    let flow_key = match super::flow::flow_key(conn, submission).await {
+        Ok(key) => key,
+        Err(TxError::Store(StoreError::FlowKeyMissing { .. })) if exists(conn, run_id).await? => {
+            None
+        }
+        Err(e) => return Err(e),
+    };
     let inserted = conn
         .execute(
-            "INSERT INTO runs (run_id, agent, digest, namespace, status, created, updated)
-             VALUES ($1, $2, $3, $4, $5, $6, $6)
+            "INSERT INTO runs
+                 (run_id, agent, digest, namespace, status, created, updated, priority, flow_key)
+             VALUES ($1, $2, $3, $4, $5, $6, $6, $7, $8)
              ON CONFLICT (run_id) DO NOTHING",
             &[
                 &run_id,
@@ -54,6 +73,8 @@ pub(super) async fn submit(conn: &Conn, submission: &Submission<'_>) -> Result<S
                 &submission.namespace,
                 &RunStatus::Queued.as_str(),
                 &now,
+                &priority,
+                &flow_key,
             ],
         )
         .await?;
@@ -324,6 +345,14 @@ pub(super) async fn save_counts(conn: &Conn, run_id: &str, counts: &Counts) -> R
     Ok(())
 }
 
+/// Whether the run exists.
+async fn exists(conn: &Conn, run_id: &str) -> Result<bool, TxError> {
+    Ok(conn
+        .query_opt("SELECT 1 FROM runs WHERE run_id = $1", &[&run_id])
+        .await?
+        .is_some())
+}
+
 pub(super) fn unknown_run(run_id: &str) -> TxError {
     TxError::Store(StoreError::UnknownRun {
         run_id: run_id.to_owned(),
@@ -367,6 +396,8 @@ pub(super) fn record(row: &Row) -> Result<RunRecord, TxError> {
             .try_get::<_, Option<String>>(26)?
             .as_deref()
             .and_then(crate::store::PausedBy::parse),
+        priority: u32::try_from(row.try_get::<_, i32>(27)?).unwrap_or(u32::MAX),
+        flow_key: row.try_get(28)?,
     })
 }
 

@@ -21,6 +21,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0006_rebuilds.sql"),
     include_str!("../migrations/postgres/0007_children.sql"),
     include_str!("../migrations/postgres/0008_schedules.sql"),
+    include_str!("../migrations/postgres/0009_flow.sql"),
     include_str!("../migrations/postgres/0010_pause.sql"),
 ];
 

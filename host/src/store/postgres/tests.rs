@@ -82,6 +82,7 @@ async fn leased(store: &PostgresStore, run_id: &str) -> u64 {
         input: b"",
         authority: b"",
         replace_authority: false,
+        priority: 0,
     };
     store.submit(&submission).await.unwrap();
     match store.acquire_run(run_id, "w", LEASE).await.unwrap() {

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::store::{Deployment, DeploymentRecord, StoreError};
+use crate::store::{Deployment, DeploymentRecord, FlowLimits, FlowSetting, StoreError};
 
 /// What runs are made from: components by digest, deployments (a name pointing at a
 /// component, with the authority it grants), the components a namespace admits, and
@@ -44,4 +44,18 @@ pub trait CatalogStore: Send + Sync + fmt::Debug {
     /// the upgrade; fails with [`StoreError::UnknownRun`] if the run does not exist with
     /// digest `from`.
     async fn upgrade_run(&self, run_id: &str, from: &str, to: &str) -> Result<(), StoreError>;
+
+    /// Puts limits on a deployment's runs, replacing any it had: the most that hold a
+    /// live lease at once, and the most per concurrency key (read from each run's input
+    /// at `setting.key`; the keys of its unfinished runs are read again now). Workers
+    /// lease within them ([`WorkerStore::acquire_runs`](super::WorkerStore::acquire_runs)).
+    /// Fails with [`StoreError::FlowRefused`] for an unknown deployment or absurd
+    /// values, changing nothing.
+    async fn set_flow(&self, setting: &FlowSetting<'_>) -> Result<FlowLimits, StoreError>;
+
+    /// Removes a deployment's limits; whether it had any.
+    async fn clear_flow(&self, deployment: &str) -> Result<bool, StoreError>;
+
+    /// Every deployment's limits, by deployment.
+    async fn flows(&self) -> Result<Vec<FlowLimits>, StoreError>;
 }

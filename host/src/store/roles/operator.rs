@@ -3,7 +3,9 @@
 use std::fmt;
 
 use crate::store::{
-    Cancelled, GcReport, GcRequest, OpenClaim, Resolution, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent, StepRecord, StoreError, Submission, Submitted, WaitRecord, DeploymentPaused, Paused, PausedDeployment, Resumed,
+    Cancelled, DeploymentPaused, GcReport, GcRequest, OpenClaim, Paused, PausedDeployment,
+    Resolution, Resumed, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy,
+    SignalSent, StepRecord, StoreError, Submission, Submitted, WaitRecord,
 };
 #[cfg(doc)]
 use crate::store::{InstanceStore, RunStatus, WorkerStore};

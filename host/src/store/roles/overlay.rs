@@ -20,7 +20,11 @@ use std::time::Duration;
 use super::{CatalogStore, InstanceStore, OperatorStore, Store, WorkerStore};
 use crate::store::{
     Acquired, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
-    Deployment, DeploymentRecord, GcReport, GcRequest, JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim, Presence, Resolution, RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent, SpawnRequest, Spawned, StepRecord, StoreError, Submission, Submitted, Suspension, Tick, WaitRecord, WaitRequest, WaitState, DeploymentPaused, Paused, PausedDeployment, Resumed,
+    Deployment, DeploymentPaused, DeploymentRecord, FlowLimits, FlowSetting, GcReport, GcRequest,
+    JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim, Paused, PausedDeployment, Presence,
+    Resolution, Resumed, RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord,
+    ScheduledBy, SignalSent, SpawnRequest, Spawned, StepRecord, StoreError, Submission, Submitted,
+    Suspension, Tick, WaitRecord, WaitRequest, WaitState,
 };
 
 /// A [`Store`] assembled from one handle per role: an underlying store's, with any
@@ -273,6 +277,18 @@ impl CatalogStore for Overlay {
 
     async fn admitted(&self, namespace: &str, digest: &str) -> Result<Option<bool>, StoreError> {
         self.catalog.admitted(namespace, digest).await
+    }
+
+    async fn set_flow(&self, setting: &FlowSetting<'_>) -> Result<FlowLimits, StoreError> {
+        self.catalog.set_flow(setting).await
+    }
+
+    async fn clear_flow(&self, deployment: &str) -> Result<bool, StoreError> {
+        self.catalog.clear_flow(deployment).await
+    }
+
+    async fn flows(&self) -> Result<Vec<FlowLimits>, StoreError> {
+        self.catalog.flows().await
     }
 
     async fn upgrade_run(&self, run_id: &str, from: &str, to: &str) -> Result<(), StoreError> {

@@ -7,13 +7,19 @@ use std::time::Duration;
 
 use super::owned::{OwnedEnd, OwnedJoin, OwnedRef, OwnedRequest, OwnedSpawn, OwnedWaitKind};
 use super::{
-    SqliteStore, children, claims, components, gc, leases, logs, presence, runs, schedules, waits, pause,
+    SqliteStore, children, claims, components, flow, gc, leases, logs, pause, presence, runs,
+    schedules, waits,
 };
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
 use crate::store::{
     Acquired, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
-    Counts, Deployment, DeploymentRecord, GcReport, GcRequest, InstanceStore, JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim, OperatorStore, Presence, Resolution, RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent, SpawnRequest, Spawned, StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode, Tick, WaitRecord, WaitRequest, WaitState, WorkerStore, DeploymentPaused, Paused, PausedDeployment, Resumed,
+    Counts, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits, FlowSetting, GcReport,
+    GcRequest, InstanceStore, JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim, OperatorStore,
+    Paused, PausedDeployment, Presence, Resolution, Resumed, RunEnd, RunFence, RunFilter,
+    RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent, SpawnRequest, Spawned,
+    StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode, Tick, WaitRecord,
+    WaitRequest, WaitState, WorkerStore,
 };
 
 #[async_trait::async_trait]
@@ -407,6 +413,36 @@ impl CatalogStore for SqliteStore {
         .await
     }
 
+    async fn set_flow(&self, setting: &FlowSetting<'_>) -> Result<FlowLimits, StoreError> {
+        let deployment = setting.deployment.to_owned();
+        let key = setting.key.map(str::to_owned);
+        let (max_running, per_key) = (setting.max_running, setting.per_key);
+        self.write("set a deployment's limits", self.sync, move |conn, now| {
+            let setting = FlowSetting {
+                deployment: &deployment,
+                max_running,
+                key: key.as_deref(),
+                per_key,
+            };
+            flow::set_flow(conn, &setting, now)
+        })
+        .await
+    }
+
+    async fn clear_flow(&self, deployment: &str) -> Result<bool, StoreError> {
+        let deployment = deployment.to_owned();
+        self.write(
+            "clear a deployment's limits",
+            self.sync,
+            move |conn, _now| flow::clear_flow(conn, &deployment),
+        )
+        .await
+    }
+
+    async fn flows(&self) -> Result<Vec<FlowLimits>, StoreError> {
+        self.read("list limits", flow::flows).await
+    }
+
     async fn upgrade_run(&self, run_id: &str, from: &str, to: &str) -> Result<(), StoreError> {
         let (run_id, from, to) = (run_id.to_owned(), from.to_owned(), to.to_owned());
         self.write("upgrade a run", self.sync, move |conn, now| {
@@ -425,7 +461,7 @@ impl OperatorStore for SqliteStore {
             submission.namespace.to_owned(),
         );
         let (input, authority) = (submission.input.to_vec(), submission.authority.to_vec());
-        let replace_authority = submission.replace_authority;
+        let (replace_authority, priority) = (submission.replace_authority, submission.priority);
         self.write("submit a run", self.sync, move |conn, now| {
             let submission = Submission {
                 run_id: &run_id,
@@ -435,6 +471,7 @@ impl OperatorStore for SqliteStore {
                 input: &input,
                 authority: &authority,
                 replace_authority,
+                priority,
             };
             runs::submit(conn, &submission, now)
         })

@@ -79,6 +79,7 @@ fn store_with_commits(dir: &Path, n: usize) -> (PathBuf, SqliteStore) {
                 input: b"{}",
                 authority: b"",
                 replace_authority: false,
+                priority: 0,
             })
             .await
             .unwrap();

@@ -74,8 +74,9 @@ pub(super) fn next_due(conn: &Connection, after: Millis) -> Result<Option<Millis
     Ok(due)
 }
 
-/// Leases up to `max` runs nobody holds a live lease on, oldest first, under tokens
-/// of at least `floor` (`epoch.rs`).
+/// Leases up to `max` runs nobody holds a live lease on, of the highest priority
+/// first, then oldest first, under tokens of at least `floor` (`epoch.rs`), passing
+/// over runs whose deployment or concurrency key is at its limit (`flow.rs`).
 pub(super) fn acquire_runs(
     conn: &Connection,
     worker: &str,
@@ -89,26 +90,49 @@ pub(super) fn acquire_runs(
         return Ok(Vec::new());
     }
     let skip: HashSet<&str> = skip.iter().map(String::as_str).collect();
+    let mut flow = super::flow::counts(conn, now)?;
     let mut chosen = Vec::new();
-    {
-        // The condition on status is the partial index's own, so the scan walks only
-        // unfinished runs, in index order. A run whose token cannot grow (only a
-        // tampered store has one) is left out rather than failing every poll.
-        let mut stmt = conn.prepare_cached(
-            "SELECT run_id, lease_token, lease_holder IS NOT NULL FROM runs
-             WHERE status IN ('queued', 'running')
-               AND coalesce(wake_at, created) <= ?1
-               AND (lease_holder IS NULL OR lease_expires <= ?1)
-               AND lease_token < 9223372036854775807
-               AND paused IS NULL
-             ORDER BY coalesce(wake_at, created), rowid",
-        )?;
+    let mut seen = HashSet::new();
+    // Runs with a priority first, from their own small index (one probe when there
+    // are none); then every due run in due order, which passes over those already
+    // chosen. The condition on status is the partial indexes' own, so each scan walks
+    // only unfinished runs, in index order. A run whose token cannot grow (only a
+    // tampered store has one) is left out rather than failing every poll.
+    for sql in [
+        "SELECT run_id, lease_token, lease_holder IS NOT NULL, agent, flow_key FROM runs
+         WHERE priority > 0 AND status IN ('queued', 'running')
+           AND coalesce(wake_at, created) <= ?1
+           AND (lease_holder IS NULL OR lease_expires <= ?1)
+           AND lease_token < 9223372036854775807
+           AND paused IS NULL
+         ORDER BY priority DESC, coalesce(wake_at, created), rowid",
+        "SELECT run_id, lease_token, lease_holder IS NOT NULL, agent, flow_key FROM runs
+         WHERE status IN ('queued', 'running')
+           AND coalesce(wake_at, created) <= ?1
+           AND (lease_holder IS NULL OR lease_expires <= ?1)
+           AND lease_token < 9223372036854775807
+           AND paused IS NULL
+         ORDER BY coalesce(wake_at, created), rowid",
+    ] {
+        if chosen.len() == max {
+            break;
+        }
+        let mut stmt = conn.prepare_cached(sql)?;
         let mut rows = stmt.query([now])?;
         while let Some(row) = rows.next()? {
             let run_id: String = row.get(0)?;
-            if skip.contains(run_id.as_str()) {
+            if skip.contains(run_id.as_str()) || seen.contains(&run_id) {
                 continue;
             }
+            if let Some(flow) = flow.as_mut() {
+                let agent: String = row.get(3)?;
+                let key: Option<String> = row.get(4)?;
+                if !flow.admit(&agent, key.as_deref()) {
+                    seen.insert(run_id);
+                    continue;
+                }
+            }
+            seen.insert(run_id.clone());
             chosen.push((run_id, u64_column(row, 1)?, row.get::<_, bool>(2)?));
             if chosen.len() == max {
                 break;

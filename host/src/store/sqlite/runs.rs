@@ -8,8 +8,8 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::{TxError, to_sql_int, u64_column};
 use crate::store::{
-    Cancelled, Checkpoint, Counts, Millis, RunFilter, RunLeaseInfo, RunRecord, RunStatus,
-    StoreError, Submission, Submitted,
+    Cancelled, Checkpoint, Counts, MAX_PRIORITY, Millis, RunFilter, RunLeaseInfo, RunRecord,
+    RunStatus, StoreError, Submission, Submitted,
 };
 
 /// A run's status as shown: `paused` for a queued or running run an operator paused
@@ -30,7 +30,8 @@ macro_rules! select_records {
                     r.executed, r.skipped, r.awaited, r.reclaimed, r.instances,
                     r.lease_holder, r.lease_token, r.lease_expires, r.cancel_requested,
                     r.note, r.created, r.updated, p.step, r.wake_at, r.waiting_for,
-                    r.recycled, r.parent, r.spawn_key, r.detached, r.joining, r.paused
+                    r.recycled, r.parent, r.spawn_key, r.detached, r.joining, r.paused,
+                    r.priority, r.flow_key
              FROM runs r
              LEFT JOIN progress p ON p.run_id = r.run_id
              LEFT JOIN run_outcomes o ON o.run_id = r.run_id ",
@@ -78,9 +79,16 @@ pub(super) fn submit(
         }
         None => {
             super::components::require(conn, submission.digest)?;
+            if submission.priority > MAX_PRIORITY {
+                return Err(TxError::Store(StoreError::PriorityRefused {
+                    priority: submission.priority,
+                }));
+            }
+            let flow_key = super::flow::flow_key(conn, submission)?;
             conn.prepare_cached(
-                "INSERT INTO runs (run_id, agent, digest, namespace, status, created, updated)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)",
+                "INSERT INTO runs
+                     (run_id, agent, digest, namespace, status, created, updated, priority, flow_key)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7, ?8)",
             )?
             .execute(params![
                 run_id,
@@ -88,7 +96,9 @@ pub(super) fn submit(
                 submission.digest,
                 submission.namespace,
                 RunStatus::Queued.as_str(),
-                now
+                now,
+                submission.priority,
+                flow_key
             ])?;
             conn.prepare_cached(
                 "INSERT INTO run_inputs (run_id, input, authority) VALUES (?1, ?2, ?3)",
@@ -390,6 +400,8 @@ pub(super) fn record(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
         detached: row.get(24)?,
         joining: row.get(25)?,
         paused_by: paused_by_from(row, 26)?,
+        priority: u32::try_from(row.get::<_, i64>(27)?).unwrap_or(u32::MAX),
+        flow_key: row.get(28)?,
     })
 }
 

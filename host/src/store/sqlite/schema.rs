@@ -27,6 +27,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0008_rebuilds.sql"),
     include_str!("../migrations/sqlite/0009_children.sql"),
     include_str!("../migrations/sqlite/0010_schedules.sql"),
+    include_str!("../migrations/sqlite/0011_flow.sql"),
     include_str!("../migrations/sqlite/0012_pause.sql"),
 ];
 

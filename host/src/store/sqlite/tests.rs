@@ -55,6 +55,7 @@ pub(super) fn submit(store: &SqliteStore, run_id: &str) {
         input: b"",
         authority: b"",
         replace_authority: false,
+        priority: 0,
     };
     block_on(store.submit(&submission)).unwrap();
 }

@@ -252,6 +252,7 @@ pub(super) async fn runs_make_their_components_members(env: &Env<'_>) {
             input: b"",
             authority: b"",
             replace_authority: false,
+            priority: 0,
         })
         .await
         .unwrap();

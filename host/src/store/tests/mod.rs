@@ -10,6 +10,7 @@
 //! - `runs.rs`: submitting, progress, counts, outcomes, cancel, logs.
 //! - `leases.rs`: run leases and fences.
 //! - `deploy.rs`: components, deployments and namespaces.
+//! - `flow.rs`: limits on running runs, concurrency keys, priorities.
 //! - `waits.rs`: sleeps, signals and suspended runs.
 //! - `schedules.rs`: schedules, their ticks and policies.
 //! - `pause.rs`: pausing and resuming runs and deployments.
@@ -21,6 +22,7 @@
 mod children;
 mod claims;
 mod deploy;
+mod flow;
 mod gc;
 mod leases;
 mod pause;
@@ -158,6 +160,10 @@ macro_rules! store_tests {
                 schedules::paused_schedules_fire_nothing_and_resume_from_now,
                 schedules::cron_ticks_fall_in_their_time_zone,
                 schedules::bad_schedules_are_refused_and_write_nothing,
+                flow::a_deployment_limit_holds_across_workers,
+                flow::a_concurrency_key_serialises_runs_per_key,
+                flow::priorities_lease_highest_first_then_oldest,
+                flow::bad_flow_settings_are_refused_and_change_nothing,
             ];
             harness: [
                 shared::reopening_keeps_everything,
@@ -165,6 +171,7 @@ macro_rules! store_tests {
                 shared::two_handles_acquire_disjoint_runs,
                 gc::gc_deletes_exactly_a_finished_runs_rows_and_a_dry_run_nothing,
                 schedules::two_handles_fire_each_tick_once,
+                flow::racing_handles_never_exceed_a_limit,
             ]
         );
     };
@@ -286,6 +293,7 @@ impl Env<'_> {
                 input,
                 authority: b"authority",
                 replace_authority: false,
+                priority: 0,
             })
             .await
             .unwrap()

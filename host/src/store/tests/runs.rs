@@ -16,6 +16,7 @@ fn submission<'a>(run_id: &'a str, input: &'a [u8]) -> Submission<'a> {
         input,
         authority: b"authority",
         replace_authority: false,
+        priority: 0,
     }
 }
 
@@ -107,6 +108,7 @@ pub(super) async fn submit_resumes_a_failed_run_and_may_replace_its_authority(en
         .submit(&Submission {
             authority: b"narrower",
             replace_authority: true,
+            priority: 0,
             ..submission("run-1", b"in")
         })
         .await
