@@ -83,6 +83,7 @@ fn version_2_store_migrates_with_runs_results_and_checkpoints_intact() {
             "components",
             "deployments",
             "epoch",
+            "flow_limits",
             "join_members",
             "namespace_members",
             "paused_deployments",
