@@ -14,7 +14,7 @@ use crate::store::{
     Acquired, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
     Counts, Deployment, DeploymentRecord, GcReport, GcRequest, InstanceStore, JoinRequest,
     LeaseState, LeasedRun, Millis, OpenClaim, OperatorStore, Presence, Resolution, RunEnd,
-    RunFence, RunFilter, RunRecord, SignalSent, SpawnRequest, Spawned, StepRecord, StoreError,
+    RunFence, RunFilter, RunRecord, SignalSent, SpawnAnswers, SpawnBatch, StepRecord, StoreError,
     Submission, Submitted, Suspension, SyncMode, WaitRecord, WaitRequest, WaitState, WorkerStore,
 };
 
@@ -223,17 +223,17 @@ impl InstanceStore for PostgresStore {
         })
     }
 
-    async fn spawn(&self, req: &SpawnRequest<'_>) -> Result<Spawned, StoreError> {
-        let fence = req.fence;
+    async fn spawn_many(&self, batch: &SpawnBatch<'_>) -> Result<SpawnAnswers, StoreError> {
+        let fence = batch.fence;
         let with = Some((fence, Lock::Share));
         write_tx!(
             self,
-            "spawn a child run",
+            "spawn child runs",
             fence.sync,
             with,
             |conn, fenced| {
                 held(fenced, fence)?;
-                children::spawn(conn, req).await
+                children::spawn_many(conn, batch).await
             }
         )
     }

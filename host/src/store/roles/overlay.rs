@@ -22,8 +22,8 @@ use crate::store::{
     Acquired, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
     Deployment, DeploymentRecord, GcReport, GcRequest, JoinRequest, LeaseState, LeasedRun, Millis,
     OpenClaim, Presence, Resolution, RunEnd, RunFence, RunFilter, RunRecord, SignalSent,
-    SpawnRequest, Spawned, StepRecord, StoreError, Submission, Submitted, Suspension, WaitRecord,
-    WaitRequest, WaitState,
+    SpawnAnswers, SpawnBatch, StepRecord, StoreError, Submission, Submitted, Suspension,
+    WaitRecord, WaitRequest, WaitState,
 };
 
 /// A [`Store`] assembled from one handle per role: an underlying store's, with any
@@ -154,8 +154,8 @@ impl InstanceStore for Overlay {
         self.instance.wait(req).await
     }
 
-    async fn spawn(&self, req: &SpawnRequest<'_>) -> Result<Spawned, StoreError> {
-        self.instance.spawn(req).await
+    async fn spawn_many(&self, batch: &SpawnBatch<'_>) -> Result<SpawnAnswers, StoreError> {
+        self.instance.spawn_many(batch).await
     }
 
     async fn join(&self, req: &JoinRequest<'_>) -> Result<WaitState, StoreError> {

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::owned::{OwnedEnd, OwnedJoin, OwnedRef, OwnedRequest, OwnedSpawn, OwnedWaitKind};
+use super::owned::{OwnedEnd, OwnedJoin, OwnedRef, OwnedRequest, OwnedSpawnBatch, OwnedWaitKind};
 use super::{SqliteStore, children, claims, components, gc, leases, logs, presence, runs, waits};
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
@@ -13,7 +13,7 @@ use crate::store::{
     Acquired, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
     Counts, Deployment, DeploymentRecord, GcReport, GcRequest, InstanceStore, JoinRequest,
     LeaseState, LeasedRun, Millis, OpenClaim, OperatorStore, Presence, Resolution, RunEnd,
-    RunFence, RunFilter, RunRecord, SignalSent, SpawnRequest, Spawned, StepRecord, StoreError,
+    RunFence, RunFilter, RunRecord, SignalSent, SpawnAnswers, SpawnBatch, StepRecord, StoreError,
     Submission, Submitted, Suspension, SyncMode, WaitRecord, WaitRequest, WaitState, WorkerStore,
 };
 
@@ -164,10 +164,11 @@ impl InstanceStore for SqliteStore {
         .await
     }
 
-    async fn spawn(&self, req: &SpawnRequest<'_>) -> Result<Spawned, StoreError> {
-        let req = OwnedSpawn::new(req);
-        self.write("spawn a child run", req.sync(), move |conn, now| {
-            children::spawn(conn, &req.borrow(), now)
+    async fn spawn_many(&self, batch: &SpawnBatch<'_>) -> Result<SpawnAnswers, StoreError> {
+        let batch = OwnedSpawnBatch::new(batch);
+        self.write("spawn child runs", batch.sync(), move |conn, now| {
+            let children = batch.children();
+            children::spawn_many(conn, &batch.borrow(&children), now)
         })
         .await
     }
