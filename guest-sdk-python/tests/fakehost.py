@@ -349,6 +349,26 @@ class FakeHost:
     def spawn(self, key: str, deployment: str, input: bytes, detached: bool) -> str:
         self.calls.append(("spawn", key, deployment, bytes(input), detached))
         self._refused("spawn")
+        return self._spawn(key, deployment, input, detached)
+
+    def spawn_many(self, requests: list[children.SpawnRequest]) -> list[Any]:
+        self.calls.append(
+            (
+                "spawn_many",
+                [(r.key, r.deployment, bytes(r.input), r.detached) for r in requests],
+            )
+        )
+        if self.ended is not None:
+            raise InstanceEnded(self.ended)
+        answers: list[Any] = []
+        for r in requests:
+            try:
+                answers.append(Ok(self._spawn(r.key, r.deployment, r.input, r.detached)))
+            except Err as err:
+                answers.append(err)
+        return answers
+
+    def _spawn(self, key: str, deployment: str, input: bytes, detached: bool) -> str:
         if not key or any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):
             raise Err(children.SpawnError_InvalidKey("the key is empty or holds a control"))
         if deployment not in self.deployments:

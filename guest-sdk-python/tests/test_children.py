@@ -35,6 +35,44 @@ class Spawn(HostTestCase):
         )
         self.assertTrue(self.host.children[detached.run_id].detached)
 
+    def test_spawn_many_answers_each_child_in_order_in_one_call(self):
+        specs = [
+            idem.ChildSpec("item-0", "fetcher", {"n": 0}),
+            idem.ChildSpec("item-1", "nowhere", {"n": 1}),
+            idem.ChildSpec("item-2", "fetcher", {"n": 2}, detached=True),
+        ]
+        answers = idem.spawn_many(specs)
+        self.assertEqual(answers[0], idem.Child(self.host.child_id("item-0")))
+        self.assertIsInstance(answers[1], idem.UnknownDeployment)
+        self.assertIn("nowhere", str(answers[1]))
+        self.assertEqual(answers[2], idem.Child(self.host.child_id("item-2")))
+        self.assertTrue(self.host.children[self.host.child_id("item-2")].detached)
+        calls = [c for c in self.host.calls if c[0].startswith("spawn")]
+        self.assertEqual(
+            calls,
+            [
+                (
+                    "spawn_many",
+                    [
+                        ("item-0", "fetcher", b'{"n":0}', False),
+                        ("item-1", "nowhere", b'{"n":1}', False),
+                        ("item-2", "fetcher", b'{"n":2}', True),
+                    ],
+                )
+            ],
+        )
+        self.assertEqual(len(self.host.children), 2)
+
+    def test_spawn_all_returns_the_children_or_raises_the_first_refusal(self):
+        kids = idem.spawn_all("fetcher", [(f"item-{i}", {"n": i}) for i in range(3)])
+        self.assertEqual([k.run_id for k in kids], [f"run-1~item-{i}" for i in range(3)])
+        again = idem.spawn_all("fetcher", [(f"item-{i}", {"n": i}) for i in range(3)])
+        self.assertEqual(again, kids)
+        self.assertEqual(len(self.host.children), 3)
+        with self.assertRaises(idem.SpawnKeyReused):
+            idem.spawn_all("fetcher", [("item-3", 3), ("item-0", {"n": 99})])
+        self.assertIn(self.host.child_id("item-3"), self.host.children)
+
     def test_spawning_again_under_a_key_returns_the_same_child_and_starts_none(self):
         first = idem.spawn("item-0", "fetcher", {"n": 1})
         again = idem.spawn("item-0", "fetcher", {"n": 1})

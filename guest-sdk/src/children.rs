@@ -1,4 +1,5 @@
-//! Child runs: [`spawn`] starts a run of a deployed agent exactly once, and [`join`],
+//! Child runs: [`spawn`] starts a run of a deployed agent exactly once ([`spawn_many`]
+//! and [`spawn_all`] many in one write), and [`join`],
 //! [`join_all`] and [`join_any`] wait for children's ends durably. A join that is not
 //! over ends the instance; the run holds nothing until its children have ended, when
 //! the host resumes it on a fresh instance, which replays its way back here: its
@@ -106,6 +107,84 @@ fn spawn_with<I: Serialize + ?Sized>(
     let input = serde_json::to_vec(input).map_err(|err| Error::codec("child input", err))?;
     let run_id = children::spawn(key, deployment, &input, detached)?;
     Ok(Child { run_id })
+}
+
+/// A child for [`spawn_many`]: its key, its deployment and its input (as JSON).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildSpec {
+    key: String,
+    deployment: String,
+    input: Vec<u8>,
+    detached: bool,
+}
+
+impl ChildSpec {
+    /// A child of `deployment` under `key` with `input` (as JSON), cancelled with this
+    /// run. Fails only if `input` cannot be written as JSON.
+    pub fn new<I: Serialize + ?Sized>(
+        key: impl Into<String>,
+        deployment: impl Into<String>,
+        input: &I,
+    ) -> Result<ChildSpec, Error> {
+        Ok(ChildSpec {
+            key: key.into(),
+            deployment: deployment.into(),
+            input: serde_json::to_vec(input).map_err(|err| Error::codec("child input", err))?,
+            detached: false,
+        })
+    }
+
+    /// The same child, outliving this run if this run is cancelled.
+    pub fn detached(mut self) -> ChildSpec {
+        self.detached = true;
+        self
+    }
+}
+
+/// [`spawn`] of each child, in order, in one write to the store: a fan-out over many
+/// items costs about one spawn, not one per child. Each child gets its own answer, as
+/// if each had been spawned on its own in this order (a refused one starts nothing,
+/// the others still start). At most the run's children limit in one call.
+///
+/// ```no_run
+/// use idem_sdk::ChildSpec;
+/// let specs = (0..100)
+///     .map(|doc| ChildSpec::new(format!("summarize-doc-{doc}"), "summarizer", &doc))
+///     .collect::<Result<Vec<_>, _>>()?;
+/// let children = idem_sdk::spawn_many(&specs)
+///     .into_iter()
+///     .collect::<Result<Vec<_>, _>>()?;
+/// let summaries: Vec<idem_sdk::ChildOutcome<String>> = idem_sdk::join_all("summaries", &children, None)?;
+/// # Ok::<(), idem_sdk::Error>(())
+/// ```
+pub fn spawn_many(children: &[ChildSpec]) -> Vec<Result<Child, Error>> {
+    let requests: Vec<children::SpawnRequest> = children
+        .iter()
+        .map(|c| children::SpawnRequest {
+            key: c.key.clone(),
+            deployment: c.deployment.clone(),
+            input: c.input.clone(),
+            detached: c.detached,
+        })
+        .collect();
+    children::spawn_many(&requests)
+        .into_iter()
+        .map(|answer| answer.map(|run_id| Child { run_id }).map_err(Error::from))
+        .collect()
+}
+
+/// [`spawn_many`] of one child of `deployment` per `(key, input)`, failing with the
+/// first refusal (the children before and after it that were not refused are started
+/// all the same: spawning again with the same keys finds them).
+pub fn spawn_all<K: AsRef<str>, I: Serialize>(
+    deployment: &str,
+    children: impl IntoIterator<Item = (K, I)>,
+) -> Result<Vec<Child>, Error> {
+    let specs = children
+        .into_iter()
+        .map(|(key, input)| ChildSpec::new(key.as_ref(), deployment, &input))
+        .collect::<Result<Vec<_>, _>>()?;
+    spawn_many(&specs).into_iter().collect()
 }
 
 /// Waits for `child` to end and returns how it ended, its output decoded from JSON as

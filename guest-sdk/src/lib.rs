@@ -73,8 +73,8 @@
 //! - `run_info.rs`: [`run_id`] and [`generation`].
 //! - `waits.rs`: [`sleep`], [`sleep_until`] and [`wait_for_signal`]: durable waits that
 //!   hold no instance.
-//! - `children.rs`: [`spawn`], [`join`], [`join_all`] and [`join_any`]: child runs
-//!   started exactly once and waited for durably.
+//! - `children.rs`: [`spawn`], [`spawn_many`], [`spawn_all`], [`join`], [`join_all`] and
+//!   [`join_any`]: child runs started exactly once and waited for durably.
 //! - `http.rs`: [`http::Request`], a blocking client on `wasi:http` whose requests
 //!   inside [`run_once`] carry the step's key and token, and [`http::send_all`], which
 //!   keeps several requests in flight together.
@@ -109,7 +109,10 @@ pub use agent::Agent;
 pub use bindings::idem::agent::children::{JoinError, SpawnError};
 pub use bindings::idem::agent::types::StepError;
 pub use bindings::idem::agent::waits::WaitError;
-pub use children::{Child, ChildOutcome, join, join_all, join_any, spawn, spawn_detached};
+pub use children::{
+    Child, ChildOutcome, ChildSpec, join, join_all, join_any, spawn, spawn_all, spawn_detached,
+    spawn_many,
+};
 pub use error::Error;
 pub use key::Key;
 pub use once::{InDoubt, Once, Outcome, Step, run_once, run_once_with};

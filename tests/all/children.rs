@@ -99,10 +99,16 @@ fn spawn_and_join_keep_each_child_once_under_every_crash_point() {
         "before-join:1",
         "after-join:1",
     ];
-    for (i, point) in points.iter().enumerate() {
+    // One spawn at a time, then `spawn_many` of two and one: a crash point of a batch
+    // is before (or after) the whole batch's one write.
+    let cases: Vec<(usize, &str)> = [0, 2]
+        .into_iter()
+        .flat_map(|batch| points.iter().map(move |p| (batch, *p)))
+        .collect();
+    for (i, (batch, point)) in cases.iter().enumerate() {
         let run_id = format!("p{i}");
         let input = json!({ "deployment": "fetcher", "children": 3, "url": server.url(),
-                            "checkpoint": false });
+                            "checkpoint": false, "batch": batch });
         let out = service.cli(&[
             "run",
             FANOUT,
@@ -113,16 +119,16 @@ fn spawn_and_join_keep_each_child_once_under_every_crash_point() {
             "--input",
             &input.to_string(),
         ]);
-        assert!(out.status.success(), "{point}: {}", stderr(&out));
+        assert!(out.status.success(), "{batch} {point}: {}", stderr(&out));
         let _ = stdout(&out);
         let out = output(&service, &run_id);
-        assert_eq!(out["completed"], 3, "{point}: {out}");
-        assert_eq!(children_of(&service, &run_id).len(), 3, "{point}");
+        assert_eq!(out["completed"], 3, "{batch} {point}: {out}");
+        assert_eq!(children_of(&service, &run_id).len(), 3, "{batch} {point}");
     }
     // Every child's key reached the server once: no crash point in a parent repeats a
     // child's effect.
     let keys = by_key(&server.seen());
-    assert_eq!(keys.len(), 3 * points.len());
+    assert_eq!(keys.len(), 3 * cases.len());
     assert!(keys.values().all(|tokens| tokens.len() == 1), "{keys:?}");
     workers.iter_mut().for_each(|w| w.kill().unwrap());
     for w in &mut workers {
@@ -152,7 +158,7 @@ fn idem_run_of_a_parent_drives_its_children_itself_with_no_worker() {
 #[test]
 fn three_workers_fan_out_1000_children_through_kills() {
     let service = Service::new();
-    fan_out_through_kills(&service, 1000, 10, 0x0031_1000);
+    fan_out_through_kills(&service, 1000, 10, 0x0031_1000, 0);
     integrity_ok(&service.path());
 }
 
@@ -162,15 +168,17 @@ fn three_workers_fan_out_1000_children_through_kills_on_postgres() {
         return;
     };
     let service = Service::on_postgres(schema.url());
-    fan_out_through_kills(&service, 1000, 10, 0x0031_2000);
+    fan_out_through_kills(&service, 1000, 10, 0x0031_2000, 250);
 }
 
-/// A parent fanning out to `n` children through three workers, at least `min_kills`
-/// SIGKILLs of a random worker (restarted at once) at seeded moments.
-fn fan_out_through_kills(service: &Service, n: usize, min_kills: u32, seed: u64) {
+/// A parent fanning out to `n` children (spawned `batch` at a time with `spawn_many`,
+/// or one by one with 0) through three workers, at least `min_kills` SIGKILLs of a
+/// random worker (restarted at once) at seeded moments.
+fn fan_out_through_kills(service: &Service, n: usize, min_kills: u32, seed: u64, batch: usize) {
     let server = TestServer::start();
     deploy(service, &server, &["--lease", "1s"]);
-    let input = json!({ "deployment": "fetcher", "children": n, "url": server.url() });
+    let input = json!({ "deployment": "fetcher", "children": n, "url": server.url(),
+                        "batch": batch });
     service.ok(&[
         "submit",
         "fanout",
@@ -491,8 +499,10 @@ fn a_python_parent_fans_out_and_joins_exactly_once() {
         parent.counts.instances
     );
 
+    // Spawned two at a time with `spawn_many`: the crash after the second spawn is
+    // after the first batch's write.
     let input = json!({ "deployment": "fetcher", "children": 3, "url": server.url(),
-                        "fail": [1], "checkpoint": false });
+                        "fail": [1], "checkpoint": false, "batch": 2 });
     let mut answers = Vec::new();
     for (guest, run_id) in [(py_fanout, "py-crashed"), (FANOUT, "rust")] {
         let out = service.cli(&[

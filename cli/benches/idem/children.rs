@@ -130,7 +130,8 @@ fn fan_out(
             let store = Arc::clone(&store);
             let (digest, authority) = (fanout.digest().to_string(), authority.clone());
             async move {
-                let input = json!({ "deployment": "bench", "children": n,
+                // Spawned in one `spawn_many`, as a fan-out is written.
+                let input = json!({ "deployment": "bench", "children": n, "batch": n,
                                     "child_input": { "mode": "steps", "n": 1 } });
                 store
                     .submit(&Submission {

@@ -17,7 +17,17 @@ built, not on every instance.
 from . import http, llm
 from ._agent import agent
 from ._agent import watch_importer as _watch_importer
-from ._children import Child, ChildOutcome, join, join_all, join_any, spawn
+from ._children import (
+    Child,
+    ChildOutcome,
+    ChildSpec,
+    join,
+    join_all,
+    join_any,
+    spawn,
+    spawn_all,
+    spawn_many,
+)
 from ._errors import (
     AwaitTimeout,
     ChildFailed,
@@ -70,6 +80,7 @@ __all__ = [
     "Child",
     "ChildFailed",
     "ChildOutcome",
+    "ChildSpec",
     "ClaimLost",
     "ClaimSettled",
     "ClaimsHeld",
@@ -127,6 +138,8 @@ __all__ = [
     "sleep",
     "sleep_until",
     "spawn",
+    "spawn_all",
+    "spawn_many",
     "wait_for_signal",
 ]
 

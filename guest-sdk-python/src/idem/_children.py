@@ -1,5 +1,6 @@
-"""Child runs: ``spawn`` starts a run of a deployed agent exactly once, and ``join``,
-``join_all`` and ``join_any`` wait for children's ends durably.
+"""Child runs: ``spawn`` starts a run of a deployed agent exactly once (``spawn_many``
+and ``spawn_all`` many in one write), and ``join``, ``join_all`` and ``join_any`` wait
+for children's ends durably.
 
 A join that is not over ends the instance; the run holds nothing until its children
 have ended, when the host resumes it on a fresh instance, which replays its way back
@@ -8,12 +9,12 @@ here: its spawns find the children they started, and its join finds them ended.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from . import _errors, _json
-from ._host import Err, raise_join_error, raise_spawn_error
+from ._host import Err, raise_join_error, raise_spawn_error, spawn_error
 from ._host import children as wit_children
 from ._waits import _millis
 
@@ -140,6 +141,56 @@ def spawn(key: str, deployment: str, input: Any, *, detached: bool = False) -> C
     except Err as err:
         raise_spawn_error(err)
     return Child(run_id)
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """A child for :func:`spawn_many`: its key, its deployment and its input (any JSON
+    value), cancelled with this run unless ``detached``."""
+
+    key: str
+    deployment: str
+    input: Any
+    detached: bool = False
+
+
+def spawn_many(specs: Sequence[ChildSpec]) -> list[Child | _errors.SpawnError]:
+    """:func:`spawn` of each child, in order, in one write to the store: a fan-out over
+    many items costs about one spawn, not one per child. Each child gets its own answer,
+    as if each had been spawned on its own in this order: its :class:`Child`, or the
+    :class:`SpawnError` refusing it (a refused one starts nothing, the others still
+    start). At most the run's children limit in one call.
+
+    Raises :class:`CodecError` when an input is not JSON (nothing is spawned then).
+    """
+    requests = [
+        wit_children.SpawnRequest(
+            spec.key, spec.deployment, _json.dumps(spec.input, "child input"), bool(spec.detached)
+        )
+        for spec in specs
+    ]
+    answers: list[Child | _errors.SpawnError] = []
+    for answer in wit_children.spawn_many(requests):
+        if isinstance(answer, Err):
+            answers.append(spawn_error(answer.value))
+        else:
+            answers.append(Child(answer.value))
+    return answers
+
+
+def spawn_all(
+    deployment: str, items: Iterable[tuple[str, Any]], *, detached: bool = False
+) -> list[Child]:
+    """:func:`spawn_many` of one child of ``deployment`` per ``(key, input)``, raising
+    the first refusal (the children before and after it that were not refused are
+    started all the same: spawning again with the same keys finds them)."""
+    answers = spawn_many([ChildSpec(key, deployment, value, detached) for key, value in items])
+    children: list[Child] = []
+    for answer in answers:
+        if isinstance(answer, _errors.SpawnError):
+            raise answer
+        children.append(answer)
+    return children
 
 
 def join(child: Child) -> ChildOutcome:

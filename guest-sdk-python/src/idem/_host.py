@@ -95,10 +95,14 @@ _SPAWN_ERRORS: dict[type, type[_errors.SpawnError]] = {
 }
 
 
+def spawn_error(value: children.SpawnError) -> _errors.SpawnError:
+    """The SDK's exception for a WIT ``spawn-error``."""
+    return _SPAWN_ERRORS.get(type(value), _errors.SpawnError)(value.value)
+
+
 def raise_spawn_error(err: Err[children.SpawnError]) -> NoReturn:
     """Turns a WIT ``spawn-error`` into the SDK's exception for it."""
-    value = err.value
-    raise _SPAWN_ERRORS.get(type(value), _errors.SpawnError)(value.value) from None
+    raise spawn_error(err.value) from None
 
 
 _JOIN_ERRORS: dict[type, type[_errors.JoinError]] = {

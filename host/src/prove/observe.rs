@@ -15,8 +15,8 @@ use std::time::Duration;
 use crate::runtime::{Authority, StopSignal};
 use crate::store::{
     Admission, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts, Deployment,
-    InstanceStore, JoinRequest, RunFence, SpawnRefusal, SpawnRequest, Spawned, Store, StoreError,
-    WaitRequest, WaitState,
+    InstanceStore, JoinRequest, RunFence, SpawnAnswers, SpawnBatch, SpawnRefusal, Store,
+    StoreError, WaitRequest, WaitState,
 };
 
 /// What one `run-once` call got from the store. A wait on a live holder is not an
@@ -229,24 +229,41 @@ impl InstanceStore for ObservedInstance {
         self.inner.wait(req).await
     }
 
-    async fn spawn(&self, req: &SpawnRequest<'_>) -> Result<Spawned, StoreError> {
-        let spawned = match self.inner.spawn(req).await {
-            Err(StoreError::SpawnRefused {
-                refusal: SpawnRefusal::UnknownDeployment(name),
-                ..
-            }) => {
-                self.stand_in.deploy(&name).await?;
-                self.inner.spawn(req).await?
+    async fn spawn_many(&self, batch: &SpawnBatch<'_>) -> Result<SpawnAnswers, StoreError> {
+        let mut answers = self.inner.spawn_many(batch).await?;
+        // The agent spawns deployments the proof's scratch store lacks: each is stood in
+        // for, and the children refused for it alone are spawned again.
+        let mut missing: Vec<String> = answers
+            .iter()
+            .filter_map(|a| match a {
+                Err(SpawnRefusal::UnknownDeployment(name)) => Some(name.clone()),
+                _ => None,
+            })
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        if !missing.is_empty() {
+            for name in &missing {
+                self.stand_in.deploy(name).await?;
             }
-            other => other?,
-        };
-        self.push(Event::Spawn {
-            key: req.key.to_string(),
-            child: spawned.run_id.clone(),
-            deployment: req.deployment.to_string(),
-            created: spawned.created,
-        });
-        Ok(spawned)
+            let again = self.inner.spawn_many(batch).await?;
+            for (first, second) in answers.iter_mut().zip(again) {
+                if matches!(first, Err(SpawnRefusal::UnknownDeployment(_))) {
+                    *first = second;
+                }
+            }
+        }
+        for (child, answer) in batch.children.iter().zip(&answers) {
+            if let Ok(spawned) = answer {
+                self.push(Event::Spawn {
+                    key: child.key.to_string(),
+                    child: spawned.run_id.clone(),
+                    deployment: child.deployment.to_string(),
+                    created: spawned.created,
+                });
+            }
+        }
+        Ok(answers)
     }
 
     async fn join(&self, req: &JoinRequest<'_>) -> Result<WaitState, StoreError> {

@@ -1,5 +1,6 @@
-//! The values of child runs: spawning one exactly once ([`InstanceStore::spawn`]) and
-//! joining children in a durable wait ([`WaitKind::Join`]).
+//! The values of child runs: spawning them exactly once ([`InstanceStore::spawn`],
+//! [`InstanceStore::spawn_many`]) and joining children in a durable wait
+//! ([`WaitKind::Join`]).
 
 use sha2::{Digest, Sha256};
 
@@ -65,6 +66,49 @@ pub struct SpawnRequest<'a> {
     /// Refused past these.
     pub limits: SpawnLimits,
 }
+
+/// One child of a [`SpawnBatch`].
+#[derive(Debug, Clone)]
+pub struct ChildSpec<'a> {
+    /// The key the parent spawns under, unique among its spawns.
+    pub key: &'a str,
+    /// The child's run id ([`child_run_id`] of the parent and the key).
+    pub child_id: &'a str,
+    /// The deployment the child runs: its component, authority and namespace now.
+    pub deployment: &'a str,
+    /// The child's input.
+    pub input: &'a [u8],
+    /// The child outlives a cancelled parent.
+    pub detached: bool,
+}
+
+impl<'a> ChildSpec<'a> {
+    /// The child `req` asks for.
+    pub fn of(req: &SpawnRequest<'a>) -> ChildSpec<'a> {
+        ChildSpec {
+            key: req.key,
+            child_id: req.child_id,
+            deployment: req.deployment,
+            input: req.input,
+            detached: req.detached,
+        }
+    }
+}
+
+/// Children to start exactly once in one write: [`InstanceStore::spawn_many`]. Each is
+/// answered as if it had been spawned on its own, in the order given.
+#[derive(Debug, Clone)]
+pub struct SpawnBatch<'a> {
+    /// The parent run and its lease.
+    pub fence: &'a RunFence,
+    /// The children, in order.
+    pub children: &'a [ChildSpec<'a>],
+    /// Refused past these.
+    pub limits: SpawnLimits,
+}
+
+/// What [`InstanceStore::spawn_many`] says of each child, in the batch's order.
+pub type SpawnAnswers = Vec<Result<Spawned, SpawnRefusal>>;
 
 /// What [`InstanceStore::spawn`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -101,8 +101,8 @@ mod tests;
 mod waits;
 
 pub use children::{
-    ChildEnd, ChildRecord, JoinMode, SpawnLimits, SpawnRefusal, SpawnRequest, Spawned, child_ended,
-    child_run_id,
+    ChildEnd, ChildRecord, ChildSpec, JoinMode, SpawnAnswers, SpawnBatch, SpawnLimits,
+    SpawnRefusal, SpawnRequest, Spawned, child_ended, child_run_id,
 };
 pub use claims::{
     ClaimOutcome, ClaimRef, ClaimRequest, Commit, Grant, HeldClaim, OpenClaim, Resolution,

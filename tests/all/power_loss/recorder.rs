@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use idem::store::{
     Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts, InstanceStore, JoinRequest,
-    Overlay, RunFence, SpawnRequest, Spawned, Store, StoreError, WaitRequest, WaitState,
+    Overlay, RunFence, SpawnAnswers, SpawnBatch, Store, StoreError, WaitRequest, WaitState,
 };
 
 /// A grant the store answered with.
@@ -155,8 +155,8 @@ impl InstanceStore for Recorder {
         self.inner.wait(req).await
     }
 
-    async fn spawn(&self, req: &SpawnRequest<'_>) -> Result<Spawned, StoreError> {
-        self.inner.spawn(req).await
+    async fn spawn_many(&self, batch: &SpawnBatch<'_>) -> Result<SpawnAnswers, StoreError> {
+        self.inner.spawn_many(batch).await
     }
 
     async fn join(&self, req: &JoinRequest<'_>) -> Result<WaitState, StoreError> {

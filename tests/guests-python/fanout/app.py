@@ -5,7 +5,7 @@ input, spawn keys, child inputs and output, so the same tests run on both.
 Input (all optional but ``deployment``): ``{"deployment": "fetcher", "children": 5,
 "url": "http://127.0.0.1:PORT", "pause_ms": 0, "mode": "all", "timeout_ms": null,
 "fail": [], "child_input": null, "join_also": null, "recurse": null, "depth": 0,
-"checkpoint": true}``.
+"checkpoint": true, "batch": 0}``.
 
 Child ``i`` is spawned under key ``item-{i}`` with input ``{"pause_after": true,
 "pause_ms": P, "steps": 1, "url": URL}`` (the ``fetcher`` agent's), or ``{"fail":
@@ -14,9 +14,10 @@ instead (for children of another agent). ``mode``: ``all`` joins every child
 (``idem.join_all``, key ``all``), ``any`` the first to end (``idem.join_any``, key
 ``first``). ``join_also``: a run id joined with the children (to see a join refused).
 ``checkpoint``: save the children's ids once all are spawned, so a resumed instance
-joins them without spawning again. ``recurse``: ``{"key": K, "vary": bool}``: spawn
-``deployment`` (this agent) under key ``K`` (or ``K-{depth}`` with ``vary``) with this
-input one deeper, join it, and return what it answered.
+joins them without spawning again. ``batch``: spawn the children ``batch`` at a time
+with ``idem.spawn_many`` (0: one by one with ``idem.spawn``). ``recurse``: ``{"key": K,
+"vary": bool}``: spawn ``deployment`` (this agent) under key ``K`` (or ``K-{depth}``
+with ``vary``) with this input one deeper, join it, and return what it answered.
 
 Output: ``{"bodies": [..], "cancelled": X, "completed": C, "failed": F, "first": I,
 "spawned": N}`` (``first`` for ``any``), or for ``recurse`` ``{"child": ..., "depth":
@@ -44,6 +45,7 @@ def normalized(input):
         else {"key": recurse["key"], "vary": recurse.get("vary", False)},
         "depth": input.get("depth", 0),
         "checkpoint": input.get("checkpoint", True),
+        "batch": input.get("batch", 0),
     }
 
 
@@ -53,20 +55,33 @@ def spawn_children(input):
         saved = idem.load()
         if saved is not None:
             return [idem.Child(run_id) for run_id in saved.state]
-    kids = []
-    for i in range(input["children"]):
+    def child_input(i):
         if input["child_input"] is not None:
-            child_input = input["child_input"]
-        elif i in input["fail"]:
-            child_input = {"fail": True}
-        else:
-            child_input = {
-                "pause_after": True,
-                "pause_ms": input["pause_ms"],
-                "steps": 1,
-                "url": input["url"],
-            }
-        kids.append(idem.spawn(f"item-{i}", input["deployment"], child_input))
+            return input["child_input"]
+        if i in input["fail"]:
+            return {"fail": True}
+        return {
+            "pause_after": True,
+            "pause_ms": input["pause_ms"],
+            "steps": 1,
+            "url": input["url"],
+        }
+
+    kids = []
+    batch = input["batch"]
+    if batch == 0:
+        for i in range(input["children"]):
+            kids.append(idem.spawn(f"item-{i}", input["deployment"], child_input(i)))
+    else:
+        specs = [
+            idem.ChildSpec(f"item-{i}", input["deployment"], child_input(i))
+            for i in range(input["children"])
+        ]
+        for start in range(0, len(specs), batch):
+            for answer in idem.spawn_many(specs[start : start + batch]):
+                if isinstance(answer, idem.SpawnError):
+                    raise answer
+                kids.append(answer)
     if input["checkpoint"]:
         idem.save(1, kids)
     return kids

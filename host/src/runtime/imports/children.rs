@@ -1,18 +1,21 @@
-//! `idem:agent/children`: spawning child runs exactly once, and joining them in a
-//! durable wait. A join that is not over ends the instance with a [`Suspend`] trap, as
-//! a wait does; the run holds nothing until its children's ends make it due.
+//! `idem:agent/children`: spawning child runs exactly once (one at a time, or many in
+//! one write), and joining them in a durable wait. A join that is not over ends the
+//! instance with a [`Suspend`] trap, as a wait does; the run holds nothing until its
+//! children's ends make it due.
 
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use crate::runtime::bindings::idem::agent::children::{
-    ChildEnd, ChildStatus, Host, JoinError, SpawnError,
+    ChildEnd, ChildStatus, Host, JoinError, SpawnError, SpawnRequest as WitSpawnRequest,
 };
 use crate::runtime::end::{Suspend, trap_store};
 use crate::runtime::faults::Phase;
 use crate::runtime::view::IdemCtxView;
 use crate::store::{
-    JoinMode, JoinRefusal, JoinRequest, RunStatus, SpawnLimits, SpawnRefusal, SpawnRequest,
-    StoreError, WaitState, child_run_id,
+    ChildSpec, JoinMode, JoinRefusal, JoinRequest, RunStatus, SpawnBatch, SpawnLimits,
+    SpawnRefusal, SpawnRequest, StoreError, WaitState, child_run_id,
 };
 use crate::text;
 
@@ -69,6 +72,112 @@ impl Host for IdemCtxView<'_> {
             Err(StoreError::SpawnRefused { refusal, .. }) => Ok(Err(spawn_error(refusal))),
             Err(e) => Err(trap_store(e)),
         }
+    }
+
+    async fn spawn_many(
+        &mut self,
+        requests: Vec<WitSpawnRequest>,
+    ) -> wasmtime::Result<Vec<Result<String, SpawnError>>> {
+        self.ctx.enter()?;
+        let limits = self.ctx.run.limits.clone();
+        let spawn_limits = SpawnLimits {
+            max_depth: u32::try_from(limits.max_depth).unwrap_or(u32::MAX),
+            max_children: u32::try_from(limits.max_children).unwrap_or(u32::MAX),
+        };
+        if requests.len() > limits.max_children {
+            // More than the run may ever spawn: refused whole, before any is recorded.
+            let refusal = SpawnRefusal::TooMany {
+                count: spawn_limits.max_children,
+            };
+            return Ok(requests
+                .iter()
+                .map(|_| Err(spawn_error(refusal.clone())))
+                .collect());
+        }
+        // The answers in order; a request the host refuses itself is answered here and
+        // not sent to the store.
+        let mut answers: Vec<Option<Result<String, SpawnError>>> = Vec::new();
+        let mut asked = Vec::new();
+        for request in &requests {
+            let refused = if let Err(reason) = limits.check_key(&request.key) {
+                Some(SpawnError::InvalidKey(reason))
+            } else if request.input.len() > limits.max_state_bytes {
+                Some(SpawnError::TooLarge(format!(
+                    "the child's input is {} bytes, over the limit of {} bytes",
+                    request.input.len(),
+                    limits.max_state_bytes
+                )))
+            } else {
+                None
+            };
+            match refused {
+                Some(refused) => answers.push(Some(Err(refused))),
+                None => {
+                    answers.push(None);
+                    let ordinal = self.ctx.run.ordinal(&format!("\0spawn\0{}", request.key));
+                    asked.push((
+                        answers.len() - 1,
+                        ordinal,
+                        child_run_id(self.ctx.run.run_id(), &request.key),
+                    ));
+                }
+            }
+        }
+        for &(_, ordinal, _) in &asked {
+            self.ctx.fault(Phase::BeforeSpawn, ordinal)?;
+        }
+        let run = &self.ctx.run;
+        let children: Vec<ChildSpec<'_>> = asked
+            .iter()
+            .map(|(at, _, child_id)| {
+                let request = &requests[*at];
+                ChildSpec {
+                    key: &request.key,
+                    child_id,
+                    deployment: &request.deployment,
+                    input: &request.input,
+                    detached: request.detached,
+                }
+            })
+            .collect();
+        let batch = SpawnBatch {
+            fence: &run.fence,
+            children: &children,
+            limits: spawn_limits,
+        };
+        let span = tracing::debug_span!("idem.spawn_many", children = children.len());
+        let stored = async {
+            if children.is_empty() {
+                return Ok(Vec::new());
+            }
+            run.store.spawn_many(&batch).await
+        }
+        .instrument(span)
+        .await
+        .map_err(trap_store)?;
+        if stored.len() != asked.len() {
+            return Err(trap_store(StoreError::Backend {
+                op: "spawn child runs",
+                source: format!(
+                    "the store answered {} of {} spawns",
+                    stored.len(),
+                    asked.len()
+                )
+                .into(),
+            }));
+        }
+        let created = stored
+            .iter()
+            .filter(|a| a.as_ref().is_ok_and(|s| s.created))
+            .count();
+        tracing::debug!(asked = asked.len(), created, "spawned");
+        for ((at, ordinal, _), answer) in asked.iter().zip(stored) {
+            if answer.is_ok() {
+                self.ctx.fault(Phase::AfterSpawn, *ordinal)?;
+            }
+            answers[*at] = Some(answer.map(|s| s.run_id).map_err(spawn_error));
+        }
+        Ok(answers.into_iter().flatten().collect())
     }
 
     async fn join_all(

@@ -18,7 +18,7 @@ use crate::store::{
     Counts, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits, FlowSetting, GcReport,
     GcRequest, InstanceStore, JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim, OperatorStore,
     Paused, PausedDeployment, Presence, Resolution, Resumed, RunEnd, RunFence, RunFilter,
-    RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent, SpawnRequest, Spawned,
+    RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent, SpawnAnswers, SpawnBatch,
     StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode, Tick, WaitRecord,
     WaitRequest, WaitState, WorkerStore,
 };
@@ -228,17 +228,17 @@ impl InstanceStore for PostgresStore {
         })
     }
 
-    async fn spawn(&self, req: &SpawnRequest<'_>) -> Result<Spawned, StoreError> {
-        let fence = req.fence;
+    async fn spawn_many(&self, batch: &SpawnBatch<'_>) -> Result<SpawnAnswers, StoreError> {
+        let fence = batch.fence;
         let with = Some((fence, Lock::Share));
         write_tx!(
             self,
-            "spawn a child run",
+            "spawn child runs",
             fence.sync,
             with,
             |conn, fenced| {
                 held(fenced, fence)?;
-                children::spawn(conn, req).await
+                children::spawn_many(conn, batch).await
             }
         )
     }

@@ -1,4 +1,4 @@
-//! Child runs on PostgreSQL: spawning one exactly once, joining children, counting a
+//! Child runs on PostgreSQL: spawning them exactly once, joining children, counting a
 //! parent's join down as its children end, and cancelling a run's descendants. The
 //! same statements as SQLite's, each inside the transaction its caller began (the
 //! parent's row locked by the fence check).
@@ -7,126 +7,132 @@ use super::TxError;
 use super::conn::Conn;
 use super::runs::{lease_from, mark_cancelled, status_from};
 use super::waits::settle;
-use crate::store::rules::{join_asked, join_mode, join_reused, spawned_differently};
+use crate::store::rules::{
+    Found, SpawnFacts, SpawnPlan, join_asked, join_mode, join_reused, plan_spawns,
+};
 use crate::store::{
-    ChildEnd, JoinMode, JoinRefusal, JoinRequest, SpawnRefusal, SpawnRequest, Spawned, StoreError,
-    WaitState,
+    ChildEnd, JoinMode, JoinRefusal, JoinRequest, SpawnAnswers, SpawnBatch, StoreError, WaitState,
 };
 
-/// Spawns the child, or finds it spawned before under the same key. The caller
-/// checked the fence with the parent's row locked `FOR SHARE`: only the lease's holder
-/// spawns (one instance, one spawn at a time), and its children ending meanwhile share
-/// the lock ([`count_down_parent`]).
-pub(super) async fn spawn(conn: &Conn, req: &SpawnRequest<'_>) -> Result<Spawned, TxError> {
-    let parent = req.fence.run_id.as_str();
-    let refused = |refusal: SpawnRefusal| {
-        TxError::Store(StoreError::SpawnRefused {
-            run_id: parent.to_owned(),
-            key: req.key.to_owned(),
-            refusal,
-        })
+/// Spawns the batch's children, each answered as a spawn of it alone would be, in a
+/// fixed number of statements whatever the batch's size. The caller checked the fence
+/// with the parent's row locked `FOR SHARE`: only the lease's holder spawns (one
+/// instance, one spawn at a time), and its children ending meanwhile share the lock
+/// ([`count_down_parent`]).
+pub(super) async fn spawn_many(
+    conn: &Conn,
+    batch: &SpawnBatch<'_>,
+) -> Result<SpawnAnswers, TxError> {
+    let parent = batch.fence.run_id.as_str();
+    let ids: Vec<&str> = batch.children.iter().map(|c| c.child_id).collect();
+    let inputs: Vec<&[u8]> = batch.children.iter().map(|c| c.input).collect();
+    let mut facts = SpawnFacts {
+        found: vec![None; ids.len()],
+        ..SpawnFacts::default()
     };
-    let existing = conn
-        .query_opt(
-            "SELECT r.parent, r.agent, i.input = $2 FROM runs r
-             JOIN run_inputs i ON i.run_id = r.run_id WHERE r.run_id = $1",
-            &[&req.child_id, &req.input],
+    let found = conn
+        .query(
+            "SELECT c.n, r.parent, r.agent, i.input = c.input
+             FROM unnest($1::text[], $2::bytea[]) WITH ORDINALITY AS c(id, input, n)
+             JOIN runs r ON r.run_id = c.id JOIN run_inputs i ON i.run_id = r.run_id",
+            &[&ids, &inputs],
         )
         .await?;
-    if let Some(row) = existing {
-        let (of, agent, same_input): (Option<String>, String, bool) =
-            (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
-        let Some(what) =
-            spawned_differently(parent, req.deployment, of.as_deref(), &agent, same_input)
-        else {
-            return Ok(Spawned {
-                run_id: req.child_id.to_owned(),
-                created: false,
+    for row in &found {
+        let n: i64 = row.try_get(0)?;
+        let at = usize::try_from(n.saturating_sub(1)).unwrap_or(usize::MAX);
+        if let Some(slot) = facts.found.get_mut(at) {
+            *slot = Some(Found {
+                parent: row.try_get(1)?,
+                agent: row.try_get(2)?,
+                same_input: row.try_get(3)?,
             });
-        };
-        return Err(refused(SpawnRefusal::KeyReused {
-            key: req.key.to_owned(),
-            what,
-        }));
+        }
     }
-    let deployment = conn
-        .query_opt(
-            "SELECT digest, authority FROM deployments WHERE name = $1 ORDER BY id DESC LIMIT 1",
-            &[&req.deployment],
+    let mut names: Vec<&str> = batch.children.iter().map(|c| c.deployment).collect();
+    names.sort_unstable();
+    names.dedup();
+    let deployments = conn
+        .query(
+            "SELECT DISTINCT ON (name) name, digest, authority FROM deployments
+             WHERE name = ANY ($1) ORDER BY name, id DESC",
+            &[&names],
         )
         .await?;
-    let Some(deployment) = deployment else {
-        return Err(refused(SpawnRefusal::UnknownDeployment(
-            req.deployment.to_owned(),
-        )));
-    };
-    let (digest, authority): (String, Vec<u8>) = (deployment.try_get(0)?, deployment.try_get(1)?);
-    let depth: i32 = conn
-        .query_one("SELECT depth FROM runs WHERE run_id = $1", &[&parent])
-        .await?
-        .try_get(0)?;
-    let depth = u32::try_from(depth.saturating_add(1)).unwrap_or(u32::MAX);
-    if depth > req.limits.max_depth {
-        return Err(refused(SpawnRefusal::TooDeep {
-            depth,
-            max: req.limits.max_depth,
-        }));
+    for row in &deployments {
+        facts
+            .deployments
+            .insert(row.try_get(0)?, (row.try_get(1)?, row.try_get(2)?));
     }
-    let children: i64 = conn
-        .query_one("SELECT count(*) FROM runs WHERE parent = $1", &[&parent])
-        .await?
-        .try_get(0)?;
-    if children >= i64::from(req.limits.max_children) {
-        return Err(refused(SpawnRefusal::TooMany {
-            count: req.limits.max_children,
-        }));
-    }
-    let ancestor = conn
-        .query_opt(
+    let row = conn
+        .query_one(
+            "SELECT depth, (SELECT count(*) FROM runs WHERE parent = $1) FROM runs
+             WHERE run_id = $1",
+            &[&parent],
+        )
+        .await?;
+    facts.depth = i64::from(row.try_get::<_, i32>(0)?);
+    facts.children = row.try_get(1)?;
+    let ancestors = conn
+        .query(
             "WITH RECURSIVE up(id) AS (
                  SELECT $1::text
                  UNION SELECT r.parent FROM runs r JOIN up ON r.run_id = up.id
                  WHERE r.parent IS NOT NULL
              )
-             SELECT r.run_id FROM runs r JOIN up ON r.run_id = up.id
-             WHERE r.agent = $2 AND r.spawn_key = $3 LIMIT 1",
-            &[&parent, &req.deployment, &req.key],
+             SELECT r.run_id, r.agent, r.spawn_key FROM runs r JOIN up ON r.run_id = up.id
+             WHERE r.spawn_key IS NOT NULL",
+            &[&parent],
         )
         .await?;
-    if let Some(row) = ancestor {
-        return Err(refused(SpawnRefusal::Cycle {
-            ancestor: row.try_get(0)?,
-            deployment: req.deployment.to_owned(),
-            key: req.key.to_owned(),
-        }));
+    for row in &ancestors {
+        facts
+            .ancestors
+            .entry((row.try_get(1)?, row.try_get(2)?))
+            .or_insert(row.try_get(0)?);
+    }
+    let SpawnPlan {
+        answers,
+        create,
+        depth,
+    } = plan_spawns(batch, &facts);
+    if create.is_empty() {
+        return Ok(answers);
     }
     let depth = i32::try_from(depth).unwrap_or(i32::MAX);
+    let children: Vec<_> = create.iter().map(|new| &batch.children[new.at]).collect();
+    let ids: Vec<&str> = children.iter().map(|c| c.child_id).collect();
+    let agents: Vec<&str> = children.iter().map(|c| c.deployment).collect();
+    let keys: Vec<&str> = children.iter().map(|c| c.key).collect();
+    let detached: Vec<bool> = children.iter().map(|c| c.detached).collect();
+    let digests: Vec<&str> = create.iter().map(|new| new.digest.as_str()).collect();
     conn.execute(
         "INSERT INTO runs (run_id, agent, digest, namespace, status, created, updated,
                            parent, spawn_key, depth, detached)
-         VALUES ($1, $2, $3, $2, 'queued', $4, $4, $5, $6, $7, $8)",
+         SELECT c.id, c.agent, c.digest, c.agent, 'queued', $6, $6, $7, c.key, $8, c.detached
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bool[])
+              WITH ORDINALITY AS c(id, agent, digest, key, detached, n)
+         ORDER BY c.n",
         &[
-            &req.child_id,
-            &req.deployment,
-            &digest,
-            &conn.now,
-            &parent,
-            &req.key,
-            &depth,
-            &req.detached,
+            &ids, &agents, &digests, &keys, &detached, &conn.now, &parent, &depth,
         ],
     )
     .await?;
+    let inputs: Vec<&[u8]> = children.iter().map(|c| c.input).collect();
+    let authorities: Vec<&[u8]> = create.iter().map(|new| new.authority.as_slice()).collect();
     conn.execute(
-        "INSERT INTO run_inputs (run_id, input, authority) VALUES ($1, $2, $3)",
-        &[&req.child_id, &req.input, &authority],
+        "INSERT INTO run_inputs (run_id, input, authority)
+         SELECT * FROM unnest($1::text[], $2::bytea[], $3::bytea[])",
+        &[&ids, &inputs, &authorities],
     )
     .await?;
-    super::components::add_member(conn, req.deployment, &digest, "run").await?;
-    Ok(Spawned {
-        run_id: req.child_id.to_owned(),
-        created: true,
-    })
+    let mut members: Vec<(&str, &str)> = agents.iter().copied().zip(digests).collect();
+    members.sort_unstable();
+    members.dedup();
+    for (deployment, digest) in members {
+        super::components::add_member(conn, deployment, digest, "run").await?;
+    }
+    Ok(answers)
 }
 
 /// Records the join if new and says where it stands. The caller checked the fence.

@@ -134,16 +134,60 @@ pub(super) async fn acquire_runs(
             break;
         }
     }
+    if chosen.is_empty() {
+        return Ok(Vec::new());
+    }
     let expires = lease_expiry(now, lease);
-    let floor = if chosen.is_empty() {
-        0
-    } else {
-        token_floor(conn).await?
-    };
-    let mut leased = Vec::with_capacity(chosen.len());
+    let floor = token_floor(conn).await?;
+    // Granted together: one statement for every lease, one read of the records and
+    // one of the inputs, whatever the number of runs (one of each per run cost three
+    // round trips a run).
+    let mut ids = Vec::with_capacity(chosen.len());
+    let mut tokens = Vec::with_capacity(chosen.len());
+    let mut taken = Vec::with_capacity(chosen.len());
     for (run_id, last, taken_over) in chosen {
-        let token = run_lease_token(last, floor)?;
-        leased.push(grant(conn, &run_id, token, worker, expires, taken_over).await?);
+        tokens.push(to_sql_int(run_lease_token(last, floor)?)?);
+        ids.push(run_id);
+        taken.push(taken_over);
+    }
+    conn.execute(
+        "UPDATE runs
+         SET status = $2, lease_holder = $3, lease_token = g.token, lease_expires = $4,
+             updated = $5, wake_at = NULL, waiting_for = NULL, joining = NULL, join_left = NULL
+         FROM unnest($1::text[], $6::int8[]) AS g(id, token)
+         WHERE run_id = g.id",
+        &[
+            &ids,
+            &RunStatus::Running.as_str(),
+            &worker,
+            &expires,
+            &now,
+            &tokens,
+        ],
+    )
+    .await?;
+    let mut records = runs::runs_by_id(conn, &ids).await?;
+    let inputs = conn
+        .query(
+            "SELECT run_id, input, authority FROM run_inputs WHERE run_id = ANY ($1)",
+            &[&ids],
+        )
+        .await?;
+    let mut inputs: std::collections::HashMap<String, (Vec<u8>, Vec<u8>)> = inputs
+        .iter()
+        .map(|row| Ok((row.try_get(0)?, (row.try_get(1)?, row.try_get(2)?))))
+        .collect::<Result<_, tokio_postgres::Error>>()?;
+    let mut leased = Vec::with_capacity(ids.len());
+    for ((run_id, token), taken_over) in ids.iter().zip(tokens).zip(taken) {
+        let record = records.remove(run_id).ok_or_else(|| unknown_run(run_id))?;
+        let (input, authority) = inputs.remove(run_id).ok_or_else(|| unknown_run(run_id))?;
+        leased.push(LeasedRun {
+            record,
+            token: token.unsigned_abs(),
+            input,
+            authority,
+            taken_over,
+        });
     }
     Ok(leased)
 }
@@ -291,7 +335,11 @@ pub(super) async fn release_run(
 }
 
 /// Records how the run ended and ends its lease (keeping its token). The caller
-/// checked the fence.
+/// checked the fence, with the run's row locked.
+///
+/// The run's row, its outcome and the parent's join are written by statements sent
+/// together (tokio-postgres pipelines statements awaited at once on one connection):
+/// one round trip where one each took four, on the path every run ends by.
 pub(super) async fn finish_run(
     conn: &Conn,
     fence: &RunFence,
@@ -299,29 +347,48 @@ pub(super) async fn finish_run(
     counts: &Counts,
 ) -> Result<(), TxError> {
     let run_id = fence.run_id.as_str();
-    runs::save_counts(conn, run_id, counts).await?;
-    let status = match end {
-        RunEnd::Completed(output) => {
-            set_outcome(conn, run_id, Some(output)).await?;
-            RunStatus::Completed
+    let (status, outcome) = match end {
+        RunEnd::Completed(output) => (RunStatus::Completed, Some(output)),
+        RunEnd::Failed(error) => (RunStatus::Failed, Some(error.as_bytes())),
+        RunEnd::InDoubt => (RunStatus::InDoubt, None),
+        RunEnd::Cancelled => {
+            runs::save_counts(conn, run_id, counts).await?;
+            return end_as_cancelled(conn, run_id).await;
         }
-        RunEnd::Failed(error) => {
-            set_outcome(conn, run_id, Some(error.as_bytes())).await?;
-            RunStatus::Failed
-        }
-        RunEnd::InDoubt => RunStatus::InDoubt,
-        RunEnd::Cancelled => return end_as_cancelled(conn, run_id).await,
     };
-    conn.execute(
-        "UPDATE runs
-         SET status = $2, lease_holder = NULL, lease_expires = NULL, cancel_requested = false,
-             updated = $3
-         WHERE run_id = $1",
-        &[&run_id, &status.as_str(), &conn.now],
-    )
-    .await?;
-    if status != RunStatus::InDoubt {
-        super::children::count_down_parent(conn, run_id).await?;
-    }
+    let row = async {
+        conn.execute(
+            "UPDATE runs
+             SET executed = $2, skipped = $3, awaited = $4, reclaimed = $5, instances = $6,
+                 recycled = $7, status = $8, lease_holder = NULL, lease_expires = NULL,
+                 cancel_requested = false, updated = $9
+             WHERE run_id = $1",
+            &[
+                &run_id,
+                &to_sql_int(counts.executed)?,
+                &to_sql_int(counts.skipped)?,
+                &to_sql_int(counts.awaited)?,
+                &to_sql_int(counts.reclaimed)?,
+                &to_sql_int(counts.instances)?,
+                &to_sql_int(counts.recycled)?,
+                &status.as_str(),
+                &conn.now,
+            ],
+        )
+        .await
+    };
+    let kept = async {
+        match outcome {
+            Some(outcome) => set_outcome(conn, run_id, Some(outcome)).await,
+            None => Ok(()),
+        }
+    };
+    let parent = async {
+        if status == RunStatus::InDoubt {
+            return Ok(());
+        }
+        super::children::count_down_parent(conn, run_id).await
+    };
+    tokio::try_join!(row, kept, parent)?;
     Ok(())
 }

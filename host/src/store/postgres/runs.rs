@@ -245,6 +245,22 @@ pub(super) async fn run(conn: &Conn, run_id: &str) -> Result<Option<RunRecord>, 
     }
 }
 
+/// The records of the runs `ids` that exist, by run id.
+pub(super) async fn runs_by_id(
+    conn: &Conn,
+    ids: &[String],
+) -> Result<std::collections::HashMap<String, RunRecord>, TxError> {
+    let rows = conn
+        .query(select_records!("WHERE r.run_id = ANY ($1)"), &[&ids])
+        .await?;
+    rows.iter()
+        .map(|row| {
+            let record = record(row)?;
+            Ok((record.run_id.clone(), record))
+        })
+        .collect()
+}
+
 /// The authority the run was submitted with, if it exists.
 pub(super) async fn authority(conn: &Conn, run_id: &str) -> Result<Option<Vec<u8>>, TxError> {
     let row = conn

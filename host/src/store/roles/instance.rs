@@ -4,8 +4,8 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::store::{
-    Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts, JoinRequest, RunFence,
-    SpawnRequest, Spawned, StoreError, WaitRequest, WaitState,
+    Checkpoint, ChildSpec, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts, JoinRequest,
+    RunFence, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned, StoreError, WaitRequest, WaitState,
 };
 #[cfg(doc)]
 use crate::store::{OperatorStore, RunStatus};
@@ -110,7 +110,32 @@ pub trait InstanceStore: Send + Sync + fmt::Debug {
     /// before with another deployment or input, a child past the depth or children
     /// limit, or a cycle (an ancestor spawned with the same deployment and key);
     /// [`StoreError::LeaseLost`] if the fence is stale. Nothing is written when it fails.
-    async fn spawn(&self, req: &SpawnRequest<'_>) -> Result<Spawned, StoreError>;
+    async fn spawn(&self, req: &SpawnRequest<'_>) -> Result<Spawned, StoreError> {
+        let child = ChildSpec::of(req);
+        let batch = SpawnBatch {
+            fence: req.fence,
+            children: std::slice::from_ref(&child),
+            limits: req.limits,
+        };
+        match self.spawn_many(&batch).await?.pop() {
+            Some(Ok(spawned)) => Ok(spawned),
+            Some(Err(refusal)) => Err(StoreError::SpawnRefused {
+                run_id: req.fence.run_id.clone(),
+                key: req.key.to_owned(),
+                refusal,
+            }),
+            None => Err(StoreError::Backend {
+                op: "spawn a child run",
+                source: "the store answered a spawn of one child with none".into(),
+            }),
+        }
+    }
+
+    /// Spawns each child of `batch` in one write, in order, answering each as
+    /// [`spawn`](Self::spawn) would have on its own: a refused child records nothing,
+    /// and the others still start. Fails as a whole only with
+    /// [`StoreError::LeaseLost`] (nothing written) or a failure of the store.
+    async fn spawn_many(&self, batch: &SpawnBatch<'_>) -> Result<SpawnAnswers, StoreError>;
 
     /// Records the join `req.key` of the run if it is new (with its children and its
     /// due time from the store's clock now), and says where it stands:

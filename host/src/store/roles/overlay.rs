@@ -23,8 +23,8 @@ use crate::store::{
     Deployment, DeploymentPaused, DeploymentRecord, FlowLimits, FlowSetting, GcReport, GcRequest,
     JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim, Paused, PausedDeployment, Presence,
     Resolution, Resumed, RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord,
-    ScheduledBy, SignalSent, SpawnRequest, Spawned, StepRecord, StoreError, Submission, Submitted,
-    Suspension, Tick, WaitRecord, WaitRequest, WaitState,
+    ScheduledBy, SignalSent, SpawnAnswers, SpawnBatch, StepRecord, StoreError, Submission,
+    Submitted, Suspension, Tick, WaitRecord, WaitRequest, WaitState,
 };
 
 /// A [`Store`] assembled from one handle per role: an underlying store's, with any
@@ -155,8 +155,8 @@ impl InstanceStore for Overlay {
         self.instance.wait(req).await
     }
 
-    async fn spawn(&self, req: &SpawnRequest<'_>) -> Result<Spawned, StoreError> {
-        self.instance.spawn(req).await
+    async fn spawn_many(&self, batch: &SpawnBatch<'_>) -> Result<SpawnAnswers, StoreError> {
+        self.instance.spawn_many(batch).await
     }
 
     async fn join(&self, req: &JoinRequest<'_>) -> Result<WaitState, StoreError> {

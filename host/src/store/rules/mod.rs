@@ -1,38 +1,19 @@
 //! The decisions every backend makes the same way, in one place: what a claim of a key
 //! gets given the key's row, which token a grant takes, whether a run's lease may be
 //! granted, when a lease runs out, how a component joins a namespace, which values a
-//! store refuses to keep, what gc collects, the rules of waits (`waits.rs`) and of
-//! schedules (`schedules.rs`). A backend reads the row (locking it
+//! store refuses to keep, what gc collects, the rules of waits (`waits.rs`), of
+//! schedules (`schedules.rs`) and of spawns (`spawns.rs`). A backend reads the row (locking it
 //! as its database needs), asks here, and writes what the answer says; so the two
 //! backends cannot drift apart on a rule, and the store suite, which runs on both,
 //! checks one implementation. The backends never import each other: what they share
 //! is here.
 
 mod schedules;
+mod spawns;
 mod waits;
 
-/// What differs when a spawn finds its child id taken: `None` if the child found is the
-/// one asked for (spawned by `parent` as `deployment` with the same input), else what is
-/// not (`another parent`, `another deployment`, `other input`).
-pub(crate) fn spawned_differently(
-    parent: &str,
-    deployment: &str,
-    found_parent: Option<&str>,
-    found_agent: &str,
-    same_input: bool,
-) -> Option<&'static str> {
-    if found_parent != Some(parent) {
-        Some("another parent")
-    } else if found_agent != deployment {
-        Some("another deployment")
-    } else if !same_input {
-        Some("other input")
-    } else {
-        None
-    }
-}
-
 pub(crate) use schedules::{TickAction, check_def, tick_action};
+pub(crate) use spawns::{Found, SpawnFacts, SpawnPlan, plan_spawns};
 pub(crate) use waits::{Recorded, WaitRow, asked, join_asked, join_mode, join_reused, sleep_state};
 
 use std::time::Duration;

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::owned::{OwnedEnd, OwnedJoin, OwnedRef, OwnedRequest, OwnedSpawn, OwnedWaitKind};
+use super::owned::{OwnedEnd, OwnedJoin, OwnedRef, OwnedRequest, OwnedSpawnBatch, OwnedWaitKind};
 use super::{
     SqliteStore, children, claims, components, flow, gc, leases, logs, pause, presence, runs,
     schedules, waits,
@@ -17,7 +17,7 @@ use crate::store::{
     Counts, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits, FlowSetting, GcReport,
     GcRequest, InstanceStore, JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim, OperatorStore,
     Paused, PausedDeployment, Presence, Resolution, Resumed, RunEnd, RunFence, RunFilter,
-    RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent, SpawnRequest, Spawned,
+    RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent, SpawnAnswers, SpawnBatch,
     StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode, Tick, WaitRecord,
     WaitRequest, WaitState, WorkerStore,
 };
@@ -169,10 +169,11 @@ impl InstanceStore for SqliteStore {
         .await
     }
 
-    async fn spawn(&self, req: &SpawnRequest<'_>) -> Result<Spawned, StoreError> {
-        let req = OwnedSpawn::new(req);
-        self.write("spawn a child run", req.sync(), move |conn, now| {
-            children::spawn(conn, &req.borrow(), now)
+    async fn spawn_many(&self, batch: &SpawnBatch<'_>) -> Result<SpawnAnswers, StoreError> {
+        let batch = OwnedSpawnBatch::new(batch);
+        self.write("spawn child runs", batch.sync(), move |conn, now| {
+            let children = batch.children();
+            children::spawn_many(conn, &batch.borrow(&children), now)
         })
         .await
     }

@@ -1,6 +1,8 @@
-//! Child runs on SQLite: spawning one exactly once, joining children, counting a
+//! Child runs on SQLite: spawning them exactly once, joining children, counting a
 //! parent's join down as its children end, and cancelling a run's descendants. Each
 //! function runs inside the transaction of the database thread.
+
+use std::collections::HashMap;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -8,133 +10,119 @@ use super::TxError;
 use super::leases::check_fence;
 use super::runs::{lease_from, mark_cancelled, status_from};
 use super::waits::settle;
-use crate::store::rules::{WaitRow, join_asked, join_mode, join_reused, spawned_differently};
+use crate::store::rules::{
+    Found, SpawnFacts, SpawnPlan, WaitRow, join_asked, join_mode, join_reused, plan_spawns,
+};
 use crate::store::{
-    ChildEnd, JoinMode, JoinRefusal, JoinRequest, Millis, RunStatus, SpawnRefusal, SpawnRequest,
-    Spawned, StoreError, WaitState,
+    ChildEnd, JoinMode, JoinRefusal, JoinRequest, Millis, RunStatus, SpawnAnswers, SpawnBatch,
+    StoreError, WaitState,
 };
 
 /// The statuses in which a child has ended for a join ([`crate::store::child_ended`]).
 const ENDED: &str = "('completed', 'failed', 'cancelled')";
 
-/// Spawns the child, or finds it spawned before under the same key.
-pub(super) fn spawn(
+/// Spawns the batch's children, each answered as a spawn of it alone would be.
+pub(super) fn spawn_many(
     conn: &Connection,
-    req: &SpawnRequest<'_>,
+    batch: &SpawnBatch<'_>,
     now: Millis,
-) -> Result<Spawned, TxError> {
-    check_fence(conn, req.fence)?;
-    let parent = req.fence.run_id.as_str();
-    let refused = |refusal: SpawnRefusal| {
-        TxError::Store(StoreError::SpawnRefused {
-            run_id: parent.to_owned(),
-            key: req.key.to_owned(),
-            refusal,
-        })
-    };
-    let existing: Option<(Option<String>, String, bool)> = conn
-        .prepare_cached(
+) -> Result<SpawnAnswers, TxError> {
+    check_fence(conn, batch.fence)?;
+    let parent = batch.fence.run_id.as_str();
+    let mut facts = SpawnFacts::default();
+    {
+        let mut existing = conn.prepare_cached(
             "SELECT r.parent, r.agent, i.input = ?2 FROM runs r
              JOIN run_inputs i ON i.run_id = r.run_id WHERE r.run_id = ?1",
-        )?
-        .query_row(params![req.child_id, req.input], |row| {
-            Ok((row.get(0)?, row.get(1)?, row.get(2)?))
-        })
-        .optional()?;
-    if let Some((of, agent, same_input)) = existing {
-        let Some(what) =
-            spawned_differently(parent, req.deployment, of.as_deref(), &agent, same_input)
-        else {
-            return Ok(Spawned {
-                run_id: req.child_id.to_owned(),
-                created: false,
-            });
-        };
-        return Err(refused(SpawnRefusal::KeyReused {
-            key: req.key.to_owned(),
-            what,
-        }));
-    }
-    let deployment: Option<(String, Vec<u8>)> = conn
-        .prepare_cached(
+        )?;
+        let mut deployment = conn.prepare_cached(
             "SELECT digest, authority FROM deployments WHERE name = ?1 ORDER BY id DESC LIMIT 1",
-        )?
-        .query_row([req.deployment], |row| Ok((row.get(0)?, row.get(1)?)))
-        .optional()?;
-    let Some((digest, authority)) = deployment else {
-        return Err(refused(SpawnRefusal::UnknownDeployment(
-            req.deployment.to_owned(),
-        )));
-    };
-    let depth: i64 = conn
+        )?;
+        for child in batch.children {
+            let found = existing
+                .query_row(params![child.child_id, child.input], |row| {
+                    Ok(Found {
+                        parent: row.get(0)?,
+                        agent: row.get(1)?,
+                        same_input: row.get(2)?,
+                    })
+                })
+                .optional()?;
+            facts.found.push(found);
+            if !facts.deployments.contains_key(child.deployment)
+                && let Some(found) = deployment
+                    .query_row([child.deployment], |row| Ok((row.get(0)?, row.get(1)?)))
+                    .optional()?
+            {
+                facts.deployments.insert(child.deployment.to_owned(), found);
+            }
+        }
+    }
+    facts.depth = conn
         .prepare_cached("SELECT depth FROM runs WHERE run_id = ?1")?
         .query_row([parent], |row| row.get(0))?;
-    let depth = u32::try_from(depth.saturating_add(1)).unwrap_or(u32::MAX);
-    if depth > req.limits.max_depth {
-        return Err(refused(SpawnRefusal::TooDeep {
-            depth,
-            max: req.limits.max_depth,
-        }));
-    }
-    let children: i64 = conn
+    facts.children = conn
         .prepare_cached("SELECT count(*) FROM runs WHERE parent = ?1")?
         .query_row([parent], |row| row.get(0))?;
-    if children >= i64::from(req.limits.max_children) {
-        return Err(refused(SpawnRefusal::TooMany {
-            count: req.limits.max_children,
-        }));
-    }
-    if let Some(ancestor) = ancestor_spawned_as(conn, parent, req.deployment, req.key)? {
-        return Err(refused(SpawnRefusal::Cycle {
-            ancestor,
-            deployment: req.deployment.to_owned(),
-            key: req.key.to_owned(),
-        }));
-    }
-    conn.prepare_cached(
+    facts.ancestors = spawned_ancestors(conn, parent)?;
+    let SpawnPlan {
+        answers,
+        create,
+        depth,
+    } = plan_spawns(batch, &facts);
+    let mut run = conn.prepare_cached(
         "INSERT INTO runs (run_id, agent, digest, namespace, status, created, updated,
                            parent, spawn_key, depth, detached)
          VALUES (?1, ?2, ?3, ?2, 'queued', ?4, ?4, ?5, ?6, ?7, ?8)",
-    )?
-    .execute(params![
-        req.child_id,
-        req.deployment,
-        digest,
-        now,
-        parent,
-        req.key,
-        depth,
-        req.detached
-    ])?;
-    conn.prepare_cached("INSERT INTO run_inputs (run_id, input, authority) VALUES (?1, ?2, ?3)")?
-        .execute(params![req.child_id, req.input, authority])?;
-    super::components::add_member(conn, req.deployment, &digest, "run", now)?;
-    Ok(Spawned {
-        run_id: req.child_id.to_owned(),
-        created: true,
-    })
+    )?;
+    let mut input = conn
+        .prepare_cached("INSERT INTO run_inputs (run_id, input, authority) VALUES (?1, ?2, ?3)")?;
+    let mut members = Vec::new();
+    for new in &create {
+        let child = &batch.children[new.at];
+        run.execute(params![
+            child.child_id,
+            child.deployment,
+            new.digest,
+            now,
+            parent,
+            child.key,
+            depth,
+            child.detached
+        ])?;
+        input.execute(params![child.child_id, child.input, new.authority])?;
+        if !members.contains(&(child.deployment, &new.digest)) {
+            members.push((child.deployment, &new.digest));
+        }
+    }
+    for (deployment, digest) in members {
+        super::components::add_member(conn, deployment, digest, "run", now)?;
+    }
+    Ok(answers)
 }
 
-/// The run, among `run_id` and its ancestors, that was spawned as `deployment` under
-/// `key`, if one was.
-fn ancestor_spawned_as(
+/// The parent and its ancestors that were spawned, as (deployment, key) → run id.
+fn spawned_ancestors(
     conn: &Connection,
     run_id: &str,
-    deployment: &str,
-    key: &str,
-) -> Result<Option<String>, TxError> {
-    let found = conn
-        .prepare_cached(
-            "WITH RECURSIVE up(id) AS (
-                 SELECT ?1
-                 UNION SELECT r.parent FROM runs r JOIN up ON r.run_id = up.id
-                 WHERE r.parent IS NOT NULL
-             )
-             SELECT r.run_id FROM runs r JOIN up ON r.run_id = up.id
-             WHERE r.agent = ?2 AND r.spawn_key = ?3 LIMIT 1",
-        )?
-        .query_row(params![run_id, deployment, key], |row| row.get(0))
-        .optional()?;
+) -> Result<HashMap<(String, String), String>, TxError> {
+    let mut stmt = conn.prepare_cached(
+        "WITH RECURSIVE up(id) AS (
+             SELECT ?1
+             UNION SELECT r.parent FROM runs r JOIN up ON r.run_id = up.id
+             WHERE r.parent IS NOT NULL
+         )
+         SELECT r.run_id, r.agent, r.spawn_key FROM runs r JOIN up ON r.run_id = up.id
+         WHERE r.spawn_key IS NOT NULL",
+    )?;
+    let rows = stmt.query_map([run_id], |row| {
+        Ok(((row.get(1)?, row.get(2)?), row.get(0)?))
+    })?;
+    let mut found = HashMap::new();
+    for row in rows {
+        let (at, id) = row?;
+        found.entry(at).or_insert(id);
+    }
     Ok(found)
 }
 

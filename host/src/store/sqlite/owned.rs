@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use crate::store::{
-    ClaimRef, ClaimRequest, JoinMode, JoinRequest, RunEnd, RunFence, SpawnLimits, SpawnRequest,
-    WaitKind, Wake,
+    ChildSpec, ClaimRef, ClaimRequest, JoinMode, JoinRequest, RunEnd, RunFence, SpawnBatch,
+    SpawnLimits, WaitKind, Wake,
 };
 
 /// A [`ClaimRequest`] that owns its strings.
@@ -128,27 +128,37 @@ impl OwnedWaitKind {
     }
 }
 
-/// A [`SpawnRequest`] that owns its strings and input.
-pub(super) struct OwnedSpawn {
+/// A [`SpawnBatch`] that owns its strings and inputs.
+pub(super) struct OwnedSpawnBatch {
     fence: RunFence,
+    children: Vec<OwnedChild>,
+    limits: SpawnLimits,
+}
+
+struct OwnedChild {
     key: String,
     child_id: String,
     deployment: String,
     input: Vec<u8>,
     detached: bool,
-    limits: SpawnLimits,
 }
 
-impl OwnedSpawn {
-    pub(super) fn new(req: &SpawnRequest<'_>) -> OwnedSpawn {
-        OwnedSpawn {
-            fence: req.fence.clone(),
-            key: req.key.to_owned(),
-            child_id: req.child_id.to_owned(),
-            deployment: req.deployment.to_owned(),
-            input: req.input.to_vec(),
-            detached: req.detached,
-            limits: req.limits,
+impl OwnedSpawnBatch {
+    pub(super) fn new(batch: &SpawnBatch<'_>) -> OwnedSpawnBatch {
+        OwnedSpawnBatch {
+            fence: batch.fence.clone(),
+            children: batch
+                .children
+                .iter()
+                .map(|c| OwnedChild {
+                    key: c.key.to_owned(),
+                    child_id: c.child_id.to_owned(),
+                    deployment: c.deployment.to_owned(),
+                    input: c.input.to_vec(),
+                    detached: c.detached,
+                })
+                .collect(),
+            limits: batch.limits,
         }
     }
 
@@ -156,14 +166,24 @@ impl OwnedSpawn {
         self.fence.sync
     }
 
-    pub(super) fn borrow(&self) -> SpawnRequest<'_> {
-        SpawnRequest {
+    /// Its children, borrowed: what [`Self::borrow`] points into.
+    pub(super) fn children(&self) -> Vec<ChildSpec<'_>> {
+        self.children
+            .iter()
+            .map(|c| ChildSpec {
+                key: &c.key,
+                child_id: &c.child_id,
+                deployment: &c.deployment,
+                input: &c.input,
+                detached: c.detached,
+            })
+            .collect()
+    }
+
+    pub(super) fn borrow<'a>(&'a self, children: &'a [ChildSpec<'a>]) -> SpawnBatch<'a> {
+        SpawnBatch {
             fence: &self.fence,
-            key: &self.key,
-            child_id: &self.child_id,
-            deployment: &self.deployment,
-            input: &self.input,
-            detached: self.detached,
+            children,
             limits: self.limits,
         }
     }

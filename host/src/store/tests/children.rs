@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use super::{DIGEST, Env, RUN_LEASE, T0};
 use crate::store::{
-    Admission, Cancelled, Counts, Deployment, JoinMode, JoinRefusal, JoinRequest, RunEnd, RunFence,
-    RunFilter, RunStatus, SpawnLimits, SpawnRefusal, SpawnRequest, StoreError, Suspension,
-    WaitState, child_run_id,
+    Admission, Cancelled, ChildSpec, Counts, Deployment, JoinMode, JoinRefusal, JoinRequest,
+    RunEnd, RunFence, RunFilter, RunStatus, SpawnBatch, SpawnLimits, SpawnRefusal, SpawnRequest,
+    StoreError, Suspension, WaitState, child_run_id,
 };
 
 const LIMITS: SpawnLimits = SpawnLimits {
@@ -197,6 +197,117 @@ pub(super) async fn bad_spawns_are_refused_and_write_nothing(env: &Env<'_>) {
         SpawnRefusal::Cycle { ancestor, .. } if ancestor == c2
     ));
     assert_eq!(store.run(&again).await.unwrap(), None);
+}
+
+pub(super) async fn a_batch_answers_each_child_as_a_spawn_of_it_alone_would(env: &Env<'_>) {
+    let store = env.store;
+    deploy_worker(env).await;
+    let fence = env.lease("p").await;
+    let keys = ["a", "b", "a", "x", "c", "d", "e"];
+    let ids: Vec<String> = keys.iter().map(|k| child_run_id("p", k)).collect();
+    let child = |at: usize| ChildSpec {
+        key: keys[at],
+        child_id: &ids[at],
+        deployment: "worker",
+        input: b"{}",
+        detached: at == 1,
+    };
+    let mut specs: Vec<ChildSpec<'_>> = (0..keys.len()).map(child).collect();
+    // `a` again with other input, `x` of an unknown deployment.
+    specs[2].input = b"{\"other\":1}";
+    specs[3].deployment = "nobody";
+    let batch = SpawnBatch {
+        fence: &fence,
+        children: &specs,
+        limits: LIMITS,
+    };
+    let answers = store.spawn_many(&batch).await.unwrap();
+    let summary: Vec<Result<bool, SpawnRefusal>> = answers
+        .iter()
+        .map(|a| a.as_ref().map(|s| s.created).map_err(Clone::clone))
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            Ok(true),
+            Ok(true),
+            Err(SpawnRefusal::KeyReused {
+                key: "a".into(),
+                what: "other input"
+            }),
+            Err(SpawnRefusal::UnknownDeployment("nobody".into())),
+            Ok(true),
+            Ok(true),
+            // The limit of 4 children counts those created earlier in the batch.
+            Err(SpawnRefusal::TooMany { count: 4 }),
+        ]
+    );
+    for (at, answer) in answers.iter().enumerate() {
+        if let Ok(spawned) = answer {
+            assert_eq!(spawned.run_id, ids[at]);
+        }
+    }
+    let listed = store
+        .runs(&RunFilter {
+            parent: Some("p"),
+            ..RunFilter::default()
+        })
+        .await
+        .unwrap();
+    let mut listed: Vec<(String, bool)> = listed
+        .into_iter()
+        .map(|r| (r.spawn_key.unwrap_or_default(), r.detached))
+        .collect();
+    listed.sort();
+    assert_eq!(
+        listed,
+        vec![
+            ("a".into(), false),
+            ("b".into(), true),
+            ("c".into(), false),
+            ("d".into(), false)
+        ]
+    );
+    assert_eq!(store.run(&ids[6]).await.unwrap(), None);
+    assert_eq!(
+        store.run_authority(&ids[4]).await.unwrap().as_deref(),
+        Some(&b"child-grant"[..])
+    );
+    // The same batch again (a resumed parent) starts nothing and answers the same,
+    // with `created` false.
+    let again = store.spawn_many(&batch).await.unwrap();
+    for (first, second) in answers.iter().zip(&again) {
+        match (first, second) {
+            (Ok(a), Ok(b)) => {
+                assert_eq!((a.run_id.as_str(), b.created), (b.run_id.as_str(), false))
+            }
+            (Err(a), Err(b)) => assert_eq!(a, b),
+            other => panic!("answered differently: {other:?}"),
+        }
+    }
+    // A stale fence spawns nothing at all.
+    let stale = RunFence {
+        token: fence.token + 1,
+        ..fence.clone()
+    };
+    let late = [ChildSpec {
+        key: "late",
+        child_id: "p~late",
+        deployment: "worker",
+        input: b"{}",
+        detached: false,
+    }];
+    assert!(matches!(
+        store
+            .spawn_many(&SpawnBatch {
+                fence: &stale,
+                children: &late,
+                limits: LIMITS,
+            })
+            .await,
+        Err(StoreError::LeaseLost { .. })
+    ));
+    assert_eq!(store.run("p~late").await.unwrap(), None);
 }
 
 pub(super) async fn a_parent_joining_all_is_due_once_when_its_last_child_ends(env: &Env<'_>) {

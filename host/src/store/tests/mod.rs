@@ -140,6 +140,7 @@ macro_rules! store_tests {
                 waits::bad_signals_and_waits_are_refused_and_write_nothing,
                 children::a_spawn_happens_once_per_key_with_the_deployments_grants,
                 children::bad_spawns_are_refused_and_write_nothing,
+                children::a_batch_answers_each_child_as_a_spawn_of_it_alone_would,
                 children::a_parent_joining_all_is_due_once_when_its_last_child_ends,
                 children::a_join_of_any_takes_the_first_child_to_end,
                 children::a_child_ending_before_the_suspension_makes_the_parent_due_at_once,

@@ -6,13 +6,15 @@
 //! ```json
 //! {"deployment": "fetcher", "children": 5, "url": "http://127.0.0.1:PORT",
 //!  "pause_ms": 0, "mode": "all", "timeout_ms": null, "detached": false,
-//!  "join_also": null, "recurse": null, "depth": 0, "checkpoint": true}
+//!  "join_also": null, "recurse": null, "depth": 0, "checkpoint": true, "batch": 0}
 //! ```
 //!
 //! - child `i` is spawned under key `item-{i}` with input
 //!   `{"steps": 1, "url": URL, "pause_ms": P, "pause_after": true}` (the `fetcher`
 //!   agent's), or `{"fail": true}` for the items listed in `fail`;
 //! - `child_input`: the input of every child instead (for children of another agent);
+//! - `batch`: spawn the children `batch` at a time with `spawn_many` (0: one by one
+//!   with `spawn`);
 //! - `mode`: `all` joins every child (`join_all`), `any` the first to end;
 //! - `join_also`: a run id joined with the children (to see a join refused);
 //! - `checkpoint`: save the children's ids once all are spawned, so a resumed
@@ -26,7 +28,10 @@
 
 use std::time::Duration;
 
-use idem_sdk::{Agent, Child, ChildOutcome, Error, join, join_all, join_any, load, save, spawn};
+use idem_sdk::{
+    Agent, Child, ChildOutcome, ChildSpec, Error, join, join_all, join_any, load, save, spawn,
+    spawn_many,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -55,6 +60,8 @@ struct Input {
     depth: u32,
     #[serde(default = "yes")]
     checkpoint: bool,
+    #[serde(default)]
+    batch: usize,
 }
 
 fn yes() -> bool {
@@ -105,20 +112,33 @@ fn children(input: &Input) -> Result<Vec<Child>, Error> {
     {
         return Ok(saved.state);
     }
-    let mut kids = Vec::new();
-    for i in 0..input.children {
-        let child_input = if let Some(given) = &input.child_input {
+    let child_input = |i: u32| {
+        if let Some(given) = &input.child_input {
             given.clone()
         } else if input.fail.contains(&i) {
             json!({ "fail": true })
         } else {
             json!({ "steps": 1, "url": input.url, "pause_ms": input.pause_ms, "pause_after": true })
-        };
-        kids.push(spawn(
-            &format!("item-{i}"),
-            &input.deployment,
-            &child_input,
-        )?);
+        }
+    };
+    let mut kids = Vec::new();
+    if input.batch == 0 {
+        for i in 0..input.children {
+            kids.push(spawn(
+                &format!("item-{i}"),
+                &input.deployment,
+                &child_input(i),
+            )?);
+        }
+    } else {
+        let specs = (0..input.children)
+            .map(|i| ChildSpec::new(format!("item-{i}"), &input.deployment, &child_input(i)))
+            .collect::<Result<Vec<_>, _>>()?;
+        for chunk in specs.chunks(input.batch) {
+            for answer in spawn_many(chunk) {
+                kids.push(answer?);
+            }
+        }
     }
     if input.checkpoint {
         save(1, &kids)?;
