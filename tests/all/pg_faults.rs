@@ -285,6 +285,7 @@ fn a_commit_cut_on_the_wire_is_settled_by_reading_back_and_a_black_hole_times_ou
                 input: b"",
                 authority: b"",
                 replace_authority: false,
+                priority: 0,
             })
             .await
             .unwrap();

@@ -301,6 +301,7 @@ async fn fire_one(
                     input: &schedule.input,
                     authority: &deployment.authority,
                     replace_authority: false,
+                    priority: 0,
                 };
                 // A refused submission may have written before it was refused: undone
                 // alone, so that the schedule's own update still commits.

@@ -266,6 +266,7 @@ fn fire_one(
                     input: &schedule.input,
                     authority: &deployment.authority,
                     replace_authority: false,
+                    priority: 0,
                 };
                 match super::runs::submit(conn, &submission, now) {
                     Ok(submitted) => Ok(submitted.created),
