@@ -232,7 +232,7 @@ type Section = (
 );
 
 /// Every section, in the order of the table.
-const SECTIONS: [Section; 17] = [
+const SECTIONS: [Section; 18] = [
     ("steps", "floor and durable steps", floor_and_steps),
     ("calls", "host-call round trip", host_calls),
     ("resume", "resume after recycle", resume),

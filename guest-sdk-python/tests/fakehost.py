@@ -498,6 +498,7 @@ class FakeHost:
             (children, "spawn", self.spawn),
             (children, "join_all", self.join_all),
             (children, "join_any", self.join_any),
+            (children, "spawn_many", self.spawn_many),
             (outbound, "set_header_names", self.set_header_names),
             (outbound, "last_denial", lambda: self.denial),
             (outgoing_handler, "handle", self.handle),

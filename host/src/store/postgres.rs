@@ -106,6 +106,8 @@ pub struct PostgresOptions {
     /// `idle_in_transaction_session_timeout`), so that a session whose client is cut
     /// off lets go of its locks. A write whose answer is lost this way is read back
     /// (a step's commit), or left to be retaken in doubt, never silently sent again.
+    /// The bound is a Tokio timer: the store is used from a runtime with time enabled
+    /// (`enable_time` or `enable_all`, as `#[tokio::main]` has).
     pub call_timeout: Duration,
     /// The store's time: [`Clock::system`] reads the server's `now()`; a manual clock
     /// (tests) is passed to the server instead.

@@ -55,6 +55,7 @@ def spawn_children(input):
         saved = idem.load()
         if saved is not None:
             return [idem.Child(run_id) for run_id in saved.state]
+
     def child_input(i):
         if input["child_input"] is not None:
             return input["child_input"]

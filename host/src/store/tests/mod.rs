@@ -47,7 +47,9 @@ use super::{OpenOptions, SqliteStore};
 /// Runs a future to completion on a runtime of its own: store tests are synchronous
 /// `#[test]`s that drive the async store.
 pub(crate) fn block_on<F: Future>(future: F) -> F::Output {
+    // With timers: the PostgreSQL store bounds every call with a timeout.
     tokio::runtime::Builder::new_current_thread()
+        .enable_time()
         .build()
         .unwrap()
         .block_on(future)
