@@ -139,57 +139,11 @@ pub(super) async fn acquire_runs(
     }
     let expires = lease_expiry(now, lease);
     let floor = token_floor(conn).await?;
-    // Granted together: one statement for every lease, one read of the records and
-    // one of the inputs, whatever the number of runs (one of each per run cost three
-    // round trips a run).
-    let mut ids = Vec::with_capacity(chosen.len());
-    let mut tokens = Vec::with_capacity(chosen.len());
-    let mut taken = Vec::with_capacity(chosen.len());
-    for (run_id, last, taken_over) in chosen {
-        tokens.push(to_sql_int(run_lease_token(last, floor)?)?);
-        ids.push(run_id);
-        taken.push(taken_over);
-    }
-    conn.execute(
-        "UPDATE runs
-         SET status = $2, lease_holder = $3, lease_token = g.token, lease_expires = $4,
-             updated = $5, wake_at = NULL, waiting_for = NULL, joining = NULL, join_left = NULL
-         FROM unnest($1::text[], $6::int8[]) AS g(id, token)
-         WHERE run_id = g.id",
-        &[
-            &ids,
-            &RunStatus::Running.as_str(),
-            &worker,
-            &expires,
-            &now,
-            &tokens,
-        ],
-    )
-    .await?;
-    let mut records = runs::runs_by_id(conn, &ids).await?;
-    let inputs = conn
-        .query(
-            "SELECT run_id, input, authority FROM run_inputs WHERE run_id = ANY ($1)",
-            &[&ids],
-        )
-        .await?;
-    let mut inputs: std::collections::HashMap<String, (Vec<u8>, Vec<u8>)> = inputs
-        .iter()
-        .map(|row| Ok((row.try_get(0)?, (row.try_get(1)?, row.try_get(2)?))))
-        .collect::<Result<_, tokio_postgres::Error>>()?;
-    let mut leased = Vec::with_capacity(ids.len());
-    for ((run_id, token), taken_over) in ids.iter().zip(tokens).zip(taken) {
-        let record = records.remove(run_id).ok_or_else(|| unknown_run(run_id))?;
-        let (input, authority) = inputs.remove(run_id).ok_or_else(|| unknown_run(run_id))?;
-        leased.push(LeasedRun {
-            record,
-            token: token.unsigned_abs(),
-            input,
-            authority,
-            taken_over,
-        });
-    }
-    Ok(leased)
+    let granted = chosen
+        .into_iter()
+        .map(|(run_id, last, taken_over)| Ok((run_id, run_lease_token(last, floor)?, taken_over)))
+        .collect::<Result<Vec<_>, TxError>>()?;
+    grant(conn, granted, worker, expires).await
 }
 
 /// Leases one run, unless another worker's live lease is on it or it is finished.
@@ -233,54 +187,79 @@ pub(super) async fn acquire_run(
         LeaseDecision::Held(held) => Ok(Acquired::Held(held)),
         LeaseDecision::Grant { token, taken_over } => {
             let expires = lease_expiry(conn.now, lease);
-            grant(conn, run_id, token, worker, expires, taken_over)
-                .await
+            let mut leased = grant(
+                conn,
+                vec![(run_id.to_owned(), token, taken_over)],
+                worker,
+                expires,
+            )
+            .await?;
+            leased
+                .pop()
                 .map(Acquired::Leased)
+                .ok_or_else(|| unknown_run(run_id))
         }
     }
 }
 
-/// Grants the run's lease to `worker` under `token` and sets it running.
+/// Grants each run's lease to `worker` under its token and sets it running: one
+/// statement for every lease, one read of the records and one of the inputs, whatever
+/// the number of runs (one of each per run cost three round trips a run). Each run is
+/// given as (run id, token, taken over).
 async fn grant(
     conn: &Conn,
-    run_id: &str,
-    token: u64,
+    runs_granted: Vec<(String, u64, bool)>,
     worker: &str,
     expires: i64,
-    taken_over: bool,
-) -> Result<LeasedRun, TxError> {
-    let token = to_sql_int(token)?;
+) -> Result<Vec<LeasedRun>, TxError> {
+    let mut ids = Vec::with_capacity(runs_granted.len());
+    let mut tokens = Vec::with_capacity(runs_granted.len());
+    let mut taken = Vec::with_capacity(runs_granted.len());
+    for (run_id, token, taken_over) in runs_granted {
+        tokens.push(to_sql_int(token)?);
+        ids.push(run_id);
+        taken.push(taken_over);
+    }
     conn.execute(
         "UPDATE runs
-         SET status = $2, lease_holder = $3, lease_token = $4, lease_expires = $5, updated = $6,
-             wake_at = NULL, waiting_for = NULL, joining = NULL, join_left = NULL
-         WHERE run_id = $1",
+         SET status = $2, lease_holder = $3, lease_token = g.token, lease_expires = $4,
+             updated = $5, wake_at = NULL, waiting_for = NULL, joining = NULL, join_left = NULL
+         FROM unnest($1::text[], $6::int8[]) AS g(id, token)
+         WHERE run_id = g.id",
         &[
-            &run_id,
+            &ids,
             &RunStatus::Running.as_str(),
             &worker,
-            &token,
             &expires,
             &conn.now,
+            &tokens,
         ],
     )
     .await?;
-    let record = runs::run(conn, run_id)
-        .await?
-        .ok_or_else(|| unknown_run(run_id))?;
-    let row = conn
-        .query_one(
-            "SELECT input, authority FROM run_inputs WHERE run_id = $1",
-            &[&run_id],
+    let mut records = runs::runs_by_id(conn, &ids).await?;
+    let inputs = conn
+        .query(
+            "SELECT run_id, input, authority FROM run_inputs WHERE run_id = ANY ($1)",
+            &[&ids],
         )
         .await?;
-    Ok(LeasedRun {
-        record,
-        token: token.unsigned_abs(),
-        input: row.try_get(0)?,
-        authority: row.try_get(1)?,
-        taken_over,
-    })
+    let mut inputs: std::collections::HashMap<String, (Vec<u8>, Vec<u8>)> = inputs
+        .iter()
+        .map(|row| Ok((row.try_get(0)?, (row.try_get(1)?, row.try_get(2)?))))
+        .collect::<Result<_, tokio_postgres::Error>>()?;
+    let mut leased = Vec::with_capacity(ids.len());
+    for ((run_id, token), taken_over) in ids.iter().zip(tokens).zip(taken) {
+        let record = records.remove(run_id).ok_or_else(|| unknown_run(run_id))?;
+        let (input, authority) = inputs.remove(run_id).ok_or_else(|| unknown_run(run_id))?;
+        leased.push(LeasedRun {
+            record,
+            token: token.unsigned_abs(),
+            input,
+            authority,
+            taken_over,
+        });
+    }
+    Ok(leased)
 }
 
 /// Extends each lease its fence still holds to `expires`.
