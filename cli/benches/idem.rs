@@ -2,7 +2,7 @@
 //! and how it scales, and prints one markdown table (`cargo bench -p idem-host --bench
 //! idem`, `-- --quick` for a short check that it works; name sections to run only
 //! those: `-- steps calls resume cold throughput scaling workers sleepers prove
-//! takeover python parallel children llm schedules postgres peers flow`).
+//! takeover python parallel children llm schedules postgres peers flow rates`).
 //!
 //! Everything goes through idem's public API and the real `idem` binary, on a temp dir
 //! under cargo's target dir: a real disk, so that an fsync costs what it costs there.
@@ -42,6 +42,8 @@ mod postgres;
 mod prove;
 #[path = "idem/python.rs"]
 mod python;
+#[path = "idem/rates.rs"]
+mod rates;
 #[path = "idem/report.rs"]
 mod report;
 #[path = "idem/schedules.rs"]
@@ -126,6 +128,9 @@ struct Plan {
     schedules: usize,
     /// The flow-control rows: turns of 20 polls each, over `n` queued runs.
     flow: Turns,
+    /// The rate-limit rows: per turn, a run of `n` timed steps with no rate class and
+    /// one of `n` whose class has tokens to spare.
+    rates: Turns,
 }
 
 const fn turns(max: usize, n: u64, budget_secs: u64) -> Turns {
@@ -178,6 +183,7 @@ const FULL_PLAN: Plan = Plan {
     },
     schedules: 1_000,
     flow: turns(30, 2_000, 10),
+    rates: turns(20, 500, 40),
 };
 
 const QUICK_PLAN: Plan = Plan {
@@ -222,6 +228,7 @@ const QUICK_PLAN: Plan = Plan {
     },
     schedules: 100,
     flow: turns(3, 200, 1),
+    rates: turns(3, 50, 1),
 };
 
 /// A part of the bench: its name on the command line, its heading, and what it runs.
@@ -232,7 +239,7 @@ type Section = (
 );
 
 /// Every section, in the order of the table.
-const SECTIONS: [Section; 18] = [
+const SECTIONS: [Section; 19] = [
     ("steps", "floor and durable steps", floor_and_steps),
     ("calls", "host-call round trip", host_calls),
     ("resume", "resume after recycle", resume),
@@ -282,6 +289,7 @@ const SECTIONS: [Section; 18] = [
         "flow control: the lease query under limits",
         flow::flow,
     ),
+    ("rates", "rate limits: the price of a token", rates::rates),
     (
         "peers",
         "peers side by side: the seed's reference, DBOS, LangGraph",

@@ -94,6 +94,7 @@ impl Exit {
             | StoreError::ScheduleRefused { .. }
             | StoreError::UnknownSchedule { .. }
             | StoreError::FlowRefused { .. }
+            | StoreError::RateRefused { .. }
             | StoreError::FlowKeyMissing { .. }
             | StoreError::PriorityRefused { .. } => Exit::BadInput,
             StoreError::LeaseLost { .. } => Exit::Host,

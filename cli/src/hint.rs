@@ -61,6 +61,11 @@ fn for_store(e: &StoreError) -> Option<String> {
         StoreError::FlowRefused { .. } => {
             Some("`idem flow ls` lists the limits; `idem flow clear NAME` removes them".into())
         }
+        StoreError::RateRefused { .. } => Some(
+            "a limit is `--limit N --per DURATION` with N from 1 to 1000000 and a period of 1ms \
+             to 24h; `idem rate ls` lists the limits"
+                .into(),
+        ),
         StoreError::LeaseLost { .. } => {
             Some("another worker drives the run now; `idem show RUN` says which".into())
         }

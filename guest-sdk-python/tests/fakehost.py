@@ -167,6 +167,12 @@ class FakeHost:
         self.checkpoint: progress.Checkpoint | None = None
         self.saves: list[tuple[int, bytes]] = []
         self.sleeps: dict[str, int] = {}
+        #: Rate classes with a limit: the milliseconds between two tokens.
+        self.rates: dict[str, int] = {}
+        #: When each limited class's next token is free.
+        self.next_token: dict[str, int] = {}
+        #: Tokens by wait key (`rate:` and the step's key): when each is due.
+        self.tokens: dict[str, int] = {}
         self.signals: dict[str, list[bytes]] = {}
         self.received: dict[str, bytes | None] = {}
         self.calls: list[tuple[Any, ...]] = []
@@ -316,6 +322,23 @@ class FakeHost:
             due = self.sleeps.setdefault(key, wake.value)
         if due > self.now_ms:
             raise self.end(f"sleeping until {due}")
+
+    def take_token(self, step_key: str, rate_class: str) -> None:
+        self.calls.append(("take_token", step_key, rate_class))
+        self._refused("take_token")
+        if self.held() is not None:
+            raise Err(waits.WaitError_ClaimsHeld("commit or release the claims first"))
+        if not rate_class:
+            raise Err(waits.WaitError_InvalidKey("a rate class name must not be empty"))
+        key = "rate:" + step_key
+        if key not in self.tokens:
+            due = self.now_ms
+            if rate_class in self.rates:
+                due = max(due, self.next_token.get(rate_class, 0))
+                self.next_token[rate_class] = due + self.rates[rate_class]
+            self.tokens[key] = due
+        if self.tokens[key] > self.now_ms:
+            raise self.end(f"waiting for a token of {rate_class} until {self.tokens[key]}")
 
     def wait_for_signal(self, key: str, name: str, timeout_ms: int | None) -> waits.Received:
         self.calls.append(("wait", key, name, timeout_ms))
@@ -494,6 +517,7 @@ class FakeHost:
             (run_info, "run_id", lambda: self.run_id),
             (run_info, "generation", lambda: self.generation),
             (waits, "sleep", self.sleep),
+            (waits, "take_token", self.take_token),
             (waits, "wait_for_signal", self.wait_for_signal),
             (children, "spawn", self.spawn),
             (children, "join_all", self.join_all),

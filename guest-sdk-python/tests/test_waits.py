@@ -3,6 +3,7 @@ over ends the instance and a replay finds it over, and the refusals."""
 
 import datetime as dt
 import unittest
+from typing import Any
 
 from fakehost import HostTestCase, InstanceEnded, idem, waits
 
@@ -70,6 +71,61 @@ class Sleep(HostTestCase):
                 idem.sleep("s", 1)
             step.commit(None)
         self.assertTrue(str(caught.exception).startswith("claims held: "))
+
+
+class RateTokens(HostTestCase):
+    def agent(self, effects: list[str]) -> list[Any]:
+        """Three steps of the class "llm", each counting its effect."""
+
+        def call(i: int) -> Any:
+            effects.append(f"call-{i}")
+            return i
+
+        return [
+            idem.run_once(f"call-{i}", lambda _s, i=i: call(i), rate="llm")[0] for i in range(3)
+        ]
+
+    def test_an_unlimited_class_hands_its_tokens_out_at_once(self):
+        effects: list[str] = []
+        self.assertEqual(self.host.resume(lambda: self.agent(effects)), [0, 1, 2])
+        self.assertEqual(effects, ["call-0", "call-1", "call-2"])
+        takes = [c[1:] for c in self.host.calls if c[0] == "take_token"]
+        self.assertEqual(takes, [("call-0", "llm"), ("call-1", "llm"), ("call-2", "llm")])
+
+    def test_a_step_over_the_limit_waits_and_a_replay_takes_no_other_token(self):
+        self.host.rates["llm"] = 1_000
+        effects: list[str] = []
+        # The first token is free now; the second is a second away: the instance ends
+        # before the second step claims anything.
+        self.assertIsInstance(self.host.resume(lambda: self.agent(effects)), InstanceEnded)
+        self.assertEqual(effects, ["call-0"])
+        self.assertEqual(self.host.tokens, {"rate:call-0": 0, "rate:call-1": 1_000})
+        self.host.now_ms = 1_000
+        self.assertIsInstance(self.host.resume(lambda: self.agent(effects)), InstanceEnded)
+        self.host.now_ms = 2_000
+        self.assertEqual(self.host.resume(lambda: self.agent(effects)), [0, 1, 2])
+        # Each effect ran once, and each step took one token, replays included.
+        self.assertEqual(effects, ["call-0", "call-1", "call-2"])
+        self.assertEqual(len(self.host.tokens), 3)
+        self.assertEqual(self.host.next_token["llm"], 3_000)
+
+    def test_the_with_form_takes_its_token_before_the_claim(self):
+        self.host.rates["llm"] = 500
+        with idem.once("a", rate="llm") as step:
+            step.commit(1)
+        self.assertEqual([c[0] for c in self.host.calls[:2]], ["take_token", "run_once"])
+        self.assertIsInstance(
+            self.host.resume(lambda: idem.once("b", rate="llm").__enter__()), InstanceEnded
+        )
+        self.assertNotIn("b", self.host.keys)
+
+    def test_a_refused_class_raises_the_wait_error(self):
+        with self.assertRaises(idem.InvalidWaitKey):
+            idem.take_token("k", "")
+        self.host.refuse["take_token"] = waits.WaitError_InvalidKey("class name holds a tab")
+        with self.assertRaises(idem.InvalidWaitKey):
+            idem.run_once("k", lambda _s: 1, rate="a\tb")
+        self.assertNotIn("k", self.host.keys)
 
 
 class Signals(HostTestCase):

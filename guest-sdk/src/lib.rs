@@ -120,7 +120,7 @@ pub use once_all::run_once_all;
 pub use progress::{Checkpoint, load, save};
 pub use retry::{Failure, RetryPolicy, run_once_retry};
 pub use run_info::{generation, run_id};
-pub use waits::{sleep, sleep_until, wait_for_signal};
+pub use waits::{sleep, sleep_until, take_token, wait_for_signal};
 
 /// Runtime support for the generated bindings, reached by path from agent crates.
 #[doc(hidden)]

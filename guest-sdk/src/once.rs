@@ -231,6 +231,7 @@ where
 pub struct Once<'a, T> {
     key: &'a Key,
     policy: InDoubt<'a, T>,
+    rate: Option<&'a str>,
 }
 
 /// A checkpoint to save with a step's commit, computed from the step's value.
@@ -242,7 +243,27 @@ impl<'a, T: Serialize + DeserializeOwned> Once<'a, T> {
         Once {
             key,
             policy: InDoubt::Retry,
+            rate: None,
         }
+    }
+
+    /// Names the step's rate class: before its claim, the step takes a token of the
+    /// class ([`take_token`](crate::take_token)), waiting for one holding no instance
+    /// while the class is over its limit. A step whose token was taken before (the run
+    /// resumed) takes no other.
+    ///
+    /// ```no_run
+    /// use idem_sdk::{Key, Once};
+    /// let key = Key::new("summarise/doc-17");
+    /// let (summary, _) = Once::new(&key)
+    ///     .rate("llm")
+    ///     .run(|_step| Ok::<_, String>("a summary".to_string()))?;
+    /// # let _: String = summary;
+    /// # Ok::<(), idem_sdk::Error>(())
+    /// ```
+    pub fn rate(mut self, class: &'a str) -> Self {
+        self.rate = Some(class);
+        self
     }
 
     /// Sets what happens when the claim is in doubt.
@@ -285,6 +306,9 @@ impl<'a, T: Serialize + DeserializeOwned> Once<'a, T> {
         F: FnOnce(&Step) -> Result<T, E>,
     {
         let key = self.key;
+        if let Some(class) = self.rate {
+            crate::take_token(key.as_str(), class)?;
+        }
         // A step that retries in doubt needs its claim durable only with its commit (one
         // sync per step); one that stops or probes in doubt needs it durable before the
         // effect, or a crash of the machine could hide that the effect began.

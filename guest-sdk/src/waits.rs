@@ -34,6 +34,25 @@ pub fn sleep(key: &str, duration: Duration) -> Result<(), Error> {
     Ok(())
 }
 
+/// Takes a token of the rate class `class` for the step `step_key` about to run, or
+/// waits for one holding no instance. The operator limits a class's steps across every
+/// worker and run (`idem rate set llm --limit 60 --per 1m`); a class with no limit
+/// hands its token out at once. The token is reserved when this is first reached and
+/// recorded with the run, so the run resumed after a crash or a wait finds it again and
+/// takes no other. [`Once::rate`](crate::Once::rate) calls it before a step's claim.
+///
+/// Fails with [`Error::Wait`] for an invalid key or class name, or when reached while
+/// holding a claim.
+///
+/// ```no_run
+/// idem_sdk::take_token("summarise-doc-17", "llm")?;
+/// # Ok::<(), idem_sdk::Error>(())
+/// ```
+pub fn take_token(step_key: &str, class: &str) -> Result<(), Error> {
+    waits::take_token(step_key, class)?;
+    Ok(())
+}
+
 /// Sleeps until `at` on the store's clock, durably, as [`sleep`] does. A time already
 /// passed returns at once; one before the Unix epoch is refused.
 ///

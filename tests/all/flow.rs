@@ -319,6 +319,51 @@ fn bad_limits_are_refused_and_change_nothing(service: &Service) {
         "{}",
         stderr(&out)
     );
+    // Rate limits on classes of steps: refused with the reason, nothing changed.
+    let set = service.ok(&["rate", "set", "llm", "--limit", "60", "--per", "1m"]);
+    assert!(
+        set.contains("llm") && set.contains("at most 60 per 1m"),
+        "{set}"
+    );
+    for (args, says) in [
+        (vec!["rate", "set", "llm", "--limit", "0"], "limit of 0"),
+        (vec!["rate", "set", "llm", "--limit", "5000000"], "beyond"),
+        (
+            vec!["rate", "set", "llm", "--limit", "5", "--burst", "0"],
+            "burst of 0",
+        ),
+        (
+            vec!["rate", "set", "llm", "--limit", "5", "--per", "0ms"],
+            "period of 0 ms",
+        ),
+        (
+            vec!["rate", "set", "llm", "--limit", "5", "--per", "48h"],
+            "outside",
+        ),
+        (vec!["rate", "set", "", "--limit", "5"], "must not be empty"),
+        (
+            vec!["rate", "set", "llm", "--limit", "5", "--per", "soon"],
+            "expected a duration",
+        ),
+    ] {
+        let out = service.cli(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{args:?}: {}", stderr(&out));
+        let ls = service.ok(&["rate", "ls", "--json"]);
+        let ls: serde_json::Value = serde_json::from_str(&ls).unwrap();
+        assert_eq!(ls.as_array().unwrap().len(), 1, "{ls}");
+        assert_eq!(
+            (ls[0]["limit"].as_u64(), ls[0]["period_ms"].as_u64()),
+            (Some(60), Some(60_000)),
+            "{ls}"
+        );
+    }
+    let cleared = service.ok(&["rate", "clear", "llm"]);
+    assert!(cleared.contains("cleared the rate limit"), "{cleared}");
+    assert_eq!(
+        service.ok(&["rate", "ls"]).trim(),
+        "no class has a rate limit"
+    );
     let out = service.cli(&["submit", "fetcher", "--priority", "1001", "--input", "{}"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(block_on(service.store().run("no-key")).unwrap().is_none());

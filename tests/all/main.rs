@@ -40,6 +40,7 @@ mod power_loss;
 mod progress;
 mod prove;
 mod python;
+mod rates;
 mod recycle;
 mod rogue;
 mod schedules;

@@ -17,20 +17,20 @@ use crate::postgres::Schema;
 use crate::util::{agent, block_on, host, run_cli, stderr, tokio};
 
 const HOUR: Duration = Duration::from_secs(3600);
-const T0: i64 = 1_800_000_000_000;
+pub(crate) const T0: i64 = 1_800_000_000_000;
 
 /// A host on a store whose clock the test moves, with a data dir granted as `/data`.
-struct Waits {
-    dir: tempfile::TempDir,
-    clock: Clock,
-    host: Arc<Host>,
+pub(crate) struct Waits {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) clock: Clock,
+    pub(crate) host: Arc<Host>,
     /// The agent runs are of: the waiter, or its Python twin.
-    agent: &'static str,
-    _schema: Option<Schema>,
+    pub(crate) agent: &'static str,
+    pub(crate) _schema: Option<Schema>,
 }
 
 impl Waits {
-    fn sqlite() -> Waits {
+    pub(crate) fn sqlite() -> Waits {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("data")).unwrap();
         let clock = Clock::manual(T0);
@@ -48,7 +48,7 @@ impl Waits {
         }
     }
 
-    fn postgres(test: &str) -> Option<Waits> {
+    pub(crate) fn postgres(test: &str) -> Option<Waits> {
         let schema = Schema::create(test)?;
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("data")).unwrap();
@@ -68,18 +68,18 @@ impl Waits {
         })
     }
 
-    fn both(test: &str, body: impl Fn(Waits)) {
+    pub(crate) fn both(test: &str, body: impl Fn(Waits)) {
         body(Waits::sqlite());
         if let Some(waits) = Waits::postgres(test) {
             body(waits);
         }
     }
 
-    fn store(&self) -> &Arc<dyn Store> {
+    pub(crate) fn store(&self) -> &Arc<dyn Store> {
         self.host.store()
     }
 
-    fn authority(&self) -> Authority {
+    pub(crate) fn authority(&self) -> Authority {
         Authority {
             dirs: vec![DirGrant {
                 host: self.dir.path().join("data"),
@@ -90,7 +90,7 @@ impl Waits {
         }
     }
 
-    fn options(&self, run_id: &str, input: serde_json::Value) -> RunOptions {
+    pub(crate) fn options(&self, run_id: &str, input: serde_json::Value) -> RunOptions {
         RunOptions {
             run_id: run_id.to_string(),
             input: serde_json::to_vec(&input).unwrap(),
@@ -101,7 +101,7 @@ impl Waits {
     }
 
     /// Drives a run in the foreground on a task of its own.
-    fn spawn_run(
+    pub(crate) fn spawn_run(
         &self,
         run_id: &str,
         input: serde_json::Value,
@@ -109,13 +109,13 @@ impl Waits {
         self.spawn_with(self.options(run_id, input))
     }
 
-    fn spawn_with(&self, opts: RunOptions) -> tokio::task::JoinHandle<RunReport> {
+    pub(crate) fn spawn_with(&self, opts: RunOptions) -> tokio::task::JoinHandle<RunReport> {
         let (host, waiter) = (Arc::clone(&self.host), agent(self.agent));
         tokio().spawn(async move { host.run(&waiter, &opts).await.unwrap() })
     }
 
     /// Deploys the waiter as `waiter` and queues runs for workers.
-    fn submit(&self, runs: &[(String, serde_json::Value)]) {
+    pub(crate) fn submit(&self, runs: &[(String, serde_json::Value)]) {
         let waiter = agent(self.agent);
         let authority = self.authority().encode();
         block_on(async {
@@ -153,7 +153,7 @@ impl Waits {
     }
 
     /// Starts a worker on this host; stop it with the sender.
-    fn worker(
+    pub(crate) fn worker(
         &self,
         concurrency: usize,
     ) -> (
@@ -180,22 +180,22 @@ impl Waits {
         (stop, handle)
     }
 
-    fn record(&self, run_id: &str) -> RunRecord {
+    pub(crate) fn record(&self, run_id: &str) -> RunRecord {
         block_on(self.store().run(run_id)).unwrap().unwrap()
     }
 
     /// Whether the run exists and is suspended in a wait.
-    fn suspended(&self, run_id: &str) -> bool {
+    pub(crate) fn suspended(&self, run_id: &str) -> bool {
         block_on(self.store().run(run_id))
             .unwrap()
             .is_some_and(|r| suspended(&r))
     }
 
-    fn runs(&self) -> Vec<RunRecord> {
+    pub(crate) fn runs(&self) -> Vec<RunRecord> {
         block_on(self.store().runs(&RunFilter::default())).unwrap()
     }
 
-    fn log(&self, name: &str) -> Vec<String> {
+    pub(crate) fn log(&self, name: &str) -> Vec<String> {
         std::fs::read_to_string(self.dir.path().join("data").join(name))
             .unwrap_or_default()
             .lines()
@@ -203,7 +203,12 @@ impl Waits {
             .collect()
     }
 
-    fn signal(&self, run_id: &str, name: &str, payload: &str) -> Result<bool, StoreError> {
+    pub(crate) fn signal(
+        &self,
+        run_id: &str,
+        name: &str,
+        payload: &str,
+    ) -> Result<bool, StoreError> {
         block_on(
             self.store()
                 .send_signal(run_id, name, payload.as_bytes(), 1 << 20),
@@ -213,7 +218,7 @@ impl Waits {
 }
 
 /// Polls (every few milliseconds, for at most `limit` of real time) until `done`.
-fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+pub(crate) fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
     while !done() {
         assert!(Instant::now() < deadline, "timed out waiting until {what}");
@@ -222,7 +227,7 @@ fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
 }
 
 /// Whether the run is suspended in a wait: running, no lease, a wake time.
-fn suspended(record: &RunRecord) -> bool {
+pub(crate) fn suspended(record: &RunRecord) -> bool {
     record.status == RunStatus::Running && record.lease.is_none() && record.wake_at.is_some()
 }
 

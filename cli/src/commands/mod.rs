@@ -15,6 +15,7 @@ mod new;
 mod pause;
 mod progress;
 mod prove;
+mod rate;
 mod resolve;
 mod resume;
 mod run;
@@ -51,6 +52,8 @@ pub enum Command {
     Worker(worker::WorkerCommand),
     /// Limit a deployment's running runs, in all and per concurrency key.
     Flow(flow::FlowCommand),
+    /// Limit a class of steps (`llm`) to a rate shared by every worker and run.
+    Rate(rate::RateCommand),
     /// List runs.
     Ls(ls::LsCommand),
     /// Show one run: its lease, steps, open claims.
@@ -110,6 +113,7 @@ impl Command {
             Command::Submit(cmd) => cmd.execute().await,
             Command::Worker(cmd) => cmd.execute().await,
             Command::Flow(cmd) => cmd.execute().await,
+            Command::Rate(cmd) => cmd.execute().await,
             Command::Ls(cmd) => cmd.execute().await,
             Command::Show(cmd) => cmd.execute().await,
             Command::Cancel(cmd) => cmd.execute().await,

@@ -175,7 +175,7 @@ fn print_steps(steps: &[StepRecord]) {
     }
 }
 
-/// Its sleeps, signal waits and joins, if any.
+/// Its sleeps, signal waits, joins and rate tokens, if any.
 fn print_waits(waits: &[WaitRecord], now: Millis) {
     if !waits.is_empty() {
         println!("waits ({}):", waits.len());
@@ -187,7 +187,10 @@ fn print_waits(waits: &[WaitRecord], now: Millis) {
                     display::name(mode),
                     wait.join_children.unwrap_or_default()
                 ),
-                (None, None) => "sleep".to_string(),
+                (None, None) => match &wait.rate {
+                    Some(class) => format!("token of rate class {}", display::name(class)),
+                    None => "sleep".to_string(),
+                },
             };
             let due = wait.due.map_or_else(
                 || "no timeout".to_string(),
@@ -203,7 +206,12 @@ fn print_waits(waits: &[WaitRecord], now: Millis) {
                     && wait.join.is_none()
                     && wait.due.is_some_and(|d| d <= now) =>
                 {
-                    "elapsed".to_string()
+                    if wait.rate.is_some() {
+                        "taken"
+                    } else {
+                        "elapsed"
+                    }
+                    .to_string()
                 }
                 _ => "pending".to_string(),
             };

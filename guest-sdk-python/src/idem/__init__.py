@@ -70,7 +70,7 @@ from ._keys import Key
 from ._once import FAIL, RETRY, Checkpoint, Once, Outcome, Step, load, once, run_once, save
 from ._once_all import run_once_all
 from ._retry import Permanent, RetryPolicy, Transient, run_once_retry
-from ._waits import sleep, sleep_until, wait_for_signal
+from ._waits import sleep, sleep_until, take_token, wait_for_signal
 
 __all__ = [
     "FAIL",
@@ -140,6 +140,7 @@ __all__ = [
     "spawn",
     "spawn_all",
     "spawn_many",
+    "take_token",
     "wait_for_signal",
 ]
 

@@ -13,6 +13,7 @@ from ._host import Err, raise_step_error, types
 from ._host import once as wit_once
 from ._host import progress as wit_progress
 from ._keys import Key, as_key
+from ._waits import take_token
 
 
 class Outcome(enum.Enum):
@@ -109,9 +110,11 @@ class Once:
         *,
         in_doubt: Policy = RETRY,
         type: Any = None,
+        rate: str | None = None,
     ) -> None:
         self.key = as_key(key)
         self._policy = in_doubt
+        self._rate = rate
         self._type = type
         self._claim: wit_once.Claim | None = None
         self._save: Save | None = None
@@ -144,6 +147,8 @@ class Once:
         return self
 
     def _begin(self) -> None:
+        if self._rate is not None:
+            take_token(str(self.key), self._rate)
         got = _claim(self.key, self._policy)
         if isinstance(got, wit_once.Committed):
             self._found(got)
@@ -242,9 +247,12 @@ class Once:
         return False
 
 
-def once(key: Key | str, *, in_doubt: Policy = RETRY, type: Any = None) -> Once:
-    """A durable step for a ``with`` block; see :class:`Once`."""
-    return Once(key, in_doubt=in_doubt, type=type)
+def once(
+    key: Key | str, *, in_doubt: Policy = RETRY, type: Any = None, rate: str | None = None
+) -> Once:
+    """A durable step for a ``with`` block; see :class:`Once`. With ``rate``, the step
+    first takes a token of that rate class (:func:`~idem.take_token`)."""
+    return Once(key, in_doubt=in_doubt, type=type, rate=rate)
 
 
 def run_once(
@@ -255,6 +263,7 @@ def run_once(
     fingerprint: Any = None,
     save: Save | None = None,
     type: Any = None,
+    rate: str | None = None,
 ) -> tuple[Any, Outcome]:
     """Runs ``fn(step)`` at most once per committed ``key``; returns ``(value, outcome)``.
 
@@ -262,11 +271,14 @@ def run_once(
     raises, the claim is released and the exception propagates: a later call retries
     under the same key with a higher attempt. ``fingerprint`` binds the key to its input
     (``Key.with_input``); ``save`` writes a checkpoint in the commit's transaction.
+    ``rate`` names the step's rate class: before its claim the step takes a token of
+    it (:func:`~idem.take_token`), waiting for one holding no instance while the class
+    is over the limit the operator set.
     """
     k = as_key(key)
     if fingerprint is not None:
         k = k.with_input(fingerprint)
-    step = Once(k, in_doubt=in_doubt, type=type)
+    step = Once(k, in_doubt=in_doubt, type=type, rate=rate)
     step._save = save
     step._begin()
     if step.done:

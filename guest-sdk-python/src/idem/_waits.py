@@ -1,4 +1,5 @@
-"""Waiting without holding anything: ``sleep``, ``sleep_until`` and ``wait_for_signal``.
+"""Waiting without holding anything: ``sleep``, ``sleep_until``, ``wait_for_signal``
+and ``take_token``.
 
 A wait that is not over ends the instance; the host resumes the run on a fresh instance
 when it is due, and the agent, replaying its way back to the same wait with the same
@@ -50,6 +51,23 @@ def sleep_ms(key: str, ms: int) -> None:
     """:func:`sleep` for ``ms`` milliseconds, as the host counts them."""
     try:
         wit_waits.sleep(key, wit_waits.Wake_After(ms))
+    except Err as err:
+        raise_wait_error(err)
+
+
+def take_token(step_key: str, rate_class: str) -> None:
+    """Takes a token of the rate class ``rate_class`` for the step ``step_key`` about to
+    run, or waits for one holding no instance. The operator limits a class's steps
+    across every worker and run (``idem rate set llm --limit 60 --per 1m``); a class
+    with no limit hands its token out at once. The token is reserved when this is first
+    reached and recorded with the run, so the run resumed after a crash or a wait finds
+    it again and takes no other. ``run_once(..., rate=CLASS)`` calls it before the
+    step's claim.
+
+    Raises :class:`WaitError` (an invalid key or class name, a claim still held).
+    """
+    try:
+        wit_waits.take_token(step_key, rate_class)
     except Err as err:
         raise_wait_error(err)
 

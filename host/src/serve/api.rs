@@ -361,6 +361,56 @@ pub(super) async fn clear_flow(
     ok(json!({ "deployment": deployment, "cleared": cleared }))
 }
 
+pub(super) async fn list_rates(State(state): State<ServeState>) -> Answer {
+    let limits = state.store.rates().await?;
+    ok(json!({ "limits": limits }))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SetRateBody {
+    class: String,
+    limit: u32,
+    #[serde(default = "a_minute")]
+    period_ms: u64,
+    #[serde(default = "one")]
+    burst: u32,
+}
+
+fn a_minute() -> u64 {
+    60_000
+}
+
+fn one() -> u32 {
+    1
+}
+
+pub(super) async fn set_rate(
+    State(state): State<ServeState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Answer {
+    let b: SetRateBody = json_body(&headers, body)?;
+    let limit = state
+        .store
+        .set_rate(&crate::store::RateSetting {
+            class: &b.class,
+            limit: b.limit,
+            period: std::time::Duration::from_millis(b.period_ms),
+            burst: b.burst,
+        })
+        .await?;
+    ok(json!({ "limit": limit }))
+}
+
+pub(super) async fn clear_rate(
+    State(state): State<ServeState>,
+    Path(class): Path<String>,
+) -> Answer {
+    let cleared = state.store.clear_rate(&class).await?;
+    ok(json!({ "class": class, "cleared": cleared }))
+}
+
 pub(super) async fn list_deployments(State(state): State<ServeState>) -> Answer {
     let deployments = state.store.deployments().await?;
     let paused = state.store.paused_deployments().await?;

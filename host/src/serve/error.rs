@@ -57,6 +57,11 @@ pub const CODES: &[(&str, u16, &str)] = &[
         "a deployment's limits are zero, absurd or inconsistent",
     ),
     (
+        "rate_refused",
+        400,
+        "a rate limit is zero, absurd, or its class name is invalid",
+    ),
+    (
         "flow_key_missing",
         400,
         "the input has nothing where the deployment reads its concurrency key",
@@ -155,6 +160,7 @@ impl From<StoreError> for ApiError {
             } => "unknown_deployment",
             StoreError::FlowRefused { .. } => "flow_refused",
             StoreError::FlowKeyMissing { .. } => "flow_key_missing",
+            StoreError::RateRefused { .. } => "rate_refused",
             StoreError::PriorityRefused { .. } => "priority_refused",
             StoreError::Database { .. } | StoreError::Open { .. } => "store_unavailable",
             _ => "internal",

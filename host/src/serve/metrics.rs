@@ -20,6 +20,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
 
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
@@ -34,7 +35,8 @@ use prometheus_client::registry::Registry;
 use super::ServeState;
 use super::error::ApiError;
 use crate::store::{
-    FlowCounts, Limit, Millis, RunFilter, RunRecord, RunStatus, ScheduleRecord, Store, StoreError,
+    FlowCounts, Limit, Millis, RateLimit, RunFilter, RunRecord, RunStatus, ScheduleRecord, Store,
+    StoreError,
 };
 
 /// Step latencies of runs whose steps cannot change any more, by run.
@@ -84,6 +86,7 @@ pub(crate) async fn render(
     register_children(&mut registry, store, &runs).await?;
     register_schedules(&mut registry, &store.schedules().await?, now);
     register_flow(&mut registry, store, &runs, now).await?;
+    register_rates(&mut registry, &store.rates().await?, now);
     register_step_latency(&mut registry, store, &runs, settled).await?;
 
     let mut text = String::new();
@@ -249,6 +252,31 @@ async fn register_flow(
             .set(held_by.get(l.deployment.as_str()).copied().unwrap_or(0));
     }
     Ok(())
+}
+
+/// Rate limits, per class: its limit, and how far ahead of now its tokens are
+/// reserved (0 when one is free now): steps that wait for a token wait that long.
+fn register_rates(registry: &mut Registry, limits: &[RateLimit], now: Millis) {
+    let per_second = Family::<Vec<(String, String)>, Gauge<f64, AtomicU64>>::default();
+    let backlog = Family::<Vec<(String, String)>, Gauge<f64, AtomicU64>>::default();
+    registry.register(
+        "rate_limit_per_second",
+        "A class of steps' rate limit, in tokens per second",
+        per_second.clone(),
+    );
+    registry.register(
+        "rate_reserved_ahead_seconds",
+        "How far ahead of now a class's tokens are reserved by waiting steps",
+        backlog.clone(),
+    );
+    for l in limits {
+        let label = vec![("class".to_string(), l.class.clone())];
+        per_second
+            .get_or_create(&label)
+            .set(f64::from(l.limit) * 1000.0 / l.period_ms.max(1) as f64);
+        let ahead = l.next_free.map_or(0, |at| at.saturating_sub(now).max(0));
+        backlog.get_or_create(&label).set(ahead as f64 / 1000.0);
+    }
 }
 
 /// Spawns and joins: the child runs by status, the parents waiting in a join, and the

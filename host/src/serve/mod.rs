@@ -299,6 +299,9 @@ fn handler(route: &Route) -> MethodRouter<ServeState> {
         "list_flow" => get(api::list_flow),
         "set_flow" => post(api::set_flow),
         "clear_flow" => post(api::clear_flow),
+        "list_rates" => get(api::list_rates),
+        "set_rate" => post(api::set_rate),
+        "clear_rate" => post(api::clear_rate),
         // A route in the table without a handler: the tests build the router and
         // call every route, so this cannot ship.
         _ => get(|| async { ApiError::new("internal", "route without a handler") }),

@@ -143,6 +143,20 @@ fn schemas() -> Value {
                 "per_key": { "type": "integer", "minimum": 1, "maximum": 1000000 },
             },
         },
+        "SetRate": {
+            "type": "object",
+            "required": ["class", "limit"],
+            "additionalProperties": false,
+            "properties": {
+                "class": { "type": "string", "description": "the class agents name on their steps" },
+                "limit": { "type": "integer", "minimum": 1, "maximum": 1000000,
+                           "description": "steps of the class that start per period, spaced evenly" },
+                "period_ms": { "type": "integer", "minimum": 1, "maximum": 86400000,
+                               "description": "the period, in milliseconds (default a minute)" },
+                "burst": { "type": "integer", "minimum": 1, "maximum": 1000000,
+                           "description": "steps that may start at once after the class was idle (default 1)" },
+            },
+        },
         "Signal": {
             "type": "object",
             "required": ["name"],

@@ -147,6 +147,18 @@ pub enum StoreError {
         /// Why.
         refusal: super::FlowRefusal,
     },
+    /// A rate limit on a class of steps was refused ([`RateRefusal`](super::RateRefusal)).
+    /// Nothing was written.
+    #[error(
+        "rate limit on class {} refused: {refusal}",
+        crate::text::quoted(class)
+    )]
+    RateRefused {
+        /// The class.
+        class: String,
+        /// Why.
+        refusal: super::RateRefusal,
+    },
     /// The run's deployment reads a concurrency key from its input, and the input has
     /// nothing there. Nothing was written.
     #[error(

@@ -88,6 +88,7 @@ mod pause;
 mod postgres;
 mod presence;
 mod progress;
+mod rates;
 mod roles;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod rules;
@@ -122,6 +123,11 @@ pub use pause::{DeploymentPaused, Paused, PausedBy, PausedDeployment, Resumed};
 pub use postgres::{PostgresOptions, PostgresStore};
 pub use presence::Presence;
 pub use progress::{Checkpoint, Counts, MAX_STEP};
+pub(crate) use rates::{Bucket, check_rate};
+pub use rates::{
+    MAX_CLASS_NAME_BYTES, MAX_RATE, MAX_RATE_PERIOD, RateLimit, RateRefusal, RateSetting,
+    check_class_name,
+};
 pub use roles::{CatalogStore, InstanceStore, OperatorStore, Overlay, Store, WorkerStore};
 pub use runs::{
     Acquired, Cancelled, LeaseState, LeasedRun, RunEnd, RunFilter, RunLeaseInfo, RunRecord,

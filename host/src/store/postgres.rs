@@ -51,6 +51,7 @@ mod leases;
 mod logs;
 mod one_trip;
 mod pause;
+mod rates;
 mod runs;
 mod schedules;
 mod schema;

@@ -36,6 +36,7 @@ mod migration_tests;
 mod owned;
 mod pause;
 mod presence;
+mod rates;
 mod runs;
 mod schedules;
 mod schema;

@@ -37,6 +37,13 @@ pub enum WaitKind<'a> {
         /// How long to wait for it, from when the wait was first reached.
         timeout: Option<Duration>,
     },
+    /// A token of the rate-limited class `class` ([`RateSetting`](super::RateSetting)):
+    /// due when the token reserved for it at its first reach is free (at once where the
+    /// class has no limit).
+    Rate {
+        /// The class.
+        class: &'a str,
+    },
 }
 
 /// A wait of a run, recorded under a key of that run: [`InstanceStore::wait`].
@@ -90,6 +97,8 @@ pub struct WaitRecord {
     pub signal: Option<String>,
     /// For a join, whether it waits for `all` its children or `any`.
     pub join: Option<String>,
+    /// For a rate token, its class.
+    pub rate: Option<String>,
     /// For a join, how many children it lists.
     pub join_children: Option<u64>,
     /// When the sleep ends or the signal wait times out (`None`: never).

@@ -9,6 +9,10 @@ A wait may instead be ``{"retry": {"fail": 2, "permanent": false, "max_attempts"
 ``flaky/{i}``) whose first ``fail`` attempts fail, each attempt appending ``try {i}
 attempt={n} gen={generation}``; its ``what`` is ``ok-{attempt}`` or ``error: {message}``.
 
+A wait may instead be ``{"rate": "llm"}``: a step (key ``rated/{i}``) of that rate
+class, which takes a token of it first and appends ``rated {i} gen={generation}``; its
+``what`` is ``rated``.
+
 Wait ``i`` has the key ``wait-{i}``. The agent first appends ``start gen={generation}``
 (once, under a key), then per wait, after it is over, appends
 ``after {i} {what} gen={generation}`` where ``what`` is ``slept``, ``timed-out``, or
@@ -68,6 +72,13 @@ def run(input):
         key = f"wait-{i}"
         if wait.get("retry") is not None:
             what = retried(log, i, wait["retry"])
+        elif wait.get("rate") is not None:
+            idem.run_once(
+                idem.Key.for_run("rated", i),
+                lambda step, i=i: append(log, f"rated {i} gen={idem.generation()}"),
+                rate=wait["rate"],
+            )
+            what = "rated"
         elif wait.get("signal") is not None:
             timeout_ms = wait.get("timeout_ms")
             timeout = None if timeout_ms is None else timeout_ms / 1000

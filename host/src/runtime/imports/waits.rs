@@ -60,6 +60,20 @@ impl Host for IdemCtxView<'_> {
         }
     }
 
+    async fn take_token(&mut self, step_key: String, class: String) -> Result<(), WaitFailure> {
+        self.check_key(&step_key)?;
+        let key = format!("rate:{step_key}");
+        match self.record(&key, WaitKind::Rate { class: &class }).await? {
+            WaitState::Pending { due } => Err(suspend(due, None)),
+            // A token's wait is over when its slot has come; it is never received,
+            // timed out nor joined.
+            WaitState::Elapsed
+            | WaitState::Received(_)
+            | WaitState::TimedOut
+            | WaitState::Joined(_) => Ok(()),
+        }
+    }
+
     fn convert_wait_error(&mut self, err: WaitFailure) -> wasmtime::Result<WaitError> {
         match err {
             WaitFailure::Wait(e) => Ok(e),
@@ -78,10 +92,21 @@ fn suspend(due: Option<crate::store::Millis>, signal: Option<String>) -> WaitFai
 
 impl IdemCtxView<'_> {
     async fn wait(&mut self, key: &str, kind: WaitKind<'_>) -> Result<WaitState, WaitFailure> {
+        self.check_key(key)?;
+        self.record(key, kind).await
+    }
+
+    fn check_key(&self, key: &str) -> Result<(), WaitFailure> {
+        self.ctx
+            .run
+            .limits
+            .check_key(key)
+            .map_err(|reason| WaitFailure::Wait(WaitError::InvalidKey(reason)))
+    }
+
+    /// Records the wait under `key` (checked by the caller) and says where it stands.
+    async fn record(&mut self, key: &str, kind: WaitKind<'_>) -> Result<WaitState, WaitFailure> {
         self.ctx.enter()?;
-        if let Err(reason) = self.ctx.run.limits.check_key(key) {
-            return Err(WaitFailure::Wait(WaitError::InvalidKey(reason)));
-        }
         if !self.ctx.held.is_empty() {
             let keys: Vec<String> = self.ctx.held.iter().map(|(k, _)| text::quoted(k)).collect();
             return Err(WaitFailure::Wait(WaitError::ClaimsHeld(format!(
@@ -100,7 +125,7 @@ impl IdemCtxView<'_> {
             Err(StoreError::WaitRefused { reason, .. }) => {
                 Err(WaitFailure::Wait(if reason.contains("was used for") {
                     WaitError::KeyReused(reason)
-                } else if reason.starts_with("signal name") || reason.starts_with("a signal name") {
+                } else if reason.contains("signal name") || reason.contains("rate class name") {
                     WaitError::InvalidKey(reason)
                 } else {
                     WaitError::InvalidTime(reason)

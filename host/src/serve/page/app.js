@@ -112,6 +112,16 @@ function runsPage() {
           ...["schedule", "deployment", "when", "state", "next tick", "started", "skipped", "missed", "failed", "last run"]
             .map((h, i) => el("th", { class: i >= 5 && i <= 8 ? "num" : null, text: h })))),
         el("tbody"))),
+    el("section", { id: "limits-section", hidden: true },
+      el("h1", { text: "Limits" }),
+      el("table", { id: "flow" },
+        el("thead", {}, el("tr", {},
+          ...["deployment", "running at most", "concurrency key", "per key"].map(h => el("th", { text: h })))),
+        el("tbody")),
+      el("table", { id: "rates" },
+        el("thead", {}, el("tr", {},
+          ...["rate class", "limit", "burst", "next token"].map(h => el("th", { text: h })))),
+        el("tbody"))),
     el("h1", { text: "Runs" }),
     el("div", { class: "filters" },
       el("label", {}, "status", status),
@@ -151,6 +161,7 @@ async function refreshRuns() {
     });
     document.querySelector("#runs tbody").replaceChildren(...rows);
     await refreshSchedules(doc.now);
+    await refreshLimits(doc.now);
     document.getElementById("prev").disabled = state.offset === 0;
     document.getElementById("next").disabled = doc.next_offset == null;
     document.getElementById("page-info").textContent =
@@ -161,6 +172,27 @@ async function refreshRuns() {
     say(String(e.message || e));
   }
   schedule(refreshRuns);
+}
+
+// The operator's standing limits: deployments' (`idem flow`) and rate classes'
+// (`idem rate`); the section shows only when there is one.
+async function refreshLimits(now) {
+  const [flow, rates] = await Promise.all([api("GET", "/api/flow"), api("GET", "/api/rates")]);
+  document.getElementById("limits-section").hidden = flow.limits.length + rates.limits.length === 0;
+  document.getElementById("flow").hidden = flow.limits.length === 0;
+  document.getElementById("rates").hidden = rates.limits.length === 0;
+  document.querySelector("#flow tbody").replaceChildren(...flow.limits.map(l =>
+    el("tr", { "data-deployment": l.deployment },
+      el("td", { text: l.deployment }),
+      el("td", { class: "num", text: l.max_running ?? "-" }),
+      el("td", { class: "mono", text: l.key ?? "-" }),
+      el("td", { class: "num", text: l.per_key ?? "-" }))));
+  document.querySelector("#rates tbody").replaceChildren(...rates.limits.map(l =>
+    el("tr", { "data-class": l.class },
+      el("td", { class: "mono", text: l.class }),
+      el("td", { text: l.limit + " per " + duration(l.period_ms) }),
+      el("td", { class: "num", text: l.burst }),
+      el("td", { text: l.next_free == null ? "free now" : "reserved until " + utc(l.next_free) + " (" + until(now, l.next_free) + ")" }))));
 }
 
 function when(spec) {
@@ -342,9 +374,10 @@ function drawRun(runId, doc) {
     // A join that got its children is stored as received.
     const outcome = isJoin && w.outcome === "received" ? "joined" : w.outcome;
     const state = w.outcome != null && w.settled != null ? `${outcome} at ${utc(w.settled)}`
-      : (w.signal == null && !isJoin && w.due != null && w.due <= now ? "elapsed" : "pending");
+      : (w.signal == null && !isJoin && w.due != null && w.due <= now ? (w.rate != null ? "taken" : "elapsed") : "pending");
     const kind = w.signal != null ? "signal " + w.signal
-      : isJoin ? `join ${w.join} of ${w.join_children} children` : "sleep";
+      : isJoin ? `join ${w.join} of ${w.join_children} children`
+      : w.rate != null ? "token of rate class " + w.rate : "sleep";
     return el("tr", { "data-key": w.key },
       el("td", {}, el("code", { text: w.key })),
       el("td", { text: kind }),

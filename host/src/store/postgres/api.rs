@@ -8,8 +8,8 @@ use std::time::Duration;
 use super::conn::{Fenced, Lock, write_tx};
 use super::one_trip::OneTrip;
 use super::{
-    PostgresStore, TxError, children, claims, components, flow, gc, leases, logs, pause, runs,
-    schedules, waits,
+    PostgresStore, TxError, children, claims, components, flow, gc, leases, logs, pause, rates,
+    runs, schedules, waits,
 };
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
@@ -17,10 +17,10 @@ use crate::store::{
     Acquired, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
     Counts, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits, FlowSetting, GcReport,
     GcRequest, InstanceStore, JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim, OperatorStore,
-    Paused, PausedDeployment, Presence, Resolution, Resumed, RunEnd, RunFence, RunFilter,
-    RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent, SpawnAnswers, SpawnBatch,
-    StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode, Tick, WaitRecord,
-    WaitRequest, WaitState, WorkerStore,
+    Paused, PausedDeployment, Presence, RateLimit, RateSetting, Resolution, Resumed, RunEnd,
+    RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent,
+    SpawnAnswers, SpawnBatch, StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode,
+    Tick, WaitRecord, WaitRequest, WaitState, WorkerStore,
 };
 
 /// Refuses a write whose fence did not hold.
@@ -222,7 +222,8 @@ impl InstanceStore for PostgresStore {
     async fn wait(&self, req: &WaitRequest<'_>) -> Result<WaitState, StoreError> {
         let fence = req.fence;
         let with = Some((fence, Lock::Update));
-        write_tx!(self, "record a wait", fence.sync, with, |conn, fenced| {
+        let sync = crate::store::rules::wait_sync(&req.kind, fence.sync);
+        write_tx!(self, "record a wait", sync, with, |conn, fenced| {
             held(fenced, fence)?;
             waits::wait(conn, fence, req.key, &req.kind).await
         })
@@ -456,6 +457,23 @@ impl CatalogStore for PostgresStore {
 
     async fn flows(&self) -> Result<Vec<FlowLimits>, StoreError> {
         self.read("list limits", async |conn| flow::flows(conn).await)
+            .await
+    }
+
+    async fn set_rate(&self, setting: &RateSetting<'_>) -> Result<RateLimit, StoreError> {
+        write_tx!(self, "set a rate limit", self.sync, None, |conn, _f| {
+            rates::set_rate(conn, setting).await
+        })
+    }
+
+    async fn clear_rate(&self, class: &str) -> Result<bool, StoreError> {
+        write_tx!(self, "clear a rate limit", self.sync, None, |conn, _f| {
+            rates::clear_rate(conn, class).await
+        })
+    }
+
+    async fn rates(&self) -> Result<Vec<RateLimit>, StoreError> {
+        self.read("list rate limits", async |conn| rates::rates(conn).await)
             .await
     }
 

@@ -149,7 +149,7 @@ pub(super) async fn join(conn: &Conn, req: &JoinRequest<'_>) -> Result<WaitState
         join_asked(conn.now, req.children, req.timeout, req.max_children).map_err(&refused)?;
     let row = conn
         .query_opt(
-            "SELECT signal, join_mode, due, outcome, payload FROM waits
+            "SELECT signal, join_mode, due, outcome, payload, rate_class FROM waits
              WHERE run_id = $1 AND key = $2",
             &[&run_id, &req.key],
         )
@@ -160,12 +160,14 @@ pub(super) async fn join(conn: &Conn, req: &JoinRequest<'_>) -> Result<WaitState
             let mode: Option<String> = row.try_get(1)?;
             let (due, outcome): (Option<i64>, Option<String>) = (row.try_get(2)?, row.try_get(3)?);
             let payload: Option<Vec<u8>> = row.try_get(4)?;
+            let rate: Option<String> = row.try_get(5)?;
             if mode.as_deref().and_then(join_mode) != Some(req.mode)
                 || !same_members(conn, run_id, req.key, req.children).await?
             {
                 return Err(refused(join_reused(
                     req.key,
                     signal.as_deref(),
+                    rate.as_deref(),
                     mode.as_deref(),
                 )));
             }

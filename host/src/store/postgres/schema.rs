@@ -23,6 +23,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0008_schedules.sql"),
     include_str!("../migrations/postgres/0009_flow.sql"),
     include_str!("../migrations/postgres/0010_pause.sql"),
+    include_str!("../migrations/postgres/0011_rates.sql"),
 ];
 
 /// The schema version this build writes and understands.

@@ -30,7 +30,7 @@ pub(super) async fn wait(
     let asked = asked(now, kind).map_err(refused)?;
     let row = conn
         .query_opt(
-            "SELECT signal, due, outcome, payload, join_mode FROM waits
+            "SELECT signal, due, outcome, payload, join_mode, rate_class FROM waits
              WHERE run_id = $1 AND key = $2",
             &[&fence.run_id, &key],
         )
@@ -43,6 +43,7 @@ pub(super) async fn wait(
                 outcome: row.try_get(2)?,
                 payload: row.try_get(3)?,
                 join_mode: row.try_get(4)?,
+                rate: row.try_get(5)?,
             };
             match row.state(key, &asked).map_err(refused)? {
                 Recorded::Settled(state) => return Ok(state),
@@ -50,12 +51,18 @@ pub(super) async fn wait(
             }
         }
         None => {
+            // A rate wait is due when the token reserved for it now is free.
+            let due = match asked.rate {
+                Some(class) => Some(super::rates::reserve(conn, class).await?),
+                None => asked.due,
+            };
             conn.execute(
-                "INSERT INTO waits (run_id, key, signal, due, created) VALUES ($1, $2, $3, $4, $5)",
-                &[&fence.run_id, &key, &asked.signal, &asked.due, &now],
+                "INSERT INTO waits (run_id, key, signal, due, created, rate_class)
+                 VALUES ($1, $2, $3, $4, $5, $6)",
+                &[&fence.run_id, &key, &asked.signal, &due, &now, &asked.rate],
             )
             .await?;
-            asked.due
+            due
         }
     };
     match asked.signal {
@@ -236,7 +243,8 @@ pub(super) async fn waits(conn: &Conn, run_id: &str) -> Result<Vec<WaitRecord>, 
             "SELECT key, signal, due, created, outcome, settled, join_mode,
                     CASE WHEN join_mode IS NULL THEN NULL ELSE
                         (SELECT COUNT(*) FROM join_members m
-                         WHERE m.run_id = waits.run_id AND m.key = waits.key) END
+                         WHERE m.run_id = waits.run_id AND m.key = waits.key) END,
+                    rate_class
              FROM waits WHERE run_id = $1 ORDER BY created, key",
             &[&run_id],
         )
@@ -252,6 +260,7 @@ pub(super) async fn waits(conn: &Conn, run_id: &str) -> Result<Vec<WaitRecord>, 
                 settled: row.try_get(5)?,
                 join: row.try_get(6)?,
                 join_children: row.try_get::<_, Option<i64>>(7)?.map(|n| n.max(0) as u64),
+                rate: row.try_get(8)?,
             })
         })
         .collect()

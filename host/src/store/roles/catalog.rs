@@ -2,7 +2,9 @@
 
 use std::fmt;
 
-use crate::store::{Deployment, DeploymentRecord, FlowLimits, FlowSetting, StoreError};
+use crate::store::{
+    Deployment, DeploymentRecord, FlowLimits, FlowSetting, RateLimit, RateSetting, StoreError,
+};
 
 /// What runs are made from: components by digest, deployments (a name pointing at a
 /// component, with the authority it grants), the components a namespace admits, and
@@ -58,4 +60,17 @@ pub trait CatalogStore: Send + Sync + fmt::Debug {
 
     /// Every deployment's limits, by deployment.
     async fn flows(&self) -> Result<Vec<FlowLimits>, StoreError>;
+
+    /// Puts a rate limit on a class of steps, replacing any it had: every run of every
+    /// deployment that names the class on a step draws its tokens from it
+    /// ([`WaitKind::Rate`](crate::store::WaitKind::Rate)). Tokens already reserved by
+    /// waiting steps stay reserved. Fails with [`StoreError::RateRefused`] for absurd
+    /// values, changing nothing.
+    async fn set_rate(&self, setting: &RateSetting<'_>) -> Result<RateLimit, StoreError>;
+
+    /// Removes a class's rate limit; whether it had one. Its steps then start at once.
+    async fn clear_rate(&self, class: &str) -> Result<bool, StoreError>;
+
+    /// Every class's rate limit, by class.
+    async fn rates(&self) -> Result<Vec<RateLimit>, StoreError>;
 }

@@ -22,9 +22,9 @@ use crate::store::{
     Acquired, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
     Deployment, DeploymentPaused, DeploymentRecord, FlowLimits, FlowSetting, GcReport, GcRequest,
     JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim, Paused, PausedDeployment, Presence,
-    Resolution, Resumed, RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord,
-    ScheduledBy, SignalSent, SpawnAnswers, SpawnBatch, StepRecord, StoreError, Submission,
-    Submitted, Suspension, Tick, WaitRecord, WaitRequest, WaitState,
+    RateLimit, RateSetting, Resolution, Resumed, RunEnd, RunFence, RunFilter, RunRecord,
+    ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent, SpawnAnswers, SpawnBatch, StepRecord,
+    StoreError, Submission, Submitted, Suspension, Tick, WaitRecord, WaitRequest, WaitState,
 };
 
 /// A [`Store`] assembled from one handle per role: an underlying store's, with any
@@ -289,6 +289,18 @@ impl CatalogStore for Overlay {
 
     async fn flows(&self) -> Result<Vec<FlowLimits>, StoreError> {
         self.catalog.flows().await
+    }
+
+    async fn set_rate(&self, setting: &RateSetting<'_>) -> Result<RateLimit, StoreError> {
+        self.catalog.set_rate(setting).await
+    }
+
+    async fn clear_rate(&self, class: &str) -> Result<bool, StoreError> {
+        self.catalog.clear_rate(class).await
+    }
+
+    async fn rates(&self) -> Result<Vec<RateLimit>, StoreError> {
+        self.catalog.rates().await
     }
 
     async fn upgrade_run(&self, run_id: &str, from: &str, to: &str) -> Result<(), StoreError> {

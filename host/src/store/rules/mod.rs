@@ -14,7 +14,9 @@ mod waits;
 
 pub(crate) use schedules::{TickAction, check_def, tick_action};
 pub(crate) use spawns::{Found, SpawnFacts, SpawnPlan, plan_spawns};
-pub(crate) use waits::{Recorded, WaitRow, asked, join_asked, join_mode, join_reused, sleep_state};
+pub(crate) use waits::{
+    Recorded, WaitRow, asked, join_asked, join_mode, join_reused, sleep_state, wait_sync,
+};
 
 use std::time::Duration;
 

@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use crate::store::{
-    JoinMode, JoinRefusal, MAX_WAIT, Millis, WaitKind, WaitState, Wake, check_signal_name,
+    JoinMode, JoinRefusal, MAX_WAIT, Millis, SyncMode, WaitKind, WaitState, Wake, check_class_name,
+    check_signal_name,
 };
 
 /// The time a wait is due, from when it was first reached; `None` for an absurd one
@@ -27,6 +28,8 @@ pub(crate) fn due_at(now: Millis, kind: &WaitKind<'_>) -> Result<Option<Millis>,
             }
         }
         WaitKind::Signal { timeout, .. } => timeout.map(after).transpose(),
+        // The bucket says, when the token is reserved.
+        WaitKind::Rate { .. } => Ok(None),
     }
 }
 
@@ -70,12 +73,17 @@ pub(crate) fn join_asked(
         .map_err(JoinRefusal::InvalidTime)
 }
 
-/// The refusal of a join whose key was recorded for another wait (`recorded`: its
-/// signal, or `None` for a sleep) or for a join `mode` of other children.
-pub(crate) fn join_reused(key: &str, recorded: Option<&str>, mode: Option<&str>) -> JoinRefusal {
+/// The refusal of a join whose key was recorded for another wait (`signal`, `rate`:
+/// what it waited for, neither for a sleep) or for a join `mode` of other children.
+pub(crate) fn join_reused(
+    key: &str,
+    signal: Option<&str>,
+    rate: Option<&str>,
+    mode: Option<&str>,
+) -> JoinRefusal {
     let was = match mode {
         Some(mode) => format!("a join of {mode} of other children"),
-        None => kind(recorded),
+        None => kind_of(signal, rate),
     };
     JoinRefusal::KeyReused(format!(
         "key {} was used for {was}; give each wait its own key",
@@ -93,24 +101,29 @@ pub(crate) fn join_mode(text: &str) -> Option<JoinMode> {
 }
 
 /// A wait as asked, checked: when it is due if it is new, and the signal it waits for
-/// (`None` for a sleep).
+/// (`None` for a sleep) or the rate class it takes a token of.
 pub(crate) struct Asked<'a> {
     pub(crate) due: Option<Millis>,
     pub(crate) signal: Option<&'a str>,
+    pub(crate) rate: Option<&'a str>,
 }
 
 /// Checks a wait before anything is read or written: its time ([`due_at`]) and its
 /// signal's name; the reason it is refused, if it is.
 pub(crate) fn asked<'a>(now: Millis, kind: &WaitKind<'a>) -> Result<Asked<'a>, String> {
     let due = due_at(now, kind)?;
-    let signal = match kind {
-        WaitKind::Sleep(_) => None,
+    let (signal, rate) = match kind {
+        WaitKind::Sleep(_) => (None, None),
         WaitKind::Signal { name, .. } => {
             check_signal_name(name)?;
-            Some(*name)
+            (Some(*name), None)
+        }
+        WaitKind::Rate { class } => {
+            check_class_name(class)?;
+            (None, Some(*class))
         }
     };
-    Ok(Asked { due, signal })
+    Ok(Asked { due, signal, rate })
 }
 
 /// A wait's row as a backend read it.
@@ -118,6 +131,8 @@ pub(crate) struct WaitRow {
     pub(crate) signal: Option<String>,
     /// Set for a join: `all` or `any`.
     pub(crate) join_mode: Option<String>,
+    /// Set for a rate token: its class.
+    pub(crate) rate: Option<String>,
     pub(crate) due: Option<Millis>,
     pub(crate) outcome: Option<String>,
     pub(crate) payload: Option<Vec<u8>>,
@@ -139,11 +154,16 @@ impl WaitRow {
             return Err(format!(
                 "key {} was used for a join of {mode}, not {}; give each wait its own key",
                 crate::text::quoted(key),
-                kind(asked.signal)
+                asked.kind()
             ));
         }
-        if self.signal.as_deref() != asked.signal {
-            return Err(reused(key, self.signal.as_deref(), asked.signal));
+        if self.signal.as_deref() != asked.signal || self.rate.as_deref() != asked.rate {
+            return Err(format!(
+                "key {} was used for {}, not {}; give each wait its own key",
+                crate::text::quoted(key),
+                kind_of(self.signal.as_deref(), self.rate.as_deref()),
+                asked.kind()
+            ));
         }
         Ok(match self.outcome.as_deref() {
             Some("received") => {
@@ -163,14 +183,19 @@ pub(crate) fn sleep_state(due: Option<Millis>, now: Millis) -> WaitState {
     }
 }
 
-/// Why a wait's key cannot be used for this wait: it was used for another kind.
-pub(crate) fn reused(key: &str, recorded: Option<&str>, wanted: Option<&str>) -> String {
-    format!(
-        "key {} was used for {}, not {}; give each wait its own key",
-        crate::text::quoted(key),
-        kind(recorded),
-        kind(wanted)
-    )
+impl Asked<'_> {
+    /// The wait's kind as a refusal names it.
+    fn kind(&self) -> String {
+        kind_of(self.signal, self.rate)
+    }
+}
+
+/// A wait's kind as a refusal names it, from its signal or rate class.
+fn kind_of(signal: Option<&str>, rate: Option<&str>) -> String {
+    match rate {
+        Some(class) => format!("a token of rate class {}", crate::text::quoted(class)),
+        None => kind(signal),
+    }
 }
 
 /// A wait's kind as a refusal names it.
@@ -178,5 +203,17 @@ fn kind(signal: Option<&str>) -> String {
     match signal {
         None => "a sleep".to_string(),
         Some(name) => format!("a wait for signal {}", crate::text::quoted(name)),
+    }
+}
+
+/// How durable a wait's record must be when the run asks `sync` of its writes. A rate
+/// token's record needs no sync of its own: the step's commit (or the run's suspension
+/// when the token is not free yet) follows it in the same log and is synced as the run
+/// asks, taking it along. Power lost before that loses the token with the effect's
+/// claim, and the step takes another when it runs again.
+pub(crate) fn wait_sync(kind: &WaitKind<'_>, sync: SyncMode) -> SyncMode {
+    match kind {
+        WaitKind::Rate { .. } => SyncMode::Normal,
+        WaitKind::Sleep(_) | WaitKind::Signal { .. } => sync,
     }
 }

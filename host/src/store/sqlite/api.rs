@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use super::owned::{OwnedEnd, OwnedJoin, OwnedRef, OwnedRequest, OwnedSpawnBatch, OwnedWaitKind};
 use super::{
-    SqliteStore, children, claims, components, flow, gc, leases, logs, pause, presence, runs,
-    schedules, waits,
+    SqliteStore, children, claims, components, flow, gc, leases, logs, pause, presence, rates,
+    runs, schedules, waits,
 };
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
@@ -16,10 +16,10 @@ use crate::store::{
     Acquired, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
     Counts, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits, FlowSetting, GcReport,
     GcRequest, InstanceStore, JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim, OperatorStore,
-    Paused, PausedDeployment, Presence, Resolution, Resumed, RunEnd, RunFence, RunFilter,
-    RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent, SpawnAnswers, SpawnBatch,
-    StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode, Tick, WaitRecord,
-    WaitRequest, WaitState, WorkerStore,
+    Paused, PausedDeployment, Presence, RateLimit, RateSetting, Resolution, Resumed, RunEnd,
+    RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent,
+    SpawnAnswers, SpawnBatch, StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode,
+    Tick, WaitRecord, WaitRequest, WaitState, WorkerStore,
 };
 
 #[async_trait::async_trait]
@@ -163,7 +163,8 @@ impl InstanceStore for SqliteStore {
     async fn wait(&self, req: &WaitRequest<'_>) -> Result<WaitState, StoreError> {
         let (fence, key) = (req.fence.clone(), req.key.to_owned());
         let kind = OwnedWaitKind::new(&req.kind);
-        self.write("record a wait", fence.sync, move |conn, now| {
+        let sync = crate::store::rules::wait_sync(&req.kind, fence.sync);
+        self.write("record a wait", sync, move |conn, now| {
             waits::wait(conn, &fence, &key, &kind.borrow(), now)
         })
         .await
@@ -442,6 +443,35 @@ impl CatalogStore for SqliteStore {
 
     async fn flows(&self) -> Result<Vec<FlowLimits>, StoreError> {
         self.read("list limits", flow::flows).await
+    }
+
+    async fn set_rate(&self, setting: &RateSetting<'_>) -> Result<RateLimit, StoreError> {
+        let class = setting.class.to_owned();
+        let (limit, period, burst) = (setting.limit, setting.period, setting.burst);
+        self.write("set a rate limit", self.sync, move |conn, now| {
+            let setting = RateSetting {
+                class: &class,
+                limit,
+                period,
+                burst,
+            };
+            rates::set_rate(conn, &setting, now)
+        })
+        .await
+    }
+
+    async fn clear_rate(&self, class: &str) -> Result<bool, StoreError> {
+        let class = class.to_owned();
+        self.write("clear a rate limit", self.sync, move |conn, _now| {
+            rates::clear_rate(conn, &class)
+        })
+        .await
+    }
+
+    async fn rates(&self) -> Result<Vec<RateLimit>, StoreError> {
+        let now = self.clock.now();
+        self.read("list rate limits", move |conn| rates::rates(conn, now))
+            .await
     }
 
     async fn upgrade_run(&self, run_id: &str, from: &str, to: &str) -> Result<(), StoreError> {

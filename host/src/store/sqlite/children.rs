@@ -145,7 +145,7 @@ pub(super) fn join(
         join_asked(now, req.children, req.timeout, req.max_children).map_err(&refused)?;
     let row = conn
         .prepare_cached(
-            "SELECT signal, join_mode, due, outcome, payload FROM waits
+            "SELECT signal, join_mode, due, outcome, payload, rate_class FROM waits
              WHERE run_id = ?1 AND key = ?2",
         )?
         .query_row(params![run_id, req.key], |row| {
@@ -155,6 +155,7 @@ pub(super) fn join(
                 due: row.get(2)?,
                 outcome: row.get(3)?,
                 payload: row.get(4)?,
+                rate: row.get(5)?,
             })
         })
         .optional()?;
@@ -165,6 +166,7 @@ pub(super) fn join(
             due,
             outcome,
             payload,
+            rate,
         }) => {
             if mode.as_deref().and_then(join_mode) != Some(req.mode)
                 || !same_members(conn, run_id, req.key, req.children)?
@@ -172,6 +174,7 @@ pub(super) fn join(
                 return Err(refused(join_reused(
                     req.key,
                     signal.as_deref(),
+                    rate.as_deref(),
                     mode.as_deref(),
                 )));
             }

@@ -88,6 +88,7 @@ fn version_2_store_migrates_with_runs_results_and_checkpoints_intact() {
             "namespace_members",
             "paused_deployments",
             "progress",
+            "rate_limits",
             "run_inputs",
             "run_logs",
             "run_outcomes",

@@ -104,6 +104,9 @@ pub(super) enum OwnedWaitKind {
         name: String,
         timeout: Option<Duration>,
     },
+    Rate {
+        class: String,
+    },
 }
 
 impl OwnedWaitKind {
@@ -113,6 +116,9 @@ impl OwnedWaitKind {
             WaitKind::Signal { name, timeout } => OwnedWaitKind::Signal {
                 name: name.to_owned(),
                 timeout,
+            },
+            WaitKind::Rate { class } => OwnedWaitKind::Rate {
+                class: class.to_owned(),
             },
         }
     }
@@ -124,6 +130,7 @@ impl OwnedWaitKind {
                 name,
                 timeout: *timeout,
             },
+            OwnedWaitKind::Rate { class } => WaitKind::Rate { class },
         }
     }
 }

@@ -29,6 +29,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0010_schedules.sql"),
     include_str!("../migrations/sqlite/0011_flow.sql"),
     include_str!("../migrations/sqlite/0012_pause.sql"),
+    include_str!("../migrations/sqlite/0013_rates.sql"),
 ];
 
 /// The schema version this build writes and understands.

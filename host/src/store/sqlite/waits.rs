@@ -33,7 +33,7 @@ pub(super) fn wait(
     let asked = asked(now, kind).map_err(refused)?;
     let row = conn
         .prepare_cached(
-            "SELECT signal, due, outcome, payload, join_mode FROM waits
+            "SELECT signal, due, outcome, payload, join_mode, rate_class FROM waits
              WHERE run_id = ?1 AND key = ?2",
         )?
         .query_row(params![fence.run_id, key], |row| {
@@ -43,6 +43,7 @@ pub(super) fn wait(
                 outcome: row.get(2)?,
                 payload: row.get(3)?,
                 join_mode: row.get(4)?,
+                rate: row.get(5)?,
             })
         })
         .optional()?;
@@ -52,11 +53,24 @@ pub(super) fn wait(
             Recorded::Open(due) => due,
         },
         None => {
+            // A rate wait is due when the token reserved for it now is free.
+            let due = match asked.rate {
+                Some(class) => Some(super::rates::reserve(conn, class, now)?),
+                None => asked.due,
+            };
             conn.prepare_cached(
-                "INSERT INTO waits (run_id, key, signal, due, created) VALUES (?1, ?2, ?3, ?4, ?5)",
+                "INSERT INTO waits (run_id, key, signal, due, created, rate_class)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             )?
-            .execute(params![fence.run_id, key, asked.signal, asked.due, now])?;
-            asked.due
+            .execute(params![
+                fence.run_id,
+                key,
+                asked.signal,
+                due,
+                now,
+                asked.rate
+            ])?;
+            due
         }
     };
     match asked.signal {
@@ -226,7 +240,8 @@ pub(super) fn waits(conn: &Connection, run_id: &str) -> Result<Vec<WaitRecord>, 
             "SELECT key, signal, due, created, outcome, settled, join_mode,
                     CASE WHEN join_mode IS NULL THEN NULL ELSE
                         (SELECT COUNT(*) FROM join_members m
-                         WHERE m.run_id = waits.run_id AND m.key = waits.key) END
+                         WHERE m.run_id = waits.run_id AND m.key = waits.key) END,
+                    rate_class
              FROM waits WHERE run_id = ?1 ORDER BY created, key",
         )?
         .query_map([run_id], |row| {
@@ -239,6 +254,7 @@ pub(super) fn waits(conn: &Connection, run_id: &str) -> Result<Vec<WaitRecord>, 
                 settled: row.get(5)?,
                 join: row.get(6)?,
                 join_children: row.get::<_, Option<i64>>(7)?.map(|n| n.max(0) as u64),
+                rate: row.get(8)?,
             })
         })?
         .collect::<rusqlite::Result<_>>()?;

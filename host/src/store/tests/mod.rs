@@ -140,6 +140,7 @@ macro_rules! store_tests {
                 waits::a_signal_is_taken_once_by_the_wait_that_records_it,
                 waits::a_signal_sent_between_a_wait_and_its_suspension_is_not_missed,
                 waits::bad_signals_and_waits_are_refused_and_write_nothing,
+                waits::a_rate_token_is_reserved_once_at_the_next_free_slot,
                 children::a_spawn_happens_once_per_key_with_the_deployments_grants,
                 children::bad_spawns_are_refused_and_write_nothing,
                 children::a_batch_answers_each_child_as_a_spawn_of_it_alone_would,
@@ -175,6 +176,7 @@ macro_rules! store_tests {
                 gc::gc_deletes_exactly_a_finished_runs_rows_and_a_dry_run_nothing,
                 schedules::two_handles_fire_each_tick_once,
                 flow::racing_handles_never_exceed_a_limit,
+                waits::racing_handles_never_lend_one_token_twice,
             ]
         );
     };

@@ -272,3 +272,161 @@ pub(super) async fn bad_signals_and_waits_are_refused_and_write_nothing(env: &En
         Err(StoreError::RunFinished { .. })
     ));
 }
+
+fn rate(class: &str) -> WaitKind<'_> {
+    WaitKind::Rate { class }
+}
+
+async fn set_llm(store: &dyn crate::store::Store, limit: u32, burst: u32) {
+    store
+        .set_rate(&crate::store::RateSetting {
+            class: "llm",
+            limit,
+            period: Duration::from_secs(60),
+            burst,
+        })
+        .await
+        .unwrap();
+}
+
+pub(super) async fn a_rate_token_is_reserved_once_at_the_next_free_slot(env: &Env<'_>) {
+    let store = env.store;
+    set_llm(store, 60, 1).await;
+    let mut fences = Vec::new();
+    for run in ["a", "b", "c"] {
+        env.submit(run, b"in").await;
+        fences.push(env.lease(run).await);
+    }
+    let token = |fence| WaitRequest {
+        fence,
+        key: "rate:step",
+        kind: rate("llm"),
+    };
+    // Slots a second apart, in the order they were asked for.
+    assert_eq!(
+        store.wait(&token(&fences[0])).await.unwrap(),
+        WaitState::Elapsed
+    );
+    for (i, fence) in fences.iter().enumerate().skip(1) {
+        let due = Some(T0 + 1000 * i as i64);
+        assert_eq!(
+            store.wait(&token(fence)).await.unwrap(),
+            WaitState::Pending { due }
+        );
+    }
+    // Asked again (a replay), each keeps its slot and takes no other.
+    assert_eq!(
+        store.wait(&token(&fences[2])).await.unwrap(),
+        WaitState::Pending {
+            due: Some(T0 + 2000)
+        }
+    );
+    let limits = store.rates().await.unwrap();
+    assert_eq!(limits[0].next_free, Some(T0 + 3000), "three tokens lent");
+    env.advance(2000);
+    assert_eq!(
+        store.wait(&token(&fences[2])).await.unwrap(),
+        WaitState::Elapsed
+    );
+    assert_eq!(store.rates().await.unwrap()[0].next_free, Some(T0 + 3000));
+
+    // A class with no limit lends at once and keeps nothing of it.
+    let free = WaitRequest {
+        fence: &fences[0],
+        key: "rate:other",
+        kind: rate("search"),
+    };
+    assert_eq!(store.wait(&free).await.unwrap(), WaitState::Elapsed);
+    assert_eq!(store.rates().await.unwrap().len(), 1);
+
+    // The token's key is the run's: a sleep or another class under it is refused.
+    for kind in [sleep(1), rate("search")] {
+        let reused = WaitRequest {
+            fence: &fences[1],
+            key: "rate:step",
+            kind,
+        };
+        match store.wait(&reused).await {
+            Err(StoreError::WaitRefused { reason, .. }) => {
+                assert!(reason.contains("token of rate class"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let waits = store.waits("b").await.unwrap();
+    assert_eq!(waits.len(), 1);
+    assert_eq!(waits[0].rate.as_deref(), Some("llm"));
+    assert_eq!(waits[0].due, Some(T0 + 1000));
+
+    // A new limit keeps the slots reserved and spaces the next by its own interval.
+    set_llm(store, 120, 1).await;
+    assert_eq!(store.rates().await.unwrap()[0].next_free, Some(T0 + 3000));
+    env.submit("d", b"in").await;
+    let d = env.lease("d").await;
+    assert_eq!(
+        store.wait(&token(&d)).await.unwrap(),
+        WaitState::Pending {
+            due: Some(T0 + 3000)
+        }
+    );
+    assert_eq!(store.rates().await.unwrap()[0].next_free, Some(T0 + 3500));
+    assert!(store.clear_rate("llm").await.unwrap());
+    assert!(store.rates().await.unwrap().is_empty());
+}
+
+pub(super) async fn racing_handles_never_lend_one_token_twice(
+    harness: &mut dyn super::Harness,
+    clock: &crate::store::Clock,
+) {
+    const RUNS: usize = 30;
+    let handles: Vec<std::sync::Arc<dyn crate::store::Store>> = vec![
+        harness.store(),
+        harness.open_another(),
+        harness.open_another(),
+    ];
+    let env = Env {
+        store: handles[0].as_ref(),
+        clock,
+    };
+    set_llm(env.store, 60, 1).await;
+    let mut fences = Vec::new();
+    for i in 0..RUNS {
+        let run = format!("r{i:02}");
+        env.submit(&run, b"in").await;
+        fences.push(env.lease(&run).await);
+    }
+    let dues: Vec<Option<i64>> = std::thread::scope(|scope| {
+        let threads: Vec<_> = fences
+            .chunks(RUNS / handles.len())
+            .zip(&handles)
+            .map(|(fences, store)| {
+                scope.spawn(move || {
+                    super::block_on(async move {
+                        let mut dues = Vec::new();
+                        for fence in fences {
+                            let req = WaitRequest {
+                                fence,
+                                key: "rate:step",
+                                kind: rate("llm"),
+                            };
+                            dues.push(match store.wait(&req).await.unwrap() {
+                                WaitState::Elapsed => Some(T0),
+                                WaitState::Pending { due } => due,
+                                other => panic!("{other:?}"),
+                            });
+                        }
+                        dues
+                    })
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect()
+    });
+    let mut dues: Vec<i64> = dues.into_iter().map(Option::unwrap).collect();
+    dues.sort_unstable();
+    let expected: Vec<i64> = (0..RUNS as i64).map(|i| T0 + i * 1000).collect();
+    assert_eq!(dues, expected, "every slot lent once, none twice");
+}

@@ -14,6 +14,8 @@
 //!   key is built to after the save returned) and the wall-clock time at which its first
 //!   step was done (`first_step_done_unix_ns`), so that a caller in another process can
 //!   time a cold start up to the first durable step.
+//!   With `"rate": "CLASS"`, each step names that rate class (`Once::rate`), so it takes
+//!   a token of it before its claim (folded steps only).
 //! - `"calls"`: `n` calls of `idem_sdk::generation()`, a host call that touches no store;
 //!   the output carries the loop's duration (`calls_ns`).
 //!
@@ -41,6 +43,8 @@ struct Input {
     timed: bool,
     #[serde(default = "yes")]
     fold: bool,
+    #[serde(default)]
+    rate: Option<String>,
 }
 
 fn yes() -> bool {
@@ -66,7 +70,7 @@ impl Agent for Bench {
 
     fn run(input: Input) -> Result<Output, Error> {
         match input.mode {
-            Mode::Steps => steps(input.n, input.timed, input.fold),
+            Mode::Steps => steps(input.n, input.timed, input.fold, input.rate.as_deref()),
             Mode::Calls => Ok(calls(input.n)),
         }
     }
@@ -74,7 +78,7 @@ impl Agent for Bench {
 
 idem_sdk::export_agent!(Bench);
 
-fn steps(n: u64, timed: bool, fold: bool) -> Result<Output, Error> {
+fn steps(n: u64, timed: bool, fold: bool, rate: Option<&str>) -> Result<Output, Error> {
     let start = load::<()>()?.map_or(0, |c| c.step);
     let mut out = Output {
         n,
@@ -89,7 +93,12 @@ fn steps(n: u64, timed: bool, fold: bool) -> Result<Output, Error> {
         let began = Instant::now();
         let key = Key::for_run("s", &i)?;
         if fold {
-            Once::new(&key).run_and_save(
+            let once = Once::new(&key);
+            let once = match rate {
+                Some(class) => once.rate(class),
+                None => once,
+            };
+            once.run_and_save(
                 |_| Ok::<_, String>(()),
                 |_| Checkpoint {
                     step: i + 1,

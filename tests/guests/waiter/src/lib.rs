@@ -14,6 +14,10 @@
 //! whose first `fail` attempts fail, each attempt appending `try {i} attempt={n}
 //! gen={generation}`; its `what` is `ok-{attempt}` or `error: {message}`.
 //!
+//! A wait may instead be `{"rate": "llm"}`: a step (key `rated/{i}`) of that rate class,
+//! which takes a token of it first and appends `rated {i} gen={generation}`; its `what`
+//! is `rated`.
+//!
 //! Wait `i` has the key `wait-{i}`. The agent first appends `start gen={generation}`
 //! (once, under a key), then per wait, after it is over, appends
 //! `after {i} {what} gen={generation}` where `what` is `slept`, `timed-out`, or the
@@ -24,7 +28,9 @@ use std::fs::OpenOptions;
 use std::io::Write;
 use std::time::{Duration, UNIX_EPOCH};
 
-use idem_sdk::{Agent, Error, Failure, Key, RetryPolicy, generation, run_once, run_once_retry};
+use idem_sdk::{
+    Agent, Error, Failure, Key, Once, RetryPolicy, generation, run_once, run_once_retry,
+};
 use serde::{Deserialize, Serialize};
 
 #[derive(Deserialize)]
@@ -45,6 +51,8 @@ struct Wait {
     timeout_ms: Option<u64>,
     #[serde(default)]
     retry: Option<Retry>,
+    #[serde(default)]
+    rate: Option<String>,
 }
 
 /// A step run with `run_once_retry` whose first `fail` attempts fail.
@@ -114,6 +122,11 @@ impl Agent for Waiter {
                     Err(Error::Effect(message)) => format!("error: {message}"),
                     Err(e) => return Err(e),
                 }
+            } else if let Some(class) = &wait.rate {
+                Once::new(&Key::for_run("rated", &i)?)
+                    .rate(class)
+                    .run(|_| append(log, &format!("rated {i} gen={}", generation())))?;
+                "rated".to_string()
             } else if let Some(name) = &wait.signal {
                 let timeout = wait.timeout_ms.map(Duration::from_millis);
                 match idem_sdk::wait_for_signal::<serde_json::Value>(&key, name, timeout) {
