@@ -123,13 +123,50 @@ pub async fn submit(
     req: &SubmitRequest<'_>,
     narrow: impl FnOnce(&Authority) -> Authority,
 ) -> Result<Submitted, OpError> {
-    check_json("input", req.input)?;
-    let deployment = find_deployment(store, req.agent).await?;
+    let run = BatchRun {
+        input: req.input,
+        run_id: req.run_id,
+        priority: req.priority,
+    };
+    let mut answers = submit_many(store, req.agent, req.namespace, &[run], narrow).await?;
+    let Some(answer) = answers.pop() else {
+        unreachable!("one answer per run")
+    };
+    answer
+}
+
+/// One run of [`submit_many`]: its input (JSON), its id ([`default_run_id`] when
+/// `None`) and its priority.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchRun<'a> {
+    /// The input (JSON).
+    pub input: &'a [u8],
+    /// The run's id.
+    pub run_id: Option<&'a str>,
+    /// The run's priority.
+    pub priority: u32,
+}
+
+/// Queues runs of one deployed agent at once, in one transaction of the store, as
+/// [`submit`] queues one: the deployment, its authority narrowed by `narrow` and the
+/// namespace are checked once, then each run is answered in order as a lone submit of
+/// it would be. A refused run (input that is not JSON, a bad run id, a run id taken by
+/// other input, a priority over the highest, a missing concurrency key) is created
+/// nothing for, and the others are queued. Fails as a whole, queueing nothing, when the
+/// deployment or the authority is refused or the store fails.
+pub async fn submit_many(
+    store: &dyn Store,
+    agent: &str,
+    namespace: Option<&str>,
+    runs: &[BatchRun<'_>],
+    narrow: impl FnOnce(&Authority) -> Authority,
+) -> Result<Vec<Result<Submitted, OpError>>, OpError> {
+    let deployment = find_deployment(store, agent).await?;
     let base = Authority::decode(&deployment.authority).map_err(HostError::from)?;
     let authority = narrow(&base);
     authority.check().map_err(HostError::from)?;
     authority.fits_within(&base).map_err(HostError::from)?;
-    let namespace = req.namespace.unwrap_or(&deployment.name).to_string();
+    let namespace = namespace.unwrap_or(&deployment.name).to_string();
     check_namespace(&namespace)?;
     if store.admitted(&namespace, &deployment.digest).await? != Some(true) {
         return Err(StoreError::NamespaceTaken {
@@ -139,23 +176,49 @@ pub async fn submit(
         }
         .into());
     }
-    let run_id = req
-        .run_id
-        .map(str::to_string)
-        .unwrap_or_else(|| default_run_id(&deployment.name, req.input));
-    check_run_id(&run_id)?;
-    Ok(store
-        .submit(&Submission {
-            run_id: &run_id,
-            agent: &deployment.name,
-            digest: &deployment.digest,
-            namespace: &namespace,
-            input: req.input,
-            authority: &authority.encode(),
-            replace_authority: false,
-            priority: req.priority,
+    let authority = authority.encode();
+    // Each run checked on its own: the refused ones are answered here, the others asked
+    // of the store together.
+    let checked: Vec<Result<String, OpError>> = runs
+        .iter()
+        .map(|run| {
+            check_json("input", run.input)?;
+            let run_id = run
+                .run_id
+                .map(str::to_string)
+                .unwrap_or_else(|| default_run_id(&deployment.name, run.input));
+            check_run_id(&run_id)?;
+            Ok(run_id)
         })
-        .await?)
+        .collect();
+    let submissions: Vec<Submission<'_>> = checked
+        .iter()
+        .zip(runs)
+        .filter_map(|(checked, run)| {
+            let run_id = checked.as_ref().ok()?;
+            Some(Submission {
+                run_id,
+                agent: &deployment.name,
+                digest: &deployment.digest,
+                namespace: &namespace,
+                input: run.input,
+                authority: &authority,
+                replace_authority: false,
+                priority: run.priority,
+            })
+        })
+        .collect();
+    let mut stored = store.submit_many(&submissions).await?.into_iter();
+    Ok(checked
+        .into_iter()
+        .map(|checked| match checked {
+            Ok(_) => stored
+                .next()
+                .unwrap_or_else(|| unreachable!("one answer per submission"))
+                .map_err(OpError::from),
+            Err(e) => Err(e),
+        })
+        .collect())
 }
 
 /// The deployment a submission names: by name, or by a digest deployed under a name.

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod bad_input;
+mod batch;
 mod bench_guest;
 mod browser;
 mod cache;

@@ -1188,3 +1188,74 @@ fn wait_exit(mut child: Child, limit: Duration) -> std::process::ExitStatus {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[test]
+fn api_runs_batch_queues_many_and_answers_each() {
+    let cli = CliDir::new();
+    deploy_steps(&cli);
+    let token = "tok-batch";
+    let served = Served::start(&cli.db(), &["--token-file", &token_file(&cli, token)]);
+    let input = json!({ "steps": 1, "log": "/data/log.txt" });
+    served.post_json(
+        "/api/runs",
+        Some(token),
+        &json!({ "agent": "steps", "input": input, "run_id": "taken" }),
+    );
+    let runs = json!([
+        { "input": input, "run_id": "b1" },
+        { "input": input, "run_id": "taken" },
+        { "input": {"steps": 9}, "run_id": "taken" },
+        { "input": input, "run_id": "" },
+        { "input": input, "run_id": "b2", "priority": 3 },
+    ]);
+    let r = served.post_json(
+        "/api/runs/batch",
+        Some(token),
+        &json!({ "agent": "steps", "runs": runs }),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let answers = r.json()["runs"].as_array().unwrap().clone();
+    assert_eq!(answers.len(), 5);
+    assert_eq!(
+        (
+            answers[0]["run_id"].as_str(),
+            answers[0]["created"].as_bool()
+        ),
+        (Some("b1"), Some(true))
+    );
+    assert_eq!(answers[1]["created"], false);
+    assert_eq!(answers[2]["error"]["code"], "input_mismatch");
+    assert_eq!(answers[3]["error"]["code"], "invalid_name");
+    assert_eq!(answers[4]["status"], "queued");
+    let listed = served.get("/api/runs").json();
+    assert_eq!(listed["runs"].as_array().unwrap().len(), 3, "taken, b1, b2");
+
+    // The batch as a whole: refused with nothing queued.
+    for (body, code) in [
+        (json!({ "agent": "steps", "runs": [] }), "bad_request"),
+        (
+            json!({ "agent": "nobody", "runs": [{ "input": 1 }] }),
+            "unknown_deployment",
+        ),
+        (
+            json!({ "agent": "steps", "runs": [{ "input": 1, "colour": 2 }] }),
+            "malformed_json",
+        ),
+    ] {
+        let r = served.post_json("/api/runs/batch", Some(token), &body);
+        assert_eq!(r.code(), code, "{body}: {}", r.text());
+    }
+    let none = served.post_json(
+        "/api/runs/batch",
+        None,
+        &json!({ "agent": "steps", "runs": [{ "input": 1 }] }),
+    );
+    assert_eq!(none.status, 401);
+    assert_eq!(
+        served.get("/api/runs").json()["runs"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
+}

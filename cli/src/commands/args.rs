@@ -357,7 +357,15 @@ fn flag_error(message: &str) -> String {
 /// to read it from stdin. A FIFO or a device as `@FILE` is refused rather than waited
 /// on (a FIFO with no writer never opens): what a pipe carries comes through `@-`.
 pub fn json_or_file(flag: &str, value: &str) -> anyhow::Result<Vec<u8>> {
-    let bytes = match value.strip_prefix('@') {
+    let bytes = text_or_file(flag, value)?;
+    serde_json::from_slice::<serde_json::Value>(&bytes)
+        .map_err(|e| BadInput(format!("{flag} is not valid JSON: {e}")))?;
+    Ok(bytes)
+}
+
+/// A flag's value as given, or `@FILE` read from a regular file (`@-`: from stdin).
+pub fn text_or_file(flag: &str, value: &str) -> anyhow::Result<Vec<u8>> {
+    Ok(match value.strip_prefix('@') {
         Some("-") => {
             let mut bytes = Vec::new();
             std::io::stdin()
@@ -375,10 +383,7 @@ pub fn json_or_file(flag: &str, value: &str) -> anyhow::Result<Vec<u8>> {
             BadInput(format!("cannot read {flag} file {path}: {e}{pipe}"))
         })?,
         None => value.as_bytes().to_vec(),
-    };
-    serde_json::from_slice::<serde_json::Value>(&bytes)
-        .map_err(|e| BadInput(format!("{flag} is not valid JSON: {e}")))?;
-    Ok(bytes)
+    })
 }
 
 fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {

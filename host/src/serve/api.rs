@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use super::ServeState;
 use super::error::ApiError;
-use crate::ops::{self, RunView, ScheduleRequest, ScheduleView, SubmitRequest};
+use crate::ops::{self, BatchRun, RunView, ScheduleRequest, ScheduleView, SubmitRequest};
 use crate::runtime::Authority;
 use crate::store::{
     Cancelled, GcRequest, Overlap, Paused, Resolution, Resumed, RunFilter, RunStatus, ScheduleSpec,
@@ -193,6 +193,83 @@ pub(super) async fn submit_run(
             "digest": r.digest,
         })),
     ))
+}
+
+/// The most runs one batch may queue: a bound on the one transaction it takes.
+const MAX_BATCH: usize = 10_000;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SubmitRunsBody {
+    agent: String,
+    namespace: Option<String>,
+    runs: Vec<BatchRunBody>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct BatchRunBody {
+    #[serde(default)]
+    input: Value,
+    run_id: Option<String>,
+    #[serde(default)]
+    priority: u32,
+}
+
+pub(super) async fn submit_runs(
+    State(state): State<ServeState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Answer {
+    let b: SubmitRunsBody = json_body(&headers, body)?;
+    if b.runs.is_empty() || b.runs.len() > MAX_BATCH {
+        return Err(ApiError::new(
+            "bad_request",
+            format!("a batch holds 1 to {MAX_BATCH} runs, not {}", b.runs.len()),
+        ));
+    }
+    let inputs = b
+        .runs
+        .iter()
+        .map(|run| serde_json::to_vec(&run.input))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ApiError::new("internal", e.to_string()))?;
+    let runs: Vec<BatchRun<'_>> = b
+        .runs
+        .iter()
+        .zip(&inputs)
+        .map(|(run, input)| BatchRun {
+            input,
+            run_id: run.run_id.as_deref(),
+            priority: run.priority,
+        })
+        .collect();
+    let answers = ops::submit_many(
+        state.store.as_ref(),
+        &b.agent,
+        b.namespace.as_deref(),
+        &runs,
+        Authority::clone,
+    )
+    .await?;
+    let docs: Vec<Value> = answers
+        .into_iter()
+        .map(|answer| match answer {
+            Ok(submitted) => {
+                let r = &submitted.record;
+                json!({
+                    "run_id": r.run_id,
+                    "status": r.status,
+                    "created": submitted.created,
+                })
+            }
+            Err(e) => {
+                let e = ApiError::from(e);
+                json!({ "error": { "code": e.code, "message": e.message } })
+            }
+        })
+        .collect();
+    ok(json!({ "runs": docs }))
 }
 
 #[derive(Debug, Deserialize)]

@@ -279,6 +279,7 @@ fn handler(route: &Route) -> MethodRouter<ServeState> {
         "metrics" => get(metrics::serve),
         "list_runs" => get(api::list_runs),
         "submit_run" => post(api::submit_run),
+        "submit_runs" => post(api::submit_runs),
         "show_run" => get(api::show_run),
         "signal_run" => post(api::signal_run),
         "resolve_key" => post(api::resolve_key),

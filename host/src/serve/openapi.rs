@@ -131,6 +131,28 @@ fn schemas() -> Value {
                 },
             },
         },
+        "SubmitRuns": {
+            "type": "object",
+            "required": ["agent", "runs"],
+            "additionalProperties": false,
+            "properties": {
+                "agent": { "type": "string", "description": "deployment name or component digest" },
+                "namespace": { "type": "string" },
+                "runs": {
+                    "type": "array",
+                    "maxItems": 10000,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": false,
+                        "properties": {
+                            "input": { "description": "the run's input (any JSON; null when absent)" },
+                            "run_id": { "type": "string" },
+                            "priority": { "type": "integer", "minimum": 0, "maximum": 1000 },
+                        },
+                    },
+                },
+            },
+        },
         "SetFlow": {
             "type": "object",
             "required": ["deployment"],

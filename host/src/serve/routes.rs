@@ -138,6 +138,17 @@ pub const ROUTES: &[Route] = &[
         responds: JSON,
     },
     Route {
+        method: "POST",
+        path: "/api/runs/batch",
+        id: "submit_runs",
+        summary: "Queue many runs of one deployed agent in one transaction, each answered \
+                  as a lone submit of it would be (a refused run does not stop the others)",
+        access: Access::Mutate,
+        body: Body::Json("SubmitRuns"),
+        query: &[],
+        responds: JSON,
+    },
+    Route {
         method: "GET",
         path: "/api/runs/{run_id}",
         id: "show_run",

@@ -325,6 +325,31 @@ impl std::fmt::Display for DatabaseFault {
 }
 
 /// `5s`, `200ms`: how a person would write the duration.
+impl StoreError {
+    /// Whether this is the store refusing what it was asked (bad input, a rule of the
+    /// store) rather than failing to do it: a refusal wrote nothing and asking again the
+    /// same way is refused again.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            StoreError::InputMismatch { .. }
+                | StoreError::UnknownComponent { .. }
+                | StoreError::UnknownDeployment { .. }
+                | StoreError::UnknownRun { .. }
+                | StoreError::RunFinished { .. }
+                | StoreError::NamespaceTaken { .. }
+                | StoreError::PriorityRefused { .. }
+                | StoreError::FlowKeyMissing { .. }
+                | StoreError::FlowRefused { .. }
+                | StoreError::RateRefused { .. }
+                | StoreError::WaitRefused { .. }
+                | StoreError::SignalRefused { .. }
+                | StoreError::ScheduleRefused { .. }
+                | StoreError::UnknownSchedule { .. }
+        )
+    }
+}
+
 pub(crate) fn human_duration(d: Duration) -> String {
     if d.subsec_millis() == 0 {
         format!("{}s", d.as_secs())

@@ -79,7 +79,7 @@ pub enum RateRefusal {
     },
     /// A period of zero, under a millisecond, or beyond [`MAX_RATE_PERIOD`].
     #[error("a period of {0} ms is outside what a store keeps (1 ms to 1 day)")]
-    Period(u128),
+    Period(u64),
 }
 
 /// Checks a class's name: one a step may name and a limit may be set on.
@@ -111,8 +111,10 @@ pub(crate) fn check_rate(setting: &RateSetting<'_>) -> Result<i64, RateRefusal> 
             });
         }
     }
-    let ms = setting.period.as_millis();
-    if ms == 0 || setting.period > MAX_RATE_PERIOD || setting.period.subsec_nanos() % 1_000_000 != 0
+    let ms = u64::try_from(setting.period.as_millis()).unwrap_or(u64::MAX);
+    if ms == 0
+        || setting.period > MAX_RATE_PERIOD
+        || !setting.period.subsec_nanos().is_multiple_of(1_000_000)
     {
         return Err(RateRefusal::Period(ms));
     }

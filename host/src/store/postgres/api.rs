@@ -492,6 +492,15 @@ impl OperatorStore for PostgresStore {
         })
     }
 
+    async fn submit_many(
+        &self,
+        submissions: &[Submission<'_>],
+    ) -> Result<Vec<Result<Submitted, StoreError>>, StoreError> {
+        write_tx!(self, "submit runs", self.sync, None, |conn, _f| {
+            runs::submit_many(conn, submissions).await
+        })
+    }
+
     async fn run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
         self.read("read a run", async |conn| runs::run(conn, run_id).await)
             .await

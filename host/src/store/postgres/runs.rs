@@ -40,6 +40,41 @@ macro_rules! select_records {
 
 /// Creates the run as queued if it is new, or finds it. Two submitters of one new run
 /// meet at the primary key: the second waits for the first, then finds its run.
+/// Submits runs in the caller's transaction, each answered as a lone [`submit`] of it
+/// would be. A submission's one refusal that comes after its first write (a missing
+/// component) is looked for first, once per component, so a refused run writes nothing.
+pub(super) async fn submit_many(
+    conn: &Conn,
+    submissions: &[Submission<'_>],
+) -> Result<Vec<Result<Submitted, StoreError>>, TxError> {
+    // Whether each component named is in the store.
+    let mut known = std::collections::HashMap::new();
+    let mut answers = Vec::with_capacity(submissions.len());
+    for submission in submissions {
+        let digest = submission.digest;
+        if !known.contains_key(digest) {
+            let found = match super::components::require(conn, digest).await {
+                Ok(()) => true,
+                Err(TxError::Store(StoreError::UnknownComponent { .. })) => false,
+                Err(e) => return Err(e),
+            };
+            known.insert(digest, found);
+        }
+        if known.get(digest) == Some(&false) {
+            answers.push(Err(StoreError::UnknownComponent {
+                digest: digest.to_owned(),
+            }));
+            continue;
+        }
+        answers.push(match submit(conn, submission).await {
+            Err(TxError::Store(e)) if e.is_refusal() => Err(e),
+            Err(e) => return Err(e),
+            Ok(submitted) => Ok(submitted),
+        });
+    }
+    Ok(answers)
+}
+
 pub(super) async fn submit(conn: &Conn, submission: &Submission<'_>) -> Result<Submitted, TxError> {
     let run_id = submission.run_id;
     let now = conn.now;

@@ -24,6 +24,24 @@ pub trait OperatorStore: Send + Sync + fmt::Debug {
     /// returned as it is.
     async fn submit(&self, submission: &Submission<'_>) -> Result<Submitted, StoreError>;
 
+    /// Submits runs in one transaction where the backend can (one sync for the lot),
+    /// each answered, in order, as a lone [`OperatorStore::submit`] of it would be: a
+    /// refused run ([`StoreError::is_refusal`]) records nothing and the others are
+    /// submitted. Fails as a whole, recording nothing, only when the store does.
+    async fn submit_many(
+        &self,
+        submissions: &[Submission<'_>],
+    ) -> Result<Vec<Result<Submitted, StoreError>>, StoreError> {
+        let mut answers = Vec::with_capacity(submissions.len());
+        for submission in submissions {
+            answers.push(match self.submit(submission).await {
+                Err(e) if !e.is_refusal() => return Err(e),
+                answer => answer,
+            });
+        }
+        Ok(answers)
+    }
+
     /// The run's record, if it exists.
     async fn run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError>;
 

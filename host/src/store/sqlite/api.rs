@@ -5,10 +5,12 @@
 
 use std::time::Duration;
 
-use super::owned::{OwnedEnd, OwnedJoin, OwnedRef, OwnedRequest, OwnedSpawnBatch, OwnedWaitKind};
+use super::owned::{
+    OwnedEnd, OwnedJoin, OwnedRef, OwnedRequest, OwnedSpawnBatch, OwnedSubmission, OwnedWaitKind,
+};
 use super::{
-    SqliteStore, children, claims, components, flow, gc, leases, logs, pause, presence, rates,
-    runs, schedules, waits,
+    SqliteStore, TxError, children, claims, components, flow, gc, leases, logs, pause, presence,
+    rates, runs, schedules, waits,
 };
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
@@ -486,25 +488,29 @@ impl CatalogStore for SqliteStore {
 #[async_trait::async_trait]
 impl OperatorStore for SqliteStore {
     async fn submit(&self, submission: &Submission<'_>) -> Result<Submitted, StoreError> {
-        let (run_id, agent) = (submission.run_id.to_owned(), submission.agent.to_owned());
-        let (digest, namespace) = (
-            submission.digest.to_owned(),
-            submission.namespace.to_owned(),
-        );
-        let (input, authority) = (submission.input.to_vec(), submission.authority.to_vec());
-        let (replace_authority, priority) = (submission.replace_authority, submission.priority);
+        let owned = OwnedSubmission::new(submission);
         self.write("submit a run", self.sync, move |conn, now| {
-            let submission = Submission {
-                run_id: &run_id,
-                agent: &agent,
-                digest: &digest,
-                namespace: &namespace,
-                input: &input,
-                authority: &authority,
-                replace_authority,
-                priority,
-            };
-            runs::submit(conn, &submission, now)
+            runs::submit(conn, &owned.borrow(), now)
+        })
+        .await
+    }
+
+    async fn submit_many(
+        &self,
+        submissions: &[Submission<'_>],
+    ) -> Result<Vec<Result<Submitted, StoreError>>, StoreError> {
+        let owned: Vec<OwnedSubmission> = submissions.iter().map(OwnedSubmission::new).collect();
+        self.write("submit runs", self.sync, move |conn, now| {
+            let mut answers = Vec::with_capacity(owned.len());
+            for submission in &owned {
+                answers.push(match runs::submit(conn, &submission.borrow(), now) {
+                    // Every refusal comes before the submission's first write.
+                    Err(TxError::Store(e)) if e.is_refusal() => Err(e),
+                    Err(e) => return Err(e),
+                    Ok(submitted) => Ok(submitted),
+                });
+            }
+            Ok(answers)
         })
         .await
     }

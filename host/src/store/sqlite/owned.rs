@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::store::{
     ChildSpec, ClaimRef, ClaimRequest, JoinMode, JoinRequest, RunEnd, RunFence, SpawnBatch,
-    SpawnLimits, WaitKind, Wake,
+    SpawnLimits, Submission, WaitKind, Wake,
 };
 
 /// A [`ClaimRequest`] that owns its strings.
@@ -230,6 +230,46 @@ impl OwnedJoin {
             mode: self.mode,
             timeout: self.timeout,
             max_children: self.max_children,
+        }
+    }
+}
+
+/// A [`Submission`] that owns its strings and bytes.
+pub(super) struct OwnedSubmission {
+    run_id: String,
+    agent: String,
+    digest: String,
+    namespace: String,
+    input: Vec<u8>,
+    authority: Vec<u8>,
+    replace_authority: bool,
+    priority: u32,
+}
+
+impl OwnedSubmission {
+    pub(super) fn new(s: &Submission<'_>) -> Self {
+        OwnedSubmission {
+            run_id: s.run_id.to_owned(),
+            agent: s.agent.to_owned(),
+            digest: s.digest.to_owned(),
+            namespace: s.namespace.to_owned(),
+            input: s.input.to_vec(),
+            authority: s.authority.to_vec(),
+            replace_authority: s.replace_authority,
+            priority: s.priority,
+        }
+    }
+
+    pub(super) fn borrow(&self) -> Submission<'_> {
+        Submission {
+            run_id: &self.run_id,
+            agent: &self.agent,
+            digest: &self.digest,
+            namespace: &self.namespace,
+            input: &self.input,
+            authority: &self.authority,
+            replace_authority: self.replace_authority,
+            priority: self.priority,
         }
     }
 }

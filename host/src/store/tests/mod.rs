@@ -110,6 +110,7 @@ macro_rules! store_tests {
                 runs::submit_creates_a_queued_run_once,
                 runs::submit_with_other_input_is_refused,
                 runs::submit_needs_the_component,
+                runs::a_batch_answers_each_run_as_a_lone_submit_would,
                 runs::submit_resumes_a_failed_run_and_may_replace_its_authority,
                 runs::progress_round_trip_stores_counts,
                 runs::runs_are_listed_newest_first_and_filtered,

@@ -64,6 +64,79 @@ pub(super) async fn submit_with_other_input_is_refused(env: &Env<'_>) {
     assert_eq!(store.runs(&RunFilter::default()).await.unwrap().len(), 1);
 }
 
+pub(super) async fn a_batch_answers_each_run_as_a_lone_submit_would(env: &Env<'_>) {
+    let store = env.store;
+    env.submit("old", b"kept").await;
+    let urgent = Submission {
+        priority: 7,
+        ..submission("urgent", b"u")
+    };
+    let absurd = Submission {
+        priority: crate::store::MAX_PRIORITY + 1,
+        ..submission("absurd", b"a")
+    };
+    let elsewhere = Submission {
+        digest: "ff",
+        ..submission("elsewhere", b"e")
+    };
+    let batch = [
+        submission("new-1", b"one"),
+        submission("old", b"kept"),
+        submission("old", b"other"),
+        absurd,
+        elsewhere,
+        urgent,
+        submission("new-1", b"one"),
+    ];
+    let answers = store.submit_many(&batch).await.unwrap();
+    assert_eq!(answers.len(), batch.len());
+    let created: Vec<Option<bool>> = answers
+        .iter()
+        .map(|a| a.as_ref().ok().map(|s| s.created))
+        .collect();
+    assert_eq!(
+        created,
+        [
+            Some(true),
+            Some(false),
+            None,
+            None,
+            None,
+            Some(true),
+            Some(false)
+        ]
+    );
+    assert!(matches!(answers[2], Err(StoreError::InputMismatch { .. })));
+    assert!(matches!(
+        answers[3],
+        Err(StoreError::PriorityRefused { .. })
+    ));
+    assert!(matches!(
+        answers[4],
+        Err(StoreError::UnknownComponent { .. })
+    ));
+    assert!(
+        answers
+            .iter()
+            .flatten()
+            .all(|s| s.record.status == RunStatus::Queued)
+    );
+    // The refused runs recorded nothing; the others are there once, as submitted.
+    let mut ids: Vec<String> = store
+        .runs(&RunFilter::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.run_id)
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["new-1", "old", "urgent"]);
+    assert_eq!(store.run("urgent").await.unwrap().unwrap().priority, 7);
+    assert_eq!(store.admitted("billing", "ff").await.unwrap(), Some(false));
+    // An empty batch is answered with nothing.
+    assert!(store.submit_many(&[]).await.unwrap().is_empty());
+}
+
 pub(super) async fn submit_needs_the_component(env: &Env<'_>) {
     let store = env.store;
     let err = store.submit(&submission("run-1", b"in")).await.unwrap_err();
