@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
-use idem::runtime::{Authority, Host, RunOptions, StopSignal};
+use idem::runtime::{Authority, Host};
 use idem::store::{
     OpenOptions as StoreOptions, PostgresStore, RunStatus, SqliteStore, Store, Submission, SyncMode,
 };
@@ -92,13 +92,13 @@ pub(crate) fn children(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Res
     let many_rss = waiting_parent(bed, many)?;
     table.row_with_ratio(
         format!(
-            "children: resident memory of the process holding a parent that waits on \
-             {many} children (the parent spawned them, suspended, holds no instance)"
+            "children: resident memory of an `idem run` process holding a parent that waits \
+             on {many} children (the parent spawned them, suspended, holds no instance)"
         ),
         "KiB",
         vec![many_rss / 1024.0],
         format!(
-            "{:.2}× a parent waiting on {few} ({:.0} KiB)",
+            "{:.3}× the same process on a parent waiting on {few} ({:.0} KiB)",
             many_rss / few_rss.max(1.0),
             few_rss / 1024.0
         ),
@@ -200,51 +200,65 @@ async fn finished(store: &dyn Store, run_id: &str, started: Instant) -> anyhow::
     }
 }
 
-/// The resident memory the process gained holding a parent that spawned `n` children
-/// and waits on them (none of them driven), from before the run to once it suspended.
+/// The resident memory of an `idem run` process of its own holding a parent that
+/// spawned `n` children and waits on them (none of them driven: they are paused), read
+/// once the parent is suspended in its join with no instance. A process per size, so
+/// that what one measurement allocated is not in the other's (in one process the
+/// allocator's reuse hid a small fan-out under its noise).
 fn waiting_parent(bed: &Bed, n: usize) -> anyhow::Result<f64> {
-    let fanout = Arc::new(bed.runtime.load(Path::new(FANOUT))?);
     let db = bed.dir.join(format!("waiting-parent-{n}.db"));
+    let run_id = format!("waiting-{n}");
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open_with(&db, &StoreOptions::default())?);
     bed.tokio.block_on(async {
         deploy(store.as_ref(), &bed.agent, "bench", &Authority::default()).await?;
-        let host = Arc::new(Host::new(Arc::clone(&bed.runtime), Arc::clone(&store))?);
-        let before = rss()?;
-        let input = json!({ "deployment": "bench", "children": n,
-                            "child_input": { "mode": "steps", "n": 1 } });
-        let stop = StopSignal::new();
-        let opts = RunOptions {
-            run_id: format!("waiting-{n}"),
-            input: serde_json::to_vec(&input)?,
-            stop: Some(stop.clone()),
-            ..RunOptions::default()
-        };
-        let running = {
-            let host = Arc::clone(&host);
-            let fanout = Arc::clone(&fanout);
-            tokio::spawn(async move { host.run(&fanout, &opts).await })
-        };
+        // `idem run` drives a parent's children itself; children of a paused
+        // deployment are paused, so the parent waits on all of them, as it would on
+        // children queued for busy workers.
+        store.pause_deployment("bench").await?;
+        anyhow::Ok(())
+    })?;
+    let input = json!({ "deployment": "bench", "children": n,
+                        "child_input": { "mode": "steps", "n": 1 } });
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .arg("run")
+        .arg(FANOUT)
+        .arg("--db")
+        .arg(&db)
+        .arg("--run-id")
+        .arg(&run_id)
+        .arg("--input")
+        .arg(input.to_string())
+        .arg("--cache-dir")
+        .arg(bed.dir.join("cache"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .context("starting `idem run` of the waiting parent")?;
+    let measured = (|| {
         let started = Instant::now();
         loop {
-            let parent = store.run(&format!("waiting-{n}")).await?;
-            if parent.is_some_and(|p| p.joining.is_some()) && host.live_instances() == 0 {
+            let parent = bed.tokio.block_on(store.run(&run_id))?;
+            // Suspended in its join: no lease, so no instance.
+            if parent.is_some_and(|p| p.joining.is_some() && p.lease.is_none()) {
                 break;
             }
             ensure!(
                 started.elapsed() < Duration::from_secs(300),
                 "the parent never suspended"
             );
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            std::thread::sleep(Duration::from_millis(20));
         }
-        let after = rss()?;
-        stop.stop();
-        running.await??;
-        Ok(after.saturating_sub(before) as f64)
-    })
+        // What the process holds while it waits, settled.
+        std::thread::sleep(Duration::from_millis(500));
+        rss_of(child.id())
+    })();
+    let _ = child.kill();
+    let _ = child.wait();
+    Ok(measured? as f64)
 }
 
-fn rss() -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string("/proc/self/status")?;
+fn rss_of(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     status
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))
