@@ -36,7 +36,75 @@ pub(crate) fn service(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Resu
     let plan = &plan.service;
     waiting_runs(bed, plan, table)?;
     short_runs(bed, plan, table)?;
+    bulk_submit(bed, plan, table)?;
     takeover(bed, plan, table)?;
+    Ok(())
+}
+
+/// Submitting `short_runs` runs from outside, as an operator's script would: one
+/// `idem submit --batch` process for all of them, against one `idem submit` process per
+/// run (sampled on a tenth of them). Both on SQLite, the store opened by each process.
+fn bulk_submit(bed: &Bed, plan: &ServicePlan, table: &mut Table) -> anyhow::Result<()> {
+    let n = plan.short_runs;
+    progress(&format!("  {n} runs submitted by `idem submit --batch`"));
+    let db = bed.dir.join("bulk.db");
+    let agent = Arc::clone(&bed.agent);
+    bed.tokio.block_on(async {
+        deployed(&db, &agent, "bench", None, Duration::from_secs(30)).await?;
+        anyhow::Ok(())
+    })?;
+    let submit = |args: &[&str]| -> anyhow::Result<f64> {
+        let began = Instant::now();
+        let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+            .arg("submit")
+            .arg("bench")
+            .args(args)
+            .arg("--db")
+            .arg(&db)
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "idem submit failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(began.elapsed().as_secs_f64())
+    };
+    let (mut batched, mut alone) = (Vec::new(), Vec::new());
+    for turn in 0..3 {
+        let lines: String = (0..n)
+            .map(|i| {
+                let line = json!({ "input": { "mode": "steps", "n": 1 },
+                                   "run_id": format!("bulk-{turn}-{i}") });
+                format!("{line}\n")
+            })
+            .collect();
+        let file = bed.dir.join(format!("bulk-{turn}.jsonl"));
+        std::fs::write(&file, lines)?;
+        let wall = submit(&["--batch", &format!("@{}", file.display())])?;
+        batched.push(n as f64 / wall);
+        let sample = (n / 10).max(1);
+        let mut wall = 0.0;
+        for i in 0..sample {
+            wall += submit(&[
+                "--input",
+                &json!({ "mode": "steps", "n": 1, "i": i, "turn": turn }).to_string(),
+            ])?;
+        }
+        alone.push(sample as f64 / wall);
+    }
+    let batched_median = super::report::median(&super::report::sorted(batched.clone()));
+    let alone_median = super::report::median(&super::report::sorted(alone.clone()));
+    table.row_with_ratio(
+        format!(
+            "submit: {n} runs by one `idem submit --batch` process (process start included), SQLite"
+        ),
+        "runs/s",
+        batched,
+        format!(
+            "{:.0}× one `idem submit` process per run ({alone_median:.0} runs/s)",
+            batched_median / alone_median
+        ),
+    );
     Ok(())
 }
 
