@@ -124,7 +124,7 @@ struct Plan {
     peers: peers::PeersPlan,
     /// Schedules ticking at once in the schedules rows.
     schedules: usize,
-    /// The flow-control rows: turns of 20 polls each, over `n` queued runs.
+    /// The flow-control rows: turns of 20 polls of each setup, over `n` queued runs.
     flow: Turns,
 }
 
