@@ -126,7 +126,7 @@ struct Plan {
     peers: peers::PeersPlan,
     /// Schedules ticking at once in the schedules rows.
     schedules: usize,
-    /// The flow-control rows: turns of 20 polls each, over `n` queued runs.
+    /// The flow-control rows: turns of 20 polls of each setup, over `n` queued runs.
     flow: Turns,
     /// The rate-limit rows: per turn, a run of `n` timed steps with no rate class and
     /// one of `n` whose class has tokens to spare.

@@ -1,8 +1,9 @@
 //! The web page in a real headless Chromium, driven over WebDriver by Debian's
 //! `chromedriver`: the runs list, a run parked in doubt, its **Retry** button, and the
 //! run completing once the worker in `idem serve --worker` resumes it; a parent run
-//! with its children, each a link, and a child's link back to its parent. Screenshots go to
-//! `target/browser/`.
+//! with its children, each a link, and a child's link back to its parent; a running
+//! run paused and resumed with its page's buttons; a schedule paused and resumed from
+//! the schedules table. Screenshots go to `target/browser/`.
 //!
 //! Without `chromium` and `chromedriver` the test says so and passes, unless
 //! `IDEM_TEST_BROWSER=required` (as `.ci/run` sets), when it fails.
@@ -15,17 +16,17 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use idem::store::child_run_id;
 use idem_test_artifacts::STEPS;
 use serde_json::{Value, json};
 
-use crate::http::TestServer;
+use crate::http::{TestServer, post_key};
 use crate::serve::{Served, park_a_run, request, submit_parent, until_completed, wait_for};
-use crate::util::{CliDir, read_log, stderr};
-use crate::workers::Service;
+use crate::util::{CliDir, block_on, read_log, stderr};
+use crate::workers::{Service, by_key, deploy_fetcher};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
@@ -177,6 +178,48 @@ impl Session<'_> {
 
     fn click(&self, css: &str) {
         self.on_element(css, "POST", "/click", Some(json!({})));
+    }
+
+    /// Types `text` into the input `css` selects.
+    fn type_into(&self, css: &str, text: &str) {
+        self.on_element(css, "POST", "/value", Some(json!({ "text": text })));
+    }
+
+    /// Clicks the button `css` selects and returns what the page's message line then
+    /// says: the line is cleared first, and set when the button's request is answered,
+    /// which may be after the click returns.
+    fn press(&self, css: &str) -> String {
+        self.call(
+            "POST",
+            "/execute/sync",
+            Some(json!({
+                "script": "const m = document.getElementById('message'); \
+                           m.textContent = ''; m.className = ''; m.hidden = true;",
+                "args": [],
+            })),
+        );
+        self.click(css);
+        wait_for(Duration::from_secs(30), || {
+            let text = self.text("#message");
+            (!text.is_empty()).then_some(text)
+        })
+    }
+
+    /// Waits until the text of `css` satisfies `ok` (the page redraws every second),
+    /// and returns it.
+    fn text_until(&self, css: &str, ok: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let text = self.text(css);
+            if ok(&text) {
+                return text;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{css} never as expected; it says {text:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     fn text(&self, css: &str) -> String {
@@ -347,4 +390,298 @@ fn the_page_shows_a_parent_and_its_children() {
     session.find("#children tr[data-run]");
     assert_eq!(session.text("h1"), "parent");
     assert_eq!(server.seen().len(), 3, "each child's request once");
+}
+
+/// The requests the loopback server saw for run `run_id`'s keys, by key.
+fn requests_of(server: &TestServer, run_id: &str) -> usize {
+    let prefix = format!("{run_id}/");
+    by_key(&server.seen())
+        .iter()
+        .filter(|(key, _)| key.starts_with(&prefix))
+        .map(|(_, tokens)| tokens.len())
+        .sum()
+}
+
+#[test]
+fn pause_and_resume_a_running_run_from_its_page() {
+    if !browser_available() {
+        return;
+    }
+    // Four steps of 1.5 s each (the sleep inside the effect, before its request): the
+    // run is mid-step when Pause is pressed, and has steps left after it.
+    const STEPS: u64 = 4;
+    let server = TestServer::start();
+    let service = Service::new();
+    deploy_fetcher(&service, &server, &[]);
+    let served = Served::start(
+        &service.db(),
+        &["--no-auth", "--no-cache", "--worker", "--poll", "50ms"],
+    );
+    let base = format!("http://{}", served.addr);
+    let driver = Driver::start();
+    let session = driver.session();
+    // The page is open before the run exists (it polls until it does), so that the
+    // browser's start does not eat into the run's six seconds.
+    session.open(&format!("{base}/runs/report-42"));
+    session.find("#pause");
+    let input = json!({ "steps": STEPS, "url": server.url(), "pause_ms": 1500 });
+    let r = served.post_json(
+        "/api/runs",
+        None,
+        &json!({ "agent": "fetcher", "input": input, "run_id": "report-42" }),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    session.find("#summary[data-status=\"running\"]");
+    // Its first step claimed: the run is inside a side effect.
+    session.text_until("#steps tbody", |t| t.contains("claimed"));
+
+    // Pause: the worker holds the run inside a step, so it is asked to stop it.
+    let said = session.press("#pause");
+    assert!(said.starts_with("pause requested from worker "), "{said}");
+    let run = served.get("/api/runs/report-42").json();
+    assert_eq!(run["run"]["status"], "paused", "{run}");
+    assert_eq!(run["run"]["paused_by"], "run", "{run}");
+
+    // The worker finishes the step it is in, stops the run at its next host call and
+    // gives it back: the store shows it paused holding nothing, and so does the page.
+    let parked = wait_for(Duration::from_secs(30), || {
+        let doc = served.get("/api/runs/report-42").json();
+        doc["run"]["lease"].is_null().then_some(doc)
+    });
+    assert_eq!(parked["run"]["status"], "paused", "{parked}");
+    assert_eq!(parked["open_claims"], json!([]), "{parked}");
+    session.find("#summary[data-status=\"paused\"]");
+    let summary = session.text_until("#summary", |t| !t.contains("next host call"));
+    assert!(summary.contains("by an operator"), "{summary}");
+    let committed = parked["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| !s["committed_at"].is_null())
+        .count();
+    let sent = requests_of(&server, "report-42");
+    assert!(
+        (1..STEPS as usize).contains(&sent),
+        "{sent} requests: the pause landed mid-run"
+    );
+    assert_eq!(
+        committed, sent,
+        "the step in flight committed; none was cut"
+    );
+    session.screenshot("run-paused.png");
+    // Paused, it sends nothing: longer than a step later, still no request.
+    std::thread::sleep(Duration::from_millis(2000));
+    assert_eq!(requests_of(&server, "report-42"), sent);
+    assert_eq!(
+        served.get("/api/runs/report-42").json()["run"]["status"],
+        "paused"
+    );
+
+    // Resume: the worker takes it again and it goes on from its checkpoint.
+    assert_eq!(session.press("#resume"), "resumed");
+    session.find("#summary[data-status=\"completed\"]");
+    let done = served.get("/api/runs/report-42").json();
+    assert!(done["run"]["paused_by"].is_null(), "{done}");
+    let counts = &done["run"]["counts"];
+    assert_eq!(counts["executed"], STEPS, "{done}");
+    assert_eq!(counts["reclaimed"], 0, "{done}");
+    assert!(
+        counts["instances"].as_u64().unwrap() >= 2,
+        "a new instance after the resume: {done}"
+    );
+    // Each step's request reached the server exactly once, the ones before the pause
+    // not repeated.
+    let keys = by_key(&server.seen());
+    for i in 0..STEPS {
+        assert_eq!(
+            keys.get(&post_key("report-42", i)).map(Vec::len),
+            Some(1),
+            "step {i}: {keys:?}"
+        );
+    }
+    assert_eq!(keys.len(), STEPS as usize, "{keys:?}");
+    session.screenshot("run-resumed.png");
+}
+
+#[test]
+fn pause_and_resume_a_schedule_from_the_page() {
+    if !browser_available() {
+        return;
+    }
+    let server = TestServer::start();
+    let service = Service::new();
+    deploy_fetcher(&service, &server, &[]);
+    let input = json!({ "steps": 1, "url": server.url() }).to_string();
+    for (name, every) in [("fast", "200ms"), ("nightly", "24h")] {
+        service.ok(&[
+            "schedule",
+            "create",
+            name,
+            "--deployment",
+            "fetcher",
+            "--every",
+            every,
+            "--overlap",
+            "allow",
+            "--input",
+            &input,
+        ]);
+    }
+    let schedule = |name: &str| block_on(service.store().schedule(name)).unwrap().unwrap();
+    let served = Served::start(
+        &service.db(),
+        &["--no-auth", "--no-cache", "--worker", "--poll", "50ms"],
+    );
+    let base = format!("http://{}", served.addr);
+    let driver = Driver::start();
+    let session = driver.session();
+    session.open(&format!("{base}/"));
+    let fast = "#schedules tr[data-schedule=\"fast\"]";
+    let nightly = "#schedules tr[data-schedule=\"nightly\"]";
+    assert_eq!(session.text(&format!("{fast} td:nth-child(4)")), "active");
+    assert_eq!(session.text(&format!("{fast} button")), "Pause");
+    wait_for(Duration::from_secs(30), || {
+        (schedule("fast").ticks.started >= 2).then_some(())
+    });
+
+    // Pause: the store has it paused, the page says so and offers Resume; the other
+    // schedule is untouched.
+    assert_eq!(
+        session.press(&format!("{fast} button.schedule-pause")),
+        "schedule fast is paused"
+    );
+    assert!(schedule("fast").paused);
+    assert!(!schedule("nightly").paused);
+    session.text_until(&format!("{fast} td:nth-child(4)"), |t| t == "paused");
+    assert_eq!(session.text(&format!("{fast} td:nth-child(5)")), "-");
+    assert_eq!(session.text(&format!("{fast} button")), "Resume");
+    assert_eq!(
+        session.text(&format!("{nightly} td:nth-child(4)")),
+        "active"
+    );
+    assert_eq!(session.text(&format!("{nightly} button")), "Pause");
+    session.screenshot("schedule-paused.png");
+    // Paused, it fires nothing: a second is five of its ticks.
+    let before = schedule("fast").ticks;
+    std::thread::sleep(Duration::from_secs(1));
+    let paused = schedule("fast");
+    assert_eq!(paused.ticks, before, "a paused schedule fired");
+    let last_tick = paused.last_tick.unwrap();
+    let resumed_from = served.get("/api/schedules").json()["now"].as_i64().unwrap();
+
+    // Resume: it fires again, from now; the ticks that fell while it was paused are
+    // not run.
+    assert_eq!(
+        session.press(&format!("{fast} button.schedule-resume")),
+        "schedule fast is active"
+    );
+    assert!(!schedule("fast").paused);
+    session.text_until(&format!("{fast} td:nth-child(4)"), |t| t == "active");
+    assert_eq!(session.text(&format!("{fast} button")), "Pause");
+    let started = before.started + 2;
+    wait_for(Duration::from_secs(30), || {
+        (schedule("fast").ticks.started >= started).then_some(())
+    });
+    assert_eq!(
+        session.press(&format!("{fast} button.schedule-pause")),
+        "schedule fast is paused"
+    );
+    assert!(schedule("fast").paused);
+    service.wait_all_finished(Duration::from_secs(30), || {});
+    let store = service.store();
+    let ticks: Vec<i64> = service
+        .runs()
+        .iter()
+        .filter_map(|run| block_on(store.run_schedule(&run.run_id)).unwrap())
+        .map(|by| by.tick)
+        .collect();
+    assert!(
+        ticks.iter().all(|&t| t <= last_tick || t > resumed_from),
+        "a tick from while it was paused ran: last {last_tick}, resumed after \
+         {resumed_from}: {ticks:?}"
+    );
+    // Each run's one request reached the server once.
+    let keys = by_key(&server.seen());
+    assert_eq!(keys.len(), ticks.len(), "{keys:?}");
+    assert!(keys.values().all(|tokens| tokens.len() == 1), "{keys:?}");
+    assert_eq!(schedule("nightly").ticks.started, 0);
+}
+
+#[test]
+fn a_run_paused_from_its_page_keeps_its_signal_until_resumed() {
+    if !browser_available() {
+        return;
+    }
+    let cli = CliDir::new();
+    let grant = format!("{}::/data", cli.data().display());
+    let db = cli.db();
+    let deployed = crate::util::run_cli(&[
+        "deploy",
+        idem_test_artifacts::WAITER,
+        "--name",
+        "waiter",
+        "--db",
+        &db,
+        "--dir",
+        &grant,
+    ]);
+    assert!(deployed.status.success(), "{}", stderr(&deployed));
+    let served = Served::start(
+        &db,
+        &["--no-auth", "--no-cache", "--worker", "--poll", "50ms"],
+    );
+    let input = json!({ "log": "/data/waiter.log", "waits": [{ "signal": "approval" }] });
+    let r = served.post_json(
+        "/api/runs",
+        None,
+        &json!({ "agent": "waiter", "input": input, "run_id": "refund-9" }),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let log = || std::fs::read_to_string(cli.data().join("waiter.log")).unwrap_or_default();
+    let base = format!("http://{}", served.addr);
+    let driver = Driver::start();
+    let session = driver.session();
+    session.open(&format!("{base}/runs/refund-9"));
+    session.text_until("#summary", |t| t.contains("for signal approval"));
+
+    // Pause while it waits: no worker holds it, so it is paused at once.
+    assert_eq!(session.press("#pause"), "paused");
+    session.find("#summary[data-status=\"paused\"]");
+    let run = served.get("/api/runs/refund-9").json();
+    assert_eq!(
+        (&run["run"]["status"], &run["run"]["paused_by"]),
+        (&json!("paused"), &json!("run")),
+        "{run}"
+    );
+
+    // The signal it waits for, sent from the page while it is paused: kept, and the run
+    // does not go on.
+    session.type_into("#signal-name", "approval");
+    session.type_into("#signal-payload", r#"{"by":"ops"}"#);
+    let said = session.press("#signal");
+    assert!(said.starts_with("signal approval "), "{said}");
+    std::thread::sleep(Duration::from_millis(1500));
+    let run = served.get("/api/runs/refund-9").json();
+    assert_eq!(run["run"]["status"], "paused", "{run}");
+    assert_eq!(
+        log().lines().count(),
+        1,
+        "only the step before the wait: {}",
+        log()
+    );
+    session.screenshot("run-paused-waiting.png");
+
+    // Resumed, it is due at once: its signal came while it was paused.
+    assert_eq!(session.press("#resume"), "resumed");
+    session.find("#summary[data-status=\"completed\"]");
+    let lines: Vec<String> = log().lines().map(str::to_string).collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(lines[0].starts_with("start "), "{lines:?}");
+    assert!(
+        lines[1].starts_with(r#"after 0 {"by":"ops"} "#),
+        "{lines:?}"
+    );
+    let done = served.get("/api/runs/refund-9").json();
+    assert_eq!(done["run"]["counts"]["executed"], 2, "{done}");
+    assert_eq!(done["run"]["counts"]["reclaimed"], 0, "{done}");
 }

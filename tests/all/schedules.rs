@@ -407,3 +407,76 @@ fn bad_schedules_are_refused_with_a_reason_and_change_nothing() {
     assert_eq!(listed(), before);
     assert!(service.runs().is_empty());
 }
+
+#[test]
+fn the_api_creates_pauses_resumes_and_deletes_schedules() {
+    let service = Service::new();
+    let server = TestServer::start();
+    deploy_fetcher(&service, &server, &[]);
+    let served = crate::serve::Served::start(&service.db(), &["--no-auth", "--no-cache"]);
+    let input = json!({ "steps": 1, "url": server.url() });
+    let r = served.post_json(
+        "/api/schedules",
+        None,
+        &json!({ "name": "hourly", "deployment": "fetcher", "every": "1h", "input": input }),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(r.json()["schedule"]["paused"], false);
+    let created = schedule(&service, "hourly");
+
+    // Paused: the store has it paused, its next tick kept; asking again changes
+    // nothing.
+    let r = served.post_json("/api/schedules/hourly/pause", None, &json!({}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let paused = schedule(&service, "hourly");
+    assert!(paused.paused);
+    assert_eq!(paused.next_tick, created.next_tick);
+    assert_eq!(r.json()["schedule"], serde_json::to_value(&paused).unwrap());
+    let again = served.post_json("/api/schedules/hourly/pause", None, &json!({}));
+    assert_eq!(again.status, 200, "{}", again.text());
+    assert_eq!(
+        schedule(&service, "hourly"),
+        paused,
+        "paused twice: unchanged"
+    );
+    let listed = served.get("/api/schedules").json();
+    assert_eq!(listed["schedules"][0]["paused"], true, "{listed}");
+    let shown = served.get("/api/schedules/hourly").json();
+    assert_eq!(
+        shown["upcoming"],
+        json!([]),
+        "no ticks while paused: {shown}"
+    );
+
+    // Resumed: from now, its next tick after the store's clock.
+    let now = listed["now"].as_i64().unwrap();
+    let r = served.post_json("/api/schedules/hourly/resume", None, &json!({}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let resumed = schedule(&service, "hourly");
+    assert!(!resumed.paused);
+    assert!(resumed.next_tick.unwrap() > now, "{resumed:?}");
+    assert_eq!(r.json()["schedule"]["paused"], false);
+
+    // An unknown schedule: refused with its code, nothing changed.
+    for verb in ["pause", "resume"] {
+        let r = served.post_json(&format!("/api/schedules/ghost/{verb}"), None, &json!({}));
+        assert_eq!((r.status, r.code().as_str()), (404, "unknown_schedule"));
+    }
+    assert_eq!(schedule(&service, "hourly"), resumed);
+
+    let r = request_delete(&served, "/api/schedules/hourly");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        block_on(service.store().schedule("hourly"))
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(
+        request_delete(&served, "/api/schedules/hourly").code(),
+        "unknown_schedule"
+    );
+}
+
+fn request_delete(served: &crate::serve::Served, path: &str) -> crate::serve::Reply {
+    crate::serve::request(served.addr, "DELETE", path, &[], b"")
+}

@@ -109,7 +109,7 @@ function runsPage() {
       el("h1", { text: "Schedules" }),
       el("table", { id: "schedules" },
         el("thead", {}, el("tr", {},
-          ...["schedule", "deployment", "when", "state", "next tick", "started", "skipped", "missed", "failed", "last run"]
+          ...["schedule", "deployment", "when", "state", "next tick", "started", "skipped", "missed", "failed", "last run", ""]
             .map((h, i) => el("th", { class: i >= 5 && i <= 8 ? "num" : null, text: h })))),
         el("tbody"))),
     el("section", { id: "limits-section", hidden: true },
@@ -213,8 +213,23 @@ async function refreshSchedules(now) {
     el("td", { class: "num", text: s.ticks.skipped }),
     el("td", { class: "num", text: s.ticks.missed }),
     el("td", { class: "num", text: s.ticks.failed }),
-    el("td", {}, s.last_run ? runLink(s.last_run) : "-")));
+    el("td", {}, s.last_run ? runLink(s.last_run) : "-"),
+    el("td", {}, s.paused
+      ? el("button", { class: "schedule-resume", "data-schedule": s.name, text: "Resume",
+          onclick: () => pauseSchedule(s.name, "resume") })
+      : el("button", { class: "schedule-pause", "data-schedule": s.name, text: "Pause",
+          onclick: () => pauseSchedule(s.name, "pause") }))));
   document.querySelector("#schedules tbody").replaceChildren(...rows);
+}
+
+// The row's button says what the schedule's state allows; the store answers the
+// schedule as it now is, so the message is what it became, not what was asked.
+async function pauseSchedule(name, act) {
+  try {
+    const doc = await api("POST", `/api/schedules/${encodeURIComponent(name)}/${act}`);
+    say(`schedule ${name} is ${doc.schedule.paused ? "paused" : "active"}`, true);
+  } catch (e) { say(String(e.message || e)); }
+  refreshRuns();
 }
 
 // ----- one run -----
