@@ -258,6 +258,16 @@ class FakeHost:
         state.holder = claim
         return once.Outcome_Claimed(claim)
 
+    def run_once_rated(
+        self, key: str, fingerprint: str | None, durability: Any, rate_class: str
+    ) -> Any:
+        self.calls.append(("run_once_rated", key, fingerprint, durability, rate_class))
+        self._refused("run_once_rated")
+        if not rate_class:
+            raise Err(types.StepError_InvalidKey("a rate class name must not be empty"))
+        self._reserve(key, rate_class)
+        return self.run_once(key, fingerprint, durability)
+
     def run_once_many(self, requests: list[Any]) -> list[Any]:
         self.calls.append(("run_once_many", [r.key for r in requests]))
         self._refused("run_once_many")
@@ -330,6 +340,11 @@ class FakeHost:
             raise Err(waits.WaitError_ClaimsHeld("commit or release the claims first"))
         if not rate_class:
             raise Err(waits.WaitError_InvalidKey("a rate class name must not be empty"))
+        self._reserve(step_key, rate_class)
+
+    def _reserve(self, step_key: str, rate_class: str) -> None:
+        """Takes a token of `rate_class` for the step, or ends the instance until it is
+        free; a step that took one before finds it again."""
         key = "rate:" + step_key
         if key not in self.tokens:
             due = self.now_ms
@@ -509,6 +524,7 @@ class FakeHost:
             (once, "run_once", lambda key, fp: self.run_once(key, fp)),
             (once, "run_once_with", self.run_once),
             (once, "run_once_many", self.run_once_many),
+            (once, "run_once_rated", self.run_once_rated),
             (outbound, "stamp_next_request", self.stamp_next_request),
             (poll, "poll", fake_poll),
             (once, "Claim", FakeClaim),

@@ -5,7 +5,7 @@ import datetime as dt
 import unittest
 from typing import Any
 
-from fakehost import HostTestCase, InstanceEnded, idem, waits
+from fakehost import HostTestCase, InstanceEnded, idem, types, waits
 
 
 class Sleep(HostTestCase):
@@ -89,7 +89,7 @@ class RateTokens(HostTestCase):
         effects: list[str] = []
         self.assertEqual(self.host.resume(lambda: self.agent(effects)), [0, 1, 2])
         self.assertEqual(effects, ["call-0", "call-1", "call-2"])
-        takes = [c[1:] for c in self.host.calls if c[0] == "take_token"]
+        takes = [(c[1], c[4]) for c in self.host.calls if c[0] == "run_once_rated"]
         self.assertEqual(takes, [("call-0", "llm"), ("call-1", "llm"), ("call-2", "llm")])
 
     def test_a_step_over_the_limit_waits_and_a_replay_takes_no_other_token(self):
@@ -109,11 +109,11 @@ class RateTokens(HostTestCase):
         self.assertEqual(len(self.host.tokens), 3)
         self.assertEqual(self.host.next_token["llm"], 3_000)
 
-    def test_the_with_form_takes_its_token_before_the_claim(self):
+    def test_the_with_form_takes_its_token_with_the_claim(self):
         self.host.rates["llm"] = 500
         with idem.once("a", rate="llm") as step:
             step.commit(1)
-        self.assertEqual([c[0] for c in self.host.calls[:2]], ["take_token", "run_once"])
+        self.assertEqual([c[0] for c in self.host.calls[:2]], ["run_once_rated", "run_once"])
         self.assertIsInstance(
             self.host.resume(lambda: idem.once("b", rate="llm").__enter__()), InstanceEnded
         )
@@ -122,8 +122,8 @@ class RateTokens(HostTestCase):
     def test_a_refused_class_raises_the_wait_error(self):
         with self.assertRaises(idem.InvalidWaitKey):
             idem.take_token("k", "")
-        self.host.refuse["take_token"] = waits.WaitError_InvalidKey("class name holds a tab")
-        with self.assertRaises(idem.InvalidWaitKey):
+        self.host.refuse["run_once_rated"] = types.StepError_InvalidKey("class name holds a tab")
+        with self.assertRaises(idem.InvalidKey):
             idem.run_once("k", lambda _s: 1, rate="a\tb")
         self.assertNotIn("k", self.host.keys)
 

@@ -247,10 +247,10 @@ impl<'a, T: Serialize + DeserializeOwned> Once<'a, T> {
         }
     }
 
-    /// Names the step's rate class: before its claim, the step takes a token of the
-    /// class ([`take_token`](crate::take_token)), waiting for one holding no instance
-    /// while the class is over its limit. A step whose token was taken before (the run
-    /// resumed) takes no other.
+    /// Names the step's rate class: the step takes a token of the class with its claim
+    /// (as [`take_token`](crate::take_token) takes one), waiting for one holding no
+    /// instance while the class is over its limit. A step whose token was taken before
+    /// (the run resumed) takes no other.
     ///
     /// ```no_run
     /// use idem_sdk::{Key, Once};
@@ -306,9 +306,6 @@ impl<'a, T: Serialize + DeserializeOwned> Once<'a, T> {
         F: FnOnce(&Step) -> Result<T, E>,
     {
         let key = self.key;
-        if let Some(class) = self.rate {
-            crate::take_token(key.as_str(), class)?;
-        }
         // A step that retries in doubt needs its claim durable only with its commit (one
         // sync per step); one that stops or probes in doubt needs it durable before the
         // effect, or a crash of the machine could hide that the effect began.
@@ -316,32 +313,38 @@ impl<'a, T: Serialize + DeserializeOwned> Once<'a, T> {
             InDoubt::Retry => once::Durability::WithCommit,
             InDoubt::Fail | InDoubt::Probe(_) => once::Durability::BeforeEffect,
         };
-        let (value, outcome, then) =
-            match once::run_once_with(key.as_str(), key.fingerprint(), durability)? {
-                once::Outcome::Committed(committed) => {
-                    let (value, outcome) = decode(key, committed)?;
-                    (value, outcome, then)
-                }
-                once::Outcome::Claimed(claim) => match execute(key, claim, self.policy, f, then) {
-                    Ok((value, outcome)) => (value, outcome, None),
-                    // The claim was taken over while `f` ran (this instance was paused past
-                    // its lease): the taker's commit is the key's result, so hand that back.
-                    Err(Failed::Lost(lost, then)) => {
-                        match once::run_once_with(key.as_str(), key.fingerprint(), durability)? {
-                            once::Outcome::Committed(committed) => {
-                                let (value, _) = decode(key, committed)?;
-                                (value, Outcome::Awaited, then)
-                            }
-                            // The taker released it instead; `f` is spent, so the caller decides.
-                            once::Outcome::Claimed(claim) => {
-                                Claim::release(claim);
-                                return Err(Error::Step(StepError::ClaimLost(lost)));
-                            }
+        let first = match self.rate {
+            // The token and the claim in one host call (one store transaction).
+            Some(class) => {
+                once::run_once_rated(key.as_str(), key.fingerprint(), durability, class)?
+            }
+            None => once::run_once_with(key.as_str(), key.fingerprint(), durability)?,
+        };
+        let (value, outcome, then) = match first {
+            once::Outcome::Committed(committed) => {
+                let (value, outcome) = decode(key, committed)?;
+                (value, outcome, then)
+            }
+            once::Outcome::Claimed(claim) => match execute(key, claim, self.policy, f, then) {
+                Ok((value, outcome)) => (value, outcome, None),
+                // The claim was taken over while `f` ran (this instance was paused past
+                // its lease): the taker's commit is the key's result, so hand that back.
+                Err(Failed::Lost(lost, then)) => {
+                    match once::run_once_with(key.as_str(), key.fingerprint(), durability)? {
+                        once::Outcome::Committed(committed) => {
+                            let (value, _) = decode(key, committed)?;
+                            (value, Outcome::Awaited, then)
+                        }
+                        // The taker released it instead; `f` is spent, so the caller decides.
+                        once::Outcome::Claimed(claim) => {
+                            Claim::release(claim);
+                            return Err(Error::Step(StepError::ClaimLost(lost)));
                         }
                     }
-                    Err(Failed::Other(err)) => return Err(err),
-                },
-            };
+                }
+                Err(Failed::Other(err)) => return Err(err),
+            },
+        };
         // Not folded into a commit (the key was committed elsewhere): save on its own.
         if let Some(then) = then {
             let (step, state) = then(&value)?;

@@ -166,42 +166,54 @@ fn a_rate_limit_of_60_a_minute_holds_across_three_workers_and_is_used_fully() {
     });
 }
 
-/// A run that dies after taking its token, before its step's claim, finds the same
-/// token when it resumes: the step runs once and the class lent one token, not two.
+/// A run dropped right before its rate-limited step's claim, or right after it (the
+/// token and the claim are one transaction), finds its token when it resumes: the step
+/// runs once and the class lent one token, not two.
 fn a_replay_takes_no_other_token(w: &Waits) {
     set_rate(w, 60, 1);
-    let mut opts = w.options(
-        "crashy",
-        json!({"log": "/data/c.log", "waits": [{"rate": "llm"}]}),
-    );
-    // Claim 1 is the agent's `start` step, claim 2 the rate-limited one.
-    opts.faults.crash_at = vec!["before-claim:2".parse().unwrap()];
-    let report = block_on(w.spawn_with(opts)).unwrap();
-    assert_eq!(report.status, RunStatus::Completed);
-    assert!(report.counts.instances >= 2, "{:?}", report.counts);
-    assert_eq!(rated(w, "c.log"), 1);
-    let waits = block_on(w.store().waits("crashy")).unwrap();
-    assert_eq!(waits.len(), 1, "{waits:?}");
-    assert_eq!(waits[0].rate.as_deref(), Some("llm"));
-    assert_eq!(waits[0].due, Some(T0));
-    let rates = block_on(w.store().rates()).unwrap();
-    assert_eq!(
-        rates[0].next_free,
-        Some(T0 + 1000),
-        "one token lent, not two"
-    );
+    // Claim 1 is the agent's `start` step, claim 2 the rate-limited one. Each run's
+    // token is the next second's: the clock moves a second after each.
+    for (i, (run, point)) in [("before", "before-claim:2"), ("after", "after-claim:2")]
+        .into_iter()
+        .enumerate()
+    {
+        let log = format!("/data/{run}.log");
+        let mut opts = w.options(run, json!({"log": log, "waits": [{"rate": "llm"}]}));
+        opts.faults.crash_at = vec![point.parse().unwrap()];
+        let report = block_on(w.spawn_with(opts)).unwrap();
+        assert_eq!(report.status, RunStatus::Completed, "{point}");
+        assert!(report.counts.instances >= 2, "{point}: {:?}", report.counts);
+        assert_eq!(rated(w, &format!("{run}.log")), 1, "{point}");
+        let waits = block_on(w.store().waits(run)).unwrap();
+        assert_eq!(waits.len(), 1, "{point}: {waits:?}");
+        assert_eq!(waits[0].rate.as_deref(), Some("llm"));
+        assert_eq!(waits[0].due, Some(T0 + 1000 * i as i64), "{point}");
+        // One token lent to the run, not two: the next is free a second after its.
+        let rates = block_on(w.store().rates()).unwrap();
+        assert_eq!(
+            rates[0].next_free,
+            Some(T0 + 1000 * (i as i64 + 1)),
+            "{point}"
+        );
+        w.clock.advance(Duration::from_secs(1));
+    }
 
-    // The next run's step waits a second for its token, holding no instance.
-    let next = w.spawn_run(
-        "next",
-        json!({"log": "/data/c.log", "waits": [{"rate": "llm"}]}),
+    // Two runs asking at once: the second's step waits a second for its token,
+    // holding no instance.
+    let input = json!({"log": "/data/c.log", "waits": [{"rate": "llm"}]});
+    assert_eq!(
+        block_on(w.spawn_run("first", input.clone()))
+            .unwrap()
+            .status,
+        RunStatus::Completed
     );
+    let next = w.spawn_run("next", input);
     wait_until(
         "the next run waits for its token",
         Duration::from_secs(30),
         || w.suspended("next"),
     );
-    assert_eq!(w.record("next").wake_at, Some(T0 + 1000));
+    assert_eq!(w.record("next").wake_at, Some(T0 + 3000));
     assert_eq!(w.host.live_instances(), 0);
     assert_eq!(rated(w, "c.log"), 1);
     w.clock.advance(Duration::from_secs(1));

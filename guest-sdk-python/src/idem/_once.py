@@ -13,7 +13,6 @@ from ._host import Err, raise_step_error, types
 from ._host import once as wit_once
 from ._host import progress as wit_progress
 from ._keys import Key, as_key
-from ._waits import take_token
 
 
 class Outcome(enum.Enum):
@@ -71,7 +70,7 @@ def step_of(claim: wit_once.Claim) -> Step:
     return Step(claim.key(), claim.attempt(), claim.token(), claim.in_doubt())
 
 
-def _claim(key: Key, policy: Policy) -> wit_once.Claim | wit_once.Committed:
+def _claim(key: Key, policy: Policy, rate: str | None) -> wit_once.Claim | wit_once.Committed:
     # A step that retries in doubt needs its claim durable only with its commit (one
     # sync per step); one that stops or probes in doubt needs it durable before the
     # effect, or a crash of the machine could hide that the effect began.
@@ -79,7 +78,11 @@ def _claim(key: Key, policy: Policy) -> wit_once.Claim | wit_once.Committed:
         wit_once.Durability.WITH_COMMIT if policy == RETRY else wit_once.Durability.BEFORE_EFFECT
     )
     try:
-        outcome = wit_once.run_once_with(key.text, key.fingerprint, durability)
+        if rate is None:
+            outcome = wit_once.run_once_with(key.text, key.fingerprint, durability)
+        else:
+            # The token and the claim in one host call (one store transaction).
+            outcome = wit_once.run_once_rated(key.text, key.fingerprint, durability, rate)
     except Err as err:
         raise_step_error(err)
     return outcome.value
@@ -147,9 +150,7 @@ class Once:
         return self
 
     def _begin(self) -> None:
-        if self._rate is not None:
-            take_token(str(self.key), self._rate)
-        got = _claim(self.key, self._policy)
+        got = _claim(self.key, self._policy, self._rate)
         if isinstance(got, wit_once.Committed):
             self._found(got)
             return
@@ -205,7 +206,7 @@ class Once:
             if isinstance(err.value, types.StepError_ClaimLost):
                 # The claim was taken over while the effect ran: the taker's commit is
                 # the key's result, if it made one.
-                got = _claim(self.key, self._policy)
+                got = _claim(self.key, self._policy, None)
                 if isinstance(got, wit_once.Committed):
                     self._found(got)
                     self.outcome = Outcome.AWAITED

@@ -113,6 +113,17 @@ pub struct Commit<'a> {
     pub counts: Option<&'a Counts>,
 }
 
+/// What [`InstanceStore::claim_rated`](super::InstanceStore::claim_rated) came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rated {
+    /// The token reserved for the step is free at this time, not now: the claim was not
+    /// asked for. The run waits for it, as for a sleep.
+    Due(Option<super::Millis>),
+    /// The token was the step's (now, or reserved before and come): what the claim
+    /// came to.
+    Claimed(ClaimOutcome),
+}
+
 /// How an operator settles a parked, in-doubt key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Resolution<'a> {

@@ -106,7 +106,7 @@ pub use children::{
     SpawnRefusal, SpawnRequest, Spawned, child_ended, child_run_id,
 };
 pub use claims::{
-    ClaimOutcome, ClaimRef, ClaimRequest, Commit, Grant, HeldClaim, OpenClaim, Resolution,
+    ClaimOutcome, ClaimRef, ClaimRequest, Commit, Grant, HeldClaim, OpenClaim, Rated, Resolution,
     StepRecord,
 };
 pub use clock::Clock;

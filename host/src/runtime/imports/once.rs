@@ -9,12 +9,14 @@ use crate::runtime::bindings::idem::agent::once::{Durability, Host, HostClaim, S
 use crate::runtime::bindings::{Committed, Obtained, Outcome, StepError, WitCheckpoint};
 use crate::runtime::claim::ClaimHandle;
 use crate::runtime::claim::ClaimLive;
+use crate::runtime::end::Suspend;
 use crate::runtime::end::{HostTrap, trap_store};
 use crate::runtime::faults::{Phase, Recycle};
 use crate::runtime::limits::{Limits, cut};
 use crate::runtime::view::IdemCtxView;
 use crate::store::{
-    Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Grant, MAX_STEP, StoreError,
+    Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Grant, MAX_STEP, Rated, StoreError,
+    WaitKind, WaitRequest, check_class_name,
 };
 use crate::text;
 
@@ -65,9 +67,36 @@ impl Host for IdemCtxView<'_> {
         self.ctx.enter()?;
         let durable = matches!(durability, Durability::BeforeEffect);
         let outcome = self
-            .claim_or_await(key, fingerprint.as_deref(), durable)
+            .claim_or_await(key, fingerprint.as_deref(), durable, None)
             .await;
         // Awaiting another holder may take long; that was idem's time, not the guest's.
+        self.ctx.watch.touch();
+        outcome
+    }
+
+    async fn run_once_rated(
+        &mut self,
+        key: String,
+        fingerprint: Option<String>,
+        durability: Durability,
+        class: String,
+    ) -> Result<Outcome, StepFailure> {
+        self.ctx.enter()?;
+        if let Err(reason) = check_class_name(&class) {
+            return Err(StepError::InvalidKey(reason).into());
+        }
+        if !self.ctx.held.is_empty() {
+            return Err(StepError::InvalidKey(format!(
+                "a step of rate class {} may have to wait for its token, and this instance \
+                 holds claims: commit or release them first",
+                text::quoted(&class)
+            ))
+            .into());
+        }
+        let durable = matches!(durability, Durability::BeforeEffect);
+        let outcome = self
+            .claim_or_await(key, fingerprint.as_deref(), durable, Some(&class))
+            .await;
         self.ctx.watch.touch();
         outcome
     }
@@ -112,6 +141,7 @@ impl IdemCtxView<'_> {
         key: String,
         fingerprint: Option<&str>,
         durable: bool,
+        rate: Option<&str>,
     ) -> Result<Outcome, StepFailure> {
         let stored = self.claimable(&key, fingerprint)?;
         self.within_claim_limit(1)?;
@@ -119,7 +149,7 @@ impl IdemCtxView<'_> {
         self.ctx.fault(Phase::BeforeClaim, ordinal)?;
         let step = step_span(&stored);
         match self
-            .acquire(&stored, &key, fingerprint, durable, &step)
+            .acquire(&stored, &key, fingerprint, durable, rate, &step)
             .await?
         {
             Acquired::Committed(outcome) => Ok(outcome),
@@ -131,13 +161,15 @@ impl IdemCtxView<'_> {
 
     /// Asks the store for `stored` (the agent's `key`, qualified) until it is
     /// committed or granted: awaits another live holder, retakes at once a claim of one
-    /// of this run's dropped instances.
+    /// of this run's dropped instances. With `rate`, the first ask takes a token of that
+    /// class with it, and a token free only later suspends the run until then.
     pub(super) async fn acquire(
         &mut self,
         stored: &str,
         key: &str,
         fingerprint: Option<&str>,
         durable: bool,
+        rate: Option<&str>,
         step: &StepSpan,
     ) -> Result<Acquired, StepFailure> {
         let mut waited = false;
@@ -145,7 +177,13 @@ impl IdemCtxView<'_> {
         // An await timeout too long for the clock's arithmetic simply never ends.
         let deadline = Instant::now().checked_add(self.ctx.run.limits.await_timeout);
         let mut asked = Instant::now();
-        let mut outcome = self.try_claim(stored, fingerprint, None, durable).await?;
+        let mut outcome = match rate {
+            None => self.try_claim(stored, fingerprint, None, durable).await?,
+            Some(class) => {
+                self.try_claim_rated(stored, key, fingerprint, durable, class)
+                    .await?
+            }
+        };
         loop {
             match outcome {
                 ClaimOutcome::Committed(value) => {
@@ -295,6 +333,46 @@ impl IdemCtxView<'_> {
         match stale {
             None => run.store.claim(&req).await,
             Some(token) => run.store.take_over(&req, token).await,
+        }
+    }
+
+    /// [`Self::try_claim`] with a token of rate class `class` taken first, in the same
+    /// transaction where the store can. The token is recorded among the run's waits
+    /// under `rate:` and the agent's key, as `waits.take-token` records it; one free
+    /// only later ends the instance, and the run is due at its time.
+    async fn try_claim_rated(
+        &mut self,
+        stored: &str,
+        key: &str,
+        fingerprint: Option<&str>,
+        durable: bool,
+        class: &str,
+    ) -> Result<ClaimOutcome, StepFailure> {
+        let run = &self.ctx.run;
+        let req = ClaimRequest {
+            key: stored,
+            fence: &run.fence,
+            holder: &self.ctx.holder,
+            fingerprint,
+            lease: run.limits.lease,
+            durable,
+        };
+        let wait_key = format!("rate:{key}");
+        let token = WaitRequest {
+            fence: &run.fence,
+            key: &wait_key,
+            kind: WaitKind::Rate { class },
+        };
+        match run.store.claim_rated(&req, &token).await {
+            Ok(Rated::Claimed(outcome)) => Ok(outcome),
+            Ok(Rated::Due(due)) => Err(StepFailure::Trap(wasmtime::Error::new(Suspend {
+                due,
+                signal: None,
+                join: None,
+            }))),
+            // The token's wait was refused: its key was used for another wait.
+            Err(StoreError::WaitRefused { reason, .. }) => Err(StepError::KeyReused(reason).into()),
+            Err(e) => Err(e.into()),
         }
     }
 

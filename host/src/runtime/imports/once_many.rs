@@ -49,6 +49,7 @@ impl IdemCtxView<'_> {
                         &step.key,
                         step.fingerprint.as_deref(),
                         durable,
+                        None,
                         &a.span,
                     )
                     .await

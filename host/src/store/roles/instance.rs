@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use crate::store::{
     Checkpoint, ChildSpec, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts, JoinRequest,
-    RunFence, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned, StoreError, WaitRequest, WaitState,
+    Rated, RunFence, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned, StoreError, WaitRequest,
+    WaitState,
 };
 #[cfg(doc)]
 use crate::store::{OperatorStore, RunStatus};
@@ -31,6 +32,23 @@ pub trait InstanceStore: Send + Sync + fmt::Debug {
     /// backend that does so keeps every token it grants after losing such a claim (a
     /// power loss) above every token it granted before.
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError>;
+
+    /// Takes the token `token` asks for (a [`WaitKind::Rate`](crate::store::WaitKind::Rate)
+    /// wait, recorded as [`InstanceStore::wait`] records one), then claims as
+    /// [`InstanceStore::claim`] does, in one transaction where the backend can: a step of
+    /// a rate-limited class pays for its token with no write of its own. When the token
+    /// is free only later, nothing is claimed and its time is answered
+    /// ([`Rated::Due`]); the reservation is kept.
+    async fn claim_rated(
+        &self,
+        req: &ClaimRequest<'_>,
+        token: &WaitRequest<'_>,
+    ) -> Result<Rated, StoreError> {
+        match self.wait(token).await? {
+            WaitState::Pending { due } => Ok(Rated::Due(due)),
+            _ => Ok(Rated::Claimed(self.claim(req).await?)),
+        }
+    }
 
     /// Takes the claim on `req.key` from the holder whose token is `stale_token`, even
     /// though its lease has not expired: the caller knows that holder is dead. If the

@@ -18,7 +18,7 @@ use crate::store::{
     Acquired, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
     Counts, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits, FlowSetting, GcReport,
     GcRequest, InstanceStore, JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim, OperatorStore,
-    Paused, PausedDeployment, Presence, RateLimit, RateSetting, Resolution, Resumed, RunEnd,
+    Paused, PausedDeployment, Presence, RateLimit, RateSetting, Rated, Resolution, Resumed, RunEnd,
     RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent,
     SpawnAnswers, SpawnBatch, StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode,
     Tick, WaitRecord, WaitRequest, WaitState, WorkerStore,
@@ -37,6 +37,29 @@ impl InstanceStore for SqliteStore {
     ) -> Result<ClaimOutcome, StoreError> {
         self.claim_key("take over a claim", req, Some(stale_token))
             .await
+    }
+
+    async fn claim_rated(
+        &self,
+        req: &ClaimRequest<'_>,
+        token: &WaitRequest<'_>,
+    ) -> Result<Rated, StoreError> {
+        let floor = self.token_floor;
+        let write = |conn: &_, now| rated(conn, req, token, now, floor);
+        self.write_or("take a token and claim a key", req.sync(), write, |_| {
+            let req = OwnedRequest::new(req);
+            let (fence, key) = (token.fence.clone(), token.key.to_owned());
+            let kind = OwnedWaitKind::new(&token.kind);
+            move |conn, now| {
+                let token = WaitRequest {
+                    fence: &fence,
+                    key: &key,
+                    kind: kind.borrow(),
+                };
+                rated(conn, &req.borrow(), &token, now, floor)
+            }
+        })
+        .await
     }
 
     async fn commit(&self, commit: &Commit<'_>) -> Result<(), StoreError> {
@@ -804,5 +827,20 @@ impl SqliteStore {
             move |conn, now| claims::claim(conn, &req.borrow(), stale_token, now, floor)
         })
         .await
+    }
+}
+
+/// [`InstanceStore::claim_rated`] in the caller's transaction: the token's wait, then
+/// the claim if the token is the step's now.
+fn rated(
+    conn: &rusqlite::Connection,
+    req: &ClaimRequest<'_>,
+    token: &WaitRequest<'_>,
+    now: Millis,
+    floor: u64,
+) -> Result<Rated, TxError> {
+    match waits::wait(conn, token.fence, token.key, &token.kind, now)? {
+        WaitState::Pending { due } => Ok(Rated::Due(due)),
+        _ => claims::claim(conn, req, None, now, floor).map(Rated::Claimed),
     }
 }

@@ -142,6 +142,7 @@ macro_rules! store_tests {
                 waits::a_signal_sent_between_a_wait_and_its_suspension_is_not_missed,
                 waits::bad_signals_and_waits_are_refused_and_write_nothing,
                 waits::a_rate_token_is_reserved_once_at_the_next_free_slot,
+                waits::a_rated_claim_takes_its_token_and_claims_in_one_go,
                 children::a_spawn_happens_once_per_key_with_the_deployments_grants,
                 children::bad_spawns_are_refused_and_write_nothing,
                 children::a_batch_answers_each_child_as_a_spawn_of_it_alone_would,

@@ -430,3 +430,67 @@ pub(super) async fn racing_handles_never_lend_one_token_twice(
     let expected: Vec<i64> = (0..RUNS as i64).map(|i| T0 + i * 1000).collect();
     assert_eq!(dues, expected, "every slot lent once, none twice");
 }
+
+/// A claim of `key` for `fence`'s run with a token of `llm` taken first.
+async fn rated(
+    store: &dyn crate::store::Store,
+    fence: &crate::store::RunFence,
+    key: &str,
+) -> crate::store::Rated {
+    let req = crate::store::ClaimRequest {
+        key,
+        fence,
+        holder: "h",
+        fingerprint: None,
+        lease: Duration::from_secs(30),
+        durable: false,
+    };
+    let token = WaitRequest {
+        fence,
+        key: "rate:step",
+        kind: rate("llm"),
+    };
+    store.claim_rated(&req, &token).await.unwrap()
+}
+
+pub(super) async fn a_rated_claim_takes_its_token_and_claims_in_one_go(env: &Env<'_>) {
+    let store = env.store;
+    set_llm(store, 60, 1).await;
+    let mut fences = Vec::new();
+    for run in ["a", "b"] {
+        env.submit(run, b"in").await;
+        fences.push(env.lease(run).await);
+    }
+    // The first token is free now: the claim is granted with it.
+    let crate::store::Rated::Claimed(crate::store::ClaimOutcome::Granted(first)) =
+        rated(store, &fences[0], "billing:a").await
+    else {
+        panic!("the first step is claimed at once");
+    };
+    // The second waits a second, and nothing is claimed meanwhile.
+    assert_eq!(
+        rated(store, &fences[1], "billing:b").await,
+        crate::store::Rated::Due(Some(T0 + 1000))
+    );
+    assert!(store.steps("b").await.unwrap().is_empty());
+    // Asked again before its time (a replay), it keeps its slot and takes no other.
+    assert_eq!(
+        rated(store, &fences[1], "billing:b").await,
+        crate::store::Rated::Due(Some(T0 + 1000))
+    );
+    assert_eq!(store.rates().await.unwrap()[0].next_free, Some(T0 + 2000));
+    env.advance(1000);
+    assert!(matches!(
+        rated(store, &fences[1], "billing:b").await,
+        crate::store::Rated::Claimed(crate::store::ClaimOutcome::Granted(_))
+    ));
+    // A step committed, replayed with its token: its result, and no token more.
+    env.commit("billing:a", first.token, &fences[0], b"done")
+        .await
+        .unwrap();
+    assert_eq!(
+        rated(store, &fences[0], "billing:a").await,
+        crate::store::Rated::Claimed(crate::store::ClaimOutcome::Committed(b"done".to_vec()))
+    );
+    assert_eq!(store.rates().await.unwrap()[0].next_free, Some(T0 + 2000));
+}
