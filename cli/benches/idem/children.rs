@@ -88,8 +88,10 @@ pub(crate) fn children(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Res
     progress(&format!(
         "  a parent waiting on {few} and on {many} children"
     ));
-    let few_rss = waiting_parent(bed, few)?;
-    let many_rss = waiting_parent(bed, many)?;
+    // The first process compiles the agent into the cache; the two measured load it.
+    waiting_parent(bed, few, "warm-up")?;
+    let few_rss = waiting_parent(bed, few, "few")?;
+    let many_rss = waiting_parent(bed, many, "many")?;
     table.row_with_ratio(
         format!(
             "children: resident memory of an `idem run` process holding a parent that waits \
@@ -202,11 +204,12 @@ async fn finished(store: &dyn Store, run_id: &str, started: Instant) -> anyhow::
 
 /// The resident memory of an `idem run` process of its own holding a parent that
 /// spawned `n` children and waits on them (none of them driven: they are paused), read
-/// once the parent is suspended in its join with no instance. A process per size, so
+/// once the parent is suspended in its join with no instance, in a process that took
+/// the waiting parent over (not the one that spawned the children). A process per size, so
 /// that what one measurement allocated is not in the other's (in one process the
 /// allocator's reuse hid a small fan-out under its noise).
-fn waiting_parent(bed: &Bed, n: usize) -> anyhow::Result<f64> {
-    let db = bed.dir.join(format!("waiting-parent-{n}.db"));
+fn waiting_parent(bed: &Bed, n: usize, name: &str) -> anyhow::Result<f64> {
+    let db = bed.dir.join(format!("waiting-parent-{name}.db"));
     let run_id = format!("waiting-{n}");
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open_with(&db, &StoreOptions::default())?);
     bed.tokio.block_on(async {
@@ -219,26 +222,29 @@ fn waiting_parent(bed: &Bed, n: usize) -> anyhow::Result<f64> {
     })?;
     let input = json!({ "deployment": "bench", "children": n,
                         "child_input": { "mode": "steps", "n": 1 } });
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
-        .arg("run")
-        .arg(FANOUT)
-        .arg("--db")
-        .arg(&db)
-        .arg("--run-id")
-        .arg(&run_id)
-        .arg("--input")
-        .arg(input.to_string())
-        .arg("--cache-dir")
-        .arg(bed.dir.join("cache"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .context("starting `idem run` of the waiting parent")?;
-    let measured = (|| {
+    let start = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .arg("run")
+            .arg(FANOUT)
+            .arg("--db")
+            .arg(&db)
+            .arg("--run-id")
+            .arg(&run_id)
+            .arg("--input")
+            .arg(input.to_string())
+            .arg("--cache-dir")
+            .arg(bed.dir.join("cache"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("starting `idem run` of the waiting parent")
+    };
+    // Waits until the parent is suspended in its join (no lease, so no instance), and
+    // has been for `settle`; then the resident memory of `process`.
+    let waiting = |process: &std::process::Child, settle: Duration| -> anyhow::Result<u64> {
         let started = Instant::now();
         loop {
             let parent = bed.tokio.block_on(store.run(&run_id))?;
-            // Suspended in its join: no lease, so no instance.
             if parent.is_some_and(|p| p.joining.is_some() && p.lease.is_none()) {
                 break;
             }
@@ -248,12 +254,22 @@ fn waiting_parent(bed: &Bed, n: usize) -> anyhow::Result<f64> {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        // What the process holds while it waits, settled.
-        std::thread::sleep(Duration::from_millis(500));
-        rss_of(child.id())
-    })();
-    let _ = child.kill();
-    let _ = child.wait();
+        std::thread::sleep(settle);
+        rss_of(process.id())
+    };
+    // The first process spawns the children and suspends the parent; what it freed
+    // stays in its resident memory. The process measured is the next one: it takes
+    // the waiting parent over from the store, as any process resuming it would, and
+    // holds it while it waits.
+    let mut spawner = start()?;
+    let spawned = waiting(&spawner, Duration::ZERO);
+    let _ = spawner.kill();
+    let _ = spawner.wait();
+    spawned?;
+    let mut holder = start()?;
+    let measured = waiting(&holder, Duration::from_secs(1));
+    let _ = holder.kill();
+    let _ = holder.wait();
     Ok(measured? as f64)
 }
 
