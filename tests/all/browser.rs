@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 
 use crate::http::{TestServer, post_key};
 use crate::serve::{Served, park_a_run, request, submit_parent, until_completed, wait_for};
-use crate::util::{CliDir, block_on, read_log, stderr};
+use crate::util::{CliDir, block_on, read_log, run_cli, stderr};
 use crate::workers::{Service, by_key, deploy_fetcher};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
@@ -684,4 +684,48 @@ fn a_run_paused_from_its_page_keeps_its_signal_until_resumed() {
     let done = served.get("/api/runs/refund-9").json();
     assert_eq!(done["run"]["counts"]["executed"], 2, "{done}");
     assert_eq!(done["run"]["counts"]["reclaimed"], 0, "{done}");
+}
+
+#[test]
+fn the_page_lists_flow_and_rate_limits() {
+    if !browser_available() {
+        return;
+    }
+    let cli = CliDir::new();
+    let db = cli.db();
+    let idem = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend_from_slice(&["--db", &db]);
+        let out = run_cli(&all);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+    };
+    idem(&["deploy", STEPS, "--name", "steps"]);
+    let served = Served::start(&db, &["--no-auth", "--no-cache"]);
+    let base = format!("http://{}", served.addr);
+    let driver = Driver::start();
+    let session = driver.session();
+
+    // No limit set: the section is hidden.
+    session.open(&format!("{base}/"));
+    session.find("#runs");
+    let hidden = session.on_element("#limits-section", "GET", "/property/hidden", None);
+    assert_eq!(hidden, json!(true));
+
+    idem(&["flow", "set", "steps", "--max-running", "3"]);
+    idem(&[
+        "rate", "set", "llm", "--limit", "60", "--per", "1m", "--burst", "4",
+    ]);
+    let rate = "#rates tr[data-class=\"llm\"]";
+    let row = session.text_until(rate, |t| t.contains("60 per"));
+    assert!(
+        row.contains("60.00 s") && row.contains('4') && row.contains("free now"),
+        "{row}"
+    );
+    let flow = session.text("#flow tr[data-deployment=\"steps\"]");
+    assert!(flow.contains('3'), "{flow}");
+    session.screenshot("limits.png");
+
+    // Cleared, the rows go.
+    idem(&["rate", "clear", "llm"]);
+    session.text_until("#rates tbody", str::is_empty);
 }

@@ -1259,3 +1259,72 @@ fn api_runs_batch_queues_many_and_answers_each() {
         3
     );
 }
+
+#[test]
+fn api_and_metrics_cover_rate_limits() {
+    let cli = CliDir::new();
+    deploy_steps(&cli);
+    let token = "tok-rates";
+    let served = Served::start(&cli.db(), &["--token-file", &token_file(&cli, token)]);
+    assert_eq!(served.get("/api/rates").json()["limits"], json!([]));
+    let set = |body: Value| served.post_json("/api/rates", Some(token), &body);
+    let r = set(json!({ "class": "llm", "limit": 120 }));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let limit = &r.json()["limit"];
+    assert_eq!(
+        (
+            &limit["class"],
+            &limit["limit"],
+            &limit["period_ms"],
+            &limit["burst"]
+        ),
+        (&json!("llm"), &json!(120), &json!(60_000), &json!(1))
+    );
+    let r = set(json!({ "class": "search", "limit": 5, "period_ms": 1000, "burst": 5 }));
+    assert_eq!(r.status, 200, "{}", r.text());
+    // Refused, and nothing changed.
+    for body in [
+        json!({ "class": "llm", "limit": 0 }),
+        json!({ "class": "llm", "limit": 5, "period_ms": 0 }),
+        json!({ "class": "", "limit": 5 }),
+    ] {
+        let r = set(body.clone());
+        assert_eq!(
+            (r.status, r.code().as_str()),
+            (400, "rate_refused"),
+            "{body}"
+        );
+    }
+    let none = served.post_json("/api/rates", None, &json!({ "class": "x", "limit": 1 }));
+    assert_eq!(none.status, 401);
+    let listed = served.get("/api/rates").json();
+    let classes: Vec<&str> = listed["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["class"].as_str().unwrap())
+        .collect();
+    assert_eq!(classes, ["llm", "search"]);
+    assert_eq!(listed["limits"][0]["limit"], 120);
+
+    let metrics = scrape(&served);
+    assert_eq!(metrics["idem_rate_limit_per_second{class=\"llm\"}"], 2.0);
+    assert_eq!(metrics["idem_rate_limit_per_second{class=\"search\"}"], 5.0);
+    assert_eq!(
+        metrics["idem_rate_reserved_ahead_seconds{class=\"llm\"}"],
+        0.0
+    );
+
+    let r = served.post_json("/api/rates/search/clear", Some(token), &json!({}));
+    assert_eq!(r.json()["cleared"], true);
+    let r = served.post_json("/api/rates/search/clear", Some(token), &json!({}));
+    assert_eq!(r.json()["cleared"], false);
+    assert_eq!(
+        served.get("/api/rates").json()["limits"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert!(!scrape(&served).contains_key("idem_rate_limit_per_second{class=\"search\"}"));
+}
