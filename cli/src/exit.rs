@@ -82,21 +82,7 @@ impl Exit {
 
     fn for_store(e: &StoreError) -> Exit {
         match e {
-            StoreError::InputMismatch { .. }
-            | StoreError::NotInDoubt { .. }
-            | StoreError::UnknownRun { .. }
-            | StoreError::UnknownDeployment { .. }
-            | StoreError::RunFinished { .. }
-            | StoreError::UnknownComponent { .. }
-            | StoreError::NamespaceTaken { .. }
-            | StoreError::WaitRefused { .. }
-            | StoreError::SignalRefused { .. }
-            | StoreError::ScheduleRefused { .. }
-            | StoreError::UnknownSchedule { .. }
-            | StoreError::FlowRefused { .. }
-            | StoreError::RateRefused { .. }
-            | StoreError::FlowKeyMissing { .. }
-            | StoreError::PriorityRefused { .. } => Exit::BadInput,
+            e if e.is_refusal() => Exit::BadInput,
             StoreError::LeaseLost { .. } => Exit::Host,
             _ => Exit::Store,
         }

@@ -324,7 +324,6 @@ impl std::fmt::Display for DatabaseFault {
     }
 }
 
-/// `5s`, `200ms`: how a person would write the duration.
 impl StoreError {
     /// Whether this is the store refusing what it was asked (bad input, a rule of the
     /// store) rather than failing to do it: a refusal wrote nothing and asking again the
@@ -333,6 +332,7 @@ impl StoreError {
         matches!(
             self,
             StoreError::InputMismatch { .. }
+                | StoreError::NotInDoubt { .. }
                 | StoreError::UnknownComponent { .. }
                 | StoreError::UnknownDeployment { .. }
                 | StoreError::UnknownRun { .. }
@@ -350,6 +350,7 @@ impl StoreError {
     }
 }
 
+/// `5s`, `200ms`: how a person would write the duration.
 pub(crate) fn human_duration(d: Duration) -> String {
     if d.subsec_millis() == 0 {
         format!("{}s", d.as_secs())

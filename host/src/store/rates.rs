@@ -14,9 +14,9 @@
 
 use std::time::Duration;
 
-use super::Millis;
+use super::{Millis, StoreError};
 #[cfg(doc)]
-use super::{CatalogStore, StoreError, WaitKind};
+use super::{CatalogStore, WaitKind};
 
 /// The most tokens a limit may hand out per period, and the largest burst.
 pub const MAX_RATE: u32 = 1_000_000;
@@ -98,7 +98,15 @@ pub fn check_class_name(class: &str) -> Result<(), String> {
 }
 
 /// Checks a setting's values; on success, its period in milliseconds.
-pub(crate) fn check_rate(setting: &RateSetting<'_>) -> Result<i64, RateRefusal> {
+pub(crate) fn check_rate(setting: &RateSetting<'_>) -> Result<i64, StoreError> {
+    refusal(setting).map_err(|refusal| StoreError::RateRefused {
+        class: setting.class.to_string(),
+        refusal,
+    })
+}
+
+/// Why a setting is refused, if it is.
+fn refusal(setting: &RateSetting<'_>) -> Result<i64, RateRefusal> {
     check_class_name(setting.class).map_err(RateRefusal::BadClass)?;
     for (what, value) in [("limit", setting.limit), ("burst", setting.burst)] {
         if value == 0 {
@@ -250,8 +258,8 @@ mod tests {
             period: Duration::from_secs(60),
             burst: 1,
         };
-        assert_eq!(check_rate(&ok), Ok(60_000));
-        let refused = |s: RateSetting<'_>| check_rate(&s).unwrap_err().to_string();
+        assert_eq!(refusal(&ok), Ok(60_000));
+        let refused = |s: RateSetting<'_>| refusal(&s).unwrap_err().to_string();
         assert!(refused(RateSetting { limit: 0, ..ok }).contains("limit of 0"));
         assert!(refused(RateSetting { burst: 0, ..ok }).contains("burst of 0"));
         assert!(

@@ -5,16 +5,11 @@
 
 use super::TxError;
 use super::conn::Conn;
-use crate::store::{Bucket, Millis, RateLimit, RateSetting, StoreError, check_rate};
+use crate::store::{Bucket, Millis, RateLimit, RateSetting, check_rate};
 
 /// Sets a class's limit; the bucket keeps the tokens reserved so far.
 pub(super) async fn set_rate(conn: &Conn, setting: &RateSetting<'_>) -> Result<RateLimit, TxError> {
-    let period_ms = check_rate(setting).map_err(|refusal| {
-        TxError::Store(StoreError::RateRefused {
-            class: setting.class.to_string(),
-            refusal,
-        })
-    })?;
+    let period_ms = check_rate(setting).map_err(TxError::Store)?;
     let tokens = i64::from(setting.limit);
     let tat = bucket(conn, setting.class)
         .await?

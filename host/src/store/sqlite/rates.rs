@@ -5,7 +5,7 @@
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::TxError;
-use crate::store::{Bucket, Millis, RateLimit, RateSetting, StoreError, check_rate};
+use crate::store::{Bucket, Millis, RateLimit, RateSetting, check_rate};
 
 /// Sets a class's limit; the bucket keeps the tokens reserved so far.
 pub(super) fn set_rate(
@@ -13,12 +13,7 @@ pub(super) fn set_rate(
     setting: &RateSetting<'_>,
     now: Millis,
 ) -> Result<RateLimit, TxError> {
-    let period_ms = check_rate(setting).map_err(|refusal| {
-        TxError::Store(StoreError::RateRefused {
-            class: setting.class.to_string(),
-            refusal,
-        })
-    })?;
+    let period_ms = check_rate(setting).map_err(TxError::Store)?;
     let tokens = i64::from(setting.limit);
     let tat = bucket(conn, setting.class)?.map_or(0, |old| old.rescaled(tokens));
     conn.prepare_cached(
