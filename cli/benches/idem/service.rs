@@ -43,32 +43,61 @@ pub(crate) fn service(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Resu
 
 /// Submitting `short_runs` runs from outside, as an operator's script would: one
 /// `idem submit --batch` process for all of them, against one `idem submit` process per
-/// run (sampled on a tenth of them). Both on SQLite, the store opened by each process.
+/// run (sampled on a tenth of them), on SQLite and, where a server answers, PostgreSQL.
+/// Each process opens the store itself; the agent is deployed by `idem deploy`.
 fn bulk_submit(bed: &Bed, plan: &ServicePlan, table: &mut Table) -> anyhow::Result<()> {
+    let sqlite = bed.dir.join("bulk.db");
+    bulk_submit_into(bed, plan, table, "SQLite", &sqlite.display().to_string())?;
+    let server = std::env::var("IDEM_BENCH_POSTGRES")
+        .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into());
+    let schema = format!("bench_bulk_{}", std::process::id());
+    let created = bed.tokio.block_on(async {
+        let (client, connection) = tokio_postgres::connect(&server, tokio_postgres::NoTls).await?;
+        tokio::spawn(connection);
+        client
+            .batch_execute(&format!("CREATE SCHEMA {schema}"))
+            .await?;
+        anyhow::Ok(client)
+    });
+    let Ok(admin) = created else {
+        progress(&format!(
+            "  SKIPPED: bulk submission on PostgreSQL (no server at {server})"
+        ));
+        return Ok(());
+    };
+    let url = format!("{server}?options=-csearch_path%3D{schema}");
+    let measured = bulk_submit_into(bed, plan, table, "PostgreSQL", &url);
+    bed.tokio
+        .block_on(admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")))?;
+    measured
+}
+
+fn bulk_submit_into(
+    bed: &Bed,
+    plan: &ServicePlan,
+    table: &mut Table,
+    name: &str,
+    db: &str,
+) -> anyhow::Result<()> {
     let n = plan.short_runs;
-    progress(&format!("  {n} runs submitted by `idem submit --batch`"));
-    let db = bed.dir.join("bulk.db");
-    let agent = Arc::clone(&bed.agent);
-    bed.tokio.block_on(async {
-        deployed(&db, &agent, "bench", None, Duration::from_secs(30)).await?;
-        anyhow::Ok(())
-    })?;
-    let submit = |args: &[&str]| -> anyhow::Result<f64> {
+    progress(&format!(
+        "  {n} runs submitted by `idem submit --batch`, {name}"
+    ));
+    let idem = |args: &[&str]| -> anyhow::Result<f64> {
         let began = Instant::now();
         let out = Command::new(env!("CARGO_BIN_EXE_idem"))
-            .arg("submit")
-            .arg("bench")
             .args(args)
             .arg("--db")
-            .arg(&db)
+            .arg(db)
             .output()?;
         ensure!(
             out.status.success(),
-            "idem submit failed: {}",
+            "idem {args:?} failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
         Ok(began.elapsed().as_secs_f64())
     };
+    idem(&["deploy", idem_test_artifacts::BENCH, "--name", "bench"])?;
     let (mut batched, mut alone) = (Vec::new(), Vec::new());
     for turn in 0..3 {
         let lines: String = (0..n)
@@ -78,17 +107,20 @@ fn bulk_submit(bed: &Bed, plan: &ServicePlan, table: &mut Table) -> anyhow::Resu
                 format!("{line}\n")
             })
             .collect();
-        let file = bed.dir.join(format!("bulk-{turn}.jsonl"));
+        let file = bed.dir.join(format!("bulk-{name}-{turn}.jsonl"));
         std::fs::write(&file, lines)?;
-        let wall = submit(&["--batch", &format!("@{}", file.display())])?;
+        let wall = idem(&[
+            "submit",
+            "bench",
+            "--batch",
+            &format!("@{}", file.display()),
+        ])?;
         batched.push(n as f64 / wall);
         let sample = (n / 10).max(1);
         let mut wall = 0.0;
         for i in 0..sample {
-            wall += submit(&[
-                "--input",
-                &json!({ "mode": "steps", "n": 1, "i": i, "turn": turn }).to_string(),
-            ])?;
+            let input = json!({ "mode": "steps", "n": 1, "i": i, "turn": turn }).to_string();
+            wall += idem(&["submit", "bench", "--input", &input])?;
         }
         alone.push(sample as f64 / wall);
     }
@@ -96,7 +128,8 @@ fn bulk_submit(bed: &Bed, plan: &ServicePlan, table: &mut Table) -> anyhow::Resu
     let alone_median = super::report::median(&super::report::sorted(alone.clone()));
     table.row_with_ratio(
         format!(
-            "submit: {n} runs by one `idem submit --batch` process (process start included), SQLite"
+            "submit: {n} runs by one `idem submit --batch` process (process start included), \
+             {name}"
         ),
         "runs/s",
         batched,

@@ -14,9 +14,9 @@
 
 use std::time::Duration;
 
-use super::{Millis, StoreError};
 #[cfg(doc)]
 use super::{CatalogStore, WaitKind};
+use super::{Millis, StoreError};
 
 /// The most tokens a limit may hand out per period, and the largest burst.
 pub const MAX_RATE: u32 = 1_000_000;
