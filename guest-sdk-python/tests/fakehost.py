@@ -156,7 +156,8 @@ class FakeHost:
     """The host's side of every import the SDK calls, in memory.
 
     ``refuse[op] = error`` makes the next call of ``op`` (``run_once``, ``commit``,
-    ``save``, ``sleep``, ``wait``, ``spawn``, ``join``) fail with that WIT error value.
+    ``save``, ``sleep``, ``wait``, ``spawn``, ``join``, ``take_token``,
+    ``run_once_rated``) fail with that WIT error value.
     """
 
     def __init__(self, run_id: str = "run-1") -> None:

@@ -104,7 +104,9 @@ class Once:
     releases the claim (a later attempt retries under the same key) and lets the
     exception through; leaving it without a commit releases the claim and raises
     :class:`~idem.IdemError`. After the commit, the step is settled: ``commit`` again
-    raises :class:`~idem.ClaimSettled`, never a trap.
+    raises :class:`~idem.ClaimSettled`, never a trap. With ``rate``, entering takes a
+    token of that rate class with the claim, and waits for one holding nothing while
+    the class is over its limit.
     """
 
     def __init__(
