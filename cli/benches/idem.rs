@@ -48,6 +48,8 @@ mod rates;
 mod report;
 #[path = "idem/schedules.rs"]
 mod schedules;
+#[path = "idem/sealing.rs"]
+mod sealing;
 #[path = "idem/service.rs"]
 mod service;
 #[path = "idem/sleepers.rs"]
@@ -131,6 +133,8 @@ struct Plan {
     /// The rate-limit rows: per turn, a run of `n` timed steps with no rate class and
     /// one of `n` whose class has tokens to spare.
     rates: Turns,
+    /// Per turn: a run of `n` timed steps on a store in clear, then on a sealed one.
+    sealing: Turns,
 }
 
 const fn turns(max: usize, n: u64, budget_secs: u64) -> Turns {
@@ -184,6 +188,7 @@ const FULL_PLAN: Plan = Plan {
     schedules: 1_000,
     flow: turns(30, 2_000, 10),
     rates: turns(20, 500, 40),
+    sealing: turns(20, 500, 40),
 };
 
 const QUICK_PLAN: Plan = Plan {
@@ -229,6 +234,7 @@ const QUICK_PLAN: Plan = Plan {
     schedules: 100,
     flow: turns(3, 200, 1),
     rates: turns(3, 50, 1),
+    sealing: turns(3, 50, 1),
 };
 
 /// A part of the bench: its name on the command line, its heading, and what it runs.
@@ -239,7 +245,7 @@ type Section = (
 );
 
 /// Every section, in the order of the table.
-const SECTIONS: [Section; 19] = [
+const SECTIONS: [Section; 20] = [
     ("steps", "floor and durable steps", floor_and_steps),
     ("calls", "host-call round trip", host_calls),
     ("resume", "resume after recycle", resume),
@@ -290,6 +296,11 @@ const SECTIONS: [Section; 19] = [
         flow::flow,
     ),
     ("rates", "rate limits: the price of a token", rates::rates),
+    (
+        "sealing",
+        "encryption at rest: the price of a sealed step",
+        sealing::sealing,
+    ),
     (
         "peers",
         "peers side by side: the seed's reference, DBOS, LangGraph",

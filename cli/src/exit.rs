@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use idem::ops::OpError;
 use idem::prove::ProveError;
 use idem::runtime::HostError;
-use idem::store::StoreError;
+use idem::store::{SealError, StoreError};
 
 /// The exit codes of `idem`, documented in the README.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +84,12 @@ impl Exit {
         match e {
             e if e.is_refusal() => Exit::BadInput,
             StoreError::LeaseLost { .. } => Exit::Host,
+            // The key given (or missing) is the user's to fix; a value that does not
+            // open is the store's.
+            StoreError::Sealing(
+                SealError::Unreadable { .. } | SealError::UnknownDataKey { .. },
+            ) => Exit::Store,
+            StoreError::Sealing(_) => Exit::BadInput,
             _ => Exit::Store,
         }
     }

@@ -2,7 +2,7 @@
 //! key, the limit), turned into the flags and commands of `idem` that mend them.
 
 use idem::runtime::{AuthorityError, HostError};
-use idem::store::StoreError;
+use idem::store::{SealError, StoreError};
 
 /// What to type next, for an error the library names in its own terms.
 pub fn for_error(err: &anyhow::Error) -> Option<String> {
@@ -69,6 +69,16 @@ fn for_store(e: &StoreError) -> Option<String> {
         StoreError::LeaseLost { .. } => {
             Some("another worker drives the run now; `idem show RUN` says which".into())
         }
+        StoreError::Sealing(SealError::NoKey { .. } | SealError::WrongKey { .. }) => Some(
+            "give the key the store was created or last rekeyed with: --key-file PATH (or \
+             IDEM_STORE_KEY_FILE, or the digits in IDEM_STORE_KEY)"
+                .into(),
+        ),
+        StoreError::Sealing(SealError::NotEmpty { .. } | SealError::NotSealed) => Some(
+            "a store is encrypted from its creation: give a new --db with the key, or unset \
+             the key for this one"
+                .into(),
+        ),
         _ => None,
     }
 }

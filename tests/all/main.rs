@@ -45,6 +45,7 @@ mod rates;
 mod recycle;
 mod rogue;
 mod schedules;
+mod sealing;
 mod serve;
 mod spans;
 mod store_faults;

@@ -11,7 +11,7 @@ use idem::runtime::{
     Authority, DirGrant, HttpDestination, LoadedAgent, Protected, Runtime, check_grants,
     default_cache_dir, open_regular_file,
 };
-use idem::store::{self, Location, Store, StoreOptions, SyncMode};
+use idem::store::{self, Location, Store, StoreKey, StoreOptions, SyncMode};
 
 use crate::exit::BadInput;
 
@@ -32,12 +32,18 @@ pub struct DbArgs {
     /// command or a worker longer); the server is given the same bound for a statement.
     #[arg(long, default_value = "10s", value_parser = duration, value_name = "DURATION")]
     pub db_timeout: Duration,
+    /// The key of a store encrypted at rest: a file holding 64 hex digits (`openssl
+    /// rand -hex 32 > idem.key`). Given for a new store, it makes the store encrypted;
+    /// an encrypted store opens only with it. IDEM_STORE_KEY may hold the digits
+    /// themselves instead.
+    #[arg(long, env = "IDEM_STORE_KEY_FILE", value_name = "PATH")]
+    pub key_file: Option<PathBuf>,
 }
 
 impl DbArgs {
     /// Opens (creating and migrating if needed) the store for writing.
     pub async fn open(&self) -> anyhow::Result<Arc<dyn Store>> {
-        Ok(store::open(&self.db, &self.options()).await?)
+        Ok(store::open(&self.db, &self.options()?).await?)
     }
 
     /// Opens an existing store for reading only: looking never changes it.
@@ -47,7 +53,7 @@ impl DbArgs {
         }
         let options = StoreOptions {
             read_only: true,
-            ..self.options()
+            ..self.options()?
         };
         Ok(store::open(&self.db, &options).await?)
     }
@@ -59,7 +65,7 @@ impl DbArgs {
         }
         let options = StoreOptions {
             existing_only: true,
-            ..self.options()
+            ..self.options()?
         };
         Ok(store::open(&self.db, &options).await?)
     }
@@ -69,11 +75,29 @@ impl DbArgs {
         Location::parse(&self.db).path()
     }
 
-    fn options(&self) -> StoreOptions {
-        StoreOptions {
+    fn options(&self) -> anyhow::Result<StoreOptions> {
+        Ok(StoreOptions {
             pool_size: self.db_pool.max(1),
             call_timeout: self.db_timeout,
+            key: self.key()?,
             ..StoreOptions::default()
+        })
+    }
+
+    /// The store key given, from `--key-file` (or IDEM_STORE_KEY_FILE), else from
+    /// IDEM_STORE_KEY; `None` for a store that is not encrypted.
+    pub fn key(&self) -> anyhow::Result<Option<StoreKey>> {
+        if let Some(path) = &self.key_file {
+            return read_key(path).map(Some);
+        }
+        match std::env::var("IDEM_STORE_KEY") {
+            Ok(text) => StoreKey::from_hex(&text)
+                .map(Some)
+                .map_err(|e| BadInput(format!("IDEM_STORE_KEY: {e}")).into()),
+            Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(std::env::VarError::NotUnicode(_)) => {
+                Err(BadInput("IDEM_STORE_KEY: not a store key: it is not text".to_owned()).into())
+            }
         }
     }
 
@@ -85,14 +109,29 @@ impl DbArgs {
     }
 }
 
-/// What no directory grant may expose: the store, the cache in use, and the default
-/// cache even for a command that does not use it, since its key seals what later runs
-/// load.
-pub fn protected(db: Option<&std::path::Path>, cache: Option<&std::path::Path>) -> Vec<Protected> {
+/// The store key in the file at `path` (64 hex digits, a newline allowed).
+pub fn read_key(path: &Path) -> anyhow::Result<StoreKey> {
+    let mut text = String::new();
+    open_regular_file(path)
+        .and_then(|file| file.take(1024).read_to_string(&mut text))
+        .map_err(|e| BadInput(format!("cannot read the key file {}: {e}", path.display())))?;
+    StoreKey::from_hex(&text)
+        .map_err(|e| BadInput(format!("the key file {}: {e}", path.display())).into())
+}
+
+/// What no directory grant may expose: the store and its key file, the cache in use,
+/// and the default cache even for a command that does not use it, since its key seals
+/// what later runs load.
+pub fn protected(
+    db: Option<&std::path::Path>,
+    key: Option<&std::path::Path>,
+    cache: Option<&std::path::Path>,
+) -> Vec<Protected> {
     let mut protected: Vec<Protected> = db
         .map(|db| Protected::Store(db.to_path_buf()))
         .into_iter()
         .collect();
+    protected.extend(key.map(|key| Protected::Key(key.to_path_buf())));
     protected.extend(cache.map(|dir| Protected::Cache(dir.to_path_buf())));
     protected.extend(
         default_cache_dir()
@@ -111,7 +150,10 @@ pub fn load_agent(
     db: &DbArgs,
     cache: Option<PathBuf>,
 ) -> anyhow::Result<(Runtime, LoadedAgent)> {
-    check_grants(&authority.dirs, &protected(db.path(), cache.as_deref()))?;
+    check_grants(
+        &authority.dirs,
+        &protected(db.path(), db.key_file.as_deref(), cache.as_deref()),
+    )?;
     let cached = cache.is_some();
     let mut runtime = Runtime::new(cache)?;
     runtime.on_compile(move |path, size| say_compiling(path, size, cached));

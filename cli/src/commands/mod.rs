@@ -16,6 +16,7 @@ mod pause;
 mod progress;
 mod prove;
 mod rate;
+mod rekey;
 mod resolve;
 mod resume;
 mod run;
@@ -81,6 +82,9 @@ pub enum Command {
     /// Delete finished runs and what only they used, keeping what live runs and the
     /// dedupe window need.
     Gc(gc::GcCommand),
+    /// Rotate the key of a store encrypted at rest (its data keys rewrapped; no value
+    /// rewritten).
+    Rekey(rekey::RekeyCommand),
     /// Crash-test an agent at every crash point in scratch stores, and report what broke.
     Prove(Box<prove::ProveCommand>),
     /// Write a new agent project (Rust or Python) ready to build, run and prove.
@@ -126,6 +130,7 @@ impl Command {
             Command::Schedule(cmd) => cmd.execute().await,
             Command::Serve(cmd) => cmd.execute().await,
             Command::Gc(cmd) => cmd.execute().await,
+            Command::Rekey(cmd) => cmd.execute().await,
             Command::Prove(cmd) => cmd.execute().await,
             Command::New(cmd) => cmd.execute().await,
             Command::Completions(cmd) => cmd.execute(Args::command()),

@@ -149,7 +149,7 @@ impl ProveCommand {
         let scratch = self.scratch.clone().unwrap_or_else(std::env::temp_dir);
         check_grants(
             &authority.dirs,
-            &protected(Some(&scratch), cache.as_deref()),
+            &protected(Some(&scratch), None, cache.as_deref()),
         )?;
         let runtime = Arc::new(Runtime::new(cache.clone())?);
         let agent = runtime.load(&self.agent)?;

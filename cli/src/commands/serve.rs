@@ -81,7 +81,11 @@ impl ServeCommand {
         )?;
         let store = self.db.open().await?;
         let cache = self.cache.dir();
-        let protected = protected(self.db.path(), cache.as_deref());
+        let protected = protected(
+            self.db.path(),
+            self.db.key_file.as_deref(),
+            cache.as_deref(),
+        );
         let runtime = Arc::new(Runtime::new(cache)?);
         let server = Server::bind(Arc::clone(&store), Arc::clone(&runtime), options)
             .await

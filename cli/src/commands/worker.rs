@@ -53,7 +53,11 @@ impl WorkerCommand {
         )?;
         let store = open_when_reachable(&self.db).await?;
         let cache = self.cache.dir();
-        let protected = protected(self.db.path(), cache.as_deref());
+        let protected = protected(
+            self.db.path(),
+            self.db.key_file.as_deref(),
+            cache.as_deref(),
+        );
         let runtime = Arc::new(Runtime::new(cache)?);
         let worker = setup.build(runtime, store, protected)?;
         let shutdown = Shutdown::on_signals(

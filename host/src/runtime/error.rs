@@ -253,4 +253,11 @@ pub enum Exposes {
         .0.display()
     )]
     InsideCache(PathBuf),
+    /// The grant contains the store's key file.
+    #[error(
+        "it contains the store's key file {}, with which the agent could read every \
+         payload the store keeps sealed",
+        .0.display()
+    )]
+    Key(PathBuf),
 }

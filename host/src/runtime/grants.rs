@@ -22,6 +22,8 @@ pub enum Protected {
     /// A component cache directory: its key and its entries. A grant may neither
     /// contain it nor lie inside it. It need not exist yet.
     Cache(PathBuf),
+    /// The key file of a store encrypted at rest.
+    Key(PathBuf),
 }
 
 /// Refuses any grant whose directory, symbolic links resolved, contains a protected path
@@ -90,7 +92,7 @@ fn exposure(grant: &Path, protected: &Protected) -> Option<Exposes> {
     // Named in full in the error, as the user's `cd` does not show in it.
     let shown = |path: &Path| std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
     match protected {
-        Protected::Store(db) => {
+        Protected::Store(db) | Protected::Key(db) => {
             // Both where the name is and, when it is a link, where the file is: the
             // link can be replaced through its directory, and the file written through
             // the target's.
@@ -101,7 +103,10 @@ fn exposure(grant: &Path, protected: &Protected) -> Option<Exposes> {
             [lexical, resolve(db)]
                 .iter()
                 .any(|db| db.starts_with(grant))
-                .then(|| Exposes::Store(shown(db)))
+                .then(|| match protected {
+                    Protected::Key(_) => Exposes::Key(shown(db)),
+                    _ => Exposes::Store(shown(db)),
+                })
         }
         Protected::Cache(dir) => {
             let cache = resolve(dir);

@@ -67,7 +67,7 @@ impl Ending {
         match self.status {
             RunStatus::Completed => RunEnd::Completed(&self.outcome),
             RunStatus::Cancelled => RunEnd::Cancelled,
-            _ => RunEnd::Failed(std::str::from_utf8(&self.outcome).unwrap_or("")),
+            _ => RunEnd::Failed(&self.outcome),
         }
     }
 }
@@ -161,7 +161,9 @@ mod tests {
                 limit: 4
             }))
         ));
-        assert!(matches!(over.run_end(), RunEnd::Failed(text) if text.contains("5")));
+        assert!(
+            matches!(over.run_end(), RunEnd::Failed(text) if String::from_utf8_lossy(text).contains("5"))
+        );
     }
 
     #[test]

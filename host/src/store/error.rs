@@ -262,6 +262,10 @@ pub enum StoreError {
         /// The backend's own words for it, and what to do in its terms.
         detail: String,
     },
+    /// The store's encryption at rest could not be set up, or a sealed value not be
+    /// read ([`SealError`](super::SealError) says which).
+    #[error(transparent)]
+    Sealing(#[from] super::SealError),
     /// A backend operation failed.
     #[error("store failed to {op}")]
     Backend {

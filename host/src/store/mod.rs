@@ -57,6 +57,8 @@
 //! - `roles/`: one file per role trait, [`Store`] their sum, and [`Overlay`].
 //! - `fence.rs`, `claims.rs`, `progress.rs`, `runs.rs`, `children.rs`, `deploy.rs`,
 //!   `waits.rs`, `gc.rs`, `schedules.rs`: the values the roles speak in, by topic.
+//! - `sealing/`: encryption at rest: the store key, data keys, sealed values, and
+//!   [`Sealed`], the decorator that seals every payload of a store.
 //! - `clock.rs`: the store's time, and a manual clock tests drive.
 //! - `error.rs`: [`StoreError`] and [`DatabaseFault`], in no backend's words.
 //! - `parked.rs`: the keys a run parked in doubt, as an operator names them.
@@ -94,6 +96,7 @@ mod roles;
 mod rules;
 mod runs;
 mod schedules;
+mod sealing;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 #[cfg(test)]
@@ -138,8 +141,13 @@ pub use schedules::{
     ScheduleRecord, ScheduleSpec, ScheduledBy, SpecError, Tick, TickCounts, TickOutcome,
     schedule_run_id, tick_text,
 };
+pub(crate) use sealing::Payloads;
+pub use sealing::{
+    DataKeyRecord, MAGIC as SEALED_MAGIC, RekeyReport, SealError, Sealed, Sealer, StoreKey, rewrap,
+};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{OpenOptions, SqliteStore};
+pub(crate) use waits::check_signal_payload;
 pub use waits::{
     JoinRefusal, JoinRequest, MAX_SIGNAL_NAME_BYTES, MAX_WAIT, SignalSent, Suspension, WaitKind,
     WaitRecord, WaitRequest, WaitState, Wake, check_signal_name,

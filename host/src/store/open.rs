@@ -74,6 +74,9 @@ pub struct StoreOptions {
     /// PostgreSQL: how long one call to the server may wait for its answer
     /// ([`PostgresOptions::call_timeout`](super::PostgresOptions::call_timeout)).
     pub call_timeout: std::time::Duration,
+    /// The store key of a store encrypted at rest (`store/sealing/`): required to open
+    /// one; given for a new store, it makes the store encrypted.
+    pub key: Option<super::StoreKey>,
 }
 
 impl Default for StoreOptions {
@@ -84,6 +87,7 @@ impl Default for StoreOptions {
             read_only: false,
             pool_size: 16,
             call_timeout: std::time::Duration::from_secs(10),
+            key: None,
         }
     }
 }
@@ -91,14 +95,20 @@ impl Default for StoreOptions {
 /// Opens the store at `location` ([`Location::parse`]) with the backend it names,
 /// creating and migrating it unless `options` say otherwise.
 ///
+/// A store encrypted at rest is opened with its key ([`StoreOptions::key`]) and its
+/// payloads are sealed and opened on the way ([`Sealed`](super::Sealed)).
+///
 /// Fails with [`StoreError::BackendNotBuilt`] when this build has no such backend,
-/// and as the backend's own `open` or `connect` fails otherwise. Opening a SQLite file
-/// blocks the calling thread briefly (it reads and may write the file).
+/// and as the backend's own `open` or `connect` fails otherwise; with
+/// [`StoreError::Sealing`] when the key is missing, wrong, or given for a store that
+/// is not encrypted and holds data already. Opening a SQLite file blocks the calling
+/// thread briefly (it reads and may write the file).
 pub async fn open(location: &str, options: &StoreOptions) -> Result<Arc<dyn Store>, StoreError> {
-    match Location::parse(location) {
-        Location::Sqlite(path) => open_sqlite(path, options),
-        Location::Postgres(url) => connect_postgres(url, options).await,
-    }
+    let store = match Location::parse(location) {
+        Location::Sqlite(path) => open_sqlite(path, options)?,
+        Location::Postgres(url) => connect_postgres(url, options).await?,
+    };
+    super::sealing::seal_store(store, options.key.as_ref(), options.read_only).await
 }
 
 #[cfg(feature = "sqlite")]

@@ -55,6 +55,7 @@ mod rates;
 mod runs;
 mod schedules;
 mod schema;
+mod sealing;
 #[cfg(test)]
 mod tests;
 mod waits;
@@ -160,6 +161,9 @@ pub struct PostgresStore {
     batches: batch::Batches,
     /// Drives the connections; shut down (without waiting) when the handle drops.
     runtime: Option<tokio::runtime::Runtime>,
+    /// The store's data keys, once it is known to be encrypted at rest: logs' chunks
+    /// are sealed with them, and inputs opened to read their concurrency keys.
+    sealer: std::sync::OnceLock<std::sync::Arc<super::Sealer>>,
 }
 
 impl PostgresStore {
@@ -253,6 +257,7 @@ impl PostgresStore {
             clock: options.clock.clone(),
             batches,
             runtime: Some(runtime),
+            sealer: std::sync::OnceLock::new(),
         };
         schema::migrate(&store, options.existing_only).await?;
         Ok(store)

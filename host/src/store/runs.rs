@@ -240,8 +240,9 @@ pub enum LeaseState {
 pub enum RunEnd<'a> {
     /// The agent returned these output bytes.
     Completed(&'a [u8]),
-    /// The agent returned this error (or the host ended the run with it).
-    Failed(&'a str),
+    /// The agent returned this error text (or the host ended the run with it), as
+    /// bytes: a store encrypted at rest passes it on sealed.
+    Failed(&'a [u8]),
     /// The run stopped in doubt; [`InstanceStore::park`] recorded the key and reason.
     InDoubt,
     /// The run was cancelled; its open claims are released in the same transaction.

@@ -40,6 +40,7 @@ mod rates;
 mod runs;
 mod schedules;
 mod schema;
+mod sealing;
 #[cfg(test)]
 mod tests;
 mod thread;
@@ -182,6 +183,9 @@ pub struct SqliteStore {
     clock: Clock,
     /// The least fencing token a grant through this handle takes (`epoch.rs`).
     token_floor: u64,
+    /// The store's data keys, once it is known to be encrypted at rest: logs' chunks
+    /// are sealed with them, and inputs opened to read their concurrency keys.
+    sealer: std::sync::OnceLock<std::sync::Arc<super::Sealer>>,
 }
 
 impl SqliteStore {
@@ -243,12 +247,18 @@ impl SqliteStore {
             sync: options.sync,
             clock: options.clock.clone(),
             token_floor,
+            sealer: std::sync::OnceLock::new(),
         })
     }
 
     /// The database file this store was opened on.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The sealer of a store encrypted at rest, for a closure on the database's thread.
+    fn sealer(&self) -> Option<std::sync::Arc<super::Sealer>> {
+        self.sealer.get().cloned()
     }
 
     /// Runs `f` on the database thread outside any transaction: each statement reads

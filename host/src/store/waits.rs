@@ -166,6 +166,17 @@ pub struct SignalSent {
     pub woke: bool,
 }
 
+/// Whether a signal's payload of `len` bytes is within `max` (the state limit): the
+/// refusal's reason if not.
+pub(crate) fn check_signal_payload(len: usize, max: usize) -> Result<(), String> {
+    if len > max {
+        return Err(format!(
+            "its payload is {len} bytes, over the state limit of {max} bytes"
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a signal name: 1 to 128 bytes of visible text.
 pub fn check_signal_name(name: &str) -> Result<(), String> {
     if name.is_empty() {

@@ -3,24 +3,25 @@
 //! statements run in it. Values a store cannot keep are refused here, before anything
 //! is sent.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::conn::{Fenced, Lock, write_tx};
 use super::one_trip::OneTrip;
 use super::{
     PostgresStore, TxError, children, claims, components, flow, gc, leases, logs, pause, rates,
-    runs, schedules, waits,
+    runs, schedules, sealing, waits,
 };
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
 use crate::store::{
     Acquired, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
-    Counts, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits, FlowSetting, GcReport,
-    GcRequest, InstanceStore, JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim, OperatorStore,
-    Paused, PausedDeployment, Presence, RateLimit, RateSetting, Resolution, Resumed, RunEnd,
-    RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent,
-    SpawnAnswers, SpawnBatch, StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode,
-    Tick, WaitRecord, WaitRequest, WaitState, WorkerStore,
+    Counts, DataKeyRecord, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits, FlowSetting,
+    GcReport, GcRequest, InstanceStore, JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim,
+    OperatorStore, Paused, PausedDeployment, Presence, RateLimit, RateSetting, Resolution, Resumed,
+    RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, Sealer,
+    SignalSent, SpawnAnswers, SpawnBatch, StepRecord, StoreError, Submission, Submitted,
+    Suspension, SyncMode, Tick, WaitRecord, WaitRequest, WaitState, WorkerStore,
 };
 
 /// Refuses a write whose fence did not hold.
@@ -481,6 +482,42 @@ impl CatalogStore for PostgresStore {
         write_tx!(self, "upgrade a run", self.sync, None, |conn, _f| {
             runs::upgrade_run(conn, run_id, from, to).await
         })
+    }
+
+    async fn data_keys(&self) -> Result<Vec<DataKeyRecord>, StoreError> {
+        self.read("read the data keys", async |conn| {
+            sealing::data_keys(conn).await
+        })
+        .await
+    }
+
+    async fn put_data_key(&self, record: &DataKeyRecord) -> Result<(), StoreError> {
+        write_tx!(
+            self,
+            "record a data key",
+            SyncMode::Full,
+            None,
+            |conn, _f| { sealing::put_first(conn, record).await }
+        )
+    }
+
+    async fn rewrap_data_keys(
+        &self,
+        old_key_id: &str,
+        records: &[DataKeyRecord],
+    ) -> Result<(), StoreError> {
+        write_tx!(
+            self,
+            "rewrap the data keys",
+            SyncMode::Full,
+            None,
+            |conn, _f| { sealing::rewrap(conn, old_key_id, records).await }
+        )
+    }
+
+    fn use_sealer(&self, sealer: Arc<Sealer>) {
+        // Set once, by whoever seals the store; a second call brings the same keys.
+        let _ = self.sealer.set(sealer);
     }
 }
 

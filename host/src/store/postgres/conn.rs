@@ -2,6 +2,7 @@
 //! store's time, transactions that begin with the fence check pipelined, and the call
 //! timeout on every round trip.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -10,7 +11,7 @@ use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
 use super::{PostgresStore, TxError, is_race};
-use crate::store::{Millis, RunFence, StoreError, SyncMode};
+use crate::store::{Millis, Payloads, RunFence, Sealer, StoreError, SyncMode};
 
 /// The store's time in milliseconds: the manual clock's when one is passed (`$1`),
 /// else the server's, as of the transaction's start.
@@ -48,9 +49,17 @@ pub(super) struct Conn {
     lost: AtomicBool,
     /// The store's time, read in the transaction's first round trip (zero outside one).
     pub(super) now: Millis,
+    /// The store's data keys, if it is encrypted at rest.
+    sealer: Option<Arc<Sealer>>,
 }
 
 impl Conn {
+    /// How this store keeps the payloads the backend handles itself (logs' chunks,
+    /// inputs read for their concurrency keys).
+    pub(super) fn payloads(&self) -> Payloads<'_> {
+        Payloads(self.sealer.as_deref())
+    }
+
     pub(super) fn client(&self) -> &Object {
         // Taken only in `drop`.
         self.conn.as_ref().unwrap_or_else(|| unreachable!())
@@ -189,6 +198,7 @@ impl PostgresStore {
             limit: self.call_timeout,
             lost: AtomicBool::new(false),
             now: 0,
+            sealer: self.sealer.get().cloned(),
         })
     }
 
@@ -220,6 +230,7 @@ impl PostgresStore {
             limit: self.call_timeout,
             lost: AtomicBool::new(false),
             now: 0,
+            sealer: self.sealer.get().cloned(),
         };
         let begin = match sync {
             SyncMode::Full => "BEGIN; SET LOCAL synchronous_commit TO on",

@@ -33,7 +33,7 @@ pub(super) async fn flow_key(
     else {
         return Ok(None);
     };
-    match key_of(&pointer, submission.input) {
+    match key_of(&pointer, &conn.payloads().open(submission.input)?) {
         Some(key) => Ok(Some(key)),
         None => Err(TxError::Store(StoreError::FlowKeyMissing {
             run_id: submission.run_id.to_string(),
@@ -112,7 +112,10 @@ async fn rekey(conn: &Conn, deployment: &str, pointer: Option<&str>) -> Result<(
         .await?;
     for row in &rows {
         let (run_id, input): (String, Vec<u8>) = (row.try_get(0)?, row.try_get(1)?);
-        let key = pointer.and_then(|pointer| key_of(pointer, &input));
+        let key = match pointer {
+            Some(pointer) => key_of(pointer, &conn.payloads().open(&input)?),
+            None => None,
+        };
         conn.execute(
             "UPDATE runs SET flow_key = $2 WHERE run_id = $1",
             &[&run_id, &key],

@@ -328,7 +328,7 @@ pub(super) async fn finish_run(
     let run_id = fence.run_id.as_str();
     let (status, outcome) = match end {
         RunEnd::Completed(output) => (RunStatus::Completed, Some(output)),
-        RunEnd::Failed(error) => (RunStatus::Failed, Some(error.as_bytes())),
+        RunEnd::Failed(error) => (RunStatus::Failed, Some(error)),
         RunEnd::InDoubt => (RunStatus::InDoubt, None),
         RunEnd::Cancelled => {
             runs::save_counts(conn, run_id, counts).await?;

@@ -24,6 +24,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0009_flow.sql"),
     include_str!("../migrations/postgres/0010_pause.sql"),
     include_str!("../migrations/postgres/0011_rates.sql"),
+    include_str!("../migrations/postgres/0012_sealing.sql"),
 ];
 
 /// The schema version this build writes and understands.

@@ -8,7 +8,7 @@ use super::runs::{save_counts, status_from, unknown_run};
 use crate::store::rules::{Recorded, WaitRow, asked, sleep_state};
 use crate::store::{
     Counts, Millis, RunFence, RunStatus, SignalSent, StoreError, Suspension, WaitKind, WaitRecord,
-    WaitState, check_signal_name,
+    WaitState, check_signal_name, check_signal_payload,
 };
 
 /// Records the wait if new and says where it stands; a signal wait takes its signal
@@ -189,12 +189,7 @@ pub(super) async fn send_signal(
         })
     };
     check_signal_name(name).map_err(refused)?;
-    if payload.len() > max_payload {
-        return Err(refused(format!(
-            "its payload is {} bytes, over the state limit of {max_payload} bytes",
-            payload.len()
-        )));
-    }
+    check_signal_payload(payload.len(), max_payload).map_err(refused)?;
     // Locked, so that a suspension of the run sees this signal or is seen by it.
     let row = conn
         .query_opt(

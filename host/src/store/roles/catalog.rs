@@ -1,14 +1,17 @@
 //! [`CatalogStore`]: what runs are made from — components and deployments.
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::store::{
-    Deployment, DeploymentRecord, FlowLimits, FlowSetting, RateLimit, RateSetting, StoreError,
+    DataKeyRecord, Deployment, DeploymentRecord, FlowLimits, FlowSetting, RateLimit, RateSetting,
+    Sealer, StoreError,
 };
 
 /// What runs are made from: components by digest, deployments (a name pointing at a
 /// component, with the authority it grants), the components a namespace admits, and
-/// moving a run to another component.
+/// moving a run to another component; and the data keys that seal the store's payloads
+/// (`store/sealing/`).
 ///
 /// Called by deploying (`ops.rs`), by a host starting a run from a component file, and
 /// by a worker loading the component a leased run is pinned to.
@@ -73,4 +76,26 @@ pub trait CatalogStore: Send + Sync + fmt::Debug {
 
     /// Every class's rate limit, by class.
     async fn rates(&self) -> Result<Vec<RateLimit>, StoreError>;
+
+    /// The store's data keys, wrapped: none unless it is encrypted at rest.
+    async fn data_keys(&self) -> Result<Vec<DataKeyRecord>, StoreError>;
+
+    /// Records a first data key, unless the store has one already (another process
+    /// made it first: the caller reads [`data_keys`](Self::data_keys) again).
+    async fn put_data_key(&self, record: &DataKeyRecord) -> Result<(), StoreError>;
+
+    /// Replaces every data key's wrapping with `records` in one transaction, if they are
+    /// still wrapped by the store key `old_key_id`; fails with
+    /// [`SealError::Rotated`](crate::store::SealError::Rotated), changing nothing,
+    /// otherwise.
+    async fn rewrap_data_keys(
+        &self,
+        old_key_id: &str,
+        records: &[DataKeyRecord],
+    ) -> Result<(), StoreError>;
+
+    /// Seals, from now on, the payloads the backend handles itself (logs' chunks) and
+    /// opens the inputs it reads concurrency keys from, with `sealer`. Called once, by
+    /// whoever wraps the store in [`Sealed`](crate::store::Sealed).
+    fn use_sealer(&self, sealer: Arc<Sealer>);
 }

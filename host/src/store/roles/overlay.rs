@@ -12,7 +12,9 @@
 //! - a macro writing the forwards at each decorator would hide code and repeat it.
 //!
 //! Each call through an overlay costs one more dynamic call and boxed future; the
-//! backends are not wrapped in one unless a decorator asks for it.
+//! backends are not wrapped in one unless a decorator asks for it. Provided methods are
+//! forwarded too, so that a backend's own (one-transaction) version of them is the one
+//! called.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,11 +22,12 @@ use std::time::Duration;
 use super::{CatalogStore, InstanceStore, OperatorStore, Store, WorkerStore};
 use crate::store::{
     Acquired, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
-    Deployment, DeploymentPaused, DeploymentRecord, FlowLimits, FlowSetting, GcReport, GcRequest,
-    JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim, Paused, PausedDeployment, Presence,
-    RateLimit, RateSetting, Resolution, Resumed, RunEnd, RunFence, RunFilter, RunRecord,
-    ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent, SpawnAnswers, SpawnBatch, StepRecord,
-    StoreError, Submission, Submitted, Suspension, Tick, WaitRecord, WaitRequest, WaitState,
+    DataKeyRecord, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits, FlowSetting,
+    GcReport, GcRequest, JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim, Paused,
+    PausedDeployment, Presence, RateLimit, RateSetting, Rated, Resolution, Resumed, RunEnd,
+    RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, Sealer, SignalSent,
+    SpawnAnswers, SpawnBatch, SpawnRequest, Spawned, StepRecord, StoreError, Submission, Submitted,
+    Suspension, Tick, WaitRecord, WaitRequest, WaitState,
 };
 
 /// A [`Store`] assembled from one handle per role: an underlying store's, with any
@@ -93,6 +96,14 @@ impl InstanceStore for Overlay {
         self.instance.claim(req).await
     }
 
+    async fn claim_rated(
+        &self,
+        req: &ClaimRequest<'_>,
+        token: &WaitRequest<'_>,
+    ) -> Result<Rated, StoreError> {
+        self.instance.claim_rated(req, token).await
+    }
+
     async fn take_over(
         &self,
         req: &ClaimRequest<'_>,
@@ -153,6 +164,10 @@ impl InstanceStore for Overlay {
 
     async fn wait(&self, req: &WaitRequest<'_>) -> Result<WaitState, StoreError> {
         self.instance.wait(req).await
+    }
+
+    async fn spawn(&self, req: &SpawnRequest<'_>) -> Result<Spawned, StoreError> {
+        self.instance.spawn(req).await
     }
 
     async fn spawn_many(&self, batch: &SpawnBatch<'_>) -> Result<SpawnAnswers, StoreError> {
@@ -306,12 +321,39 @@ impl CatalogStore for Overlay {
     async fn upgrade_run(&self, run_id: &str, from: &str, to: &str) -> Result<(), StoreError> {
         self.catalog.upgrade_run(run_id, from, to).await
     }
+
+    async fn data_keys(&self) -> Result<Vec<DataKeyRecord>, StoreError> {
+        self.catalog.data_keys().await
+    }
+
+    async fn put_data_key(&self, record: &DataKeyRecord) -> Result<(), StoreError> {
+        self.catalog.put_data_key(record).await
+    }
+
+    async fn rewrap_data_keys(
+        &self,
+        old_key_id: &str,
+        records: &[DataKeyRecord],
+    ) -> Result<(), StoreError> {
+        self.catalog.rewrap_data_keys(old_key_id, records).await
+    }
+
+    fn use_sealer(&self, sealer: Arc<Sealer>) {
+        self.catalog.use_sealer(sealer);
+    }
 }
 
 #[async_trait::async_trait]
 impl OperatorStore for Overlay {
     async fn submit(&self, submission: &Submission<'_>) -> Result<Submitted, StoreError> {
         self.operator.submit(submission).await
+    }
+
+    async fn submit_many(
+        &self,
+        submissions: &[Submission<'_>],
+    ) -> Result<Vec<Result<Submitted, StoreError>>, StoreError> {
+        self.operator.submit_many(submissions).await
     }
 
     async fn run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {

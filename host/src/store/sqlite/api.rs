@@ -3,6 +3,7 @@
 //! durable its write must be, and which statements do it. Values a store cannot keep
 //! are refused here, before anything is sent.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::owned::{
@@ -10,18 +11,18 @@ use super::owned::{
 };
 use super::{
     SqliteStore, TxError, children, claims, components, flow, gc, leases, logs, pause, presence,
-    rates, runs, schedules, waits,
+    rates, runs, schedules, sealing, waits,
 };
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
 use crate::store::{
     Acquired, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
-    Counts, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits, FlowSetting, GcReport,
-    GcRequest, InstanceStore, JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim, OperatorStore,
-    Paused, PausedDeployment, Presence, RateLimit, RateSetting, Rated, Resolution, Resumed, RunEnd,
-    RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent,
-    SpawnAnswers, SpawnBatch, StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode,
-    Tick, WaitRecord, WaitRequest, WaitState, WorkerStore,
+    Counts, DataKeyRecord, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits, FlowSetting,
+    GcReport, GcRequest, InstanceStore, JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim,
+    OperatorStore, Paused, PausedDeployment, Payloads, Presence, RateLimit, RateSetting, Rated,
+    Resolution, Resumed, RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord,
+    ScheduledBy, Sealer, SignalSent, SpawnAnswers, SpawnBatch, StepRecord, StoreError, Submission,
+    Submitted, Suspension, SyncMode, Tick, WaitRecord, WaitRequest, WaitState, WorkerStore,
 };
 
 #[async_trait::async_trait]
@@ -178,9 +179,16 @@ impl InstanceStore for SqliteStore {
         keep: usize,
     ) -> Result<(), StoreError> {
         let (fence, bytes) = (fence.clone(), bytes.to_vec());
+        let sealer = self.sealer();
         self.write("append to a run's log", fence.sync, move |conn, _| {
             leases::check_fence(conn, &fence)?;
-            logs::append(conn, &fence.run_id, &bytes, keep)
+            logs::append(
+                conn,
+                &fence.run_id,
+                &bytes,
+                keep,
+                Payloads(sealer.as_deref()),
+            )
         })
         .await
     }
@@ -353,8 +361,9 @@ impl WorkerStore for SqliteStore {
         if !due || max == 0 {
             return Ok(Vec::new());
         }
+        let sealer = self.sealer();
         self.write("fire schedules", self.sync, move |conn, now| {
-            schedules::fire(conn, max, now)
+            schedules::fire(conn, max, now, Payloads(sealer.as_deref()))
         })
         .await
     }
@@ -444,6 +453,7 @@ impl CatalogStore for SqliteStore {
         let deployment = setting.deployment.to_owned();
         let key = setting.key.map(str::to_owned);
         let (max_running, per_key) = (setting.max_running, setting.per_key);
+        let sealer = self.sealer();
         self.write("set a deployment's limits", self.sync, move |conn, now| {
             let setting = FlowSetting {
                 deployment: &deployment,
@@ -451,7 +461,7 @@ impl CatalogStore for SqliteStore {
                 key: key.as_deref(),
                 per_key,
             };
-            flow::set_flow(conn, &setting, now)
+            flow::set_flow(conn, &setting, now, Payloads(sealer.as_deref()))
         })
         .await
     }
@@ -506,14 +516,44 @@ impl CatalogStore for SqliteStore {
         })
         .await
     }
+
+    async fn data_keys(&self) -> Result<Vec<DataKeyRecord>, StoreError> {
+        self.read("read the data keys", sealing::data_keys).await
+    }
+
+    async fn put_data_key(&self, record: &DataKeyRecord) -> Result<(), StoreError> {
+        let record = record.clone();
+        self.write("record a data key", SyncMode::Full, move |conn, _| {
+            sealing::put_first(conn, &record)
+        })
+        .await
+    }
+
+    async fn rewrap_data_keys(
+        &self,
+        old_key_id: &str,
+        records: &[DataKeyRecord],
+    ) -> Result<(), StoreError> {
+        let (old_key_id, records) = (old_key_id.to_owned(), records.to_vec());
+        self.write("rewrap the data keys", SyncMode::Full, move |conn, _| {
+            sealing::rewrap(conn, &old_key_id, &records)
+        })
+        .await
+    }
+
+    fn use_sealer(&self, sealer: Arc<Sealer>) {
+        // Set once, by whoever seals the store; a second call brings the same keys.
+        let _ = self.sealer.set(sealer);
+    }
 }
 
 #[async_trait::async_trait]
 impl OperatorStore for SqliteStore {
     async fn submit(&self, submission: &Submission<'_>) -> Result<Submitted, StoreError> {
         let owned = OwnedSubmission::new(submission);
+        let sealer = self.sealer();
         self.write("submit a run", self.sync, move |conn, now| {
-            runs::submit(conn, &owned.borrow(), now)
+            runs::submit(conn, &owned.borrow(), now, Payloads(sealer.as_deref()))
         })
         .await
     }
@@ -523,15 +563,19 @@ impl OperatorStore for SqliteStore {
         submissions: &[Submission<'_>],
     ) -> Result<Vec<Result<Submitted, StoreError>>, StoreError> {
         let owned: Vec<OwnedSubmission> = submissions.iter().map(OwnedSubmission::new).collect();
+        let sealer = self.sealer();
         self.write("submit runs", self.sync, move |conn, now| {
+            let payloads = Payloads(sealer.as_deref());
             let mut answers = Vec::with_capacity(owned.len());
             for submission in &owned {
-                answers.push(match runs::submit(conn, &submission.borrow(), now) {
-                    // Every refusal comes before the submission's first write.
-                    Err(TxError::Store(e)) if e.is_refusal() => Err(e),
-                    Err(e) => return Err(e),
-                    Ok(submitted) => Ok(submitted),
-                });
+                answers.push(
+                    match runs::submit(conn, &submission.borrow(), now, payloads) {
+                        // Every refusal comes before the submission's first write.
+                        Err(TxError::Store(e)) if e.is_refusal() => Err(e),
+                        Err(e) => return Err(e),
+                        Ok(submitted) => Ok(submitted),
+                    },
+                );
             }
             Ok(answers)
         })
@@ -664,8 +708,11 @@ impl OperatorStore for SqliteStore {
 
     async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError> {
         let run_id = run_id.to_owned();
-        self.read("read a run's log", move |conn| logs::read(conn, &run_id))
-            .await
+        let sealer = self.sealer();
+        self.read("read a run's log", move |conn| {
+            logs::read(conn, &run_id, Payloads(sealer.as_deref()))
+        })
+        .await
     }
 
     async fn create_schedule(&self, def: &ScheduleDef<'_>) -> Result<ScheduleRecord, StoreError> {

@@ -6,8 +6,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::TxError;
 use crate::store::{
-    FlowCounts, FlowLimits, FlowRefusal, FlowSetting, Limit, Millis, StoreError, Submission,
-    check_setting, key_of,
+    FlowCounts, FlowLimits, FlowRefusal, FlowSetting, Limit, Millis, Payloads, StoreError,
+    Submission, check_setting, key_of,
 };
 
 /// The concurrency key of a run being submitted, if its deployment reads one; a
@@ -15,6 +15,7 @@ use crate::store::{
 pub(super) fn flow_key(
     conn: &Connection,
     submission: &Submission<'_>,
+    payloads: Payloads<'_>,
 ) -> Result<Option<String>, TxError> {
     let pointer: Option<Option<String>> = conn
         .prepare_cached("SELECT key_pointer FROM flow_limits WHERE deployment = ?1")?
@@ -23,7 +24,7 @@ pub(super) fn flow_key(
     let Some(pointer) = pointer.flatten() else {
         return Ok(None);
     };
-    match key_of(&pointer, submission.input) {
+    match key_of(&pointer, &payloads.open(submission.input)?) {
         Some(key) => Ok(Some(key)),
         None => Err(TxError::Store(StoreError::FlowKeyMissing {
             run_id: submission.run_id.to_string(),
@@ -39,6 +40,7 @@ pub(super) fn set_flow(
     conn: &Connection,
     setting: &FlowSetting<'_>,
     now: Millis,
+    payloads: Payloads<'_>,
 ) -> Result<FlowLimits, TxError> {
     let refused = |refusal| {
         TxError::Store(StoreError::FlowRefused {
@@ -71,7 +73,7 @@ pub(super) fn set_flow(
         setting.per_key,
         now
     ])?;
-    rekey(conn, setting.deployment, setting.key)?;
+    rekey(conn, setting.deployment, setting.key, payloads)?;
     Ok(FlowLimits {
         deployment: setting.deployment.to_string(),
         max_running: setting.max_running,
@@ -83,7 +85,12 @@ pub(super) fn set_flow(
 
 /// Reads the keys of the deployment's unfinished runs again with `pointer` (none
 /// without one).
-fn rekey(conn: &Connection, deployment: &str, pointer: Option<&str>) -> Result<(), TxError> {
+fn rekey(
+    conn: &Connection,
+    deployment: &str,
+    pointer: Option<&str>,
+    payloads: Payloads<'_>,
+) -> Result<(), TxError> {
     let runs: Vec<(String, Vec<u8>)> = conn
         .prepare_cached(
             "SELECT r.run_id, i.input FROM runs r JOIN run_inputs i ON i.run_id = r.run_id
@@ -93,7 +100,10 @@ fn rekey(conn: &Connection, deployment: &str, pointer: Option<&str>) -> Result<(
         .collect::<rusqlite::Result<_>>()?;
     let mut update = conn.prepare_cached("UPDATE runs SET flow_key = ?2 WHERE run_id = ?1")?;
     for (run_id, input) in runs {
-        let key = pointer.and_then(|pointer| key_of(pointer, &input));
+        let key = match pointer {
+            Some(pointer) => key_of(pointer, &payloads.open(&input)?),
+            None => None,
+        };
         update.execute(params![run_id, key])?;
     }
     Ok(())
@@ -105,7 +115,7 @@ pub(super) fn clear_flow(conn: &Connection, deployment: &str) -> Result<bool, Tx
         .prepare_cached("DELETE FROM flow_limits WHERE deployment = ?1")?
         .execute([deployment])?;
     if cleared > 0 {
-        rekey(conn, deployment, None)?;
+        rekey(conn, deployment, None, Payloads::default())?;
     }
     Ok(cleared > 0)
 }

@@ -302,7 +302,7 @@ pub(super) fn finish_run(
             RunStatus::Completed
         }
         RunEnd::Failed(error) => {
-            set_outcome(conn, run_id, Some(error.as_bytes()))?;
+            set_outcome(conn, run_id, Some(error))?;
             RunStatus::Failed
         }
         // The reason `park` stored stays the run's outcome.

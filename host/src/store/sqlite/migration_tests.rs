@@ -81,6 +81,7 @@ fn version_2_store_migrates_with_runs_results_and_checkpoints_intact() {
         tables(&store),
         [
             "components",
+            "data_keys",
             "deployments",
             "epoch",
             "flow_limits",

@@ -71,7 +71,7 @@ impl OwnedRef {
 /// A [`RunEnd`] that owns its bytes.
 pub(super) enum OwnedEnd {
     Completed(Vec<u8>),
-    Failed(String),
+    Failed(Vec<u8>),
     InDoubt,
     Cancelled,
 }
@@ -80,7 +80,7 @@ impl OwnedEnd {
     pub(super) fn new(end: RunEnd<'_>) -> OwnedEnd {
         match end {
             RunEnd::Completed(output) => OwnedEnd::Completed(output.to_vec()),
-            RunEnd::Failed(error) => OwnedEnd::Failed(error.to_owned()),
+            RunEnd::Failed(error) => OwnedEnd::Failed(error.to_vec()),
             RunEnd::InDoubt => OwnedEnd::InDoubt,
             RunEnd::Cancelled => OwnedEnd::Cancelled,
         }

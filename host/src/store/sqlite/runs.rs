@@ -8,8 +8,8 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::{TxError, to_sql_int, u64_column};
 use crate::store::{
-    Cancelled, Checkpoint, Counts, MAX_PRIORITY, Millis, RunFilter, RunLeaseInfo, RunRecord,
-    RunStatus, StoreError, Submission, Submitted,
+    Cancelled, Checkpoint, Counts, MAX_PRIORITY, Millis, Payloads, RunFilter, RunLeaseInfo,
+    RunRecord, RunStatus, StoreError, Submission, Submitted,
 };
 
 /// A run's status as shown: `paused` for a queued or running run an operator paused
@@ -46,6 +46,7 @@ pub(super) fn submit(
     conn: &Connection,
     submission: &Submission<'_>,
     now: Millis,
+    payloads: Payloads<'_>,
 ) -> Result<Submitted, TxError> {
     let run_id = submission.run_id;
     // Compared by SQLite: a large input is not copied out to be compared.
@@ -84,7 +85,7 @@ pub(super) fn submit(
                     priority: submission.priority,
                 }));
             }
-            let flow_key = super::flow::flow_key(conn, submission)?;
+            let flow_key = super::flow::flow_key(conn, submission, payloads)?;
             conn.prepare_cached(
                 "INSERT INTO runs
                      (run_id, agent, digest, namespace, status, created, updated, priority, flow_key)

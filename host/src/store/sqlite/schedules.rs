@@ -8,8 +8,8 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use super::{TxError, to_sql_int, u32_column, u64_column};
 use crate::store::rules::{TickAction, check_def, tick_action};
 use crate::store::{
-    Millis, ScheduleDef, ScheduleRecord, ScheduleSpec, ScheduledBy, StoreError, Submission, Tick,
-    TickCounts, TickOutcome, schedule_run_id,
+    Millis, Payloads, ScheduleDef, ScheduleRecord, ScheduleSpec, ScheduledBy, StoreError,
+    Submission, Tick, TickCounts, TickOutcome, schedule_run_id,
 };
 
 const SELECT: &str = "SELECT name, deployment, kind, every_ms, cron, tz, input, catch_up, overlap,
@@ -193,7 +193,12 @@ pub(super) fn any_due(conn: &Connection, now: Millis) -> Result<bool, TxError> {
 /// Fires up to `max` due schedules, each as [`WorkerStore::fire_schedules`] says.
 ///
 /// [`WorkerStore::fire_schedules`]: crate::store::WorkerStore::fire_schedules
-pub(super) fn fire(conn: &Connection, max: usize, now: Millis) -> Result<Vec<Tick>, TxError> {
+pub(super) fn fire(
+    conn: &Connection,
+    max: usize,
+    now: Millis,
+    payloads: Payloads<'_>,
+) -> Result<Vec<Tick>, TxError> {
     let names: Vec<String> = conn
         .prepare_cached(
             "SELECT name FROM schedules
@@ -207,7 +212,7 @@ pub(super) fn fire(conn: &Connection, max: usize, now: Millis) -> Result<Vec<Tic
         let Some(schedule) = get(conn, &name)? else {
             continue;
         };
-        fire_one(conn, &schedule, now, &mut ticks)?;
+        fire_one(conn, &schedule, now, payloads, &mut ticks)?;
     }
     Ok(ticks)
 }
@@ -216,6 +221,7 @@ fn fire_one(
     conn: &Connection,
     schedule: &ScheduleRecord,
     now: Millis,
+    payloads: Payloads<'_>,
     ticks: &mut Vec<Tick>,
 ) -> Result<(), TxError> {
     let name = &schedule.name;
@@ -268,7 +274,7 @@ fn fire_one(
                     replace_authority: false,
                     priority: 0,
                 };
-                match super::runs::submit(conn, &submission, now) {
+                match super::runs::submit(conn, &submission, now, payloads) {
                     Ok(submitted) => Ok(submitted.created),
                     Err(TxError::Store(e)) => Err(e.to_string()),
                     Err(e) => return Err(e),

@@ -30,6 +30,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0011_flow.sql"),
     include_str!("../migrations/sqlite/0012_pause.sql"),
     include_str!("../migrations/sqlite/0013_rates.sql"),
+    include_str!("../migrations/sqlite/0014_sealing.sql"),
 ];
 
 /// The schema version this build writes and understands.

@@ -10,7 +10,7 @@ use super::runs::{save_counts, status_from, unknown_run};
 use crate::store::rules::{Recorded, WaitRow, asked, sleep_state};
 use crate::store::{
     Counts, Millis, RunFence, RunStatus, SignalSent, StoreError, Suspension, WaitKind, WaitRecord,
-    WaitState, check_signal_name,
+    WaitState, check_signal_name, check_signal_payload,
 };
 
 /// Records the wait if new and says where it stands; a signal wait takes its signal
@@ -193,12 +193,7 @@ pub(super) fn send_signal(
         })
     };
     check_signal_name(name).map_err(refused)?;
-    if payload.len() > max_payload {
-        return Err(refused(format!(
-            "its payload is {} bytes, over the state limit of {max_payload} bytes",
-            payload.len()
-        )));
-    }
+    check_signal_payload(payload.len(), max_payload).map_err(refused)?;
     let row: Option<(RunStatus, Option<String>, bool)> = conn
         .prepare_cached(
             "SELECT status, waiting_for, lease_holder IS NULL FROM runs WHERE run_id = ?1",

@@ -320,7 +320,7 @@ pub(super) async fn a_parent_joining_all_is_due_once_when_its_last_child_ends(en
         spawn(env, &fence, "c").await,
     ];
     // One child ends before the join is reached.
-    finish(env, &kids[1], RunEnd::Failed("boom")).await;
+    finish(env, &kids[1], RunEnd::Failed(b"boom")).await;
     let req = join_req(&fence, "all", &kids, JoinMode::All);
     assert_eq!(
         store.join(&req).await.unwrap(),

@@ -250,7 +250,7 @@ pub(super) async fn failed_runs_stay_unless_asked_and_live_claims_always(env: &E
     let failed = env.lease("failed").await;
     commit(env, "billing:f", &failed).await;
     store
-        .finish_run(&failed, RunEnd::Failed("boom"), &Counts::default())
+        .finish_run(&failed, RunEnd::Failed(b"boom"), &Counts::default())
         .await
         .unwrap();
     // A running run with a claim whose lease will have run out, and a run in doubt.

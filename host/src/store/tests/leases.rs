@@ -146,7 +146,7 @@ pub(super) async fn acquire_run_reports_held_finished_and_unknown(env: &Env<'_>)
     );
     let ends: [(&str, RunEnd<'_>); 3] = [
         ("completed", RunEnd::Completed(b"out")),
-        ("failed", RunEnd::Failed("err")),
+        ("failed", RunEnd::Failed(b"err")),
         ("in-doubt", RunEnd::InDoubt),
     ];
     for (run_id, end) in ends {
@@ -249,7 +249,7 @@ pub(super) async fn every_fenced_write_with_a_stale_fence_is_refused_and_writes_
         lease_lost(store.release_run(fence, &counts, Some("late")).await, fence);
         for end in [
             RunEnd::Completed(b"late"),
-            RunEnd::Failed("late"),
+            RunEnd::Failed(b"late"),
             RunEnd::InDoubt,
             RunEnd::Cancelled,
         ] {
@@ -290,7 +290,7 @@ pub(super) async fn a_lease_given_back_fences_its_own_writes(env: &Env<'_>) {
         lease_lost(store.append_log(fence, b"x", 10).await, fence);
         lease_lost(
             store
-                .finish_run(fence, RunEnd::Failed("x"), &Counts::default())
+                .finish_run(fence, RunEnd::Failed(b"x"), &Counts::default())
                 .await,
             fence,
         );

@@ -30,6 +30,7 @@ mod pause;
 pub(crate) mod postgres_harness;
 mod runs;
 mod schedules;
+mod sealing;
 mod shared;
 mod waits;
 
@@ -72,6 +73,11 @@ pub(crate) trait Harness {
     /// How many rows `table` holds, counted in the database itself, not through the
     /// store.
     fn rows(&self, table: &str) -> u64;
+    /// Whether the database's own bytes hold `needle`: for SQLite its files (WAL
+    /// included); for PostgreSQL its rows and, where this process may read them, the
+    /// server's WAL files. Looked for as the bytes and as their hex (PostgreSQL's text of
+    /// a `bytea`).
+    fn raw_holds(&self, needle: &[u8]) -> bool;
 }
 
 /// What a store test works with: the store and the clock it reads.
@@ -214,6 +220,16 @@ macro_rules! store_tests {
 store_tests!(sqlite: SqliteHarness);
 #[cfg(feature = "postgres")]
 store_tests!(postgres: PostgresHarness);
+// Every test again on stores encrypted at rest: sealing must change nothing a caller
+// sees, whatever the store compares, copies or cuts inside (`sealing.rs`).
+#[cfg(feature = "sqlite")]
+store_tests!(sqlite_sealed: SealedSqlite);
+#[cfg(feature = "postgres")]
+store_tests!(postgres_sealed: SealedPostgres);
+#[cfg(feature = "sqlite")]
+type SealedSqlite = sealing::SealedHarness<SqliteHarness>;
+#[cfg(feature = "postgres")]
+type SealedPostgres = sealing::SealedHarness<PostgresHarness>;
 
 #[cfg(feature = "postgres")]
 pub(crate) use postgres_harness::PostgresHarness;
@@ -270,6 +286,14 @@ impl Harness for SqliteHarness {
         })
         .map(|n| n as u64)
         .unwrap()
+    }
+
+    fn raw_holds(&self, needle: &[u8]) -> bool {
+        let hex = sealing::hex(needle);
+        std::fs::read_dir(self.dir.path()).unwrap().any(|entry| {
+            let bytes = std::fs::read(entry.unwrap().path()).unwrap_or_default();
+            sealing::contains(&bytes, needle) || sealing::contains(&bytes, hex.as_bytes())
+        })
     }
 }
 

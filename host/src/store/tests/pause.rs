@@ -183,7 +183,7 @@ pub(super) async fn pausing_finished_or_unknown_runs_is_refused_and_changes_noth
     ));
     for (run_id, end) in [
         ("done", RunEnd::Completed(b"out")),
-        ("failed", RunEnd::Failed("no")),
+        ("failed", RunEnd::Failed(b"no")),
         ("cancelled", RunEnd::Cancelled),
     ] {
         let fence = env.lease(run_id).await;
@@ -207,7 +207,7 @@ pub(super) async fn pausing_finished_or_unknown_runs_is_refused_and_changes_noth
     let fence = env.lease("ends").await;
     store.pause_run("ends").await.unwrap();
     store
-        .finish_run(&fence, RunEnd::Failed("boom"), &Counts::default())
+        .finish_run(&fence, RunEnd::Failed(b"boom"), &Counts::default())
         .await
         .unwrap();
     assert_eq!(status(env, "ends").await, (RunStatus::Failed, None));
@@ -244,7 +244,7 @@ pub(super) async fn a_paused_deployment_pauses_its_runs_and_every_run_started_un
     store.pause_run("mine").await.unwrap();
     let failed = env.lease("failed").await;
     store
-        .finish_run(&failed, RunEnd::Failed("no"), &Counts::default())
+        .finish_run(&failed, RunEnd::Failed(b"no"), &Counts::default())
         .await
         .unwrap();
     assert_eq!(

@@ -152,6 +152,74 @@ impl Harness for PostgresHarness {
             n as u64
         })
     }
+
+    fn raw_holds(&self, needle: &[u8]) -> bool {
+        let url = url_with_schema(&self.server, &self.schema);
+        let schema = self.schema.clone();
+        let (rows, wal_dir) = blocking(async move {
+            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            let driver = tokio::spawn(connection);
+            let tables: Vec<String> = client
+                .query(
+                    "SELECT table_name::text FROM information_schema.tables
+                     WHERE table_schema = $1",
+                    &[&schema],
+                )
+                .await
+                .unwrap()
+                .iter()
+                .map(|row| row.get(0))
+                .collect();
+            let mut rows = String::new();
+            for table in tables {
+                let sql = format!(
+                    "SELECT coalesce(string_agg(t::text, E'\\n'), '') FROM {schema}.{table} t"
+                );
+                rows.push_str(
+                    &client
+                        .query_one(&sql, &[])
+                        .await
+                        .unwrap()
+                        .get::<_, String>(0),
+                );
+            }
+            // Written out of the server's buffers, so that the files hold what was
+            // committed (commits here are asynchronous).
+            let wal_dir = match client.batch_execute("CHECKPOINT").await {
+                Ok(()) => client
+                    .query_one("SHOW data_directory", &[])
+                    .await
+                    .ok()
+                    .map(|row| std::path::PathBuf::from(row.get::<_, String>(0)).join("pg_wal")),
+                Err(_) => None,
+            };
+            drop(client);
+            let _ = driver.await;
+            (rows, wal_dir)
+        });
+        let hex = super::sealing::hex(needle);
+        if super::sealing::contains(rows.as_bytes(), needle)
+            || super::sealing::contains(rows.as_bytes(), hex.as_bytes())
+        {
+            return true;
+        }
+        let segments = wal_dir
+            .as_deref()
+            .and_then(|dir| std::fs::read_dir(dir).ok());
+        let Some(segments) = segments else {
+            eprintln!(
+                "NOT CHECKED: the PostgreSQL server's WAL is not readable by this process \
+                 (not a superuser, or another machine's); its rows were"
+            );
+            return false;
+        };
+        segments.flatten().any(|entry| {
+            let bytes = std::fs::read(entry.path()).unwrap_or_default();
+            super::sealing::contains(&bytes, needle)
+        })
+    }
 }
 
 impl Drop for PostgresHarness {

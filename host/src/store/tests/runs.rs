@@ -152,7 +152,7 @@ pub(super) async fn submit_resumes_a_failed_run_and_may_replace_its_authority(en
     let store = env.store;
     let fence = env.lease("run-1").await;
     store
-        .finish_run(&fence, RunEnd::Failed("boom"), &Counts::default())
+        .finish_run(&fence, RunEnd::Failed(b"boom"), &Counts::default())
         .await
         .unwrap();
     assert_eq!(
@@ -339,7 +339,7 @@ pub(super) async fn finish_run_records_the_outcome_and_ends_the_lease(env: &Env<
         .await
         .unwrap();
     store
-        .finish_run(&bad, RunEnd::Failed("card declined"), &counts)
+        .finish_run(&bad, RunEnd::Failed(b"card declined"), &counts)
         .await
         .unwrap();
     let done = store.run("ok").await.unwrap().unwrap();
@@ -486,7 +486,7 @@ pub(super) async fn cancel_run_in_each_case(env: &Env<'_>) {
     // Failed runs can be cancelled; completed ones cannot.
     let failed = env.lease("failed").await;
     store
-        .finish_run(&failed, RunEnd::Failed("x"), &Counts::default())
+        .finish_run(&failed, RunEnd::Failed(b"x"), &Counts::default())
         .await
         .unwrap();
     assert_eq!(store.cancel_run("failed").await.unwrap(), Cancelled::Now);
