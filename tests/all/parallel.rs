@@ -291,9 +291,8 @@ fn in_flight(guest: &str) {
     Backend::both("parallel_in_flight", |backend, name| {
         const N: u32 = 5;
         let server = ParallelServer::start(Duration::from_millis(500));
-        // Compiled (or waited for, while another test compiles) before the clock starts.
+        // Compiled (or waited for, while another test compiles) first.
         let loaded = agent(guest);
-        let started = Instant::now();
         let report = backend.run_agent(
             &loaded,
             &server,
@@ -302,7 +301,6 @@ fn in_flight(guest: &str) {
             FaultPlan::default(),
             Limits::default(),
         );
-        let took = started.elapsed();
         let out = output(&report);
         assert_eq!(
             server.max_active(),
@@ -318,8 +316,8 @@ fn in_flight(guest: &str) {
             assert_eq!(out["replies"][0][i], format!("done {step}"), "{name}");
             assert_eq!(out["outcomes"][0][i], "executed", "{name}");
         }
-        // Five 500 ms effects side by side take about one, not five (loose: CI is slow).
-        assert!(took < Duration::from_millis(2000), "{name}: took {took:?}");
+        // That they were in flight together is the server's count above; what it saves
+        // in time is the bench's to measure (`--bench parallel`), not a timed test's.
     });
 }
 

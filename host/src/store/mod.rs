@@ -150,7 +150,7 @@ pub use sqlite::{OpenOptions, SqliteStore};
 pub(crate) use waits::check_signal_payload;
 pub use waits::{
     JoinRefusal, JoinRequest, MAX_SIGNAL_NAME_BYTES, MAX_WAIT, SignalSent, Suspension, WaitKind,
-    WaitRecord, WaitRequest, WaitState, Wake, check_signal_name,
+    WaitRecord, WaitRequest, WaitState, Wake, check_signal_name, rate_wait_key,
 };
 
 /// Milliseconds since the Unix epoch: the unit of every lease and timestamp in a store.

@@ -46,6 +46,13 @@ pub enum WaitKind<'a> {
     },
 }
 
+/// The key a step's rate token is recorded under among its run's waits
+/// ([`WaitKind::Rate`]): one format, whether the step takes its token with its claim
+/// or on its own (`take-token`), so that a replay finds the token either way.
+pub fn rate_wait_key(step_key: &str) -> String {
+    format!("rate:{step_key}")
+}
+
 /// A wait of a run, recorded under a key of that run: [`InstanceStore::wait`].
 #[derive(Debug, Clone)]
 pub struct WaitRequest<'a> {

@@ -16,7 +16,7 @@ use crate::runtime::limits::{Limits, cut};
 use crate::runtime::view::IdemCtxView;
 use crate::store::{
     Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Grant, MAX_STEP, Rated, StoreError,
-    WaitKind, WaitRequest, check_class_name,
+    WaitKind, WaitRequest, check_class_name, rate_wait_key,
 };
 use crate::text;
 
@@ -357,7 +357,7 @@ impl IdemCtxView<'_> {
             lease: run.limits.lease,
             durable,
         };
-        let wait_key = format!("rate:{key}");
+        let wait_key = rate_wait_key(key);
         let token = WaitRequest {
             fence: &run.fence,
             key: &wait_key,

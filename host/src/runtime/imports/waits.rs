@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::runtime::bindings::idem::agent::waits::{Host, Received, WaitError, Wake as WitWake};
 use crate::runtime::end::{Suspend, trap_store};
 use crate::runtime::view::IdemCtxView;
-use crate::store::{StoreError, WaitKind, WaitRequest, WaitState, Wake};
+use crate::store::{StoreError, WaitKind, WaitRequest, WaitState, Wake, rate_wait_key};
 use crate::text;
 
 /// What a wait import fails with: the agent's error value, or a trap that ends the
@@ -62,7 +62,7 @@ impl Host for IdemCtxView<'_> {
 
     async fn take_token(&mut self, step_key: String, class: String) -> Result<(), WaitFailure> {
         self.check_key(&step_key)?;
-        let key = format!("rate:{step_key}");
+        let key = rate_wait_key(&step_key);
         match self.record(&key, WaitKind::Rate { class: &class }).await? {
             WaitState::Pending { due } => Err(suspend(due, None)),
             // A token's wait is over when its slot has come; it is never received,
