@@ -25,7 +25,7 @@ use crate::store::{
     check_signal_payload,
 };
 
-/// A store whose payloads are kept sealed ([`super`] says which and how).
+/// A store whose payloads are kept sealed (`store/sealing/` says which and how).
 #[derive(Debug, Clone)]
 pub struct Sealed {
     inner: Arc<dyn Store>,
