@@ -333,3 +333,77 @@ fn many_runs_writes_share_statements_and_each_keeps_its_own_answer() {
         );
     });
 }
+
+/// A run of a batch that another submitter creates between the batch's first read and
+/// its insert: the batch's writes are rolled back and it goes one run at a time, each
+/// member answered as a lone submit after the other's commit would be.
+#[test]
+fn a_batch_raced_by_another_submitter_is_answered_run_by_run() {
+    let Some(schema) = Schema::create("raced_batch") else {
+        return;
+    };
+    let store = schema.connect().unwrap();
+    // A runtime with I/O: the test's own client talks to the server too.
+    blocking(async {
+        store.put_component("00", b"").await.unwrap();
+        let (client, connection) = tokio_postgres::connect(&schema.url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        // The other submitter's run, not yet committed: the batch's read misses it, and
+        // its insert waits for it.
+        client
+            .batch_execute(
+                "BEGIN;
+                 INSERT INTO runs (run_id, agent, digest, namespace, status, created, updated)
+                 VALUES ('raced', 'a', '00', 'a', 'queued', 1, 1);
+                 INSERT INTO run_inputs (run_id, input, authority)
+                 VALUES ('raced', '\\x7b7d', '\\x');",
+            )
+            .await
+            .unwrap();
+        let submission = |run_id, input| Submission {
+            run_id,
+            agent: "a",
+            digest: "00",
+            namespace: "a",
+            input,
+            authority: b"mine",
+            replace_authority: false,
+            priority: 0,
+        };
+        let batch = [
+            submission("fresh", b"{}"),
+            submission("raced", b"{}"),
+            submission("raced", b"{\"other\":1}"),
+        ];
+        let commit = async {
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            client.batch_execute("COMMIT").await.unwrap();
+        };
+        let (answers, ()) = tokio::join!(store.submit_many(&batch), commit);
+        let answers = answers.unwrap();
+        let fresh = answers[0].as_ref().unwrap();
+        assert!(fresh.created);
+        let raced = answers[1].as_ref().unwrap();
+        assert!(!raced.created, "the other submitter's run is found");
+        assert_eq!(raced.record.created, 1);
+        assert!(matches!(answers[2], Err(StoreError::InputMismatch { .. })));
+        // The other submitter's authority stands; the batch wrote each row once.
+        assert_eq!(
+            store.run_authority("raced").await.unwrap(),
+            Some(Vec::new())
+        );
+        assert_eq!(
+            store.run_authority("fresh").await.unwrap().as_deref(),
+            Some(&b"mine"[..])
+        );
+        let rows = client
+            .query_one("SELECT count(*) FROM runs", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0);
+        assert_eq!(rows, 2);
+    });
+}
+

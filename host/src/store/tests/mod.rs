@@ -111,6 +111,7 @@ macro_rules! store_tests {
                 runs::submit_with_other_input_is_refused,
                 runs::submit_needs_the_component,
                 runs::a_batch_answers_each_run_as_a_lone_submit_would,
+                runs::a_mixed_batch_meets_its_own_earlier_members,
                 runs::submit_resumes_a_failed_run_and_may_replace_its_authority,
                 runs::progress_round_trip_stores_counts,
                 runs::runs_are_listed_newest_first_and_filtered,
