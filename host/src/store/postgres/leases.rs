@@ -13,7 +13,9 @@ use super::runs::{self, end_as_cancelled, lease_from, set_outcome, status_from, 
 use super::{TxError, to_sql_int, u64_col};
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{LeaseDecision, decide_run_lease, run_lease_token};
-use crate::store::{Acquired, Counts, LeaseState, LeasedRun, Millis, RunEnd, RunFence, RunStatus};
+use crate::store::{
+    Acquired, Checkpoint, Counts, LeaseState, LeasedRun, Millis, RunEnd, RunFence, RunStatus,
+};
 
 /// The earliest due time after `after` of an unfinished run nobody holds; the scan
 /// walks `runs_due` in order and stops at the first.
@@ -37,7 +39,9 @@ pub(super) async fn next_due(conn: &Conn, after: Millis) -> Result<Option<Millis
 /// over those another worker is taking): up to `$3` of priority above 0, highest first,
 /// then as many of priority 0 as make `$3`, oldest first; none in `$2`, none of a
 /// deployment in `$4`, none of a deployment and key (`agent || chr(31) || flow_key`) in
-/// `$5`. The last column says whether any deployment has limits.
+/// `$5`. The last columns say whether any deployment has limits, and the floor of the
+/// store's epoch (`epoch.rs`; NULL when the server lost transactions since it was
+/// recorded, and the grant goes through [`token_floor`]).
 const CANDIDATES: &str = "
     WITH prioritized AS (
         SELECT run_id, lease_token, lease_holder IS NOT NULL AS taken_over, agent, flow_key,
@@ -70,7 +74,8 @@ const CANDIDATES: &str = "
         FOR UPDATE SKIP LOCKED
     )
     SELECT run_id, lease_token, taken_over, agent, flow_key,
-           EXISTS (SELECT 1 FROM flow_limits)
+           EXISTS (SELECT 1 FROM flow_limits),
+           (SELECT epoch << 32 FROM epoch_alive WHERE id = 0)
     FROM (SELECT * FROM prioritized UNION ALL SELECT * FROM oldest) AS due
     ORDER BY pass, priority DESC, due, seq";
 
@@ -96,6 +101,8 @@ pub(super) async fn acquire_runs(
     let (mut full_agents, mut full_keys) = (Vec::<String>::new(), Vec::<String>::new());
     let mut flow = None;
     let mut chosen: Vec<(String, u64, bool)> = Vec::new();
+    // The epoch's floor as the candidates' query read it, in this transaction.
+    let mut alive: Option<i64> = None;
     for _ in 0..FLOW_ROUNDS {
         let limit = i64::try_from(max - chosen.len()).unwrap_or(i64::MAX);
         let rows = conn
@@ -105,7 +112,10 @@ pub(super) async fn acquire_runs(
             )
             .await?;
         let limited = match rows.first() {
-            Some(row) => row.try_get::<_, bool>(5)?,
+            Some(row) => {
+                alive = row.try_get(6)?;
+                row.try_get::<_, bool>(5)?
+            }
             None => false,
         };
         if limited && flow.is_none() {
@@ -138,12 +148,15 @@ pub(super) async fn acquire_runs(
         return Ok(Vec::new());
     }
     let expires = lease_expiry(now, lease);
-    let floor = token_floor(conn).await?;
+    let floor = match alive.and_then(|floor| u64::try_from(floor).ok()) {
+        Some(floor) => floor,
+        None => token_floor(conn).await?,
+    };
     let granted = chosen
         .into_iter()
         .map(|(run_id, last, taken_over)| Ok((run_id, run_lease_token(last, floor)?, taken_over)))
         .collect::<Result<Vec<_>, TxError>>()?;
-    grant(conn, granted, worker, expires).await
+    grant(conn, granted, worker, expires, true).await
 }
 
 /// Leases one run, unless another worker's live lease is on it or it is finished.
@@ -192,6 +205,7 @@ pub(super) async fn acquire_run(
                 vec![(run_id.to_owned(), token, taken_over)],
                 worker,
                 expires,
+                false,
             )
             .await?;
             leased
@@ -203,14 +217,18 @@ pub(super) async fn acquire_run(
 }
 
 /// Grants each run's lease to `worker` under its token and sets it running: one
-/// statement for every lease, one read of the records and one of the inputs, whatever
-/// the number of runs (one of each per run cost three round trips a run). Each run is
-/// given as (run id, token, taken over).
+/// statement for every lease, one read of the records and one of the inputs and
+/// checkpoints, whatever the number of runs (one of each per run cost three round
+/// trips a run). Each run is given as (run id, token, taken over). With `count`, the
+/// grant also counts each run's first instance under the lease as started
+/// ([`LeasedRun::instance_counted`]): the write a host would otherwise make, in a
+/// transaction of its own, before that instance runs.
 async fn grant(
     conn: &Conn,
     runs_granted: Vec<(String, u64, bool)>,
     worker: &str,
     expires: i64,
+    count: bool,
 ) -> Result<Vec<LeasedRun>, TxError> {
     let mut ids = Vec::with_capacity(runs_granted.len());
     let mut tokens = Vec::with_capacity(runs_granted.len());
@@ -223,7 +241,8 @@ async fn grant(
     conn.execute(
         "UPDATE runs
          SET status = $2, lease_holder = $3, lease_token = g.token, lease_expires = $4,
-             updated = $5, wake_at = NULL, waiting_for = NULL, joining = NULL, join_left = NULL
+             updated = $5, wake_at = NULL, waiting_for = NULL, joining = NULL, join_left = NULL,
+             instances = instances + CASE WHEN $7 THEN 1 ELSE 0 END
          FROM unnest($1::text[], $6::int8[]) AS g(id, token)
          WHERE run_id = g.id",
         &[
@@ -233,30 +252,54 @@ async fn grant(
             &expires,
             &conn.now,
             &tokens,
+            &count,
         ],
     )
     .await?;
-    let mut records = runs::runs_by_id(conn, &ids).await?;
-    let inputs = conn
-        .query(
-            "SELECT run_id, input, authority FROM run_inputs WHERE run_id = ANY ($1)",
-            &[&ids],
+    // The records, and the inputs with the checkpoints, asked for together: one round
+    // trip.
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&ids];
+    let (records, inputs) = tokio::try_join!(
+        runs::runs_by_id(conn, &ids),
+        conn.query(
+            "SELECT i.run_id, i.input, i.authority, p.step, p.state
+             FROM run_inputs i LEFT JOIN progress p ON p.run_id = i.run_id
+             WHERE i.run_id = ANY ($1)",
+            &params,
         )
-        .await?;
-    let mut inputs: std::collections::HashMap<String, (Vec<u8>, Vec<u8>)> = inputs
+    )?;
+    let mut records = records;
+    type Inputs = (Vec<u8>, Vec<u8>, Option<Checkpoint>);
+    let mut inputs: std::collections::HashMap<String, Inputs> = inputs
         .iter()
-        .map(|row| Ok((row.try_get(0)?, (row.try_get(1)?, row.try_get(2)?))))
-        .collect::<Result<_, tokio_postgres::Error>>()?;
+        .map(|row| {
+            let checkpoint = match row.try_get::<_, Option<i64>>(3)? {
+                Some(_) => Some(Checkpoint {
+                    step: u64_col(row, 3)?,
+                    state: row.try_get(4)?,
+                }),
+                None => None,
+            };
+            Ok((
+                row.try_get(0)?,
+                (row.try_get(1)?, row.try_get(2)?, checkpoint),
+            ))
+        })
+        .collect::<Result<_, TxError>>()?;
     let mut leased = Vec::with_capacity(ids.len());
     for ((run_id, token), taken_over) in ids.iter().zip(tokens).zip(taken) {
         let record = records.remove(run_id).ok_or_else(|| unknown_run(run_id))?;
-        let (input, authority) = inputs.remove(run_id).ok_or_else(|| unknown_run(run_id))?;
+        let (input, authority, checkpoint) =
+            inputs.remove(run_id).ok_or_else(|| unknown_run(run_id))?;
         leased.push(LeasedRun {
             record,
             token: token.unsigned_abs(),
             input,
             authority,
             taken_over,
+            checkpoint,
+            checkpoint_read: true,
+            instance_counted: count,
         });
     }
     Ok(leased)

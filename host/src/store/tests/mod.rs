@@ -123,6 +123,7 @@ macro_rules! store_tests {
                 runs::values_a_store_cannot_keep_are_refused_and_write_nothing,
                 runs::logs_keep_the_last_bytes_across_appends,
                 leases::acquire_runs_takes_the_oldest_free_runs,
+                leases::a_queue_lease_counts_its_first_instance_and_carries_the_checkpoint,
                 leases::an_expired_lease_is_acquired_again_with_a_greater_token,
                 leases::acquire_run_reports_held_finished_and_unknown,
                 leases::every_fenced_write_with_a_stale_fence_is_refused_and_writes_nothing,
