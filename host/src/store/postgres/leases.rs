@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use super::conn::Conn;
 use super::epoch::token_floor;
-use super::runs::{self, end_as_cancelled, lease_from, set_outcome, status_from, unknown_run};
+use super::runs::{self, end_as_cancelled, lease_from, status_from, unknown_run};
 use super::{TxError, to_sql_int, u64_col};
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{LeaseDecision, decide_run_lease, run_lease_token};
 use crate::store::{
-    Acquired, Checkpoint, Counts, LeaseState, LeasedRun, Millis, RunEnd, RunFence, RunStatus,
+    Acquired, Checkpoint, Counts, LeaseState, LeasedRun, Millis, RunFence, RunStatus,
 };
 
 /// The earliest due time after `after` of an unfinished run nobody holds; the scan
@@ -356,61 +356,136 @@ pub(super) async fn release_run(
     Ok(())
 }
 
-/// Records how the run ended and ends its lease (keeping its token). The caller
-/// checked the fence, with the run's row locked.
-///
-/// The run's row, its outcome and the parent's join are written by statements sent
-/// together (tokio-postgres pipelines statements awaited at once on one connection):
-/// one round trip where one each took four, on the path every run ends by.
-pub(super) async fn finish_run(
+/// Records that the run ended cancelled, with its counts, and ends its lease (keeping
+/// its token), its descendants cancelled with it. The caller checked the fence, with
+/// the run's row locked. (Every other end is [`FINISH_ALONE`].)
+pub(super) async fn finish_cancelled(
     conn: &Conn,
     fence: &RunFence,
-    end: RunEnd<'_>,
     counts: &Counts,
 ) -> Result<(), TxError> {
-    let run_id = fence.run_id.as_str();
-    let (status, outcome) = match end {
-        RunEnd::Completed(output) => (RunStatus::Completed, Some(output)),
-        RunEnd::Failed(error) => (RunStatus::Failed, Some(error.as_bytes())),
-        RunEnd::InDoubt => (RunStatus::InDoubt, None),
-        RunEnd::Cancelled => {
-            runs::save_counts(conn, run_id, counts).await?;
-            return end_as_cancelled(conn, run_id).await;
-        }
-    };
-    let row = async {
-        conn.execute(
-            "UPDATE runs
-             SET executed = $2, skipped = $3, awaited = $4, reclaimed = $5, instances = $6,
-                 recycled = $7, status = $8, lease_holder = NULL, lease_expires = NULL,
-                 cancel_requested = false, updated = $9
-             WHERE run_id = $1",
-            &[
-                &run_id,
-                &to_sql_int(counts.executed)?,
-                &to_sql_int(counts.skipped)?,
-                &to_sql_int(counts.awaited)?,
-                &to_sql_int(counts.reclaimed)?,
-                &to_sql_int(counts.instances)?,
-                &to_sql_int(counts.recycled)?,
-                &status.as_str(),
-                &conn.now,
-            ],
+    runs::save_counts(conn, &fence.run_id, counts).await?;
+    end_as_cancelled(conn, &fence.run_id).await
+}
+
+/// A run's end (but a cancellation) in one statement, as a worker records it: the
+/// clock, the fence (the run's row is updated only under its current lease, and so
+/// locked), the outcome, and its count-down in the join its parent waits in. `$1`
+/// manual time, `$2` run, `$3` lease token, `$4` to `$9` the counts, `$10` status,
+/// `$11` the outcome (NULL: left as it is), `$12` whether the parent counts this end.
+/// Returns whether the fence held, the time, the parent, and whether this end is still
+/// owed to the parent.
+///
+/// The parent's row is locked `FOR NO KEY UPDATE` first, whatever it is doing, as
+/// [`count_down_parent`] locks it (its doc says why): the lock waits for a suspension
+/// of the parent in flight, and reads what it left. The count-down (`down`) then
+/// updates the parent if the statement's snapshot already saw it suspended joining
+/// (a sibling's count-down committed since is waited for and counted from, as any
+/// `UPDATE` does). If the lock found the parent joining but the snapshot did not (its
+/// suspension committed in between), this end is still owed to it, and only a later
+/// statement, whose snapshot sees the suspension, can count it down ([`COUNT_DOWN`]).
+///
+/// [`FINISH_ALONE`] is the statement as its own transaction: the parent's row stays
+/// locked only while the server runs it, where a transaction held it over a round
+/// trip to the worker and back, and every sibling ending meanwhile queued behind it
+/// (a `log_statement` trace and `pg_stat_activity` of a 1,000-child fan-out: most
+/// finishes waiting on the parent's row, its holder idle in its transaction). When
+/// the end is owed, it refuses itself instead (a cast that fails, naming the parent),
+/// writing nothing, and the end goes again as [`FINISH_IN_TX`] in a transaction, with
+/// [`COUNT_DOWN`] before its `COMMIT`.
+///
+/// [`count_down_parent`]: super::children::count_down_parent
+macro_rules! finish {
+    ($owed:literal) => {
+        concat!(
+            "WITH clock AS (SELECT coalesce($1::int8, (extract(epoch FROM now()) * 1000)::int8) AS now),
+             fin AS (
+                 UPDATE runs
+                 SET executed = $4, skipped = $5, awaited = $6, reclaimed = $7, instances = $8,
+                     recycled = $9, status = $10, lease_holder = NULL, lease_expires = NULL,
+                     cancel_requested = false, updated = clock.now
+                 FROM clock
+                 WHERE run_id = $2 AND lease_token = $3 AND lease_holder IS NOT NULL
+                 RETURNING runs.parent),
+             kept AS (
+                 INSERT INTO run_outcomes (run_id, outcome)
+                 SELECT $2, $11::bytea FROM fin WHERE $11::bytea IS NOT NULL
+                 ON CONFLICT (run_id) DO UPDATE SET outcome = excluded.outcome),
+             parent AS (
+                 SELECT p.run_id, p.lease_holder IS NULL AND coalesce(p.join_left, 0) > 0 AS joining
+                 FROM runs p JOIN fin ON p.run_id = fin.parent
+                 WHERE $12
+                 FOR NO KEY UPDATE OF p),
+             down AS (
+                 UPDATE runs
+                 SET join_left = runs.join_left - 1,
+                     wake_at = CASE WHEN runs.join_left <= 1 THEN clock.now ELSE runs.wake_at END,
+                     updated = clock.now
+                 FROM parent, clock
+                 WHERE runs.run_id = parent.run_id
+                   AND runs.lease_holder IS NULL AND runs.join_left > 0
+                   AND EXISTS (SELECT 1 FROM join_members m
+                               WHERE m.run_id = runs.run_id AND m.key = runs.joining
+                                 AND m.child = $2)
+                 RETURNING 1),
+             owed AS (
+                 SELECT parent.joining AND NOT EXISTS (SELECT 1 FROM down) AS owed FROM parent)
+             SELECT EXISTS (SELECT 1 FROM fin), (SELECT now FROM clock), parent.run_id, ",
+            $owed,
+            " FROM (SELECT 1) AS one LEFT JOIN parent ON true LEFT JOIN owed ON true"
         )
-        .await
     };
-    let kept = async {
-        match outcome {
-            Some(outcome) => set_outcome(conn, run_id, Some(outcome)).await,
-            None => Ok(()),
-        }
+}
+
+/// [`finish!`] as its own transaction: refuses itself (SQLSTATE 22P02, its message
+/// starting with [`OWED`]) when the end is still owed to the parent.
+pub(super) const FINISH_ALONE: &str = finish!(
+    "CASE WHEN owed.owed
+          THEN ('idem: a count-down is owed to ' || parent.run_id)::int4 = 0
+          ELSE false END"
+);
+
+/// [`finish!`] inside a transaction: says whether the end is still owed to the parent.
+pub(super) const FINISH_IN_TX: &str = finish!("coalesce(owed.owed, false)");
+
+/// How [`FINISH_ALONE`]'s refusal of itself starts.
+pub(super) const OWED: &str = "idem: a count-down is owed";
+
+/// Whether `e` is [`FINISH_ALONE`] refusing itself: nothing was written.
+pub(super) fn is_owed(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error().is_some_and(|db| {
+        *db.code() == tokio_postgres::error::SqlState::INVALID_TEXT_REPRESENTATION
+            && db.message().contains(OWED)
+    })
+}
+
+/// Counts a child's end (`$2`) down in its parent's join (`$1`) at `$3`, if the parent
+/// still waits on it: the last statement of [`count_down_parent`], sent with the
+/// finish's `COMMIT` when [`FINISH_IN_TX`] found the count-down owed.
+///
+/// [`count_down_parent`]: super::children::count_down_parent
+pub(super) const COUNT_DOWN: &str = super::children::COUNT_DOWN;
+
+/// What [`finish!`] found: `None` if the fence did not hold (nothing was written),
+/// else the parent this end is still owed to (to count down with [`COUNT_DOWN`]), if
+/// any, and the time.
+pub(super) fn finished(
+    rows: &[tokio_postgres::Row],
+) -> Result<Option<(Option<String>, Millis)>, TxError> {
+    let Some(row) = rows.first() else {
+        return Err(TxError::Store(crate::store::StoreError::Backend {
+            op: "finish a run",
+            source: "the finish statement returned no row".into(),
+        }));
     };
-    let parent = async {
-        if status == RunStatus::InDoubt {
-            return Ok(());
-        }
-        super::children::count_down_parent(conn, run_id).await
+    if !row.try_get::<_, bool>(0)? {
+        return Ok(None);
+    }
+    let now: Millis = row.try_get(1)?;
+    let owed: Option<bool> = row.try_get(3)?;
+    let parent = match owed {
+        Some(true) => Some(row.try_get::<_, String>(2)?),
+        _ => None,
     };
-    tokio::try_join!(row, kept, parent)?;
-    Ok(())
+    Ok(Some((parent, now)))
 }

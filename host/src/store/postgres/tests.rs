@@ -407,3 +407,111 @@ fn a_batch_raced_by_another_submitter_is_answered_run_by_run() {
     });
 }
 
+/// A child whose end is written while its parent's suspension is in flight (the
+/// parent's row locked, its join not yet visible): the end's one statement waits for
+/// the suspension, finds the end still owed to the parent, writes nothing, and the end
+/// goes again in a transaction that counts it down. The parent is due, once.
+#[test]
+fn a_child_ending_while_its_parent_suspends_is_counted_down_once() {
+    use crate::store::{
+        Admission, Deployment, JoinMode, JoinRequest, RunEnd, SpawnLimits, SpawnRequest, WaitState,
+        child_run_id,
+    };
+    let Some(schema) = Schema::create("owed_count_down") else {
+        return;
+    };
+    let store = schema.connect().unwrap();
+    blocking(async {
+        let token = leased(&store, "p").await;
+        let parent = RunFence {
+            run_id: "p".into(),
+            token,
+            sync: SyncMode::Normal,
+        };
+        store
+            .deploy(&Deployment {
+                name: "kid",
+                digest: "00",
+                authority: b"",
+                admission: Admission::Explicit,
+                source: None,
+            })
+            .await
+            .unwrap();
+        let kids: Vec<String> = ["a", "b"].iter().map(|k| child_run_id("p", k)).collect();
+        for (key, id) in ["a", "b"].iter().zip(&kids) {
+            store
+                .spawn(&SpawnRequest {
+                    fence: &parent,
+                    key,
+                    child_id: id,
+                    deployment: "kid",
+                    input: b"{}",
+                    detached: false,
+                    limits: SpawnLimits {
+                        max_depth: 3,
+                        max_children: 4,
+                    },
+                })
+                .await
+                .unwrap();
+        }
+        let join = JoinRequest {
+            fence: &parent,
+            key: "all",
+            children: &kids,
+            mode: JoinMode::All,
+            timeout: None,
+            max_children: 10,
+        };
+        assert_eq!(
+            store.join(&join).await.unwrap(),
+            WaitState::Pending { due: None }
+        );
+        let child = match store.acquire_run(&kids[0], "w2", LEASE).await.unwrap() {
+            Acquired::Leased(run) => RunFence {
+                run_id: kids[0].clone(),
+                token: run.token,
+                sync: SyncMode::Normal,
+            },
+            other => panic!("{other:?}"),
+        };
+        // The parent's suspension, in flight: it counted both children as running.
+        let (client, connection) = tokio_postgres::connect(&schema.url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        client
+            .batch_execute(
+                "BEGIN;
+                 UPDATE runs SET lease_holder = NULL, lease_expires = NULL, joining = 'all',
+                                 join_left = 2, wake_at = 9223372036854775807
+                 WHERE run_id = 'p';",
+            )
+            .await
+            .unwrap();
+        let commit = async {
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            client.batch_execute("COMMIT").await.unwrap();
+        };
+        let counts = crate::store::Counts::default();
+        let (ended, ()) = tokio::join!(
+            store.finish_run(&child, RunEnd::Completed(b"1"), &counts),
+            commit
+        );
+        ended.unwrap();
+        let row = client
+            .query_one(
+                "SELECT join_left, wake_at FROM runs WHERE run_id = 'p'",
+                &[],
+            )
+            .await
+            .unwrap();
+        let (left, wake_at): (Option<i64>, Option<i64>) = (row.get(0), row.get(1));
+        assert_eq!(left, Some(1), "the end was counted down once");
+        assert_eq!(wake_at, Some(i64::MAX), "one child is still running");
+        let done = store.run(&kids[0]).await.unwrap().unwrap();
+        assert_eq!(done.status, crate::store::RunStatus::Completed);
+        assert_eq!(done.outcome.as_deref(), Some(&b"1"[..]));
+    });
+}
