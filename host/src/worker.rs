@@ -385,7 +385,11 @@ impl Worker {
             Ok(prepared) => prepared,
             Err(why) => {
                 let note = format!("worker {} cannot serve this run: {why}", self.host.id());
-                let counts: Counts = run.record.counts;
+                // No instance started: one the grant counted is taken back off.
+                let mut counts: Counts = run.record.counts;
+                if run.instance_counted {
+                    counts.instances = counts.instances.saturating_sub(1);
+                }
                 return match self
                     .host
                     .store()

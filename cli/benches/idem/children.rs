@@ -36,7 +36,9 @@ pub(crate) fn children(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Res
                 &StoreOptions::default(),
             )?))
         };
-        samples.push(fan_out(bed, n, open)?);
+        let rate = fan_out(bed, n, open)?;
+        progress(&format!("    turn {}: {rate:.0} children/s", turn + 1));
+        samples.push(rate);
     }
     table.row_with_ratio(
         format!(
@@ -72,7 +74,9 @@ pub(crate) fn children(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Res
         let result = fan_out(bed, n, open);
         bed.tokio
             .block_on(admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")))?;
-        samples.push(result?);
+        let rate = result?;
+        progress(&format!("    turn {}: {rate:.0} children/s", turn + 1));
+        samples.push(rate);
     }
     table.row_with_ratio(
         format!(

@@ -116,6 +116,11 @@ fn bulk_submit_into(
             &format!("@{}", file.display()),
         ])?;
         batched.push(n as f64 / wall);
+        progress(&format!(
+            "    turn {}: {:.0} runs/s",
+            turn + 1,
+            n as f64 / wall
+        ));
         let sample = (n / 10).max(1);
         let mut wall = 0.0;
         for i in 0..sample {

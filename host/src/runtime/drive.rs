@@ -85,6 +85,14 @@ impl Host {
         };
         self.heartbeat
             .hold_run(&fence, authority.limits.lease, Arc::clone(&signals));
+        // The counts as they were before this lease: a grant that counted the first
+        // instance already (`LeasedRun::instance_counted`) wrote one more, which that
+        // instance counts again below without writing it a second time.
+        let mut counts = leased.record.counts;
+        let instance_counted = leased.instance_counted && counts.instances > 0;
+        if instance_counted {
+            counts.instances -= 1;
+        }
         let run = RunCtx {
             fence,
             namespace: leased.record.namespace.clone(),
@@ -93,7 +101,9 @@ impl Host {
             live: Arc::clone(&self.live),
             heartbeat: Arc::clone(&self.heartbeat),
             signals,
-            counts: leased.record.counts,
+            counts,
+            instance_counted,
+            preloaded: leased.checkpoint_read.then_some(leased.checkpoint),
             faults: std::mem::take(faults),
             last_committed: 0,
             fuel_left: authority.limits.max_fuel,

@@ -39,14 +39,17 @@ impl Host {
         let generation = run.counts.instances;
         run.counts.instances += 1;
         // Durable before the instance runs: its claims' counts are written with them,
-        // a process killed now still shows the instance it had started, and the
-        // counts of the instance dropped before it (if any) are written too.
-        match self.store.save_counts(&run.fence, &run.counts).await {
-            Ok(()) => {}
-            Err(StoreError::LeaseLost { .. }) => {
-                return Ok((InstanceEnd::Stopped(Stop::LeaseLost), run));
+        // a process killed now still shows the instance it had started, and the counts
+        // of the instance dropped before it (if any) are written too. The first
+        // instance of a lease whose grant counted it finds them written already.
+        if !std::mem::take(&mut run.instance_counted) {
+            match self.store.save_counts(&run.fence, &run.counts).await {
+                Ok(()) => {}
+                Err(StoreError::LeaseLost { .. }) => {
+                    return Ok((InstanceEnd::Stopped(Stop::LeaseLost), run));
+                }
+                Err(e) => return Err(e.into()),
             }
-            Err(e) => return Err(e.into()),
         }
         let holder = self.live.holder(run.run_id(), generation);
         let chaos_fuel = run.faults.fuel_budget().unwrap_or(u64::MAX);

@@ -11,7 +11,7 @@ use super::heartbeat::Heartbeat;
 use super::limits::{LimitExceeded, Limits};
 use super::output::LogSink;
 use super::stop::RunSignals;
-use crate::store::{Counts, RunFence, Store, StoreError};
+use crate::store::{Checkpoint, Counts, RunFence, Store, StoreError};
 
 /// The holders of claims made by live instances of this process. A claim whose holder
 /// names this process but is not in the set belongs to an instance the host dropped: it
@@ -90,6 +90,12 @@ pub(crate) struct RunCtx {
     pub(crate) heartbeat: Arc<Heartbeat>,
     pub(crate) signals: Arc<RunSignals>,
     pub(crate) counts: Counts,
+    /// The store already counted the next instance as started (the lease's grant did,
+    /// `LeasedRun::instance_counted`): it writes no counts before it runs.
+    pub(crate) instance_counted: bool,
+    /// The run's checkpoint as the lease was granted, for the drive's first `load`,
+    /// while nothing of this drive has written one since (`None`: read the store).
+    pub(crate) preloaded: Option<Option<Checkpoint>>,
     pub(crate) faults: Faults,
     /// The ordinal of the step last committed, which the next progress save follows.
     pub(crate) last_committed: u32,

@@ -88,15 +88,24 @@ pub(crate) fn check_setting(setting: &FlowSetting<'_>) -> Result<(), FlowRefusal
     Ok(())
 }
 
-/// The concurrency key `pointer` finds in `input` (JSON): a string as it is, any other
-/// value as its compact JSON text (so `42` and `"42"` are one key). `None` when the
-/// input is not JSON or the pointer finds nothing.
-pub(crate) fn key_of(pointer: &str, input: &[u8]) -> Option<String> {
-    let value: serde_json::Value = serde_json::from_slice(input).ok()?;
-    match value.pointer(pointer)? {
-        serde_json::Value::String(text) => Some(text.clone()),
-        other => Some(other.to_string()),
-    }
+/// The concurrency key `pointer` finds in a run's input (JSON) as the store keeps it,
+/// opened first in a store encrypted at rest (so no caller reads a sealed input): a
+/// string as it is, any other value as its compact JSON text (so `42` and `"42"` are
+/// one key). `None` when the input is not JSON or the pointer finds nothing.
+pub(crate) fn key_of(
+    pointer: &str,
+    stored_input: &[u8],
+    payloads: super::Payloads<'_>,
+) -> Result<Option<String>, super::StoreError> {
+    let input = payloads.open(stored_input)?;
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(&input) else {
+        return Ok(None);
+    };
+    Ok(match value.pointer(pointer) {
+        None => None,
+        Some(serde_json::Value::String(text)) => Some(text.clone()),
+        Some(other) => Some(other.to_string()),
+    })
 }
 
 /// A deployment's limits as the lease queries apply them.

@@ -6,7 +6,7 @@ use std::str::FromStr;
 
 #[cfg(doc)]
 use super::{CatalogStore, InstanceStore, OperatorStore, RunFence, WorkerStore};
-use super::{Counts, Millis};
+use super::{Checkpoint, Counts, Millis};
 
 /// A run to create (or find, if it exists): [`OperatorStore::submit`].
 #[derive(Debug, Clone)]
@@ -203,6 +203,19 @@ pub struct LeasedRun {
     /// Whether the run's previous lease ran out instead of being given back or
     /// finished: its holder died, and counts it had not written yet are lost.
     pub taken_over: bool,
+    /// The run's checkpoint as the lease was granted, read in the grant's transaction
+    /// (no other holder writes one while the lease lasts): the first `load` of the
+    /// drive needs no read of its own. `None` for no checkpoint, or when the store did
+    /// not read it ([`LeasedRun::checkpoint_read`]).
+    pub checkpoint: Option<Checkpoint>,
+    /// Whether [`LeasedRun::checkpoint`] is what the store holds (read with the grant).
+    pub checkpoint_read: bool,
+    /// Whether the grant recorded the lease's first instance as started, in its own
+    /// transaction: `record.counts.instances` already counts it, durably before any
+    /// instance runs, and the host writes no counts of its own before that instance.
+    /// A holder that starts no instance gives the lease back with the counts it was
+    /// given, less that instance.
+    pub instance_counted: bool,
 }
 
 /// What [`WorkerStore::acquire_run`] found.

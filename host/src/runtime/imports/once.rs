@@ -521,7 +521,12 @@ impl HostClaim for IdemCtxView<'_> {
             state: c.state,
         });
         let counts = match checkpoint {
-            Some(_) => self.ctx.run.counts_due(),
+            Some(_) => {
+                // Whatever this write's outcome, the checkpoint read with the lease is
+                // stale.
+                self.ctx.run.preloaded = None;
+                self.ctx.run.counts_due()
+            }
             None => None,
         };
         let run = &self.ctx.run;

@@ -11,12 +11,17 @@ use crate::store::{Checkpoint, MAX_STEP};
 impl Host for IdemCtxView<'_> {
     async fn load(&mut self) -> wasmtime::Result<Option<WitCheckpoint>> {
         self.ctx.enter()?;
-        let run = &self.ctx.run;
-        let checkpoint = run
-            .store
-            .load_progress(run.run_id())
-            .await
-            .map_err(trap_store)?;
+        let checkpoint = match self.ctx.run.preloaded.take() {
+            // Read with the lease, and not written since.
+            Some(checkpoint) => checkpoint,
+            None => {
+                let run = &self.ctx.run;
+                run.store
+                    .load_progress(run.run_id())
+                    .await
+                    .map_err(trap_store)?
+            }
+        };
         Ok(checkpoint.map(|c| WitCheckpoint {
             step: c.step,
             state: c.state,
@@ -40,6 +45,8 @@ impl Host for IdemCtxView<'_> {
             .into());
         }
         let checkpoint = Checkpoint { step, state };
+        // Whatever this write's outcome, the checkpoint read with the lease is stale.
+        self.ctx.run.preloaded = None;
         let counts = self.ctx.run.counts_due();
         let run = &self.ctx.run;
         run.store

@@ -19,8 +19,8 @@ use crate::store::{
     Counts, DataKeyRecord, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits, FlowSetting,
     GcReport, GcRequest, InstanceStore, JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim,
     OperatorStore, Paused, PausedDeployment, Presence, RateLimit, RateSetting, Resolution, Resumed,
-    RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, Sealer,
-    SignalSent, SpawnAnswers, SpawnBatch, StepRecord, StoreError, Submission, Submitted,
+    RunEnd, RunFence, RunFilter, RunRecord, RunStatus, ScheduleDef, ScheduleRecord, ScheduledBy,
+    Sealer, SignalSent, SpawnAnswers, SpawnBatch, StepRecord, StoreError, Submission, Submitted,
     Suspension, SyncMode, Tick, WaitRecord, WaitRequest, WaitState, WorkerStore,
 };
 
@@ -346,11 +346,20 @@ impl WorkerStore for PostgresStore {
         counts: &Counts,
     ) -> Result<(), StoreError> {
         check_counts(counts)?;
-        let with = Some((fence, Lock::Update));
-        write_tx!(self, "finish a run", fence.sync, with, |conn, fenced| {
-            held(fenced, fence)?;
-            leases::finish_run(conn, fence, end, counts).await
-        })
+        let (status, outcome) = match end {
+            RunEnd::Completed(output) => (RunStatus::Completed, Some(output)),
+            RunEnd::Failed(error) => (RunStatus::Failed, Some(error)),
+            RunEnd::InDoubt => (RunStatus::InDoubt, None),
+            RunEnd::Cancelled => {
+                let with = Some((fence, Lock::Update));
+                return write_tx!(self, "finish a run", fence.sync, with, |conn, fenced| {
+                    held(fenced, fence)?;
+                    leases::finish_cancelled(conn, fence, counts).await
+                });
+            }
+        };
+        self.finish_in_one_trip(fence, status, outcome, counts)
+            .await
     }
 
     // Workers on PostgreSQL may run on other machines, where no lock of this one can
@@ -766,5 +775,108 @@ fn strongest(modes: impl IntoIterator<Item = SyncMode>) -> SyncMode {
         SyncMode::Full
     } else {
         SyncMode::Normal
+    }
+}
+
+impl PostgresStore {
+    /// [`WorkerStore::finish_run`] of a run that did not end cancelled (as `status`,
+    /// with `outcome` unless it is to be left as it is): one statement,
+    /// [`leases::FINISH_ALONE`] (the clock, the fence, the run's row, its outcome and
+    /// its count-down in its parent's join), as its own transaction, where the general
+    /// path took nine statements in four round trips. In the rare case it cannot count
+    /// the end down (the parent's suspension committed while it ran), it writes
+    /// nothing, and the end goes again in a transaction: [`leases::FINISH_IN_TX`],
+    /// then the count-down with the `COMMIT`.
+    async fn finish_in_one_trip(
+        &self,
+        fence: &RunFence,
+        status: RunStatus,
+        outcome: Option<&[u8]>,
+        counts: &Counts,
+    ) -> Result<(), StoreError> {
+        const OP: &str = "finish a run";
+        let lost = || StoreError::LeaseLost {
+            run_id: fence.run_id.clone(),
+            token: fence.token,
+        };
+        // A token beyond the server's range was never handed out: it holds nothing.
+        let Ok(token) = i64::try_from(fence.token) else {
+            return Err(lost());
+        };
+        // Checked by the caller (`check_counts`): each fits.
+        let sql_counts = [
+            counts.executed,
+            counts.skipped,
+            counts.awaited,
+            counts.reclaimed,
+            counts.instances,
+            counts.recycled,
+        ]
+        .map(|c| i64::try_from(c).unwrap_or(i64::MAX));
+        let counted_down = status != RunStatus::InDoubt;
+        let manual = self.manual_now();
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 12] = [
+            &manual,
+            &fence.run_id,
+            &token,
+            &sql_counts[0],
+            &sql_counts[1],
+            &sql_counts[2],
+            &sql_counts[3],
+            &sql_counts[4],
+            &sql_counts[5],
+            &status.as_str(),
+            &outcome,
+            &counted_down,
+        ];
+        match self
+            .try_one_statement(OP, fence.sync, leases::FINISH_ALONE, &params)
+            .await?
+        {
+            Ok(row) => {
+                return match leases::finished(std::slice::from_ref(&row)) {
+                    Ok(Some(_)) => Ok(()),
+                    Ok(None) => Err(lost()),
+                    Err(e) => Err(self.tx_error(OP, e)),
+                };
+            }
+            Err(e) if leases::is_owed(&e) => {}
+            Err(e) => return Err(self.failed(OP, e)),
+        }
+        let mut tries = 0u32;
+        loop {
+            let (conn, rows) = self
+                .begin_with(OP, fence.sync, leases::FINISH_IN_TX, &params)
+                .await?;
+            let found = rows.and_then(|rows| leases::finished(&rows));
+            let ended = match found {
+                Err(e) => self.end(conn, OP, Err::<(), _>(e)).await,
+                Ok(None) => {
+                    self.end(conn, OP, Err::<(), _>(TxError::Store(lost())))
+                        .await
+                }
+                Ok(Some((None, _))) => self.end(conn, OP, Ok(())).await,
+                Ok(Some((Some(parent), now))) => {
+                    self.end_with(
+                        conn,
+                        OP,
+                        leases::COUNT_DOWN,
+                        &[&parent, &fence.run_id, &now],
+                    )
+                    .await
+                }
+            };
+            match ended {
+                Ok(()) => return Ok(()),
+                Err(Some(e)) => return Err(e),
+                Err(None) if tries < 5 => tries += 1,
+                Err(None) => {
+                    return Err(StoreError::Backend {
+                        op: OP,
+                        source: "the server kept aborting the transaction as deadlocked".into(),
+                    });
+                }
+            }
+        }
     }
 }

@@ -413,20 +413,21 @@ pub(super) async fn count_down_parent(conn: &Conn, child: &str) -> Result<(), Tx
     if !joining {
         return Ok(());
     }
-    conn.execute(
-        "UPDATE runs
-         SET join_left = join_left - 1,
-             wake_at = CASE WHEN join_left <= 1 THEN $3 ELSE wake_at END,
-             updated = $3
-         WHERE run_id = $1
-           AND lease_holder IS NULL AND join_left > 0
-           AND EXISTS (SELECT 1 FROM join_members m
-                       WHERE m.run_id = runs.run_id AND m.key = runs.joining AND m.child = $2)",
-        &[&parent, &child, &conn.now],
-    )
-    .await?;
+    conn.execute(COUNT_DOWN, &[&parent, &child, &conn.now])
+        .await?;
     Ok(())
 }
+
+/// Counts child `$2`'s end down in the join its parent `$1` is suspended in, at `$3`,
+/// if the parent still waits on it; the last of them to end makes the parent due.
+pub(super) const COUNT_DOWN: &str = "UPDATE runs
+     SET join_left = join_left - 1,
+         wake_at = CASE WHEN join_left <= 1 THEN $3 ELSE wake_at END,
+         updated = $3
+     WHERE run_id = $1
+       AND lease_holder IS NULL AND join_left > 0
+       AND EXISTS (SELECT 1 FROM join_members m
+                   WHERE m.run_id = runs.run_id AND m.key = runs.joining AND m.child = $2)";
 
 /// Cancels the descendants of `run_id` that are not detached (nor below a detached
 /// one) and not completed or cancelled: at once where no live lease is on them, else

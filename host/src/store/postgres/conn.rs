@@ -273,6 +273,94 @@ impl PostgresStore {
         Ok((conn, fenced))
     }
 
+    /// Begins a transaction as durable as `sync` asks and runs `sql` (prepared first)
+    /// in it, in one round trip: for a write whose first statement reads the clock and
+    /// checks its fence itself. The connection, still in the transaction (`conn.now`
+    /// is not read), with the statement's rows or its failure: the caller ends the
+    /// transaction ([`PostgresStore::end`], [`PostgresStore::end_with`]) either way.
+    pub(super) async fn begin_with(
+        &self,
+        op: &'static str,
+        sync: SyncMode,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<(Conn, Result<Vec<Row>, TxError>), StoreError> {
+        let conn = self.pool.get().await.map_err(|e| self.pool_failed(op, e))?;
+        let conn = Conn {
+            conn: Some(conn),
+            in_tx: true,
+            limit: self.call_timeout,
+            lost: AtomicBool::new(false),
+            now: 0,
+            sealer: self.sealer.get().cloned(),
+        };
+        let begin = match sync {
+            SyncMode::Full => "BEGIN; SET LOCAL synchronous_commit TO on",
+            SyncMode::Normal => "BEGIN; SET LOCAL synchronous_commit TO off",
+        };
+        let client = conn.client();
+        // Prepared first (a round trip only on a connection's first use), so that the
+        // two below go out together.
+        let stmt = conn
+            .call(client.prepare_cached(sql))
+            .await
+            .map_err(|e| self.tx_error(op, e))?;
+        let answer = conn
+            .call(async {
+                let (began, rows) =
+                    tokio::join!(client.batch_execute(begin), client.query(&stmt, params));
+                began?;
+                rows
+            })
+            .await;
+        if matches!(answer, Err(TxError::NoAnswer)) {
+            return Err(self.tx_error(op, TxError::NoAnswer));
+        }
+        Ok((conn, answer))
+    }
+
+    /// [`PostgresStore::end`] of a transaction that succeeded so far, with one more
+    /// statement (prepared first) sent together with its `COMMIT`: one round trip. A
+    /// failure of the statement aborts the transaction, and its `COMMIT` then rolls it
+    /// back.
+    pub(super) async fn end_with(
+        &self,
+        mut conn: Conn,
+        op: &'static str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<(), Option<StoreError>> {
+        let client = conn.client();
+        let stmt = match conn.call(client.prepare_cached(sql)).await {
+            Ok(stmt) => stmt,
+            Err(e) => return self.end(conn, op, Err::<(), _>(e)).await,
+        };
+        let answer = conn
+            .call(async {
+                let (done, committed) = tokio::join!(
+                    client.execute(&stmt, params),
+                    client.batch_execute("COMMIT")
+                );
+                done?;
+                committed
+            })
+            .await;
+        match answer {
+            Ok(()) => {
+                conn.in_tx = false;
+                Ok(())
+            }
+            // The statement failed (and the `COMMIT` rolled back), or the `COMMIT`
+            // did: either way the transaction is over, and whether it committed is
+            // the server's answer, as for a lone `COMMIT`.
+            Err(TxError::Pg(e)) => {
+                conn.in_tx = e.as_db_error().is_none();
+                Err(self.race_or(op, e))
+            }
+            Err(e) => Err(Some(self.tx_error(op, e))),
+        }
+    }
+
     /// Ends the transaction: commits it if `result` is a success, rolls it back
     /// otherwise. `Err(None)` asks the caller to run the transaction again: the server
     /// aborted it for racing another.

@@ -33,7 +33,7 @@ pub(super) async fn flow_key(
     else {
         return Ok(None);
     };
-    match key_of(&pointer, &conn.payloads().open(submission.input)?) {
+    match key_of(&pointer, submission.input, conn.payloads())? {
         Some(key) => Ok(Some(key)),
         None => Err(TxError::Store(StoreError::FlowKeyMissing {
             run_id: submission.run_id.to_string(),
@@ -113,7 +113,7 @@ async fn rekey(conn: &Conn, deployment: &str, pointer: Option<&str>) -> Result<(
     for row in &rows {
         let (run_id, input): (String, Vec<u8>) = (row.try_get(0)?, row.try_get(1)?);
         let key = match pointer {
-            Some(pointer) => key_of(pointer, &conn.payloads().open(&input)?),
+            Some(pointer) => key_of(pointer, &input, conn.payloads())?,
             None => None,
         };
         conn.execute(

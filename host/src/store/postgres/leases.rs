@@ -9,11 +9,13 @@ use std::time::Duration;
 
 use super::conn::Conn;
 use super::epoch::token_floor;
-use super::runs::{self, end_as_cancelled, lease_from, set_outcome, status_from, unknown_run};
+use super::runs::{self, end_as_cancelled, lease_from, status_from, unknown_run};
 use super::{TxError, to_sql_int, u64_col};
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{LeaseDecision, decide_run_lease, run_lease_token};
-use crate::store::{Acquired, Counts, LeaseState, LeasedRun, Millis, RunEnd, RunFence, RunStatus};
+use crate::store::{
+    Acquired, Checkpoint, Counts, LeaseState, LeasedRun, Millis, RunFence, RunStatus,
+};
 
 /// The earliest due time after `after` of an unfinished run nobody holds; the scan
 /// walks `runs_due` in order and stops at the first.
@@ -37,7 +39,9 @@ pub(super) async fn next_due(conn: &Conn, after: Millis) -> Result<Option<Millis
 /// over those another worker is taking): up to `$3` of priority above 0, highest first,
 /// then as many of priority 0 as make `$3`, oldest first; none in `$2`, none of a
 /// deployment in `$4`, none of a deployment and key (`agent || chr(31) || flow_key`) in
-/// `$5`. The last column says whether any deployment has limits.
+/// `$5`. The last columns say whether any deployment has limits, and the floor of the
+/// store's epoch (`epoch.rs`; NULL when the server lost transactions since it was
+/// recorded, and the grant goes through [`token_floor`]).
 const CANDIDATES: &str = "
     WITH prioritized AS (
         SELECT run_id, lease_token, lease_holder IS NOT NULL AS taken_over, agent, flow_key,
@@ -70,7 +74,8 @@ const CANDIDATES: &str = "
         FOR UPDATE SKIP LOCKED
     )
     SELECT run_id, lease_token, taken_over, agent, flow_key,
-           EXISTS (SELECT 1 FROM flow_limits)
+           EXISTS (SELECT 1 FROM flow_limits),
+           (SELECT epoch << 32 FROM epoch_alive WHERE id = 0)
     FROM (SELECT * FROM prioritized UNION ALL SELECT * FROM oldest) AS due
     ORDER BY pass, priority DESC, due, seq";
 
@@ -96,6 +101,8 @@ pub(super) async fn acquire_runs(
     let (mut full_agents, mut full_keys) = (Vec::<String>::new(), Vec::<String>::new());
     let mut flow = None;
     let mut chosen: Vec<(String, u64, bool)> = Vec::new();
+    // The epoch's floor as the candidates' query read it, in this transaction.
+    let mut alive: Option<i64> = None;
     for _ in 0..FLOW_ROUNDS {
         let limit = i64::try_from(max - chosen.len()).unwrap_or(i64::MAX);
         let rows = conn
@@ -105,7 +112,10 @@ pub(super) async fn acquire_runs(
             )
             .await?;
         let limited = match rows.first() {
-            Some(row) => row.try_get::<_, bool>(5)?,
+            Some(row) => {
+                alive = row.try_get(6)?;
+                row.try_get::<_, bool>(5)?
+            }
             None => false,
         };
         if limited && flow.is_none() {
@@ -138,12 +148,15 @@ pub(super) async fn acquire_runs(
         return Ok(Vec::new());
     }
     let expires = lease_expiry(now, lease);
-    let floor = token_floor(conn).await?;
+    let floor = match alive.and_then(|floor| u64::try_from(floor).ok()) {
+        Some(floor) => floor,
+        None => token_floor(conn).await?,
+    };
     let granted = chosen
         .into_iter()
         .map(|(run_id, last, taken_over)| Ok((run_id, run_lease_token(last, floor)?, taken_over)))
         .collect::<Result<Vec<_>, TxError>>()?;
-    grant(conn, granted, worker, expires).await
+    grant(conn, granted, worker, expires, true).await
 }
 
 /// Leases one run, unless another worker's live lease is on it or it is finished.
@@ -192,6 +205,7 @@ pub(super) async fn acquire_run(
                 vec![(run_id.to_owned(), token, taken_over)],
                 worker,
                 expires,
+                false,
             )
             .await?;
             leased
@@ -203,14 +217,18 @@ pub(super) async fn acquire_run(
 }
 
 /// Grants each run's lease to `worker` under its token and sets it running: one
-/// statement for every lease, one read of the records and one of the inputs, whatever
-/// the number of runs (one of each per run cost three round trips a run). Each run is
-/// given as (run id, token, taken over).
+/// statement for every lease, one read of the records and one of the inputs and
+/// checkpoints, whatever the number of runs (one of each per run cost three round
+/// trips a run). Each run is given as (run id, token, taken over). With `count`, the
+/// grant also counts each run's first instance under the lease as started
+/// ([`LeasedRun::instance_counted`]): the write a host would otherwise make, in a
+/// transaction of its own, before that instance runs.
 async fn grant(
     conn: &Conn,
     runs_granted: Vec<(String, u64, bool)>,
     worker: &str,
     expires: i64,
+    count: bool,
 ) -> Result<Vec<LeasedRun>, TxError> {
     let mut ids = Vec::with_capacity(runs_granted.len());
     let mut tokens = Vec::with_capacity(runs_granted.len());
@@ -223,7 +241,8 @@ async fn grant(
     conn.execute(
         "UPDATE runs
          SET status = $2, lease_holder = $3, lease_token = g.token, lease_expires = $4,
-             updated = $5, wake_at = NULL, waiting_for = NULL, joining = NULL, join_left = NULL
+             updated = $5, wake_at = NULL, waiting_for = NULL, joining = NULL, join_left = NULL,
+             instances = instances + CASE WHEN $7 THEN 1 ELSE 0 END
          FROM unnest($1::text[], $6::int8[]) AS g(id, token)
          WHERE run_id = g.id",
         &[
@@ -233,30 +252,54 @@ async fn grant(
             &expires,
             &conn.now,
             &tokens,
+            &count,
         ],
     )
     .await?;
-    let mut records = runs::runs_by_id(conn, &ids).await?;
-    let inputs = conn
-        .query(
-            "SELECT run_id, input, authority FROM run_inputs WHERE run_id = ANY ($1)",
-            &[&ids],
+    // The records, and the inputs with the checkpoints, asked for together: one round
+    // trip.
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&ids];
+    let (records, inputs) = tokio::try_join!(
+        runs::runs_by_id(conn, &ids),
+        conn.query(
+            "SELECT i.run_id, i.input, i.authority, p.step, p.state
+             FROM run_inputs i LEFT JOIN progress p ON p.run_id = i.run_id
+             WHERE i.run_id = ANY ($1)",
+            &params,
         )
-        .await?;
-    let mut inputs: std::collections::HashMap<String, (Vec<u8>, Vec<u8>)> = inputs
+    )?;
+    let mut records = records;
+    type Inputs = (Vec<u8>, Vec<u8>, Option<Checkpoint>);
+    let mut inputs: std::collections::HashMap<String, Inputs> = inputs
         .iter()
-        .map(|row| Ok((row.try_get(0)?, (row.try_get(1)?, row.try_get(2)?))))
-        .collect::<Result<_, tokio_postgres::Error>>()?;
+        .map(|row| {
+            let checkpoint = match row.try_get::<_, Option<i64>>(3)? {
+                Some(_) => Some(Checkpoint {
+                    step: u64_col(row, 3)?,
+                    state: row.try_get(4)?,
+                }),
+                None => None,
+            };
+            Ok((
+                row.try_get(0)?,
+                (row.try_get(1)?, row.try_get(2)?, checkpoint),
+            ))
+        })
+        .collect::<Result<_, TxError>>()?;
     let mut leased = Vec::with_capacity(ids.len());
     for ((run_id, token), taken_over) in ids.iter().zip(tokens).zip(taken) {
         let record = records.remove(run_id).ok_or_else(|| unknown_run(run_id))?;
-        let (input, authority) = inputs.remove(run_id).ok_or_else(|| unknown_run(run_id))?;
+        let (input, authority, checkpoint) =
+            inputs.remove(run_id).ok_or_else(|| unknown_run(run_id))?;
         leased.push(LeasedRun {
             record,
             token: token.unsigned_abs(),
             input,
             authority,
             taken_over,
+            checkpoint,
+            checkpoint_read: true,
+            instance_counted: count,
         });
     }
     Ok(leased)
@@ -313,61 +356,136 @@ pub(super) async fn release_run(
     Ok(())
 }
 
-/// Records how the run ended and ends its lease (keeping its token). The caller
-/// checked the fence, with the run's row locked.
-///
-/// The run's row, its outcome and the parent's join are written by statements sent
-/// together (tokio-postgres pipelines statements awaited at once on one connection):
-/// one round trip where one each took four, on the path every run ends by.
-pub(super) async fn finish_run(
+/// Records that the run ended cancelled, with its counts, and ends its lease (keeping
+/// its token), its descendants cancelled with it. The caller checked the fence, with
+/// the run's row locked. (Every other end is [`FINISH_ALONE`].)
+pub(super) async fn finish_cancelled(
     conn: &Conn,
     fence: &RunFence,
-    end: RunEnd<'_>,
     counts: &Counts,
 ) -> Result<(), TxError> {
-    let run_id = fence.run_id.as_str();
-    let (status, outcome) = match end {
-        RunEnd::Completed(output) => (RunStatus::Completed, Some(output)),
-        RunEnd::Failed(error) => (RunStatus::Failed, Some(error)),
-        RunEnd::InDoubt => (RunStatus::InDoubt, None),
-        RunEnd::Cancelled => {
-            runs::save_counts(conn, run_id, counts).await?;
-            return end_as_cancelled(conn, run_id).await;
-        }
-    };
-    let row = async {
-        conn.execute(
-            "UPDATE runs
-             SET executed = $2, skipped = $3, awaited = $4, reclaimed = $5, instances = $6,
-                 recycled = $7, status = $8, lease_holder = NULL, lease_expires = NULL,
-                 cancel_requested = false, updated = $9
-             WHERE run_id = $1",
-            &[
-                &run_id,
-                &to_sql_int(counts.executed)?,
-                &to_sql_int(counts.skipped)?,
-                &to_sql_int(counts.awaited)?,
-                &to_sql_int(counts.reclaimed)?,
-                &to_sql_int(counts.instances)?,
-                &to_sql_int(counts.recycled)?,
-                &status.as_str(),
-                &conn.now,
-            ],
+    runs::save_counts(conn, &fence.run_id, counts).await?;
+    end_as_cancelled(conn, &fence.run_id).await
+}
+
+/// A run's end (but a cancellation) in one statement, as a worker records it: the
+/// clock, the fence (the run's row is updated only under its current lease, and so
+/// locked), the outcome, and its count-down in the join its parent waits in. `$1`
+/// manual time, `$2` run, `$3` lease token, `$4` to `$9` the counts, `$10` status,
+/// `$11` the outcome (NULL: left as it is), `$12` whether the parent counts this end.
+/// Returns whether the fence held, the time, the parent, and whether this end is still
+/// owed to the parent.
+///
+/// The parent's row is locked `FOR NO KEY UPDATE` first, whatever it is doing, as
+/// [`count_down_parent`] locks it (its doc says why): the lock waits for a suspension
+/// of the parent in flight, and reads what it left. The count-down (`down`) then
+/// updates the parent if the statement's snapshot already saw it suspended joining
+/// (a sibling's count-down committed since is waited for and counted from, as any
+/// `UPDATE` does). If the lock found the parent joining but the snapshot did not (its
+/// suspension committed in between), this end is still owed to it, and only a later
+/// statement, whose snapshot sees the suspension, can count it down ([`COUNT_DOWN`]).
+///
+/// [`FINISH_ALONE`] is the statement as its own transaction: the parent's row stays
+/// locked only while the server runs it, where a transaction held it over a round
+/// trip to the worker and back, and every sibling ending meanwhile queued behind it
+/// (a `log_statement` trace and `pg_stat_activity` of a 1,000-child fan-out: most
+/// finishes waiting on the parent's row, its holder idle in its transaction). When
+/// the end is owed, it refuses itself instead (a cast that fails, naming the parent),
+/// writing nothing, and the end goes again as [`FINISH_IN_TX`] in a transaction, with
+/// [`COUNT_DOWN`] before its `COMMIT`.
+///
+/// [`count_down_parent`]: super::children::count_down_parent
+macro_rules! finish {
+    ($owed:literal) => {
+        concat!(
+            "WITH clock AS (SELECT coalesce($1::int8, (extract(epoch FROM now()) * 1000)::int8) AS now),
+             fin AS (
+                 UPDATE runs
+                 SET executed = $4, skipped = $5, awaited = $6, reclaimed = $7, instances = $8,
+                     recycled = $9, status = $10, lease_holder = NULL, lease_expires = NULL,
+                     cancel_requested = false, updated = clock.now
+                 FROM clock
+                 WHERE run_id = $2 AND lease_token = $3 AND lease_holder IS NOT NULL
+                 RETURNING runs.parent),
+             kept AS (
+                 INSERT INTO run_outcomes (run_id, outcome)
+                 SELECT $2, $11::bytea FROM fin WHERE $11::bytea IS NOT NULL
+                 ON CONFLICT (run_id) DO UPDATE SET outcome = excluded.outcome),
+             parent AS (
+                 SELECT p.run_id, p.lease_holder IS NULL AND coalesce(p.join_left, 0) > 0 AS joining
+                 FROM runs p JOIN fin ON p.run_id = fin.parent
+                 WHERE $12
+                 FOR NO KEY UPDATE OF p),
+             down AS (
+                 UPDATE runs
+                 SET join_left = runs.join_left - 1,
+                     wake_at = CASE WHEN runs.join_left <= 1 THEN clock.now ELSE runs.wake_at END,
+                     updated = clock.now
+                 FROM parent, clock
+                 WHERE runs.run_id = parent.run_id
+                   AND runs.lease_holder IS NULL AND runs.join_left > 0
+                   AND EXISTS (SELECT 1 FROM join_members m
+                               WHERE m.run_id = runs.run_id AND m.key = runs.joining
+                                 AND m.child = $2)
+                 RETURNING 1),
+             owed AS (
+                 SELECT parent.joining AND NOT EXISTS (SELECT 1 FROM down) AS owed FROM parent)
+             SELECT EXISTS (SELECT 1 FROM fin), (SELECT now FROM clock), parent.run_id, ",
+            $owed,
+            " FROM (SELECT 1) AS one LEFT JOIN parent ON true LEFT JOIN owed ON true"
         )
-        .await
     };
-    let kept = async {
-        match outcome {
-            Some(outcome) => set_outcome(conn, run_id, Some(outcome)).await,
-            None => Ok(()),
-        }
+}
+
+/// [`finish!`] as its own transaction: refuses itself (SQLSTATE 22P02, its message
+/// starting with [`OWED`]) when the end is still owed to the parent.
+pub(super) const FINISH_ALONE: &str = finish!(
+    "CASE WHEN owed.owed
+          THEN ('idem: a count-down is owed to ' || parent.run_id)::int4 = 0
+          ELSE false END"
+);
+
+/// [`finish!`] inside a transaction: says whether the end is still owed to the parent.
+pub(super) const FINISH_IN_TX: &str = finish!("coalesce(owed.owed, false)");
+
+/// How [`FINISH_ALONE`]'s refusal of itself starts.
+pub(super) const OWED: &str = "idem: a count-down is owed";
+
+/// Whether `e` is [`FINISH_ALONE`] refusing itself: nothing was written.
+pub(super) fn is_owed(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error().is_some_and(|db| {
+        *db.code() == tokio_postgres::error::SqlState::INVALID_TEXT_REPRESENTATION
+            && db.message().contains(OWED)
+    })
+}
+
+/// Counts a child's end (`$2`) down in its parent's join (`$1`) at `$3`, if the parent
+/// still waits on it: the last statement of [`count_down_parent`], sent with the
+/// finish's `COMMIT` when [`FINISH_IN_TX`] found the count-down owed.
+///
+/// [`count_down_parent`]: super::children::count_down_parent
+pub(super) const COUNT_DOWN: &str = super::children::COUNT_DOWN;
+
+/// What [`finish!`] found: `None` if the fence did not hold (nothing was written),
+/// else the parent this end is still owed to (to count down with [`COUNT_DOWN`]), if
+/// any, and the time.
+pub(super) fn finished(
+    rows: &[tokio_postgres::Row],
+) -> Result<Option<(Option<String>, Millis)>, TxError> {
+    let Some(row) = rows.first() else {
+        return Err(TxError::Store(crate::store::StoreError::Backend {
+            op: "finish a run",
+            source: "the finish statement returned no row".into(),
+        }));
     };
-    let parent = async {
-        if status == RunStatus::InDoubt {
-            return Ok(());
-        }
-        super::children::count_down_parent(conn, run_id).await
+    if !row.try_get::<_, bool>(0)? {
+        return Ok(None);
+    }
+    let now: Millis = row.try_get(1)?;
+    let owed: Option<bool> = row.try_get(3)?;
+    let parent = match owed {
+        Some(true) => Some(row.try_get::<_, String>(2)?),
+        _ => None,
     };
-    tokio::try_join!(row, kept, parent)?;
-    Ok(())
+    Ok(Some((parent, now)))
 }

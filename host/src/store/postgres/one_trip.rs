@@ -77,6 +77,20 @@ impl PostgresStore {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Row, StoreError> {
+        self.try_one_statement(op, sync, sql, params)
+            .await?
+            .map_err(|e| self.failed(op, e))
+    }
+
+    /// [`Self::one_statement`], with the server's refusal of the statement (which
+    /// rolled it back) given back as it is, for the caller to read.
+    pub(super) async fn try_one_statement(
+        &self,
+        op: &'static str,
+        sync: SyncMode,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Result<Row, tokio_postgres::Error>, StoreError> {
         let mut tries = 0u32;
         loop {
             let conn = self.pool.get().await.map_err(|e| self.pool_failed(op, e))?;
@@ -90,8 +104,9 @@ impl PostgresStore {
             })
             .await;
             match answer {
-                Ok(Ok(((), row))) => return Ok(row),
+                Ok(Ok(((), row))) => return Ok(Ok(row)),
                 Ok(Err(e)) if is_race(&e) && tries < 5 => tries += 1,
+                Ok(Err(e)) if e.as_db_error().is_some() && !is_race(&e) => return Ok(Err(e)),
                 Ok(Err(e)) => return Err(self.failed(op, e)),
                 Err(_) => {
                     // Its answer may still come: the connection goes, not to the pool.

@@ -7,8 +7,8 @@ use tokio_postgres::Row;
 use super::conn::Conn;
 use super::{TxError, to_sql_int, u64_col};
 use crate::store::{
-    Cancelled, Checkpoint, Counts, MAX_PRIORITY, RunFilter, RunLeaseInfo, RunRecord, RunStatus,
-    StoreError, Submission, Submitted,
+    Cancelled, Checkpoint, Counts, MAX_PRIORITY, Payloads, RunFilter, RunLeaseInfo, RunRecord,
+    RunStatus, StoreError, Submission, Submitted, key_of,
 };
 
 /// A run's status as shown: `paused` for a queued or running run an operator paused
@@ -38,34 +38,45 @@ macro_rules! select_records {
     };
 }
 
-/// Creates the run as queued if it is new, or finds it. Two submitters of one new run
-/// meet at the primary key: the second waits for the first, then finds its run.
 /// Submits runs in the caller's transaction, each answered as a lone [`submit`] of it
-/// would be. A submission's one refusal that comes after its first write (a missing
-/// component) is looked for first, once per component, so a refused run writes nothing.
+/// would be (in the batch's order: a run an earlier member created is found by a later
+/// one), in a few statements whatever the batch's size:
+/// - one round trip reads what the answers depend on: which runs exist (locked, as a
+///   lone submit locks the run it finds), the concurrency-key pointers of the
+///   deployments named, and which components the store holds; and, if some runs
+///   exist, a second compares their inputs with the members' (on the server, as a
+///   lone submit does);
+/// - the answers are decided here, as each lone submit would decide, in order: a
+///   refused member writes nothing;
+/// - one round trip writes every new run, its input and its namespace's member, every
+///   replaced authority and every failed run submitted again, set-based (`unnest`),
+///   and reads the records back.
+///
+/// A run another submitter created since the first read makes the insert find fewer
+/// new rows than decided: the writes are rolled back (to a savepoint taken with them)
+/// and the batch is submitted one run at a time instead, as it was before.
 pub(super) async fn submit_many(
     conn: &Conn,
     submissions: &[Submission<'_>],
 ) -> Result<Vec<Result<Submitted, StoreError>>, TxError> {
-    // Whether each component named is in the store.
-    let mut known = std::collections::HashMap::new();
+    if submissions.is_empty() {
+        return Ok(Vec::new());
+    }
+    let facts = BatchFacts::read(conn, submissions).await?;
+    let plan = plan_batch(submissions, &facts, conn.payloads());
+    match write_batch(conn, submissions, &plan).await? {
+        Some(records) => answer_batch(plan, records),
+        None => one_by_one(conn, submissions).await,
+    }
+}
+
+/// The batch submitted one run at a time, each in turn as a lone [`submit`].
+async fn one_by_one(
+    conn: &Conn,
+    submissions: &[Submission<'_>],
+) -> Result<Vec<Result<Submitted, StoreError>>, TxError> {
     let mut answers = Vec::with_capacity(submissions.len());
     for submission in submissions {
-        let digest = submission.digest;
-        if !known.contains_key(digest) {
-            let found = match super::components::require(conn, digest).await {
-                Ok(()) => true,
-                Err(TxError::Store(StoreError::UnknownComponent { .. })) => false,
-                Err(e) => return Err(e),
-            };
-            known.insert(digest, found);
-        }
-        if known.get(digest) == Some(&false) {
-            answers.push(Err(StoreError::UnknownComponent {
-                digest: digest.to_owned(),
-            }));
-            continue;
-        }
         answers.push(match submit(conn, submission).await {
             Err(TxError::Store(e)) if e.is_refusal() => Err(e),
             Err(e) => return Err(e),
@@ -75,6 +86,454 @@ pub(super) async fn submit_many(
     Ok(answers)
 }
 
+/// One statement parameter, for statements sent together.
+type Param<'a> = [&'a (dyn tokio_postgres::types::ToSql + Sync); 1];
+
+/// What a batch's answers depend on, read before deciding them.
+struct BatchFacts {
+    /// The runs that exist, with their status.
+    existing: std::collections::HashMap<String, String>,
+    /// Per member whose run exists: whether its input is the run's.
+    same_input: Vec<Option<bool>>,
+    /// The concurrency-key pointer of each deployment named that has one.
+    pointers: std::collections::HashMap<String, String>,
+    /// The components named that the store holds.
+    components: std::collections::HashSet<String>,
+}
+
+impl BatchFacts {
+    async fn read(conn: &Conn, submissions: &[Submission<'_>]) -> Result<BatchFacts, TxError> {
+        fn distinct(mut all: Vec<&str>) -> Vec<&str> {
+            all.sort_unstable();
+            all.dedup();
+            all
+        }
+        let ids = distinct(submissions.iter().map(|s| s.run_id).collect());
+        let agents = distinct(submissions.iter().map(|s| s.agent).collect());
+        let digests = distinct(submissions.iter().map(|s| s.digest).collect());
+        // Locked in run order, as `leases::renew_runs` and the batches lock runs.
+        let (ids, agents, digests): (Param<'_>, Param<'_>, Param<'_>) =
+            ([&ids], [&agents], [&digests]);
+        let (runs, pointers, components) = tokio::try_join!(
+            conn.query(
+                "SELECT run_id, status FROM runs WHERE run_id = ANY ($1)
+                 ORDER BY run_id FOR NO KEY UPDATE",
+                &ids,
+            ),
+            conn.query(
+                "SELECT deployment, key_pointer FROM flow_limits
+                 WHERE deployment = ANY ($1) AND key_pointer IS NOT NULL",
+                &agents,
+            ),
+            conn.query(
+                "SELECT digest FROM components WHERE digest = ANY ($1)",
+                &digests,
+            ),
+        )?;
+        let existing: std::collections::HashMap<String, String> = runs
+            .iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .collect::<Result<_, tokio_postgres::Error>>()?;
+        let mut same_input = vec![None; submissions.len()];
+        if !existing.is_empty() {
+            let mut places: Vec<i64> = Vec::new();
+            let (mut found_ids, mut found_inputs): (Vec<&str>, Vec<&[u8]>) =
+                (Vec::new(), Vec::new());
+            for (at, s) in submissions.iter().enumerate() {
+                if existing.contains_key(s.run_id) {
+                    places.push(i64::try_from(at).unwrap_or(i64::MAX));
+                    found_ids.push(s.run_id);
+                    found_inputs.push(s.input);
+                }
+            }
+            // Compared by the server: the runs' inputs are not copied out.
+            let rows = conn
+                .query(
+                    "SELECT c.at, i.input = c.input
+                     FROM unnest($1::int8[], $2::text[], $3::bytea[]) AS c(at, id, input)
+                     JOIN run_inputs i ON i.run_id = c.id",
+                    &[&places, &found_ids, &found_inputs],
+                )
+                .await?;
+            for row in &rows {
+                let at: i64 = row.try_get(0)?;
+                if let Some(slot) = usize::try_from(at)
+                    .ok()
+                    .and_then(|at| same_input.get_mut(at))
+                {
+                    *slot = Some(row.try_get(1)?);
+                }
+            }
+        }
+        Ok(BatchFacts {
+            existing,
+            same_input,
+            pointers: pointers
+                .iter()
+                .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+                .collect::<Result<_, tokio_postgres::Error>>()?,
+            components: components
+                .iter()
+                .map(|row| row.try_get(0))
+                .collect::<Result<_, tokio_postgres::Error>>()?,
+        })
+    }
+}
+
+/// A new run a batch creates: the member that creates it, its priority and key, and
+/// the authority it ends the batch with (a later member may replace it).
+struct NewRun {
+    at: usize,
+    priority: i32,
+    flow_key: Option<String>,
+    authority: usize,
+}
+
+/// What a batch writes, and each member's answer but its record.
+#[derive(Default)]
+struct BatchPlan {
+    answers: Vec<Result<(String, bool), StoreError>>,
+    created: Vec<NewRun>,
+    /// Existing runs whose authority a member replaces: the run and the member whose
+    /// authority it ends the batch with.
+    authorities: Vec<(String, usize)>,
+    /// Failed runs submitted again: set back to running, their outcome cleared.
+    resumed: Vec<String>,
+}
+
+/// What a run named in a batch is, as the members before the current one left it.
+enum Seen {
+    /// It existed before the batch, with this status.
+    Existing(String),
+    /// The member at this place created it.
+    Created(usize),
+}
+
+/// Decides each member's answer in order, as a lone [`submit`] of it would, after the
+/// members before it: the same checks in the same order.
+fn plan_batch(
+    submissions: &[Submission<'_>],
+    facts: &BatchFacts,
+    payloads: Payloads<'_>,
+) -> BatchPlan {
+    use std::collections::HashMap;
+    let mut plan = BatchPlan::default();
+    let mut seen: HashMap<&str, Seen> = facts
+        .existing
+        .iter()
+        .map(|(id, status)| (id.as_str(), Seen::Existing(status.clone())))
+        .collect();
+    let mut replaced: HashMap<&str, usize> = HashMap::new();
+    for (at, submission) in submissions.iter().enumerate() {
+        let run_id = submission.run_id;
+        let answer = (|| {
+            let priority = match i32::try_from(submission.priority) {
+                Ok(priority) if submission.priority <= MAX_PRIORITY => priority,
+                _ => {
+                    return Err(StoreError::PriorityRefused {
+                        priority: submission.priority,
+                    });
+                }
+            };
+            let exists = seen.contains_key(run_id);
+            let flow_key = match facts.pointers.get(submission.agent) {
+                None => None,
+                Some(pointer) => match key_of(pointer, submission.input, payloads)? {
+                    Some(key) => Some(key),
+                    None if exists => None,
+                    None => {
+                        return Err(StoreError::FlowKeyMissing {
+                            run_id: run_id.to_owned(),
+                            deployment: submission.agent.to_owned(),
+                            pointer: pointer.clone(),
+                        });
+                    }
+                },
+            };
+            let same = match seen.get_mut(run_id) {
+                None => {
+                    if !facts.components.contains(submission.digest) {
+                        return Err(StoreError::UnknownComponent {
+                            digest: submission.digest.to_owned(),
+                        });
+                    }
+                    seen.insert(run_id, Seen::Created(plan.created.len()));
+                    plan.created.push(NewRun {
+                        at,
+                        priority,
+                        flow_key,
+                        authority: at,
+                    });
+                    return Ok(true);
+                }
+                Some(Seen::Created(new)) => {
+                    submissions[plan.created[*new].at].input == submission.input
+                }
+                Some(Seen::Existing(_)) => facts.same_input[at] == Some(true),
+            };
+            if !same {
+                return Err(StoreError::InputMismatch {
+                    run_id: run_id.to_owned(),
+                });
+            }
+            match seen.get_mut(run_id) {
+                Some(Seen::Created(new)) if submission.replace_authority => {
+                    plan.created[*new].authority = at;
+                }
+                Some(Seen::Existing(status)) => {
+                    if submission.replace_authority {
+                        replaced.insert(run_id, at);
+                    }
+                    if status == RunStatus::Failed.as_str() {
+                        plan.resumed.push(run_id.to_owned());
+                        *status = RunStatus::Running.as_str().to_owned();
+                    }
+                }
+                Some(Seen::Created(_)) | None => {}
+            }
+            Ok(false)
+        })();
+        plan.answers
+            .push(answer.map(|created| (run_id.to_owned(), created)));
+    }
+    plan.authorities = replaced
+        .into_iter()
+        .map(|(id, at)| (id.to_owned(), at))
+        .collect();
+    plan.authorities.sort_unstable();
+    plan.resumed.sort_unstable();
+    plan
+}
+
+/// Writes what `plan` decided and reads the records of every run answered, in one
+/// round trip; `None` when a run decided new was created meanwhile by another
+/// submitter: nothing was written, and the batch goes one run at a time.
+async fn write_batch(
+    conn: &Conn,
+    submissions: &[Submission<'_>],
+    plan: &BatchPlan,
+) -> Result<Option<std::collections::HashMap<String, RunRecord>>, TxError> {
+    let client = conn.client();
+    let new = &plan.created;
+    let ids: Vec<&str> = new.iter().map(|n| submissions[n.at].run_id).collect();
+    let agents: Vec<&str> = new.iter().map(|n| submissions[n.at].agent).collect();
+    let digests: Vec<&str> = new.iter().map(|n| submissions[n.at].digest).collect();
+    let namespaces: Vec<&str> = new.iter().map(|n| submissions[n.at].namespace).collect();
+    let priorities: Vec<i32> = new.iter().map(|n| n.priority).collect();
+    let keys: Vec<Option<&str>> = new.iter().map(|n| n.flow_key.as_deref()).collect();
+    let inputs: Vec<&[u8]> = new.iter().map(|n| submissions[n.at].input).collect();
+    let authorities: Vec<&[u8]> = new
+        .iter()
+        .map(|n| submissions[n.authority].authority)
+        .collect();
+    let mut members: Vec<(&str, &str)> = namespaces
+        .iter()
+        .copied()
+        .zip(digests.iter().copied())
+        .collect();
+    members.sort_unstable();
+    members.dedup();
+    let (member_namespaces, member_digests): (Vec<&str>, Vec<&str>) = members.into_iter().unzip();
+    let replaced_ids: Vec<&str> = plan.authorities.iter().map(|(id, _)| id.as_str()).collect();
+    let replaced: Vec<&[u8]> = plan
+        .authorities
+        .iter()
+        .map(|(_, at)| submissions[*at].authority)
+        .collect();
+    let mut answered: Vec<&str> = plan
+        .answers
+        .iter()
+        .filter_map(|a| a.as_ref().ok().map(|(id, _)| id.as_str()))
+        .collect();
+    answered.sort_unstable();
+    answered.dedup();
+    let status = RunStatus::Queued.as_str();
+    let running = RunStatus::Running.as_str();
+    let now = conn.now;
+
+    const INSERT_RUNS: &str =
+        "INSERT INTO runs (run_id, agent, digest, namespace, status, created, updated,
+                           priority, flow_key)
+         SELECT c.id, c.agent, c.digest, c.namespace, $7, $8, $8, c.priority, c.key
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int4[], $6::text[])
+              WITH ORDINALITY AS c(id, agent, digest, namespace, priority, key, n)
+         ORDER BY c.n
+         ON CONFLICT (run_id) DO NOTHING";
+    const INSERT_INPUTS: &str = "INSERT INTO run_inputs (run_id, input, authority)
+         SELECT * FROM unnest($1::text[], $2::bytea[], $3::bytea[])";
+    const ADD_MEMBERS: &str = "INSERT INTO namespace_members (namespace, digest, how, at)
+         SELECT m.namespace, m.digest, 'run', $3
+         FROM unnest($1::text[], $2::text[]) AS m(namespace, digest)
+         ON CONFLICT (namespace, digest) DO NOTHING";
+    const REPLACE_AUTHORITIES: &str = "UPDATE run_inputs SET authority = u.authority
+         FROM unnest($1::text[], $2::bytea[]) AS u(id, authority) WHERE run_id = u.id";
+    const RESUME: &str = "UPDATE runs SET status = $2, updated = $3 WHERE run_id = ANY ($1)";
+    const CLEAR_OUTCOMES: &str = "DELETE FROM run_outcomes WHERE run_id = ANY ($1)";
+    let records_sql = select_records!("WHERE r.run_id = ANY ($1)");
+
+    // Prepared first (round trips only on a connection's first use of each), so that
+    // the writes below go out together, in this order.
+    let (insert_runs, insert_inputs, add_members, replace, resume, clear, records) = conn
+        .call(async {
+            tokio::try_join!(
+                client.prepare_cached(INSERT_RUNS),
+                client.prepare_cached(INSERT_INPUTS),
+                client.prepare_cached(ADD_MEMBERS),
+                client.prepare_cached(REPLACE_AUTHORITIES),
+                client.prepare_cached(RESUME),
+                client.prepare_cached(CLEAR_OUTCOMES),
+                client.prepare_cached(records_sql),
+            )
+        })
+        .await?;
+    let some = !ids.is_empty();
+    let savepoint = async {
+        if some {
+            client.batch_execute("SAVEPOINT submit_many").await
+        } else {
+            Ok(())
+        }
+    };
+    let runs = async {
+        if some {
+            client
+                .execute(
+                    &insert_runs,
+                    &[
+                        &ids,
+                        &agents,
+                        &digests,
+                        &namespaces,
+                        &priorities,
+                        &keys,
+                        &status,
+                        &now,
+                    ],
+                )
+                .await
+        } else {
+            Ok(0)
+        }
+    };
+    let inputs_written = async {
+        if some {
+            client
+                .execute(&insert_inputs, &[&ids, &inputs, &authorities])
+                .await
+        } else {
+            Ok(0)
+        }
+    };
+    let members_written = async {
+        if some {
+            client
+                .execute(&add_members, &[&member_namespaces, &member_digests, &now])
+                .await
+        } else {
+            Ok(0)
+        }
+    };
+    let replaced_written = async {
+        if replaced_ids.is_empty() {
+            Ok(0)
+        } else {
+            client.execute(&replace, &[&replaced_ids, &replaced]).await
+        }
+    };
+    let resumed = async {
+        if plan.resumed.is_empty() {
+            Ok(0)
+        } else {
+            client
+                .execute(&resume, &[&plan.resumed, &running, &now])
+                .await
+        }
+    };
+    let cleared = async {
+        if plan.resumed.is_empty() {
+            Ok(0)
+        } else {
+            client.execute(&clear, &[&plan.resumed]).await
+        }
+    };
+    let read = async {
+        if answered.is_empty() {
+            Ok(Vec::new())
+        } else {
+            client.query(&records, &[&answered]).await
+        }
+    };
+    // Each awaited in full, so that a failure of one leaves none of the others still
+    // in flight when the savepoint is rolled back to.
+    let (saved, runs, inputs_written, members_written, replaced_written, resumed, cleared, read) =
+        conn.call(async {
+            Ok::<_, tokio_postgres::Error>(tokio::join!(
+                savepoint,
+                runs,
+                inputs_written,
+                members_written,
+                replaced_written,
+                resumed,
+                cleared,
+                read
+            ))
+        })
+        .await?;
+    saved?;
+    if runs? != ids.len() as u64 {
+        conn.call(client.batch_execute("ROLLBACK TO SAVEPOINT submit_many"))
+            .await?;
+        return Ok(None);
+    }
+    inputs_written?;
+    members_written?;
+    replaced_written?;
+    resumed?;
+    cleared?;
+    let records = read?
+        .iter()
+        .map(|row| {
+            let record = record(row)?;
+            Ok((record.run_id.clone(), record))
+        })
+        .collect::<Result<_, TxError>>()?;
+    Ok(Some(records))
+}
+
+/// Each member's answer, with the record of its run.
+fn answer_batch(
+    plan: BatchPlan,
+    mut records: std::collections::HashMap<String, RunRecord>,
+) -> Result<Vec<Result<Submitted, StoreError>>, TxError> {
+    // Members of one run share its record; the last one answered takes it.
+    let mut left: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for (id, _) in plan.answers.iter().flatten() {
+        *left.entry(id.clone()).or_default() += 1;
+    }
+    plan.answers
+        .into_iter()
+        .map(|answer| {
+            let (run_id, created) = match answer {
+                Ok(answered) => answered,
+                Err(e) => return Ok(Err(e)),
+            };
+            let count = left.get_mut(&run_id).map_or(0, |c| {
+                *c -= 1;
+                *c
+            });
+            let record = if count == 0 {
+                records.remove(&run_id)
+            } else {
+                records.get(&run_id).cloned()
+            };
+            let record = record.ok_or_else(|| unknown_run(&run_id))?;
+            Ok(Ok(Submitted { record, created }))
+        })
+        .collect()
+}
+
+/// Creates the run as queued if it is new, or finds it. Two submitters of one new run
+/// meet at the primary key: the second waits for the first, then finds its run.
 pub(super) async fn submit(conn: &Conn, submission: &Submission<'_>) -> Result<Submitted, TxError> {
     let run_id = submission.run_id;
     let now = conn.now;

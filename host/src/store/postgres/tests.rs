@@ -333,3 +333,185 @@ fn many_runs_writes_share_statements_and_each_keeps_its_own_answer() {
         );
     });
 }
+
+/// A run of a batch that another submitter creates between the batch's first read and
+/// its insert: the batch's writes are rolled back and it goes one run at a time, each
+/// member answered as a lone submit after the other's commit would be.
+#[test]
+fn a_batch_raced_by_another_submitter_is_answered_run_by_run() {
+    let Some(schema) = Schema::create("raced_batch") else {
+        return;
+    };
+    let store = schema.connect().unwrap();
+    // A runtime with I/O: the test's own client talks to the server too.
+    blocking(async {
+        store.put_component("00", b"").await.unwrap();
+        let (client, connection) = tokio_postgres::connect(&schema.url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        // The other submitter's run, not yet committed: the batch's read misses it, and
+        // its insert waits for it.
+        client
+            .batch_execute(
+                "BEGIN;
+                 INSERT INTO runs (run_id, agent, digest, namespace, status, created, updated)
+                 VALUES ('raced', 'a', '00', 'a', 'queued', 1, 1);
+                 INSERT INTO run_inputs (run_id, input, authority)
+                 VALUES ('raced', '\\x7b7d', '\\x');",
+            )
+            .await
+            .unwrap();
+        let submission = |run_id, input| Submission {
+            run_id,
+            agent: "a",
+            digest: "00",
+            namespace: "a",
+            input,
+            authority: b"mine",
+            replace_authority: false,
+            priority: 0,
+        };
+        let batch = [
+            submission("fresh", b"{}"),
+            submission("raced", b"{}"),
+            submission("raced", b"{\"other\":1}"),
+        ];
+        let commit = async {
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            client.batch_execute("COMMIT").await.unwrap();
+        };
+        let (answers, ()) = tokio::join!(store.submit_many(&batch), commit);
+        let answers = answers.unwrap();
+        let fresh = answers[0].as_ref().unwrap();
+        assert!(fresh.created);
+        let raced = answers[1].as_ref().unwrap();
+        assert!(!raced.created, "the other submitter's run is found");
+        assert_eq!(raced.record.created, 1);
+        assert!(matches!(answers[2], Err(StoreError::InputMismatch { .. })));
+        // The other submitter's authority stands; the batch wrote each row once.
+        assert_eq!(
+            store.run_authority("raced").await.unwrap(),
+            Some(Vec::new())
+        );
+        assert_eq!(
+            store.run_authority("fresh").await.unwrap().as_deref(),
+            Some(&b"mine"[..])
+        );
+        let rows = client
+            .query_one("SELECT count(*) FROM runs", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0);
+        assert_eq!(rows, 2);
+    });
+}
+
+/// A child whose end is written while its parent's suspension is in flight (the
+/// parent's row locked, its join not yet visible): the end's one statement waits for
+/// the suspension, finds the end still owed to the parent, writes nothing, and the end
+/// goes again in a transaction that counts it down. The parent is due, once.
+#[test]
+fn a_child_ending_while_its_parent_suspends_is_counted_down_once() {
+    use crate::store::{
+        Admission, Deployment, JoinMode, JoinRequest, RunEnd, SpawnLimits, SpawnRequest, WaitState,
+        child_run_id,
+    };
+    let Some(schema) = Schema::create("owed_count_down") else {
+        return;
+    };
+    let store = schema.connect().unwrap();
+    blocking(async {
+        let token = leased(&store, "p").await;
+        let parent = RunFence {
+            run_id: "p".into(),
+            token,
+            sync: SyncMode::Normal,
+        };
+        store
+            .deploy(&Deployment {
+                name: "kid",
+                digest: "00",
+                authority: b"",
+                admission: Admission::Explicit,
+                source: None,
+            })
+            .await
+            .unwrap();
+        let kids: Vec<String> = ["a", "b"].iter().map(|k| child_run_id("p", k)).collect();
+        for (key, id) in ["a", "b"].iter().zip(&kids) {
+            store
+                .spawn(&SpawnRequest {
+                    fence: &parent,
+                    key,
+                    child_id: id,
+                    deployment: "kid",
+                    input: b"{}",
+                    detached: false,
+                    limits: SpawnLimits {
+                        max_depth: 3,
+                        max_children: 4,
+                    },
+                })
+                .await
+                .unwrap();
+        }
+        let join = JoinRequest {
+            fence: &parent,
+            key: "all",
+            children: &kids,
+            mode: JoinMode::All,
+            timeout: None,
+            max_children: 10,
+        };
+        assert_eq!(
+            store.join(&join).await.unwrap(),
+            WaitState::Pending { due: None }
+        );
+        let child = match store.acquire_run(&kids[0], "w2", LEASE).await.unwrap() {
+            Acquired::Leased(run) => RunFence {
+                run_id: kids[0].clone(),
+                token: run.token,
+                sync: SyncMode::Normal,
+            },
+            other => panic!("{other:?}"),
+        };
+        // The parent's suspension, in flight: it counted both children as running.
+        let (client, connection) = tokio_postgres::connect(&schema.url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        client
+            .batch_execute(
+                "BEGIN;
+                 UPDATE runs SET lease_holder = NULL, lease_expires = NULL, joining = 'all',
+                                 join_left = 2, wake_at = 9223372036854775807
+                 WHERE run_id = 'p';",
+            )
+            .await
+            .unwrap();
+        let commit = async {
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            client.batch_execute("COMMIT").await.unwrap();
+        };
+        let counts = crate::store::Counts::default();
+        let (ended, ()) = tokio::join!(
+            store.finish_run(&child, RunEnd::Completed(b"1"), &counts),
+            commit
+        );
+        ended.unwrap();
+        let row = client
+            .query_one(
+                "SELECT join_left, wake_at FROM runs WHERE run_id = 'p'",
+                &[],
+            )
+            .await
+            .unwrap();
+        let (left, wake_at): (Option<i64>, Option<i64>) = (row.get(0), row.get(1));
+        assert_eq!(left, Some(1), "the end was counted down once");
+        assert_eq!(wake_at, Some(i64::MAX), "one child is still running");
+        let done = store.run(&kids[0]).await.unwrap().unwrap();
+        assert_eq!(done.status, crate::store::RunStatus::Completed);
+        assert_eq!(done.outcome.as_deref(), Some(&b"1"[..]));
+    });
+}

@@ -83,11 +83,33 @@ impl Sealed {
     }
 
     fn open_leased(&self, run: LeasedRun) -> Result<LeasedRun, StoreError> {
+        // Every field named: a payload added to a leased run must be opened here.
+        let LeasedRun {
+            record,
+            token,
+            input,
+            authority,
+            checkpoint,
+            checkpoint_read,
+            instance_counted,
+            taken_over,
+        } = run;
         Ok(LeasedRun {
-            record: self.open_record(run.record)?,
-            input: self.open(run.input)?,
-            authority: self.open(run.authority)?,
-            ..run
+            record: self.open_record(record)?,
+            token,
+            input: self.open(input)?,
+            authority: self.open(authority)?,
+            checkpoint: checkpoint.map(|c| self.open_checkpoint(c)).transpose()?,
+            checkpoint_read,
+            instance_counted,
+            taken_over,
+        })
+    }
+
+    fn open_checkpoint(&self, checkpoint: Checkpoint) -> Result<Checkpoint, StoreError> {
+        Ok(Checkpoint {
+            step: checkpoint.step,
+            state: self.open(checkpoint.state)?,
         })
     }
 
@@ -181,12 +203,7 @@ impl InstanceStore for Sealed {
         self.inner
             .load_progress(run_id)
             .await?
-            .map(|c| {
-                Ok(Checkpoint {
-                    step: c.step,
-                    state: self.open(c.state)?,
-                })
-            })
+            .map(|c| self.open_checkpoint(c))
             .transpose()
     }
 

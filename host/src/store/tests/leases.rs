@@ -13,6 +13,10 @@ fn ids(runs: &[LeasedRun]) -> Vec<&str> {
     runs.iter().map(|r| r.record.run_id.as_str()).collect()
 }
 
+fn fence_of(run: &LeasedRun) -> RunFence {
+    fence(&run.record.run_id, run.token)
+}
+
 fn lease_lost<T: std::fmt::Debug>(result: Result<T, StoreError>, fence: &RunFence) {
     match result {
         Err(StoreError::LeaseLost { run_id, token }) => {
@@ -82,6 +86,63 @@ pub(super) async fn acquire_runs_takes_the_oldest_free_runs(env: &Env<'_>) {
             .unwrap()
             .is_empty()
     );
+}
+
+/// A run leased from the queue comes with its checkpoint and its first instance
+/// counted by the grant, durably, before any instance runs; one leased by id comes
+/// with its checkpoint and is counted by its host, as before.
+pub(super) async fn a_queue_lease_counts_its_first_instance_and_carries_the_checkpoint(
+    env: &Env<'_>,
+) {
+    let store = env.store;
+    let fence = env.lease("r").await;
+    let checkpoint = Checkpoint {
+        step: 4,
+        state: b"state".to_vec(),
+    };
+    store
+        .save_progress(&fence, &checkpoint, None)
+        .await
+        .unwrap();
+    let counts = Counts {
+        executed: 2,
+        instances: 3,
+        ..Counts::default()
+    };
+    store.release_run(&fence, &counts, None).await.unwrap();
+    env.submit("fresh", b"in").await;
+    let got = store.acquire_runs("w", 4, RUN_LEASE, &[]).await.unwrap();
+    assert_eq!(ids(&got), ["r", "fresh"]);
+    let (r, fresh) = (&got[0], &got[1]);
+    assert!(r.instance_counted && fresh.instance_counted);
+    assert!(r.checkpoint_read && fresh.checkpoint_read);
+    assert_eq!(
+        r.record.counts,
+        Counts {
+            instances: 4,
+            ..counts
+        }
+    );
+    assert_eq!(r.checkpoint.as_ref(), Some(&checkpoint));
+    assert_eq!(
+        (fresh.record.counts.instances, &fresh.checkpoint),
+        (1, &None)
+    );
+    // The store holds what the records say.
+    assert_eq!(
+        store.run("r").await.unwrap().unwrap().counts,
+        r.record.counts
+    );
+    let fence = fence_of(r);
+    store.release_run(&fence, &counts, None).await.unwrap();
+    match store.acquire_run("r", "w", RUN_LEASE).await.unwrap() {
+        Acquired::Leased(again) => {
+            assert!(!again.instance_counted && again.checkpoint_read);
+            assert_eq!(again.record.counts, counts);
+            assert_eq!(again.checkpoint, Some(checkpoint));
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 pub(super) async fn an_expired_lease_is_acquired_again_with_a_greater_token(env: &Env<'_>) {

@@ -137,6 +137,165 @@ pub(super) async fn a_batch_answers_each_run_as_a_lone_submit_would(env: &Env<'_
     assert!(store.submit_many(&[]).await.unwrap().is_empty());
 }
 
+/// A batch of every kind of member at once, where later members meet what earlier ones
+/// did: each is answered as a lone submit of it would be after the ones before it, and
+/// the store holds exactly what those lone submits would have written.
+pub(super) async fn a_mixed_batch_meets_its_own_earlier_members(env: &Env<'_>) {
+    let store = env.store;
+    store.put_component(DIGEST, b"\0asm").await.unwrap();
+    store
+        .deploy(&crate::store::Deployment {
+            name: "billing",
+            digest: DIGEST,
+            authority: b"authority",
+            admission: crate::store::Admission::Explicit,
+            source: None,
+        })
+        .await
+        .unwrap();
+    store
+        .set_flow(&crate::store::FlowSetting {
+            deployment: "billing",
+            max_running: None,
+            key: Some("/customer"),
+            per_key: Some(1),
+        })
+        .await
+        .unwrap();
+    // A failed run, and a queued one.
+    let failed = store
+        .submit(&submission("failed", br#"{"customer":"f"}"#))
+        .await
+        .unwrap();
+    assert!(failed.created);
+    let fence = env.acquire("failed", "w").await;
+    store
+        .finish_run(&fence, RunEnd::Failed(b"boom"), &Counts::default())
+        .await
+        .unwrap();
+    store
+        .submit(&submission("queued", br#"{"customer":"q"}"#))
+        .await
+        .unwrap();
+    env.advance(3);
+    let narrower = |s: Submission<'static>| Submission {
+        authority: b"narrower",
+        replace_authority: true,
+        ..s
+    };
+    let batch = [
+        // 0: refused (no key), so 1 creates it.
+        submission("twice", br#"{"other":1}"#),
+        // 1: new, with its key.
+        submission("twice", br#"{"customer":"t"}"#),
+        // 2: finds 1's run; its authority replaced.
+        narrower(submission("twice", br#"{"customer":"t"}"#)),
+        // 3: other input than 1's.
+        submission("twice", br#"{"customer":"u"}"#),
+        // 4: the failed run again, with a narrower authority: resumed.
+        narrower(submission("failed", br#"{"customer":"f"}"#)),
+        // 5: found again, now running: nothing more.
+        submission("failed", br#"{"customer":"f"}"#),
+        // 6: an existing run without its key: found (its key is its own).
+        submission("queued", br#"{"customer":"q"}"#),
+        // 7: an existing run named with a component the store lacks: found all the
+        // same, as a lone submit finds it.
+        Submission {
+            digest: "ff",
+            ..submission("queued", br#"{"customer":"q"}"#)
+        },
+        // 8: a new run of a missing component.
+        Submission {
+            digest: "ff",
+            ..submission("missing", br#"{"customer":"m"}"#)
+        },
+        // 9: a new run without its key.
+        submission("keyless", br#"{}"#),
+        // 10: a new run, with a priority.
+        Submission {
+            priority: 3,
+            ..submission("urgent", br#"{"customer":"z"}"#)
+        },
+    ];
+    let answers = store.submit_many(&batch).await.unwrap();
+    let lone: Vec<Result<bool, String>> = answers
+        .iter()
+        .map(|a| match a {
+            Ok(s) => Ok(s.created),
+            Err(e) => Err(format!("{e:?}")
+                .split([' ', '{', '('])
+                .next()
+                .unwrap()
+                .to_owned()),
+        })
+        .collect();
+    let refused = |what: &str| Err::<bool, String>(what.to_owned());
+    assert_eq!(
+        lone,
+        [
+            refused("FlowKeyMissing"),
+            Ok(true),
+            Ok(false),
+            refused("InputMismatch"),
+            Ok(false),
+            Ok(false),
+            Ok(false),
+            Ok(false),
+            refused("UnknownComponent"),
+            refused("FlowKeyMissing"),
+            Ok(true),
+        ]
+    );
+    // Each answer carries its run as the store now holds it.
+    for answer in answers.iter().flatten() {
+        let stored = store.run(&answer.record.run_id).await.unwrap().unwrap();
+        assert_eq!(answer.record, stored);
+    }
+    let twice = &answers[1].as_ref().unwrap().record;
+    assert_eq!(twice.status, RunStatus::Queued);
+    assert_eq!(twice.flow_key.as_deref(), Some("t"));
+    assert_eq!((twice.created, twice.updated), (T0 + 3, T0 + 3));
+    let resumed = &answers[4].as_ref().unwrap().record;
+    assert_eq!(resumed.status, RunStatus::Running);
+    assert_eq!(
+        (resumed.outcome.as_deref(), resumed.updated),
+        (None, T0 + 3)
+    );
+    assert_eq!(answers[10].as_ref().unwrap().record.priority, 3);
+    // Exactly the rows lone submits would have left.
+    let mut ids: Vec<String> = store
+        .runs(&RunFilter::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.run_id)
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["failed", "queued", "twice", "urgent"]);
+    let authority = |id: &'static str| async move { store.run_authority(id).await.unwrap() };
+    assert_eq!(authority("twice").await.as_deref(), Some(&b"narrower"[..]));
+    assert_eq!(authority("failed").await.as_deref(), Some(&b"narrower"[..]));
+    assert_eq!(
+        authority("queued").await.as_deref(),
+        Some(&b"authority"[..])
+    );
+    assert_eq!(
+        authority("urgent").await.as_deref(),
+        Some(&b"authority"[..])
+    );
+    assert_eq!(store.admitted("billing", "ff").await.unwrap(), Some(false));
+    // The runs created come in the batch's order.
+    let listed: Vec<String> = store
+        .runs(&RunFilter::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.created == T0 + 3)
+        .map(|r| r.run_id)
+        .collect();
+    assert_eq!(listed, ["urgent", "twice"]);
+}
+
 pub(super) async fn submit_needs_the_component(env: &Env<'_>) {
     let store = env.store;
     let err = store.submit(&submission("run-1", b"in")).await.unwrap_err();
