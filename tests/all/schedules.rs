@@ -248,9 +248,11 @@ fn a_late_schedule_catches_up_its_limit_and_counts_the_rest_missed() {
     stop(&mut workers);
     let record = schedule(&service, "s");
     let ticks = ticks_of(&service, "s");
-    // The first firing started the latest tick and the two before it, together.
+    // The first firing started the latest tick and the two before it, together. In
+    // the order they were made: run ids do not sort by tick (`s@…36Z` is a whole second,
+    // after `s@…36.600Z`).
     let mut runs = service.runs();
-    runs.sort_by_key(|r| r.run_id.clone());
+    runs.sort_by_key(|r| (r.created, r.run_id.clone()));
     assert_eq!(runs[0].created, runs[2].created, "{runs:?}");
     assert_eq!(ticks[1].0 - ticks[0].0, 200);
     assert_eq!(ticks[2].0 - ticks[1].0, 200);
