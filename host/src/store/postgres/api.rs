@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::batch::{Fenced as BatchFenced, FinishJob};
 use super::conn::{Fenced, Lock, write_tx};
 use super::one_trip::OneTrip;
 use super::{
@@ -358,7 +359,45 @@ impl WorkerStore for PostgresStore {
                 });
             }
         };
-        self.finish_in_one_trip(fence, status, outcome, counts)
+        let lost = || StoreError::LeaseLost {
+            run_id: fence.run_id.clone(),
+            token: fence.token,
+        };
+        // A token beyond the server's range was never handed out: it holds nothing.
+        let Ok(lease_token) = i64::try_from(fence.token) else {
+            return Err(lost());
+        };
+        // Checked above (`check_counts`): each fits.
+        let sql_counts = [
+            counts.executed,
+            counts.skipped,
+            counts.awaited,
+            counts.reclaimed,
+            counts.instances,
+            counts.recycled,
+        ]
+        .map(|c| i64::try_from(c).unwrap_or(i64::MAX));
+        let ended = Ended {
+            fence,
+            lease_token,
+            counts: sql_counts,
+            status,
+            outcome,
+        };
+        let job = || FinishJob {
+            fenced: BatchFenced {
+                run_id: fence.run_id.clone(),
+                lease_token,
+                key: fence.run_id.clone(),
+                sync: fence.sync,
+            },
+            counts: sql_counts,
+            status: status.as_str(),
+            outcome: outcome.map(<[u8]>::to_vec),
+            counted_down: ended.counted_down(),
+        };
+        self.batches
+            .finish(job, || self.finish_in_one_trip(&ended), lost)
             .await
     }
 
@@ -778,6 +817,25 @@ fn strongest(modes: impl IntoIterator<Item = SyncMode>) -> SyncMode {
     }
 }
 
+/// A run's end (but a cancellation), as the server takes it.
+#[derive(Clone, Copy)]
+struct Ended<'a> {
+    fence: &'a RunFence,
+    lease_token: i64,
+    counts: [i64; 6],
+    status: RunStatus,
+    /// `None`: the outcome is left as it is.
+    outcome: Option<&'a [u8]>,
+}
+
+impl Ended<'_> {
+    /// Whether a parent joining the run counts this end: a run left in doubt has not
+    /// ended for its parent.
+    fn counted_down(&self) -> bool {
+        self.status != RunStatus::InDoubt
+    }
+}
+
 impl PostgresStore {
     /// [`WorkerStore::finish_run`] of a run that did not end cancelled (as `status`,
     /// with `outcome` unless it is to be left as it is): one statement,
@@ -787,33 +845,20 @@ impl PostgresStore {
     /// the end down (the parent's suspension committed while it ran), it writes
     /// nothing, and the end goes again in a transaction: [`leases::FINISH_IN_TX`],
     /// then the count-down with the `COMMIT`.
-    async fn finish_in_one_trip(
-        &self,
-        fence: &RunFence,
-        status: RunStatus,
-        outcome: Option<&[u8]>,
-        counts: &Counts,
-    ) -> Result<(), StoreError> {
+    async fn finish_in_one_trip(&self, ended: &Ended<'_>) -> Result<(), StoreError> {
         const OP: &str = "finish a run";
+        let Ended {
+            fence,
+            lease_token: token,
+            counts: sql_counts,
+            status,
+            outcome,
+        } = *ended;
         let lost = || StoreError::LeaseLost {
             run_id: fence.run_id.clone(),
             token: fence.token,
         };
-        // A token beyond the server's range was never handed out: it holds nothing.
-        let Ok(token) = i64::try_from(fence.token) else {
-            return Err(lost());
-        };
-        // Checked by the caller (`check_counts`): each fits.
-        let sql_counts = [
-            counts.executed,
-            counts.skipped,
-            counts.awaited,
-            counts.reclaimed,
-            counts.instances,
-            counts.recycled,
-        ]
-        .map(|c| i64::try_from(c).unwrap_or(i64::MAX));
-        let counted_down = status != RunStatus::InDoubt;
+        let counted_down = ended.counted_down();
         let manual = self.manual_now();
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 12] = [
             &manual,

@@ -1,10 +1,10 @@
-//! Group commit: the claims and commits of many runs, sent at once, share one statement
-//! and one transaction, so the server parses, plans, locks and flushes once for all of
-//! them.
+//! Group commit: the claims, commits and ends of many runs, sent at once, share one
+//! statement and one transaction, so the server parses, plans, locks and flushes once
+//! for all of them.
 //!
 //! Measured on two cores, a step's server-side CPU, not the disk, bounds how many
 //! steps many runs make per second; a statement of N rows costs far less than N
-//! statements. One task per kind of write (claims, commits) collects what callers
+//! statements. One task per kind of write (claims, commits, ends) collects what callers
 //! queued while the previous batches were in flight, and runs it as one
 //! [`one_trip`](super::one_trip) statement over arrays (`unnest`). Each row carries its
 //! own fence, so one run whose lease was taken over changes nothing of its own and
@@ -144,6 +144,82 @@ const COMMIT_MANY: &str = concat!(
      LEFT JOIN done ON done.key = req.key"
 );
 
+/// Many runs' ends (but cancellations), each as [`leases::FINISH_ALONE`] ends one,
+/// and every parent among them counted down once for all its children in the batch:
+/// a fan-out's children, ending together, take their parent's row once per batch
+/// instead of once each, where they queued on it one after another. Parameters: `$1`
+/// manual time, then arrays of run, run lease token, the six counts, status, outcome
+/// (NULL: left as it is) and whether the parent counts this end. Returns, per request,
+/// whether its fence held (and it ended), and its place (1-based).
+///
+/// Parents are locked `FOR NO KEY UPDATE` in run order (`locked`), as
+/// [`count_down_parent`] locks one, and read twice: as the statement's snapshot saw
+/// them (`seen`) and as the lock found them. A parent the snapshot saw suspended in the
+/// join the lock finds it in is counted down by its members among the batch
+/// (`ended`, from the snapshot, complete since the join's members were written with its
+/// suspension; `down` re-checks the join under the lock). A parent the lock finds
+/// joining but the snapshot did not (its suspension committed meanwhile) may be owed
+/// ends the snapshot cannot see: the statement then refuses itself, as
+/// [`leases::FINISH_ALONE`] does, writing nothing, and each member goes alone.
+///
+/// [`count_down_parent`]: super::children::count_down_parent
+/// [`leases::FINISH_ALONE`]: super::leases::FINISH_ALONE
+const FINISH_MANY: &str = "WITH
+     clock AS (SELECT coalesce($1::int8, (extract(epoch FROM now()) * 1000)::int8) AS now),
+     req AS (SELECT * FROM unnest($2::text[], $3::int8[], $4::int8[], $5::int8[], $6::int8[],
+                                  $7::int8[], $8::int8[], $9::int8[], $10::text[], $11::bytea[],
+                                  $12::bool[])
+             WITH ORDINALITY AS r(run_id, lease_token, executed, skipped, awaited, reclaimed,
+                                  instances, recycled, status, outcome, counted_down, ord)),
+     fin AS (UPDATE runs
+             SET executed = req.executed, skipped = req.skipped, awaited = req.awaited,
+                 reclaimed = req.reclaimed, instances = req.instances,
+                 recycled = req.recycled, status = req.status, lease_holder = NULL,
+                 lease_expires = NULL, cancel_requested = false, updated = clock.now
+             FROM req CROSS JOIN clock
+             WHERE runs.run_id = req.run_id AND runs.lease_token = req.lease_token
+               AND runs.lease_holder IS NOT NULL
+             RETURNING runs.run_id, runs.parent, req.counted_down),
+     kept AS (INSERT INTO run_outcomes (run_id, outcome)
+              SELECT req.run_id, req.outcome FROM req JOIN fin ON fin.run_id = req.run_id
+              WHERE req.outcome IS NOT NULL
+              ON CONFLICT (run_id) DO UPDATE SET outcome = excluded.outcome),
+     owing AS (SELECT DISTINCT parent AS run_id FROM fin
+               WHERE fin.counted_down AND fin.parent IS NOT NULL),
+     locked AS (SELECT p.run_id, p.joining AS key,
+                       p.lease_holder IS NULL AND coalesce(p.join_left, 0) > 0 AS joining
+                FROM runs p WHERE p.run_id IN (SELECT run_id FROM owing)
+                ORDER BY p.run_id
+                FOR NO KEY UPDATE OF p),
+     seen AS (SELECT p.run_id, p.joining AS key,
+                     p.lease_holder IS NULL AND coalesce(p.join_left, 0) > 0 AS joining
+              FROM runs p WHERE p.run_id IN (SELECT run_id FROM owing)),
+     ended AS (SELECT seen.run_id, seen.key, count(*) AS n
+               FROM fin JOIN seen ON seen.run_id = fin.parent
+               JOIN join_members m
+                 ON m.run_id = seen.run_id AND m.key = seen.key AND m.child = fin.run_id
+               WHERE fin.counted_down AND seen.joining
+               GROUP BY seen.run_id, seen.key),
+     down AS (UPDATE runs
+              SET join_left = greatest(runs.join_left - ended.n, 0),
+                  wake_at = CASE WHEN runs.join_left <= ended.n THEN clock.now
+                                 ELSE runs.wake_at END,
+                  updated = clock.now
+              FROM ended JOIN locked ON locked.run_id = ended.run_id CROSS JOIN clock
+              WHERE runs.run_id = ended.run_id AND runs.joining = ended.key
+                AND runs.lease_holder IS NULL AND runs.join_left > 0
+              RETURNING runs.run_id),
+     owed AS (SELECT locked.run_id FROM locked LEFT JOIN seen ON seen.run_id = locked.run_id
+              WHERE locked.joining
+                AND NOT (coalesce(seen.joining, false) AND seen.key = locked.key)
+              LIMIT 1)
+     SELECT fin.run_id IS NOT NULL,
+            CASE WHEN EXISTS (SELECT 1 FROM owed)
+                 THEN ('idem: a count-down is owed to ' || (SELECT run_id FROM owed))::int4 = 0
+                 ELSE false END,
+            req.ord
+     FROM req LEFT JOIN fin ON fin.run_id = req.run_id";
+
 /// What every batched write carries: its key, and the run and lease it is fenced by.
 pub(super) struct Fenced {
     pub(super) run_id: String,
@@ -170,6 +246,18 @@ pub(super) struct CommitJob {
     pub(super) checkpoint: Option<(i64, Vec<u8>)>,
 }
 
+/// A run's end (but a cancellation), as [`leases::FINISH_ALONE`] takes it; its key is
+/// the run's id (a run ends once).
+///
+/// [`leases::FINISH_ALONE`]: super::leases::FINISH_ALONE
+pub(super) struct FinishJob {
+    pub(super) fenced: Fenced,
+    pub(super) counts: [i64; 6],
+    pub(super) status: &'static str,
+    pub(super) outcome: Option<Vec<u8>>,
+    pub(super) counted_down: bool,
+}
+
 /// Why a batch did not answer a member with its row.
 enum Unbatched {
     /// The server refused the batch and it wrote nothing: send the member alone.
@@ -192,12 +280,13 @@ pub(super) struct Target {
     pub(super) call_timeout: std::time::Duration,
 }
 
-/// The queues of the two batch tasks, which run on the store's runtime and end when
+/// The queues of the batch tasks (claims, commits, ends), which run on the store's runtime and end when
 /// this is dropped.
 #[derive(Debug)]
 pub(super) struct Batches {
     claims: mpsc::UnboundedSender<(ClaimJob, Reply)>,
     commits: mpsc::UnboundedSender<(CommitJob, Reply)>,
+    finishes: mpsc::UnboundedSender<(FinishJob, Reply)>,
     /// Writes queued, in flight, or sent alone.
     busy: AtomicUsize,
     /// The most rows one statement has carried: tests show batches do form.
@@ -209,12 +298,15 @@ impl Batches {
     pub(super) fn start(runtime: &tokio::runtime::Handle, target: Target) -> Batches {
         let (claims, claim_rx) = mpsc::unbounded_channel();
         let (commits, commit_rx) = mpsc::unbounded_channel();
+        let (finishes, finish_rx) = mpsc::unbounded_channel();
         let largest = Arc::new(AtomicUsize::new(0));
         runtime.spawn(serve(claim_rx, target.clone(), largest.clone()));
-        runtime.spawn(serve(commit_rx, target, Arc::clone(&largest)));
+        runtime.spawn(serve(commit_rx, target.clone(), Arc::clone(&largest)));
+        runtime.spawn(serve(finish_rx, target, Arc::clone(&largest)));
         Batches {
             claims,
             commits,
+            finishes,
             busy: AtomicUsize::new(0),
             #[cfg(test)]
             largest,
@@ -236,7 +328,7 @@ impl Batches {
         job: impl FnOnce() -> ClaimJob,
         alone: impl Fn() -> Alone,
     ) -> Result<Row, StoreError> {
-        self.write(job, alone).await
+        self.write(job, alone, Ok).await
     }
 
     /// [`Batches::claim`], for a commit.
@@ -245,14 +337,36 @@ impl Batches {
         job: impl FnOnce() -> CommitJob,
         alone: impl Fn() -> Alone,
     ) -> Result<Row, StoreError> {
-        self.write(job, alone).await
+        self.write(job, alone, Ok).await
     }
 
-    async fn write<J: Job, Alone: Future<Output = Result<Row, StoreError>>>(
+    /// A run's end: `alone` is the whole of the one-run path (its retries, and the
+    /// count-down it may owe a parent), taken when no other write is queued or in
+    /// flight, or when the server refused the batch; `lost` is the error of a fence
+    /// the batch found broken.
+    pub(super) async fn finish<Alone: Future<Output = Result<(), StoreError>>>(
+        &self,
+        job: impl FnOnce() -> FinishJob,
+        alone: impl Fn() -> Alone,
+        lost: impl FnOnce() -> StoreError,
+    ) -> Result<(), StoreError> {
+        let ended = |row: Row| match row.try_get::<_, bool>(0) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(lost()),
+            Err(e) => Err(StoreError::Backend {
+                op: "finish a run",
+                source: Box::new(e),
+            }),
+        };
+        self.write(job, alone, ended).await
+    }
+
+    async fn write<J: Job, T, Alone: Future<Output = Result<T, StoreError>>>(
         &self,
         job: impl FnOnce() -> J,
         alone: impl Fn() -> Alone,
-    ) -> Result<Row, StoreError> {
+        from_row: impl FnOnce(Row) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         let idle = self
             .busy
             .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
@@ -273,7 +387,7 @@ impl Batches {
             return alone().await;
         }
         match answer.await {
-            Ok(Ok(row)) => Ok(row),
+            Ok(Ok(row)) => from_row(row),
             Ok(Err(Unbatched::Alone)) => alone().await,
             Ok(Err(Unbatched::Failed(e))) => Err(e),
             // The task stopped (the store's runtime is shutting down) with the batch
@@ -419,6 +533,57 @@ impl Job for CommitJob {
                     &has_checkpoint,
                     &steps,
                     &states,
+                ],
+                jobs.len(),
+            )
+            .await
+    }
+}
+
+impl Job for FinishJob {
+    const ONE_PER_RUN: bool = true;
+    // As commits: a batch under `synchronous_commit = on` waits for its flush.
+    const IN_FLIGHT: usize = 2;
+
+    fn fenced(&self) -> &Fenced {
+        &self.fenced
+    }
+
+    fn op(&self) -> &'static str {
+        "finish a run"
+    }
+
+    fn queue(batches: &Batches) -> &mpsc::UnboundedSender<(Self, Reply)> {
+        &batches.finishes
+    }
+
+    async fn send(target: &Target, session: &mut Option<Session>, jobs: &[&Self]) -> Answer {
+        let manual = target.manual_now();
+        let (run_ids, lease_tokens, _) = fenced_columns(jobs);
+        let count = |i: usize| -> Vec<i64> { jobs.iter().map(|j| j.counts[i]).collect() };
+        let (executed, skipped, awaited) = (count(0), count(1), count(2));
+        let (reclaimed, instances, recycled) = (count(3), count(4), count(5));
+        let statuses: Vec<&str> = jobs.iter().map(|j| j.status).collect();
+        let outcomes: Vec<Option<&[u8]>> = jobs.iter().map(|j| j.outcome.as_deref()).collect();
+        let counted_down: Vec<bool> = jobs.iter().map(|j| j.counted_down).collect();
+        target
+            .run(
+                session,
+                strongest(jobs),
+                FINISH_MANY,
+                &[
+                    &manual,
+                    &run_ids,
+                    &lease_tokens,
+                    &executed,
+                    &skipped,
+                    &awaited,
+                    &reclaimed,
+                    &instances,
+                    &recycled,
+                    &statuses,
+                    &outcomes,
+                    &counted_down,
                 ],
                 jobs.len(),
             )

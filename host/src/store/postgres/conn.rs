@@ -191,10 +191,16 @@ pub(super) enum Fenced {
 impl PostgresStore {
     /// A pooled connection for a read outside any transaction.
     pub(super) async fn reader(&self, op: &'static str) -> Result<Conn, StoreError> {
+        self.conn(op, false).await
+    }
+
+    /// A pooled connection, `in_tx` if a transaction is to begin on it (it is then
+    /// closed, not pooled, should it be dropped before the transaction ends).
+    async fn conn(&self, op: &'static str, in_tx: bool) -> Result<Conn, StoreError> {
         let conn = self.pool.get().await.map_err(|e| self.pool_failed(op, e))?;
         Ok(Conn {
             conn: Some(conn),
-            in_tx: false,
+            in_tx,
             limit: self.call_timeout,
             lost: AtomicBool::new(false),
             now: 0,
@@ -223,15 +229,7 @@ impl PostgresStore {
         sync: SyncMode,
         fence: Option<(&RunFence, Lock)>,
     ) -> Result<(Conn, Fenced), StoreError> {
-        let conn = self.pool.get().await.map_err(|e| self.pool_failed(op, e))?;
-        let mut conn = Conn {
-            conn: Some(conn),
-            in_tx: true,
-            limit: self.call_timeout,
-            lost: AtomicBool::new(false),
-            now: 0,
-            sealer: self.sealer.get().cloned(),
-        };
+        let mut conn = self.conn(op, true).await?;
         let begin = match sync {
             SyncMode::Full => "BEGIN; SET LOCAL synchronous_commit TO on",
             SyncMode::Normal => "BEGIN; SET LOCAL synchronous_commit TO off",
@@ -285,15 +283,7 @@ impl PostgresStore {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<(Conn, Result<Vec<Row>, TxError>), StoreError> {
-        let conn = self.pool.get().await.map_err(|e| self.pool_failed(op, e))?;
-        let conn = Conn {
-            conn: Some(conn),
-            in_tx: true,
-            limit: self.call_timeout,
-            lost: AtomicBool::new(false),
-            now: 0,
-            sealer: self.sealer.get().cloned(),
-        };
+        let conn = self.conn(op, true).await?;
         let begin = match sync {
             SyncMode::Full => "BEGIN; SET LOCAL synchronous_commit TO on",
             SyncMode::Normal => "BEGIN; SET LOCAL synchronous_commit TO off",

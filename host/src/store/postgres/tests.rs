@@ -407,80 +407,217 @@ fn a_batch_raced_by_another_submitter_is_answered_run_by_run() {
     });
 }
 
+/// Leases run `parent`, spawns `n` children of deployment `kid` under it (keys `0`, `1`,
+/// ...) and joins them all under key `all`, not yet suspended: its fence and its
+/// children's ids.
+async fn joining_parent(store: &PostgresStore, parent: &str, n: usize) -> (RunFence, Vec<String>) {
+    use crate::store::{
+        Admission, Deployment, JoinMode, JoinRequest, SpawnLimits, SpawnRequest, WaitState,
+        child_run_id,
+    };
+    let token = leased(store, parent).await;
+    let fence = RunFence {
+        run_id: parent.into(),
+        token,
+        sync: SyncMode::Normal,
+    };
+    store
+        .deploy(&Deployment {
+            name: "kid",
+            digest: "00",
+            authority: b"",
+            admission: Admission::Explicit,
+            source: None,
+        })
+        .await
+        .unwrap();
+    let kids: Vec<String> = (0..n)
+        .map(|k| child_run_id(parent, &k.to_string()))
+        .collect();
+    for (key, id) in kids.iter().enumerate() {
+        store
+            .spawn(&SpawnRequest {
+                fence: &fence,
+                key: &key.to_string(),
+                child_id: id,
+                deployment: "kid",
+                input: b"{}",
+                detached: false,
+                limits: SpawnLimits {
+                    max_depth: 3,
+                    max_children: 64,
+                },
+            })
+            .await
+            .unwrap();
+    }
+    let join = JoinRequest {
+        fence: &fence,
+        key: "all",
+        children: &kids,
+        mode: JoinMode::All,
+        timeout: None,
+        max_children: 64,
+    };
+    assert_eq!(
+        store.join(&join).await.unwrap(),
+        WaitState::Pending { due: None }
+    );
+    (fence, kids)
+}
+
+/// Leases child run `child` for worker `w2`: its fence.
+async fn child_fence(store: &PostgresStore, child: &str) -> RunFence {
+    match store.acquire_run(child, "w2", LEASE).await.unwrap() {
+        Acquired::Leased(run) => RunFence {
+            run_id: child.to_owned(),
+            token: run.token,
+            sync: SyncMode::Normal,
+        },
+        other => panic!("{child}: {other:?}"),
+    }
+}
+
+/// Ends every fence at once, each `Completed(b"1")` but where `end` says otherwise:
+/// each one's answer, by its place.
+async fn end_at_once(
+    store: &std::sync::Arc<PostgresStore>,
+    fences: Vec<RunFence>,
+    end: impl Fn(usize) -> Option<crate::store::RunEnd<'static>>,
+) -> Vec<Result<(), StoreError>> {
+    use crate::store::{Counts, RunEnd};
+    let mut ends = tokio::task::JoinSet::new();
+    for (i, fence) in fences.into_iter().enumerate() {
+        let (store, end) = (store.clone(), end(i).unwrap_or(RunEnd::Completed(b"1")));
+        ends.spawn(async move { (i, store.finish_run(&fence, end, &Counts::default()).await) });
+    }
+    let mut answers: Vec<Option<Result<(), StoreError>>> = Vec::new();
+    while let Some(answer) = ends.join_next().await {
+        let (i, ended) = answer.unwrap();
+        if answers.len() <= i {
+            answers.resize_with(i + 1, || None);
+        }
+        answers[i] = Some(ended);
+    }
+    answers.into_iter().map(Option::unwrap).collect()
+}
+
+/// A parent's `join_left` and `wake_at`, as another client reads them.
+async fn join_left(client: &tokio_postgres::Client, parent: &str) -> (Option<i64>, Option<i64>) {
+    let row = client
+        .query_one(
+            "SELECT join_left, wake_at FROM runs WHERE run_id = $1",
+            &[&parent],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+/// Another client of the schema.
+async fn other_client(schema: &Schema) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(&schema.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+/// The ends of many children of two suspended parents, made at once, go out in shared
+/// statements, and each parent is counted down by exactly its children that ended: not
+/// by one left in doubt, nor by a zombie's end refused for its lease.
+#[test]
+fn many_childrens_ends_share_statements_and_count_their_parents_down_exactly() {
+    use crate::store::{Counts, RunEnd, RunStatus, Suspension};
+    let Some(schema) = Schema::create("batched_ends") else {
+        return;
+    };
+    let store = std::sync::Arc::new(schema.connect().unwrap());
+    blocking(async {
+        let (p1, kids1) = joining_parent(&store, "p1", 30).await;
+        let (p2, kids2) = joining_parent(&store, "p2", 10).await;
+        let suspension = Suspension {
+            due: None,
+            signal: None,
+            join: Some("all"),
+        };
+        for parent in [&p1, &p2] {
+            store
+                .suspend_run(parent, &Counts::default(), &suspension)
+                .await
+                .unwrap();
+        }
+        let mut fences = Vec::new();
+        for kid in kids1.iter().chain(&kids2) {
+            fences.push(child_fence(&store, kid).await);
+        }
+        // p2's last child writes with a lease it never had: a zombie's.
+        fences[39].token += 1;
+        // p1's last child stops in doubt: not an end its parent counts.
+        let answers = end_at_once(&store, fences, |i| (i == 29).then_some(RunEnd::InDoubt)).await;
+        for (i, answer) in answers.iter().enumerate() {
+            match (i, answer) {
+                (39, Err(StoreError::LeaseLost { run_id, .. })) => assert_eq!(run_id, &kids2[9]),
+                (i, Ok(())) if i != 39 => {}
+                (i, other) => panic!("child {i}: {other:?}"),
+            }
+        }
+        assert!(
+            store.batches.largest() > 1,
+            "40 ends at once went out one by one"
+        );
+        let client = other_client(&schema).await;
+        assert_eq!(join_left(&client, "p1").await, (Some(1), Some(i64::MAX)));
+        assert_eq!(join_left(&client, "p2").await, (Some(1), Some(i64::MAX)));
+        for kid in kids1[..29].iter().chain(&kids2[..9]) {
+            let run = store.run(kid).await.unwrap().unwrap();
+            assert_eq!(run.status, RunStatus::Completed, "{kid}");
+            assert_eq!(run.outcome.as_deref(), Some(&b"1"[..]), "{kid}");
+        }
+        assert_eq!(
+            store.run(&kids2[9]).await.unwrap().unwrap().status,
+            RunStatus::Running,
+            "the zombie's end changed nothing"
+        );
+        // Its real holder's end is the last one p2 waits for.
+        let last = child_fence_of(&store, &kids2[9]).await;
+        store
+            .finish_run(&last, RunEnd::Completed(b"1"), &Counts::default())
+            .await
+            .unwrap();
+        let (left, wake_at) = join_left(&client, "p2").await;
+        assert_eq!(left, Some(0));
+        assert_ne!(wake_at, Some(i64::MAX), "p2 is due");
+    });
+}
+
+/// The fence `child`'s current holder writes with.
+async fn child_fence_of(store: &PostgresStore, child: &str) -> RunFence {
+    let run = store.run(child).await.unwrap().unwrap();
+    let lease = run.lease.unwrap();
+    RunFence {
+        run_id: child.to_owned(),
+        token: lease.token,
+        sync: SyncMode::Normal,
+    }
+}
+
 /// A child whose end is written while its parent's suspension is in flight (the
 /// parent's row locked, its join not yet visible): the end's one statement waits for
 /// the suspension, finds the end still owed to the parent, writes nothing, and the end
 /// goes again in a transaction that counts it down. The parent is due, once.
 #[test]
 fn a_child_ending_while_its_parent_suspends_is_counted_down_once() {
-    use crate::store::{
-        Admission, Deployment, JoinMode, JoinRequest, RunEnd, SpawnLimits, SpawnRequest, WaitState,
-        child_run_id,
-    };
+    use crate::store::RunEnd;
     let Some(schema) = Schema::create("owed_count_down") else {
         return;
     };
     let store = schema.connect().unwrap();
     blocking(async {
-        let token = leased(&store, "p").await;
-        let parent = RunFence {
-            run_id: "p".into(),
-            token,
-            sync: SyncMode::Normal,
-        };
-        store
-            .deploy(&Deployment {
-                name: "kid",
-                digest: "00",
-                authority: b"",
-                admission: Admission::Explicit,
-                source: None,
-            })
-            .await
-            .unwrap();
-        let kids: Vec<String> = ["a", "b"].iter().map(|k| child_run_id("p", k)).collect();
-        for (key, id) in ["a", "b"].iter().zip(&kids) {
-            store
-                .spawn(&SpawnRequest {
-                    fence: &parent,
-                    key,
-                    child_id: id,
-                    deployment: "kid",
-                    input: b"{}",
-                    detached: false,
-                    limits: SpawnLimits {
-                        max_depth: 3,
-                        max_children: 4,
-                    },
-                })
-                .await
-                .unwrap();
-        }
-        let join = JoinRequest {
-            fence: &parent,
-            key: "all",
-            children: &kids,
-            mode: JoinMode::All,
-            timeout: None,
-            max_children: 10,
-        };
-        assert_eq!(
-            store.join(&join).await.unwrap(),
-            WaitState::Pending { due: None }
-        );
-        let child = match store.acquire_run(&kids[0], "w2", LEASE).await.unwrap() {
-            Acquired::Leased(run) => RunFence {
-                run_id: kids[0].clone(),
-                token: run.token,
-                sync: SyncMode::Normal,
-            },
-            other => panic!("{other:?}"),
-        };
+        let (_, kids) = joining_parent(&store, "p", 2).await;
+        let child = child_fence(&store, &kids[0]).await;
         // The parent's suspension, in flight: it counted both children as running.
-        let (client, connection) = tokio_postgres::connect(&schema.url(), tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
+        let client = other_client(&schema).await;
         client
             .batch_execute(
                 "BEGIN;
@@ -500,18 +637,54 @@ fn a_child_ending_while_its_parent_suspends_is_counted_down_once() {
             commit
         );
         ended.unwrap();
-        let row = client
-            .query_one(
-                "SELECT join_left, wake_at FROM runs WHERE run_id = 'p'",
-                &[],
-            )
-            .await
-            .unwrap();
-        let (left, wake_at): (Option<i64>, Option<i64>) = (row.get(0), row.get(1));
+        let (left, wake_at) = join_left(&client, "p").await;
         assert_eq!(left, Some(1), "the end was counted down once");
         assert_eq!(wake_at, Some(i64::MAX), "one child is still running");
         let done = store.run(&kids[0]).await.unwrap().unwrap();
         assert_eq!(done.status, crate::store::RunStatus::Completed);
         assert_eq!(done.outcome.as_deref(), Some(&b"1"[..]));
+    });
+}
+
+/// The same race for a batch of ends: the batch's statement waits for the suspension,
+/// finds ends it cannot see owed to the parent, refuses itself, and each end goes
+/// again alone. Every end is counted down once; the parent is due.
+#[test]
+fn ends_batched_while_their_parent_suspends_are_each_counted_down_once() {
+    let Some(schema) = Schema::create("owed_batch") else {
+        return;
+    };
+    let store = std::sync::Arc::new(schema.connect().unwrap());
+    blocking(async {
+        let (_, kids) = joining_parent(&store, "p", 8).await;
+        let mut fences = Vec::new();
+        for kid in &kids {
+            fences.push(child_fence(&store, kid).await);
+        }
+        let client = other_client(&schema).await;
+        client
+            .batch_execute(
+                "BEGIN;
+                 UPDATE runs SET lease_holder = NULL, lease_expires = NULL, joining = 'all',
+                                 join_left = 8, wake_at = 9223372036854775807
+                 WHERE run_id = 'p';",
+            )
+            .await
+            .unwrap();
+        let commit = async {
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            client.batch_execute("COMMIT").await.unwrap();
+        };
+        let (answers, ()) = tokio::join!(end_at_once(&store, fences, |_| None), commit);
+        for (i, answer) in answers.iter().enumerate() {
+            assert!(answer.is_ok(), "child {i}: {answer:?}");
+        }
+        assert!(
+            store.batches.largest() > 1,
+            "the ends queued went out one by one"
+        );
+        let (left, wake_at) = join_left(&client, "p").await;
+        assert_eq!(left, Some(0), "each end was counted down once");
+        assert_ne!(wake_at, Some(i64::MAX), "the parent is due");
     });
 }
