@@ -148,6 +148,7 @@ pub use sealing::{
 };
 #[cfg(feature = "sqlite")]
 pub use sqlite::{OpenOptions, SqliteStore};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) use usage::check_usage;
 pub use usage::{
     MAX_CALL_TOKENS, MAX_MODEL_BYTES, Recorded, Tokens, UsageFilter, UsageRecord, UsageRefusal,

@@ -10,8 +10,7 @@
 
 use std::fmt;
 
-use super::{RunFence, StoreError};
-use crate::text;
+use super::RunFence;
 
 /// The longest model name a store keeps, in bytes.
 pub const MAX_MODEL_BYTES: usize = 200;
@@ -103,8 +102,9 @@ impl fmt::Display for UsageRefusal {
 }
 
 /// Refuses what a store would not keep: checked before anything is sent.
-pub(crate) fn check_usage(record: &UsageRecord<'_>) -> Result<(), StoreError> {
-    let refuse = |refusal| StoreError::UsageRefused {
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn check_usage(record: &UsageRecord<'_>) -> Result<(), super::StoreError> {
+    let refuse = |refusal| super::StoreError::UsageRefused {
         run_id: record.fence.run_id.clone(),
         key: record.key.to_owned(),
         refusal,
@@ -121,10 +121,10 @@ pub(crate) fn check_usage(record: &UsageRecord<'_>) -> Result<(), StoreError> {
             model.len()
         ))));
     }
-    if let Err(hidden) = text::check_visible(model) {
+    if let Err(hidden) = crate::text::check_visible(model) {
         return Err(refuse(UsageRefusal::BadModel(format!(
             "the model name {} holds {hidden}",
-            text::quoted(model)
+            crate::text::quoted(model)
         ))));
     }
     for (kind, n) in record.tokens.kinds() {
@@ -154,6 +154,28 @@ pub struct UsageTotal {
     pub saved: Tokens,
 }
 
+impl UsageTotal {
+    /// A total from the sums both backends select after the deployment and the model:
+    /// calls, spent input, output and cached tokens, replays, saved input, output and
+    /// cached tokens.
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub(crate) fn from_sums(deployment: String, model: String, n: [u64; 8]) -> UsageTotal {
+        let tokens = |at: usize| Tokens {
+            input: n[at],
+            output: n[at + 1],
+            cached: n[at + 2],
+        };
+        UsageTotal {
+            deployment,
+            model,
+            calls: n[0],
+            spent: tokens(1),
+            replays: n[4],
+            saved: tokens(5),
+        }
+    }
+}
+
 /// Which usage [`OperatorStore::usage`](crate::store::OperatorStore::usage) sums.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct UsageFilter<'a> {
@@ -164,9 +186,10 @@ pub struct UsageFilter<'a> {
 }
 
 #[cfg(test)]
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod tests {
     use super::*;
-    use crate::store::SyncMode;
+    use crate::store::{StoreError, SyncMode};
 
     fn refusal(model: &str, tokens: Tokens) -> Option<UsageRefusal> {
         let fence = RunFence {

@@ -3,9 +3,7 @@
 
 use super::conn::Conn;
 use super::{TxError, to_sql_int, u64_col};
-use crate::store::{
-    Recorded, StoreError, Tokens, UsageFilter, UsageRecord, UsageRefusal, UsageTotal,
-};
+use crate::store::{Recorded, StoreError, UsageFilter, UsageRecord, UsageRefusal, UsageTotal};
 
 /// Records `record` if its key has no usage yet, else counts a replay, in one
 /// statement; the caller checked the fence.
@@ -83,21 +81,15 @@ pub(super) async fn totals(
         .await?;
     rows.iter()
         .map(|row| {
-            let tokens = |at: usize| -> Result<Tokens, TxError> {
-                Ok(Tokens {
-                    input: u64_col(row, at)?,
-                    output: u64_col(row, at + 1)?,
-                    cached: u64_col(row, at + 2)?,
-                })
-            };
-            Ok(UsageTotal {
-                deployment: row.try_get(0)?,
-                model: row.try_get(1)?,
-                calls: u64_col(row, 2)?,
-                spent: tokens(3)?,
-                replays: u64_col(row, 6)?,
-                saved: tokens(7)?,
-            })
+            let mut sums = [0; 8];
+            for (i, sum) in sums.iter_mut().enumerate() {
+                *sum = u64_col(row, i + 2)?;
+            }
+            Ok(UsageTotal::from_sums(
+                row.try_get(0)?,
+                row.try_get(1)?,
+                sums,
+            ))
         })
         .collect()
 }

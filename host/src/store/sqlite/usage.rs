@@ -5,7 +5,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{TxError, leases, to_sql_int, u64_column};
 use crate::store::{
-    Millis, Recorded, StoreError, Tokens, UsageFilter, UsageRecord, UsageRefusal, UsageTotal,
+    Millis, Recorded, StoreError, UsageFilter, UsageRecord, UsageRefusal, UsageTotal,
 };
 
 /// Records `record` if its key has no usage yet, else counts a replay; in the caller's
@@ -65,21 +65,11 @@ pub(super) fn totals(
          ORDER BY r.agent, u.model",
     )?;
     let rows = stmt.query_map(params![filter.run_id, filter.deployment], |row| {
-        let tokens = |at: usize| -> rusqlite::Result<Tokens> {
-            Ok(Tokens {
-                input: u64_column(row, at)?,
-                output: u64_column(row, at + 1)?,
-                cached: u64_column(row, at + 2)?,
-            })
-        };
-        Ok(UsageTotal {
-            deployment: row.get(0)?,
-            model: row.get(1)?,
-            calls: u64_column(row, 2)?,
-            spent: tokens(3)?,
-            replays: u64_column(row, 6)?,
-            saved: tokens(7)?,
-        })
+        let mut sums = [0; 8];
+        for (i, sum) in sums.iter_mut().enumerate() {
+            *sum = u64_column(row, i + 2)?;
+        }
+        Ok(UsageTotal::from_sums(row.get(0)?, row.get(1)?, sums))
     })?;
     Ok(rows.collect::<Result<_, _>>()?)
 }
