@@ -83,6 +83,7 @@ from wit_world.imports import (  # noqa: E402
     progress,
     run_info,
     streams,
+    usage,
     waits,
 )
 from wit_world.imports import idem_agent_types as types  # noqa: E402
@@ -203,6 +204,26 @@ class FakeHost:
         self.joins: dict[str, tuple[list[str], str, list[children.ChildEnd] | None]] = {}
         #: When each join not yet over times out (ms, on `now_ms`), if it does.
         self.join_deadlines: dict[str, int | None] = {}
+        #: Usage recorded by key: the model, the tokens, and the replays counted since.
+        self.usage: dict[str, tuple[str, usage.Tokens, int]] = {}
+
+    def record_usage(self, key: str, model: str, tokens: usage.Tokens) -> usage.Recorded:
+        """As the host does: a committed key's first recording is spent, later ones
+        saved; a key not committed, a bad model name or an absurd count is refused."""
+        self.calls.append(("record_usage", key, model, tokens))
+        state = self.keys.get(key)
+        if state is None or state.committed is None:
+            raise Err(usage.UsageError_UnknownStep(key))
+        if not model or len(model.encode()) > 200:
+            raise Err(usage.UsageError_Invalid(f"bad model name {model!r}"))
+        if max(tokens.input, tokens.output, tokens.cached) > 1_000_000_000:
+            raise Err(usage.UsageError_Invalid("a count is over the limit"))
+        if key in self.usage:
+            first, recorded, replays = self.usage[key]
+            self.usage[key] = (first, recorded, replays + 1)
+            return usage.Recorded.SAVED
+        self.usage[key] = (model, tokens, 0)
+        return usage.Recorded.SPENT
 
     # The instance: each `resume` is a fresh one, as after a crash or a wake-up.
     def resume(self, body: Callable[[], Any]) -> Any:
@@ -540,6 +561,7 @@ class FakeHost:
             (children, "join_all", self.join_all),
             (children, "join_any", self.join_any),
             (children, "spawn_many", self.spawn_many),
+            (usage, "record_usage", self.record_usage),
             (outbound, "set_header_names", self.set_header_names),
             (outbound, "last_denial", lambda: self.denial),
             (outgoing_handler, "handle", self.handle),

@@ -123,6 +123,40 @@ class Calls(Base):
         self.assertEqual(again.body, first.body)
         self.assertEqual(again.outcome, idem.Outcome.SKIPPED)
 
+    def test_each_call_records_its_usage_spent_once_and_saved_on_replay(self):
+        client = llm.Client.openai("gpt-test")
+        first = self.resume(lambda: client.complete(self.chat()))
+        self.assertEqual(
+            self.host.usage, {first.key: ("gpt-test", idem._host.usage.Tokens(10, 2, 4), 0)}
+        )
+        self.resume(lambda: client.complete(self.chat()))
+        self.resume(lambda: client.complete(self.chat()))
+        model, tokens, replays = self.host.usage[first.key]
+        self.assertEqual((model, tokens.input, replays), ("gpt-test", 10, 2))
+
+    def test_a_commit_whose_instance_died_before_recording_is_spent_by_the_replay(self):
+        client = llm.Client.openai("m")
+        # The first instance commits, and dies before it records.
+        with mock.patch.object(llm, "record_usage", side_effect=InstanceEnded("crash")):
+            self.assertIsInstance(self.resume(lambda: client.complete(self.chat())), InstanceEnded)
+        self.assertEqual(self.host.usage, {})
+        again = self.resume(lambda: client.complete(self.chat()))
+        self.assertEqual(again.outcome, idem.Outcome.SKIPPED)
+        self.assertEqual(self.host.usage[again.key][2], 0, "spent, not saved")
+
+    def test_record_usage_refuses_a_key_not_committed_and_absurd_counts(self):
+        with self.assertRaises(llm.UnknownStep) as err:
+            llm.record_usage("run-1/llm/c1/9", "m", llm.Usage(1, 1, 1))
+        self.assertEqual(err.exception.key, "run-1/llm/c1/9")
+        client = llm.Client.openai("m")
+        reply = self.resume(lambda: client.complete(self.chat()))
+        with self.assertRaises(llm.InvalidUsage):
+            llm.record_usage(reply.key, "m", llm.Usage(10**10, 0, 0))
+        with self.assertRaises(llm.InvalidUsage):
+            llm.record_usage(reply.key, "", llm.Usage(1, 0, 0))
+        self.assertEqual(self.host.usage[reply.key][2], 0, "nothing recorded")
+        self.assertIs(llm.record_usage(reply.key, "m", reply.usage), llm.Recorded.SAVED)
+
     def test_other_messages_for_a_committed_turn_are_refused(self):
         client = llm.Client.openai("m")
         self.resume(lambda: client.complete(self.chat()))

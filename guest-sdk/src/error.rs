@@ -1,5 +1,6 @@
 //! The SDK's one error type, and the readable text of the WIT `step-error`.
 
+use crate::llm::UsageError;
 use crate::{JoinError, SpawnError, StepError, WaitError};
 
 /// Why an SDK call, or the agent itself, failed.
@@ -56,6 +57,10 @@ pub enum Error {
     /// denied by the host; a response with an error status is not this.
     #[error("{0}")]
     Http(String),
+    /// The host refused to record a model call's usage
+    /// ([`llm::record_usage`](crate::llm::record_usage)).
+    #[error("{}", usage_error_text(.0))]
+    Usage(UsageError),
     /// A model call of [`llm`](crate::llm) failed.
     #[error("{0}")]
     Llm(#[from] crate::llm::LlmError),
@@ -108,6 +113,12 @@ impl From<WaitError> for Error {
 impl From<SpawnError> for Error {
     fn from(err: SpawnError) -> Self {
         Error::Spawn(err)
+    }
+}
+
+impl From<UsageError> for Error {
+    fn from(err: UsageError) -> Self {
+        Error::Usage(err)
     }
 }
 
@@ -167,6 +178,15 @@ fn spawn_error_text(err: &SpawnError) -> String {
         | SpawnError::TooLarge(detail)
         | SpawnError::Limit(detail)
         | SpawnError::Cycle(detail) => format!("spawn refused: {detail}"),
+    }
+}
+
+fn usage_error_text(err: &UsageError) -> String {
+    match err {
+        UsageError::UnknownStep(key) => {
+            format!("usage refused: key {key:?} is not a step this run committed")
+        }
+        UsageError::Invalid(reason) => format!("usage refused: {reason}"),
     }
 }
 

@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
+mod prices;
 mod schedules;
+pub use prices::{Price, PriceError, PricedUsage, Prices};
 pub use schedules::{
     ScheduleRequest, ScheduleView, UPCOMING_SHOWN, create_schedule, every_text, parse_every,
     spec_text, upcoming,
@@ -17,7 +19,7 @@ use crate::store::{
     Admission, Cancelled, ChildRecord, Deployment, DeploymentPaused, DeploymentRecord, GcReport,
     GcRequest, Millis, OpenClaim, ParkedKeys, ParkedMatch, Paused, Resolution, Resumed, RunFilter,
     RunRecord, RunStatus, ScheduledBy, StepRecord, Store, StoreError, Submission, Submitted,
-    WaitRecord,
+    UsageFilter, WaitRecord,
 };
 use crate::text::{check_visible, escape_for_terminal as shown, hidden_char};
 
@@ -502,6 +504,9 @@ pub struct RunView {
     pub children_count: ChildCounts,
     /// The schedule and tick that started it, if a schedule did.
     pub schedule: Option<ScheduledBy>,
+    /// The token usage of its model calls, per model (spent once per call, saved per
+    /// replay); with costs once [`RunView::priced`].
+    pub usage: Vec<PricedUsage>,
     /// The store's clock when this was read: compare leases and due times with it.
     pub now: Millis,
 }
@@ -528,6 +533,13 @@ impl ChildCounts {
 }
 
 impl RunView {
+    /// The view with its usage priced by `prices`.
+    pub fn priced(mut self, prices: &Prices) -> RunView {
+        let totals = self.usage.into_iter().map(|u| u.total).collect();
+        self.usage = PricedUsage::of(totals, Some(prices));
+        self
+    }
+
     /// The most children a view lists: a parent of 10,000 children stays a page a
     /// terminal and a browser can show, its counts still whole.
     pub const CHILDREN_SHOWN: usize = 100;
@@ -563,8 +575,16 @@ impl RunView {
             })
             .collect();
         let schedule = store.run_schedule(run_id).await?;
+        let usage = store
+            .usage(&UsageFilter {
+                run_id: Some(run_id),
+                ..UsageFilter::default()
+            })
+            .await?;
+        let usage = PricedUsage::of(usage, None);
         let now = store.now().await?;
         Ok(RunView {
+            usage,
             schedule,
             children,
             children_count,

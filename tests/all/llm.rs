@@ -8,6 +8,10 @@
 //! the server sent, byte for byte; a 429 with `Retry-After` is waited as a durable
 //! sleep; and a 429 storm, a malformed, truncated or too large response and a missing
 //! key grant each end the run with their typed error, earlier steps kept.
+//!
+//! Token usage: the store holds each model call's tokens exactly once as spent, under
+//! every crash point (a commit whose instance died before recording it is recorded by
+//! the replay), and each replay's as saved; on SQLite and on PostgreSQL.
 
 use std::collections::VecDeque;
 use std::io::Write as _;
@@ -18,14 +22,17 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use idem::runtime::{
-    Authority, CrashPoint, DirGrant, FaultPlan, HttpPolicy, LoadedAgent, Phase, RunOptions,
+    Authority, CrashPoint, DirGrant, FaultPlan, HttpPolicy, Limits, LoadedAgent, Phase, RunOptions,
     RunReport,
 };
-use idem::store::{RunStatus, SyncMode};
+use idem::store::{
+    PostgresOptions, PostgresStore, RunStatus, SyncMode, Tokens, UsageFilter, UsageTotal,
+};
 use idem_test_artifacts::{LLM, PY_LLM};
 use serde_json::{Value, json};
 
 use crate::http::{Seen, read_request};
+use crate::postgres::Schema;
 use crate::util::{TestHost, agent, block_on};
 
 const KEY: &str = "idempotency-key";
@@ -280,11 +287,20 @@ fn model_answer(anthropic: bool, serial: usize, calls: bool, results: &[String])
     body.to_string().into_bytes()
 }
 
+/// The store a [`Bed`] runs on.
+#[derive(Clone, Copy, Debug)]
+enum Backend {
+    Sqlite,
+    /// A schema of its own per bed on the test server (`IDEM_TEST_POSTGRES`).
+    Postgres,
+}
+
 /// A run of an `llm` guest against `server`, the endpoint and key granted as `env`.
 struct Bed {
     host: TestHost,
     server: ModelServer,
     agent: LoadedAgent,
+    _schema: Option<Schema>,
 }
 
 impl Bed {
@@ -293,7 +309,42 @@ impl Bed {
             host: TestHost::new(),
             server: ModelServer::start(),
             agent: agent(guest),
+            _schema: None,
         }
+    }
+
+    /// A bed on `backend`; `None` (the test says it skipped) without a PostgreSQL
+    /// server to use.
+    fn on(backend: Backend, guest: &str) -> Option<Bed> {
+        match backend {
+            Backend::Sqlite => Some(Bed::new(guest)),
+            Backend::Postgres => {
+                let schema = Schema::create("model calls' usage")?;
+                let options = PostgresOptions::default();
+                let store = block_on(PostgresStore::connect_with(&schema.url(), &options)).unwrap();
+                let dir = tempfile::tempdir().unwrap();
+                std::fs::create_dir(dir.path().join("data")).unwrap();
+                Some(Bed {
+                    host: TestHost {
+                        dir,
+                        host: crate::util::host(Arc::new(store)),
+                        limits: Limits::default(),
+                    },
+                    server: ModelServer::start(),
+                    agent: agent(guest),
+                    _schema: Some(schema),
+                })
+            }
+        }
+    }
+
+    /// The run's usage in the store, per model.
+    fn usage(&self, run_id: &str) -> Vec<UsageTotal> {
+        let filter = UsageFilter {
+            run_id: Some(run_id),
+            ..UsageFilter::default()
+        };
+        block_on(self.host.store().usage(&filter)).unwrap()
     }
 
     fn env(&self, provider: &str) -> Vec<(String, String)> {
@@ -462,8 +513,37 @@ fn once_per_key(bed: &Bed, run_id: &str, point: Option<CrashPoint>) {
     );
 }
 
-fn tool_loop(guest: &str, provider: &str) {
-    let bed = Bed::new(guest);
+/// What the stand-in's two answers report: the first turn's tokens, the second's.
+const TURN1: Tokens = Tokens {
+    input: 100,
+    output: 20,
+    cached: 50,
+};
+const TURN2: Tokens = Tokens {
+    input: 150,
+    output: 10,
+    cached: 0,
+};
+
+/// The run's usage in the store: its two model calls spent once each, whatever
+/// instances did, and `replays` replays of the first turn saved.
+fn usage_is_exact(bed: &Bed, run_id: &str, replays: u64, what: &str) {
+    let usage = bed.usage(run_id);
+    assert_eq!(usage.len(), 1, "{what}: one model: {usage:?}");
+    let u = &usage[0];
+    let mut spent = TURN1;
+    spent += TURN2;
+    assert_eq!(
+        (u.model.as_str(), u.calls, u.spent, u.replays, u.saved),
+        ("stand-in", 2, spent, replays, TURN1.times(replays)),
+        "{what}"
+    );
+}
+
+fn tool_loop(backend: Backend, guest: &str, provider: &str) {
+    let Some(bed) = Bed::on(backend, guest) else {
+        return;
+    };
     let report = bed.run(
         "loop",
         bed.input(json!({"provider": provider})),
@@ -474,6 +554,7 @@ fn tool_loop(guest: &str, provider: &str) {
     assert_eq!(out["answer"], "answer: found idem, noted", "{provider}");
     assert_eq!(out["usage"], json!([250, 30, 50]), "{provider}");
     once_per_key(&bed, "loop", None);
+    usage_is_exact(&bed, "loop", 0, provider);
     // The endpoint came from the grant, and so did the key.
     let first = &bed.server.model_calls()[0].1[0];
     let path = if provider == "anthropic" {
@@ -493,8 +574,145 @@ fn tool_loop(guest: &str, provider: &str) {
 
 #[test]
 fn the_tool_loop_calls_each_turn_and_each_tool_once() {
-    tool_loop(LLM, "openai");
-    tool_loop(LLM, "anthropic");
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        tool_loop(backend, LLM, "openai");
+        tool_loop(backend, LLM, "anthropic");
+    }
+}
+
+/// Where the usage is shown: `idem show` (text and JSON), `idem usage`, the API, the
+/// web page's document and `/metrics`, priced by a table; a bad table is refused naming
+/// its entry. The run crashed after its second step, so its first turn was replayed.
+#[test]
+fn usage_is_shown_by_show_usage_the_api_and_metrics_priced() {
+    use crate::serve::{Served, scrape};
+    use crate::util::{run_cli, stderr, stdout};
+
+    let bed = Bed::new(LLM);
+    let point = CrashPoint {
+        phase: Phase::AfterCommit,
+        step: 2,
+    };
+    let report = bed.run(
+        "shown",
+        bed.input(json!({})),
+        bed.env("openai"),
+        FaultPlan {
+            crash_at: vec![point],
+            ..FaultPlan::default()
+        },
+    );
+    completed(&report);
+    usage_is_exact(&bed, "shown", 1, "shown");
+    let deployment = block_on(bed.host.store().run("shown"))
+        .unwrap()
+        .unwrap()
+        .agent;
+    let db = bed.host.db();
+    let db = db.to_str().unwrap();
+    let prices = bed.host.dir.path().join("prices.json");
+    std::fs::write(
+        &prices,
+        r#"{"stand-in": {"input": 2.0, "output": 10.0, "cached": -1.0}}"#,
+    )
+    .unwrap();
+    let prices = prices.to_str().unwrap();
+    // (250 × 2 + 30 × 10 − 50) / 10⁶ spent; (100 × 2 + 20 × 10 − 50) / 10⁶ saved.
+    let (spent_cost, saved_cost) = (0.000750, 0.000350);
+    let close = |v: &Value, want: f64| (v.as_f64().unwrap() - want).abs() < 1e-12;
+
+    let out = run_cli(&["show", "shown", "--db", db, "--prices", prices, "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let u = &doc["usage"][0];
+    assert_eq!(
+        (&u["model"], &u["calls"], &u["replays"]),
+        (&json!("stand-in"), &json!(2), &json!(1)),
+        "{doc}"
+    );
+    assert_eq!(
+        u["spent"],
+        json!({"input": 250, "output": 30, "cached": 50})
+    );
+    assert_eq!(
+        u["saved"],
+        json!({"input": 100, "output": 20, "cached": 50})
+    );
+    assert!(close(&u["spent_cost"], spent_cost), "{u}");
+    assert!(close(&u["saved_cost"], saved_cost), "{u}");
+
+    let out = run_cli(&["show", "shown", "--db", db]);
+    let text = stdout(&out);
+    assert!(
+        text.contains(
+            "model usage:\n  stand-in  calls 2  spent in 250 out 30 cached 50  replays 1  \
+             saved in 100 out 20 cached 50\n"
+        ),
+        "{text}"
+    );
+
+    let out = run_cli(&["usage", "--db", db, "--deployment", &deployment, "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(doc["usage"][0]["deployment"], deployment.as_str(), "{doc}");
+    assert_eq!(doc["usage"][0]["spent"]["input"], 250, "{doc}");
+    assert!(
+        doc["usage"][0].get("spent_cost").is_none(),
+        "no table, no cost"
+    );
+    let out = run_cli(&["usage", "--db", db, "--deployment", "nobody", "--json"]);
+    assert_eq!(stdout(&out).trim(), r#"{"usage":[]}"#);
+
+    let bad = bed.host.dir.path().join("bad.json");
+    std::fs::write(&bad, r#"{"stand-in": {"input": 2.0, "output": -1}}"#).unwrap();
+    let out = run_cli(&["usage", "--db", db, "--prices", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "bad input");
+    let err = stderr(&out);
+    assert!(
+        err.contains("entry for model \"stand-in\"") && err.contains("negative"),
+        "{err}"
+    );
+
+    let served = Served::start(db, &["--prices", prices]);
+    let doc = served.get("/api/usage?run=shown").json();
+    assert!(close(&doc["usage"][0]["spent_cost"], spent_cost), "{doc}");
+    let doc = served.get("/api/runs/shown").json();
+    assert_eq!(doc["usage"][0]["replays"], 1, "{doc}");
+    assert!(close(&doc["usage"][0]["saved_cost"], saved_cost), "{doc}");
+    let metrics = scrape(&served);
+    let who = format!("deployment=\"{deployment}\",model=\"stand-in\"");
+    for (name, want) in [
+        (format!("idem_model_calls_total{{{who}}}"), 2.0),
+        (format!("idem_model_replays_total{{{who}}}"), 1.0),
+        (
+            format!("idem_model_tokens_spent_total{{{who},kind=\"input\"}}"),
+            250.0,
+        ),
+        (
+            format!("idem_model_tokens_spent_total{{{who},kind=\"output\"}}"),
+            30.0,
+        ),
+        (
+            format!("idem_model_tokens_spent_total{{{who},kind=\"cached\"}}"),
+            50.0,
+        ),
+        (
+            format!("idem_model_tokens_saved_total{{{who},kind=\"input\"}}"),
+            100.0,
+        ),
+        (
+            format!("idem_model_tokens_saved_total{{{who},kind=\"cached\"}}"),
+            50.0,
+        ),
+        (format!("idem_model_cost_spent_total{{{who}}}"), spent_cost),
+        (format!("idem_model_cost_saved_total{{{who}}}"), saved_cost),
+    ] {
+        let got = metrics.get(&name).copied();
+        assert!(
+            got.is_some_and(|g| (g - want).abs() < 1e-12),
+            "{name}: {got:?} in {metrics:?}"
+        );
+    }
 }
 
 /// A conversation of three turns without tools: one key per turn, one request each,
@@ -526,11 +744,18 @@ fn a_conversation_without_tools_is_one_step_per_turn() {
 /// Every crash point of the conversation's steps (two model calls, a batch of two
 /// tools): the run completes with the same answer, each key reached once, or twice in
 /// doubt under a greater token.
-fn crash_sweep(guest: &str, phases: &[Phase]) {
+///
+/// The usage in the store is exact: each model call spent once, a commit whose instance
+/// died before recording its usage (after the commit of step 1) recorded by the
+/// replay as spent, and the first turn saved once when an instance that had recorded
+/// it died after it (any crash past step 1).
+fn crash_sweep(backend: Backend, guest: &str, phases: &[Phase]) {
     for &phase in phases {
         for step in 1..=4 {
             let point = CrashPoint { phase, step };
-            let bed = Bed::new(guest);
+            let Some(bed) = Bed::on(backend, guest) else {
+                return;
+            };
             let report = bed.run(
                 "sweep",
                 bed.input(json!({})),
@@ -544,13 +769,80 @@ fn crash_sweep(guest: &str, phases: &[Phase]) {
             assert_eq!(out["answer"], "answer: found idem, noted", "{point}");
             assert_eq!(out["usage"], json!([250, 30, 50]), "{point}");
             once_per_key(&bed, "sweep", Some(point));
+            let crashed = report.counts.instances > 1;
+            let replays = u64::from(crashed && step > 1);
+            usage_is_exact(&bed, "sweep", replays, &format!("{backend:?} {point}"));
         }
     }
 }
 
 #[test]
 fn under_every_crash_point_each_call_reaches_the_server_once_per_key() {
-    crash_sweep(LLM, &Phase::ALL);
+    crash_sweep(Backend::Sqlite, LLM, &Phase::ALL);
+}
+
+#[test]
+fn under_every_crash_point_usage_is_exact_on_postgres() {
+    crash_sweep(Backend::Postgres, LLM, &Phase::ALL);
+}
+
+/// Usage recorded by the agent itself: its own committed turn again (a replay: saved),
+/// and refused typed, with nothing written, for another run's key, a key never
+/// committed, an absurd count and an empty model name.
+fn usage_probes(backend: Backend, guest: &str) {
+    let Some(bed) = Bed::on(backend, guest) else {
+        return;
+    };
+    completed(&bed.run(
+        "other",
+        bed.input(json!({})),
+        bed.env("openai"),
+        FaultPlan::default(),
+    ));
+    let probe = |key: &str, model: &str, tokens: [u64; 3]| json!({"key": key, "model": model, "tokens": tokens});
+    let probes = json!([
+        probe("probe/llm/c1/1", "stand-in", [100, 20, 50]),
+        probe("other/llm/c1/1", "stand-in", [1, 1, 1]),
+        probe("probe/llm/c1/9", "stand-in", [1, 1, 1]),
+        probe("probe/llm/c1/2", "stand-in", [2_000_000_000, 0, 0]),
+        probe("probe/llm/c1/2", "", [1, 1, 1]),
+    ]);
+    let report = bed.run(
+        "probe",
+        bed.input(json!({ "probe": probes })),
+        bed.env("openai"),
+        FaultPlan::default(),
+    );
+    let out = completed(&report);
+    let recorded: Vec<&str> = out["recorded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap())
+        .collect();
+    assert_eq!(recorded[0], "saved", "{out}");
+    for (i, says) in [
+        (1, "is not a step this run committed"),
+        (2, "is not a step this run committed"),
+        (3, "over the limit"),
+        (4, "model name is empty"),
+    ] {
+        assert!(
+            recorded[i].starts_with("usage refused: ") && recorded[i].contains(says),
+            "{i}: {}",
+            recorded[i]
+        );
+    }
+    // The probe's own replay is saved; nothing else changed, here or in the other run.
+    usage_is_exact(&bed, "probe", 1, "probe");
+    usage_is_exact(&bed, "other", 0, "the other run");
+}
+
+#[test]
+fn usage_a_guest_records_is_checked_and_typed() {
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        usage_probes(backend, LLM);
+    }
 }
 
 /// A crash after each commit: the replayed turns come back from the store, their bodies
@@ -573,6 +865,8 @@ fn replay_is_byte_identical(guest: &str) {
         );
         let out = completed(&report);
         once_per_key(&bed, "replay", Some(point));
+        let replays = u64::from(report.counts.instances > 1 && step > 1);
+        usage_is_exact(&bed, "replay", replays, &point.to_string());
         let calls = bed.server.model_calls();
         let turns = out["turns"].as_array().unwrap();
         assert_eq!(turns.len(), 2, "{point}");
@@ -751,13 +1045,17 @@ fn python_model_calls_are_steps_too() {
     let Some(guest) = crate::python::built(PY_LLM, "model calls") else {
         return;
     };
-    tool_loop(guest, "openai");
-    tool_loop(guest, "anthropic");
+    tool_loop(Backend::Sqlite, guest, "openai");
+    tool_loop(Backend::Sqlite, guest, "anthropic");
+    tool_loop(Backend::Postgres, guest, "openai");
     chat_turns(guest);
     crash_sweep(
+        Backend::Sqlite,
         guest,
         &[Phase::AfterClaim, Phase::InEffect, Phase::AfterCommit],
     );
+    crash_sweep(Backend::Postgres, guest, &[Phase::AfterCommit]);
+    usage_probes(Backend::Sqlite, guest);
     replay_is_byte_identical(guest);
     rate_limited(guest);
     bad_answers(guest);

@@ -572,3 +572,25 @@ impl CacheArgs {
         }
     }
 }
+
+/// An optional price table: `--prices`.
+#[derive(Debug, Clone, Args)]
+pub struct PricesArgs {
+    /// A price table (JSON: per model, the price of a million input, output and cached
+    /// tokens, `{"gpt-4o-mini": {"input": 0.15, "output": 0.6, "cached": -0.075}}`)
+    /// that turns token usage into cost where it is shown.
+    #[arg(long, value_name = "FILE")]
+    pub prices: Option<PathBuf>,
+}
+
+impl PricesArgs {
+    /// The table, if one was given; a bad one is bad input, naming its bad entry.
+    pub fn load(&self) -> anyhow::Result<Option<idem::ops::Prices>> {
+        match &self.prices {
+            None => Ok(None),
+            Some(path) => idem::ops::Prices::load(path)
+                .map(Some)
+                .map_err(|e| BadInput(e.to_string()).into()),
+        }
+    }
+}

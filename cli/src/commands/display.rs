@@ -1,7 +1,8 @@
 //! How the commands show what the store and agents wrote: every string escaped before
 //! it reaches a terminal (JSON included), times as ages, runs as one table.
 
-use idem::store::{Millis, RunRecord, RunStatus};
+use idem::ops::PricedUsage;
+use idem::store::{Millis, RunRecord, RunStatus, Tokens};
 use idem::text::{escape, json_for_terminal};
 
 /// One line of JSON with every hidden character (controls, bidi, invisible) written as
@@ -154,6 +155,33 @@ pub fn run_row(run: &RunRecord, now: Millis) -> String {
         name(&run.agent),
         age(now, run.created)
     )
+}
+
+/// One line per usage total: the model (after the deployment, with `deployment`), its
+/// calls and spent tokens, its replays and saved tokens, and their costs when priced.
+pub fn usage_lines(usage: &[PricedUsage], deployment: bool) -> Vec<String> {
+    let tokens = |t: &Tokens| format!("in {} out {} cached {}", t.input, t.output, t.cached);
+    let cost = |c: Option<f64>| c.map_or_else(String::new, |c| format!(" (cost {c:.6})"));
+    usage
+        .iter()
+        .map(|u| {
+            let t = &u.total;
+            let who = if deployment {
+                format!("{}  {}", name(&t.deployment), name(&t.model))
+            } else {
+                name(&t.model)
+            };
+            format!(
+                "{who}  calls {}  spent {}{}  replays {}  saved {}{}",
+                t.calls,
+                tokens(&t.spent),
+                cost(u.spent_cost),
+                t.replays,
+                tokens(&t.saved),
+                cost(u.saved_cost)
+            )
+        })
+        .collect()
 }
 
 #[cfg(test)]

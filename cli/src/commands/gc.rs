@@ -77,6 +77,7 @@ fn summary(report: &GcReport, dry_run: bool) -> String {
         (report.waits, "waits"),
         (report.signals, "signals"),
         (report.upgrades, "upgrade records"),
+        (report.usage, "usage records"),
         (report.components, "components"),
     ] {
         text += &format!("\n  {n:>8} {what}");

@@ -26,6 +26,7 @@ mod show;
 mod signal;
 mod status;
 mod submit;
+mod usage;
 mod worker;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -69,6 +70,9 @@ pub enum Command {
     Signal(signal::SignalCommand),
     /// Print a run's log (what its agent wrote to stderr and stdout).
     Logs(logs::LogsCommand),
+    /// Sum the token usage of model calls per deployment and model (spent, and saved by
+    /// replays), priced by an optional table.
+    Usage(usage::UsageCommand),
     /// Show runs, their progress, counts and open claims (`ls` and `show` in one).
     Status(status::StatusCommand),
     /// Settle a key that a run parked in doubt, so that the run can resume.
@@ -120,6 +124,7 @@ impl Command {
             Command::Rate(cmd) => cmd.execute().await,
             Command::Ls(cmd) => cmd.execute().await,
             Command::Show(cmd) => cmd.execute().await,
+            Command::Usage(cmd) => cmd.execute().await,
             Command::Cancel(cmd) => cmd.execute().await,
             Command::Pause(cmd) => cmd.execute().await,
             Command::Resume(cmd) => cmd.execute().await,

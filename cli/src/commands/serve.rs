@@ -14,7 +14,7 @@ use idem::runtime::Runtime;
 use idem::serve::{ServeOptions, Server};
 use idem::worker::WorkerOptions;
 
-use super::args::{CacheArgs, DbArgs, duration, protected, size};
+use super::args::{CacheArgs, DbArgs, PricesArgs, duration, protected, size};
 use super::worker::WorkerSetup;
 use crate::exit::{BadInput, Exit};
 use crate::shutdown::Shutdown;
@@ -57,6 +57,8 @@ pub struct ServeCommand {
     poll: Duration,
     #[command(flatten)]
     cache: CacheArgs,
+    #[command(flatten)]
+    prices: PricesArgs,
 }
 
 impl ServeCommand {
@@ -68,6 +70,7 @@ impl ServeCommand {
             max_body_bytes: self.max_body,
             max_component_bytes: self.max_component,
             header_read_timeout: self.header_read_timeout,
+            prices: self.prices.load()?,
         };
         check_exposure(&options)?;
         let worker = WorkerSetup::new(

@@ -1,12 +1,12 @@
 //! `idem show`: one run — its status and outcome, the worker lease on it, its parent
-//! and children, the schedule that started it, its steps in the order they were claimed, its waits and joins, and
-//! its open claims.
+//! and children, the schedule that started it, the token usage of its model calls, its
+//! steps in the order they were claimed, its waits and joins, and its open claims.
 
 use clap::Parser;
-use idem::ops::{ChildCounts, RunView};
+use idem::ops::{ChildCounts, PricedUsage, RunView};
 use idem::store::{ChildRecord, Millis, OpenClaim, RunRecord, ScheduledBy, StepRecord, WaitRecord};
 
-use super::args::DbArgs;
+use super::args::{DbArgs, PricesArgs};
 use super::display;
 use crate::exit::Exit;
 
@@ -16,6 +16,8 @@ pub struct ShowCommand {
     run_id: String,
     #[command(flatten)]
     db: DbArgs,
+    #[command(flatten)]
+    prices: PricesArgs,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -23,14 +25,19 @@ pub struct ShowCommand {
 
 impl ShowCommand {
     pub async fn execute(self) -> anyhow::Result<Exit> {
+        let prices = self.prices.load()?;
         let store = self.db.open_read_only().await?;
-        let view = RunView::of(store.as_ref(), &self.run_id).await?;
+        let mut view = RunView::of(store.as_ref(), &self.run_id).await?;
+        if let Some(prices) = &prices {
+            view = view.priced(prices);
+        }
         if self.json {
             println!("{}", display::json(&serde_json::to_value(&view)?));
             return Ok(Exit::Done);
         }
         print_run(&view.run, view.schedule.as_ref(), view.now);
         print_children(&view.run.run_id, &view.children, &view.children_count);
+        print_usage(&view.usage);
         print_steps(&view.steps);
         print_waits(&view.waits, view.now);
         print_claims(&view.open_claims, view.now);
@@ -148,6 +155,17 @@ fn print_children(run_id: &str, children: &[ChildRecord], counts: &ChildCounts) 
             "  ... and {left} more: idem ls --parent {}",
             display::name(run_id)
         );
+    }
+}
+
+/// The token usage of its model calls, per model, if it recorded any.
+fn print_usage(usage: &[PricedUsage]) {
+    if usage.is_empty() {
+        return;
+    }
+    println!("model usage:");
+    for line in display::usage_lines(usage, false) {
+        println!("  {line}");
     }
 }
 

@@ -223,6 +223,27 @@ class HttpDenied(HttpError):
     was made outside a claim where that is not allowed."""
 
 
+class UsageError(_Refused):
+    """The host refused to record a model call's usage
+    (:func:`idem.llm.record_usage`); nothing was recorded."""
+
+    prefix = "usage refused"
+
+
+class UnknownStep(UsageError):
+    """The key is not a step this run committed: unknown, not committed yet, or
+    committed by another run."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"key {key!r} is not a step this run committed")
+        self.key = key
+
+
+class InvalidUsage(UsageError):
+    """The key or model name is empty, too long or holds control characters, or a
+    count is over the host's bound."""
+
+
 class LlmError(IdemError):
     """A model call of :mod:`idem.llm` failed. In every case but :class:`TurnLimit` the
     call's key is left uncommitted (its claim released): nothing the model answered was

@@ -15,6 +15,7 @@ from wit_world.imports import (
     progress,
     run_info,
     streams,
+    usage,
     waits,
 )
 from wit_world.imports import idem_agent_types as types
@@ -40,6 +41,7 @@ __all__ = [
     "run_info",
     "streams",
     "types",
+    "usage",
     "waits",
 ]
 

@@ -45,15 +45,19 @@ from ._errors import (
     GaveUp,
     HttpDenied,
     HttpError,
+    InvalidUsage,
     LlmError,
     Malformed,
     MissingKey,
     ModelStatus,
     ResponseTooLarge,
     TurnLimit,
+    UnknownStep,
+    UsageError,
 )
 from ._host import Err, raise_step_error, run_id, types
 from ._host import once as wit_once
+from ._host import usage as wit_usage
 from ._keys import Key
 from ._once import Outcome, Step, obtained, step_of
 from ._once_all import run_once_all
@@ -66,18 +70,23 @@ __all__ = [
     "Client",
     "Conversation",
     "GaveUp",
+    "InvalidUsage",
     "LlmError",
     "Malformed",
     "Message",
     "MissingKey",
     "ModelStatus",
     "Provider",
+    "Recorded",
     "Reply",
     "ResponseTooLarge",
     "Tool",
     "ToolCall",
     "TurnLimit",
+    "UnknownStep",
     "Usage",
+    "UsageError",
+    "record_usage",
 ]
 
 #: The default of ``Client(max_response_bytes=...)``: the host's default limit on a
@@ -172,6 +181,40 @@ class Usage:
             self.output_tokens + other.output_tokens,
             self.cached_tokens + other.cached_tokens,
         )
+
+
+class Recorded(enum.Enum):
+    """How :func:`record_usage` counted a call's tokens."""
+
+    #: The step's first recording: its tokens count as spent.
+    SPENT = "spent"
+    #: The step was recorded before (this call was a replay, which made no request):
+    #: its tokens count as saved.
+    SAVED = "saved"
+
+
+def record_usage(key: str, model: str, usage: Usage) -> Recorded:
+    """Records ``usage``, what the response committed under ``key`` (a step of this
+    run) reported for ``model``, with the step in the store: ``idem show``, the web page
+    and ``/metrics`` sum it per run, deployment and model. The first recording of a key
+    counts as spent, every later one (a replay) as saved, so the tokens are spent once
+    however many instances replay the call, and whether or not the instance that
+    committed it lived to record it. :meth:`Client.complete` calls it after every call,
+    fresh or replayed; an agent calls it for model calls it makes itself.
+
+    Raises :class:`UnknownStep` for a key this run did not commit, and
+    :class:`InvalidUsage` for an empty or overlong model name or a count over the
+    host's bound; nothing is recorded then.
+    """
+    tokens = wit_usage.Tokens(usage.input_tokens, usage.output_tokens, usage.cached_tokens)
+    try:
+        got = wit_usage.record_usage(key, model, tokens)
+    except Err as err:
+        value = err.value
+        if isinstance(value, wit_usage.UsageError_UnknownStep):
+            raise UnknownStep(value.value) from None
+        raise InvalidUsage(value.value) from None
+    return Recorded.SPENT if got == wit_usage.Recorded.SPENT else Recorded.SAVED
 
 
 class Conversation:
@@ -334,6 +377,9 @@ class Client:
             parsed = parse(self.provider, raw.encode("utf-8"))
         except ValueError as err:
             raise Malformed(key.text, str(err)) from None
+        # Fresh or replayed: the host counts the first recording of the key as spent
+        # and any later one as saved.
+        record_usage(key.text, self.model, parsed.usage)
         chat.turn = turn
         chat.messages.append(parsed.message)
         return Reply(parsed.message, parsed.stop_reason, parsed.usage, raw, outcome, turn, key.text)

@@ -42,9 +42,11 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
+pub use crate::bindings::idem::agent::usage::UsageError;
 pub use error::LlmError;
 
 use crate::bindings::idem::agent::once::{self, Claim};
+use crate::bindings::idem::agent::usage;
 use crate::http::Request;
 use crate::{Error, Key, Outcome, RetryPolicy, Step, StepError};
 
@@ -199,6 +201,38 @@ impl std::ops::AddAssign for Usage {
         self.input_tokens += other.input_tokens;
         self.output_tokens += other.output_tokens;
         self.cached_tokens += other.cached_tokens;
+    }
+}
+
+/// How [`record_usage`] counted a call's tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recorded {
+    /// The step's first recording: its tokens count as spent.
+    Spent,
+    /// The step was recorded before (this call was a replay, which made no request):
+    /// its tokens count as saved.
+    Saved,
+}
+
+/// Records `usage`, what the response committed under `key` (a step of this run)
+/// reported for `model`, with the step in the store: `idem show`, the web page and
+/// `/metrics` sum it per run, deployment and model. The first recording of a key counts
+/// as spent, every later one (a replay) as saved, so the tokens are spent once however
+/// many instances replay the call, and whether or not the instance that committed it
+/// lived to record it. [`Client::complete`] calls it after every call, fresh or
+/// replayed; an agent calls it for model calls it makes itself.
+///
+/// Fails with [`Error::Usage`] for a key this run did not commit, an empty or overlong
+/// model name, or a count over the host's bound; nothing is recorded then.
+pub fn record_usage(key: &str, model: &str, usage: Usage) -> Result<Recorded, Error> {
+    let tokens = usage::Tokens {
+        input: usage.input_tokens,
+        output: usage.output_tokens,
+        cached: usage.cached_tokens,
+    };
+    match usage::record_usage(key, model, tokens)? {
+        usage::Recorded::Spent => Ok(Recorded::Spent),
+        usage::Recorded::Saved => Ok(Recorded::Saved),
     }
 }
 
@@ -438,6 +472,9 @@ impl Client {
                 key: key.to_string(),
                 detail,
             })?;
+        // Fresh or replayed: the host counts the first recording of the key as spent
+        // and any later one as saved.
+        record_usage(key.as_str(), &self.model, parsed.usage)?;
         chat.turn = turn;
         chat.messages.push(parsed.message.clone());
         Ok(Reply {

@@ -15,8 +15,8 @@ use std::time::Duration;
 use crate::runtime::{Authority, StopSignal};
 use crate::store::{
     Admission, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts, Deployment,
-    InstanceStore, JoinRequest, RunFence, SpawnAnswers, SpawnBatch, SpawnRefusal, Store,
-    StoreError, WaitRequest, WaitState,
+    InstanceStore, JoinRequest, Recorded, RunFence, SpawnAnswers, SpawnBatch, SpawnRefusal, Store,
+    StoreError, UsageRecord, WaitRequest, WaitState,
 };
 
 /// What one `run-once` call got from the store. A wait on a live holder is not an
@@ -277,5 +277,8 @@ impl InstanceStore for ObservedInstance {
             self.stop.stop();
         }
         Ok(state)
+    }
+    async fn record_usage(&self, record: &UsageRecord<'_>) -> Result<Recorded, StoreError> {
+        self.inner.record_usage(record).await
     }
 }

@@ -137,7 +137,10 @@ pub(super) async fn show_run(
     State(state): State<ServeState>,
     Path(run_id): Path<String>,
 ) -> Answer {
-    let view = RunView::of(state.store.as_ref(), &run_id).await?;
+    let mut view = RunView::of(state.store.as_ref(), &run_id).await?;
+    if let Some(prices) = &state.prices {
+        view = view.priced(prices);
+    }
     let log = state.store.logs(&run_id).await?;
     let mut doc =
         serde_json::to_value(&view).map_err(|e| ApiError::new("internal", e.to_string()))?;
@@ -486,6 +489,27 @@ pub(super) async fn clear_rate(
 ) -> Answer {
     let cleared = state.store.clear_rate(&class).await?;
     ok(json!({ "class": class, "cleared": cleared }))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct UsageQuery {
+    deployment: Option<String>,
+    run: Option<String>,
+}
+
+pub(super) async fn usage(
+    State(state): State<ServeState>,
+    query: Result<Query<UsageQuery>, axum::extract::rejection::QueryRejection>,
+) -> Answer {
+    let Query(q) = query.map_err(|e| ApiError::new("bad_request", e.body_text()))?;
+    let filter = crate::store::UsageFilter {
+        run_id: q.run.as_deref(),
+        deployment: q.deployment.as_deref(),
+    };
+    let totals = state.store.usage(&filter).await?;
+    let usage = crate::ops::PricedUsage::of(totals, state.prices.as_deref());
+    ok(json!({ "usage": usage }))
 }
 
 pub(super) async fn list_deployments(State(state): State<ServeState>) -> Answer {

@@ -12,6 +12,12 @@
 //! `child_runs` gauges them by status, `joins_waiting` gauges the parents suspended in
 //! a join, and `joins_ended` counts the joins that got their children or timed out.
 //!
+//! Model calls: `model_calls` and `model_replays` count, per deployment and model, the
+//! calls that recorded their usage (each spent once) and their replays (which made no
+//! request); `model_tokens_spent` and `model_tokens_saved` count their tokens by kind
+//! (`input`, `output`, `cached`); with a price table, `model_cost_spent` and
+//! `model_cost_saved` what those tokens cost.
+//!
 //! Schedules: `schedule_ticks` counts each schedule's ticks by outcome (`started`,
 //! `skipped` for overlap, `missed`, `failed`), kept in the schedule's row since it was
 //! created; `schedules` gauges them by state; `schedule_lag_seconds` is how late each
@@ -34,9 +40,10 @@ use prometheus_client::registry::Registry;
 
 use super::ServeState;
 use super::error::ApiError;
+use crate::ops::{PricedUsage, Prices};
 use crate::store::{
     FlowCounts, Limit, Millis, RateLimit, RunFilter, RunRecord, RunStatus, ScheduleRecord, Store,
-    StoreError,
+    StoreError, UsageFilter,
 };
 
 /// Step latencies of runs whose steps cannot change any more, by run.
@@ -69,6 +76,7 @@ fn ready(run: &RunRecord, now: Millis) -> bool {
 pub(crate) async fn render(
     store: &dyn Store,
     settled: &SettledSteps,
+    prices: Option<&Prices>,
 ) -> Result<String, StoreError> {
     let runs = store.runs(&RunFilter::default()).await?;
     let now = store.now().await?;
@@ -88,6 +96,8 @@ pub(crate) async fn render(
     register_flow(&mut registry, store, &runs, now).await?;
     register_rates(&mut registry, &store.rates().await?, now);
     register_step_latency(&mut registry, store, &runs, settled).await?;
+    let usage = store.usage(&UsageFilter::default()).await?;
+    register_usage(&mut registry, &PricedUsage::of(usage, prices));
 
     let mut text = String::new();
     // Writing to a String cannot fail.
@@ -392,7 +402,13 @@ async fn register_step_latency(
 }
 
 pub(super) async fn serve(State(state): State<ServeState>) -> Response {
-    match render(state.store.as_ref(), &state.settled).await {
+    match render(
+        state.store.as_ref(),
+        &state.settled,
+        state.prices.as_deref(),
+    )
+    .await
+    {
         Ok(text) => (
             [(
                 CONTENT_TYPE,
@@ -402,6 +418,71 @@ pub(super) async fn serve(State(state): State<ServeState>) -> Response {
         )
             .into_response(),
         Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+/// Model calls per deployment and model: calls and replays, tokens spent and saved by
+/// kind, and their cost where priced.
+fn register_usage(registry: &mut Registry, usage: &[PricedUsage]) {
+    type Labels = Vec<(String, String)>;
+    let calls = Family::<Labels, Counter>::default();
+    let replays = Family::<Labels, Counter>::default();
+    let spent = Family::<Labels, Counter>::default();
+    let saved = Family::<Labels, Counter>::default();
+    let spent_cost = Family::<Labels, Counter<f64, AtomicU64>>::default();
+    let saved_cost = Family::<Labels, Counter<f64, AtomicU64>>::default();
+    for u in usage {
+        let t = &u.total;
+        let who = vec![
+            ("deployment".to_string(), t.deployment.clone()),
+            ("model".to_string(), t.model.clone()),
+        ];
+        calls.get_or_create(&who).inc_by(t.calls);
+        replays.get_or_create(&who).inc_by(t.replays);
+        for (family, tokens) in [(&spent, t.spent), (&saved, t.saved)] {
+            for (kind, n) in tokens.kinds() {
+                let mut labels = who.clone();
+                labels.push(("kind".to_string(), kind.to_string()));
+                family.get_or_create(&labels).inc_by(n);
+            }
+        }
+        for (family, cost) in [(&spent_cost, u.spent_cost), (&saved_cost, u.saved_cost)] {
+            if let Some(cost) = cost {
+                family.get_or_create(&who).inc_by(cost);
+            }
+        }
+    }
+    registry.register(
+        "model_calls",
+        "Model calls that recorded their token usage, each spent once",
+        calls,
+    );
+    registry.register(
+        "model_replays",
+        "Replays of recorded model calls: answered from the store, no request made",
+        replays,
+    );
+    registry.register(
+        "model_tokens_spent",
+        "Tokens of model calls, by kind (input, output, cached), counted once per call",
+        spent,
+    );
+    registry.register(
+        "model_tokens_saved",
+        "Tokens replays did not spend again, by kind (input, output, cached)",
+        saved,
+    );
+    if usage.iter().any(|u| u.spent_cost.is_some()) {
+        registry.register(
+            "model_cost_spent",
+            "What the spent tokens cost, by the server's price table",
+            spent_cost,
+        );
+        registry.register(
+            "model_cost_saved",
+            "What replays saved, by the server's price table",
+            saved_cost,
+        );
     }
 }
 

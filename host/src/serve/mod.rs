@@ -76,6 +76,9 @@ pub struct ServeOptions {
     /// connection is open, or the previous response was sent) before its connection is
     /// closed: one slow or silent client cannot hold a connection forever.
     pub header_read_timeout: Duration,
+    /// The price table that turns token usage into cost in the API, the page and
+    /// `/metrics`; none, no cost is shown.
+    pub prices: Option<crate::ops::Prices>,
 }
 
 impl Default for ServeOptions {
@@ -88,6 +91,7 @@ impl Default for ServeOptions {
             // A Python agent is ~19 MB (the interpreter and its standard library).
             max_component_bytes: 64 << 20,
             header_read_timeout: Duration::from_secs(10),
+            prices: None,
         }
     }
 }
@@ -130,6 +134,7 @@ pub(crate) struct ServeState {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) runtime: Arc<Runtime>,
     pub(crate) settled: Arc<metrics::SettledSteps>,
+    pub(crate) prices: Option<Arc<crate::ops::Prices>>,
 }
 
 /// A server bound to its address, not yet serving.
@@ -168,6 +173,7 @@ impl Server {
             store,
             runtime,
             settled: Arc::default(),
+            prices: options.prices.clone().map(Arc::new),
         };
         Ok(Server {
             listener,
@@ -289,6 +295,7 @@ fn handler(route: &Route) -> MethodRouter<ServeState> {
         "pause_deployment" => post(api::pause_deployment),
         "resume_deployment" => post(api::resume_deployment),
         "list_deployments" => get(api::list_deployments),
+        "usage" => get(api::usage),
         "deploy" => post(api::deploy),
         "gc" => post(api::gc),
         "list_schedules" => get(api::list_schedules),

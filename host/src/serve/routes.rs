@@ -235,6 +235,20 @@ pub const ROUTES: &[Route] = &[
     },
     Route {
         method: "GET",
+        path: "/api/usage",
+        id: "usage",
+        summary: "Token usage of model calls per deployment and model: spent once per call, \
+                  saved by replays, priced when the server has a price table",
+        access: Access::Read,
+        body: Body::Empty,
+        query: &[
+            ("deployment", "only the calls of this deployment's runs"),
+            ("run", "only the calls of this run"),
+        ],
+        responds: JSON,
+    },
+    Route {
+        method: "GET",
         path: "/api/deployments",
         id: "list_deployments",
         summary: "Every deployment name and the component it points at",

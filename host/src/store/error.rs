@@ -97,6 +97,21 @@ pub enum StoreError {
         /// Why.
         refusal: super::SpawnRefusal,
     },
+    /// A model call's usage was refused ([`UsageRefusal`](super::UsageRefusal)). Nothing
+    /// was written.
+    #[error(
+        "usage of key {} of run {} refused: {refusal}",
+        crate::text::quoted(key),
+        crate::text::quoted(run_id)
+    )]
+    UsageRefused {
+        /// The run.
+        run_id: String,
+        /// The step's key.
+        key: String,
+        /// Why.
+        refusal: super::UsageRefusal,
+    },
     /// A join was refused ([`JoinRefusal`](super::JoinRefusal)). Nothing was written.
     #[error(
         "join {} of run {} refused: {refusal}",
@@ -348,6 +363,7 @@ impl StoreError {
                 | StoreError::RateRefused { .. }
                 | StoreError::WaitRefused { .. }
                 | StoreError::SignalRefused { .. }
+                | StoreError::UsageRefused { .. }
                 | StoreError::ScheduleRefused { .. }
                 | StoreError::UnknownSchedule { .. }
         )

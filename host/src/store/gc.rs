@@ -47,6 +47,8 @@ pub struct GcReport {
     pub signals: u64,
     /// Records of runs moved to another component.
     pub upgrades: u64,
+    /// Token usage of model calls, one per step that recorded it.
+    pub usage: u64,
     /// Components no run and no deployment uses.
     pub components: u64,
     /// Runs finished before this time (on the store's clock) were collected.
@@ -67,6 +69,7 @@ impl GcReport {
         self.waits += other.waits;
         self.signals += other.signals;
         self.upgrades += other.upgrades;
+        self.usage += other.usage;
         self.components += other.components;
     }
 
@@ -80,6 +83,7 @@ impl GcReport {
             + self.waits
             + self.signals
             + self.upgrades
+            + self.usage
             + self.components
     }
 }

@@ -102,6 +102,7 @@ mod sqlite;
 #[cfg(test)]
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod tests;
+mod usage;
 mod waits;
 
 pub use children::{
@@ -147,6 +148,12 @@ pub use sealing::{
 };
 #[cfg(feature = "sqlite")]
 pub use sqlite::{OpenOptions, SqliteStore};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) use usage::check_usage;
+pub use usage::{
+    MAX_CALL_TOKENS, MAX_MODEL_BYTES, Recorded, Tokens, UsageFilter, UsageRecord, UsageRefusal,
+    UsageTotal,
+};
 pub(crate) use waits::check_signal_payload;
 pub use waits::{
     JoinRefusal, JoinRequest, MAX_SIGNAL_NAME_BYTES, MAX_WAIT, SignalSent, Suspension, WaitKind,

@@ -58,6 +58,7 @@ mod schema;
 mod sealing;
 #[cfg(test)]
 mod tests;
+mod usage;
 mod waits;
 
 use super::rules::SQL_MAX;

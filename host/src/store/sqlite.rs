@@ -44,6 +44,7 @@ mod sealing;
 #[cfg(test)]
 mod tests;
 mod thread;
+mod usage;
 mod vfs;
 mod waits;
 

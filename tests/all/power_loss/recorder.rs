@@ -162,4 +162,11 @@ impl InstanceStore for Recorder {
     async fn join(&self, req: &JoinRequest<'_>) -> Result<WaitState, StoreError> {
         self.inner.join(req).await
     }
+    // Usage is accounting, not a step's state: nothing a power loss test checks.
+    async fn record_usage(
+        &self,
+        record: &idem::store::UsageRecord<'_>,
+    ) -> Result<idem::store::Recorded, StoreError> {
+        self.inner.record_usage(record).await
+    }
 }

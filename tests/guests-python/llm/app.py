@@ -9,10 +9,13 @@ POSTs its arguments to ``{tool_url}/tool/lookup`` under its step and answers the
 response's text; ``note`` appends the line ``{key} {token} {first|in-doubt}
 {arguments}`` to ``/data/notes.log``. With ``manual`` the loop is written out with
 ``Client.complete`` and ``run_once_all``; with ``"chat": N``, instead, N turns without
-tools, a user message before each.
+tools, a user message before each. With ``"probe": [{"key", "model", "tokens": [in,
+out, cached]}, ..]``, after the tool loop, each entry is recorded with
+``llm.record_usage`` and its answer (``spent``, ``saved`` or the error's text) reported
+in ``recorded``.
 
 Output: ``{"answer": text, "usage": [in, out, cached], "turns": [{"turn", "key",
-"body", "outcome"}, ..]}``.
+"body", "outcome"}, ..], "recorded": [..]}``.
 """
 
 import os
@@ -49,6 +52,18 @@ def run_tool(tool_url: str, call: llm.ToolCall, step: idem.Step) -> str:
             os.fsync(f.fileno())
         return "noted"
     return f"no tool called {call.name}"
+
+
+def probe(probes: list[dict[str, Any]]) -> list[str]:
+    """Records each probe; what the host answered."""
+    answers = []
+    for p in probes:
+        i, o, c = p["tokens"]
+        try:
+            answers.append(llm.record_usage(p["key"], p["model"], llm.Usage(i, o, c)).value)
+        except llm.UsageError as err:
+            answers.append(str(err))
+    return answers
 
 
 @idem.agent
@@ -95,6 +110,7 @@ def run(input: dict) -> dict:
             "answer": reply.message.content,
             "usage": [u.input_tokens, u.output_tokens, u.cached_tokens],
             "turns": [],
+            "recorded": probe(input.get("probe", [])),
         }
     turns = []
     usage = llm.Usage()

@@ -9,6 +9,7 @@ mod once_many;
 mod outbound;
 mod progress;
 mod run_info;
+mod usage;
 mod waits;
 
 pub(crate) use waits::WaitFailure;

@@ -247,6 +247,12 @@ function runPage(runId) {
       el("table", { id: "children" },
         el("thead", {}, el("tr", {}, ...["key", "status", "run", "agent"].map(h => el("th", { text: h })))),
         el("tbody"))),
+    el("section", { id: "usage-section", hidden: true },
+      el("h2", { text: "Model usage" }),
+      el("table", { id: "usage" },
+        el("thead", {}, el("tr", {}, ...["model", "calls", "spent (in · out · cached)", "cost",
+          "replays", "saved (in · out · cached)", "saved cost"].map(h => el("th", { text: h })))),
+        el("tbody"))),
     el("h2", { text: "Steps" }),
     el("table", { id: "steps" },
       el("thead", {}, el("tr", {},
@@ -354,6 +360,21 @@ function drawRun(runId, doc) {
       el("td", {}, badge(ch.status)),
       el("td", {}, runLink(ch.run_id)),
       el("td", { text: ch.agent }))));
+
+  // Token usage per model: spent once per call, saved by replays; cost if priced.
+  const usage = doc.usage || [];
+  document.getElementById("usage-section").hidden = usage.length === 0;
+  const tokens = t => `${t.input} · ${t.output} · ${t.cached}`;
+  const cost = c => c == null ? "—" : c.toFixed(6);
+  document.querySelector("#usage tbody").replaceChildren(...usage.map(u =>
+    el("tr", { "data-model": u.model },
+      el("td", {}, el("code", { text: u.model })),
+      el("td", { class: "num", text: u.calls }),
+      el("td", { class: "num spent", text: tokens(u.spent) }),
+      el("td", { class: "num", text: cost(u.spent_cost) }),
+      el("td", { class: "num", text: u.replays }),
+      el("td", { class: "num saved", text: tokens(u.saved) }),
+      el("td", { class: "num", text: cost(u.saved_cost) }))));
 
   document.querySelector("#steps tbody").replaceChildren(...doc.steps.map((s, i) => {
     let outcome;

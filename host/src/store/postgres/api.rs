@@ -11,7 +11,7 @@ use super::conn::{Fenced, Lock, write_tx};
 use super::one_trip::OneTrip;
 use super::{
     PostgresStore, TxError, children, claims, components, flow, gc, leases, logs, pause, rates,
-    runs, schedules, sealing, waits,
+    runs, schedules, sealing, usage, waits,
 };
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
@@ -24,6 +24,7 @@ use crate::store::{
     Sealer, SignalSent, SpawnAnswers, SpawnBatch, StepRecord, StoreError, Submission, Submitted,
     Suspension, SyncMode, Tick, WaitRecord, WaitRequest, WaitState, WorkerStore,
 };
+use crate::store::{Recorded, UsageFilter, UsageRecord, UsageTotal, check_usage};
 
 /// Refuses a write whose fence did not hold.
 fn held(fenced: &Fenced, fence: &RunFence) -> Result<(), TxError> {
@@ -199,6 +200,22 @@ impl InstanceStore for PostgresStore {
             held(fenced, fence)?;
             runs::save_counts(conn, &fence.run_id, counts).await
         })
+    }
+
+    async fn record_usage(&self, record: &UsageRecord<'_>) -> Result<Recorded, StoreError> {
+        check_usage(record)?;
+        let fence = record.fence;
+        let with = Some((fence, Lock::Share));
+        write_tx!(
+            self,
+            "record a model call's usage",
+            fence.sync,
+            with,
+            |conn, fenced| {
+                held(fenced, fence)?;
+                usage::record(conn, record).await
+            }
+        )
     }
 
     async fn append_log(
@@ -733,6 +750,13 @@ impl OperatorStore for PostgresStore {
     async fn run_schedule(&self, run_id: &str) -> Result<Option<ScheduledBy>, StoreError> {
         self.read("read a run's schedule", async |conn| {
             schedules::run_schedule(conn, run_id).await
+        })
+        .await
+    }
+
+    async fn usage(&self, filter: &UsageFilter<'_>) -> Result<Vec<UsageTotal>, StoreError> {
+        self.read("sum model calls' usage", async |conn| {
+            usage::totals(conn, filter).await
         })
         .await
     }

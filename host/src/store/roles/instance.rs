@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use crate::store::{
     Checkpoint, ChildSpec, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts, JoinRequest,
-    Rated, RunFence, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned, StoreError, WaitRequest,
-    WaitState,
+    Rated, Recorded, RunFence, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned, StoreError,
+    UsageRecord, WaitRequest, WaitState,
 };
 #[cfg(doc)]
 use crate::store::{OperatorStore, RunStatus};
@@ -164,4 +164,12 @@ pub trait InstanceStore: Send + Sync + fmt::Debug {
     /// or names a run that is not this run's child, or a key used by another wait;
     /// [`StoreError::LeaseLost`] if the fence is stale. Nothing is written when it fails.
     async fn join(&self, req: &JoinRequest<'_>) -> Result<WaitState, StoreError>;
+
+    /// Records the usage of the model call committed under `record.key`, a step of the
+    /// fenced run: inserts it if the key has none yet ([`Recorded::Spent`]), else adds
+    /// one to its replays ([`Recorded::Saved`]; the tokens stay the first recording's).
+    /// Fails with [`StoreError::UsageRefused`] for a key that is not a step this run
+    /// committed, a bad model name or an absurd count, and [`StoreError::LeaseLost`] if
+    /// the fence is stale. Nothing is written when it fails.
+    async fn record_usage(&self, record: &UsageRecord<'_>) -> Result<Recorded, StoreError>;
 }

@@ -5,7 +5,7 @@ use std::fmt;
 use crate::store::{
     Cancelled, DeploymentPaused, GcReport, GcRequest, OpenClaim, Paused, PausedDeployment,
     Resolution, Resumed, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy,
-    SignalSent, StepRecord, StoreError, Submission, Submitted, WaitRecord,
+    SignalSent, StepRecord, StoreError, Submission, Submitted, UsageFilter, UsageTotal, WaitRecord,
 };
 #[cfg(doc)]
 use crate::store::{InstanceStore, RunStatus, WorkerStore};
@@ -150,4 +150,8 @@ pub trait OperatorStore: Send + Sync + fmt::Debug {
 
     /// The schedule and tick that started run `run_id`, if a schedule did.
     async fn run_schedule(&self, run_id: &str) -> Result<Option<ScheduledBy>, StoreError>;
+
+    /// The token usage of model calls that `filter` selects, summed per deployment and
+    /// model (ordered by both): spent once per call, saved once per replay.
+    async fn usage(&self, filter: &UsageFilter<'_>) -> Result<Vec<UsageTotal>, StoreError>;
 }

@@ -24,10 +24,11 @@ use crate::store::{
     Acquired, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
     DataKeyRecord, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits, FlowSetting,
     GcReport, GcRequest, JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim, Paused,
-    PausedDeployment, Presence, RateLimit, RateSetting, Rated, Resolution, Resumed, RunEnd,
-    RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, Sealer, SignalSent,
-    SpawnAnswers, SpawnBatch, SpawnRequest, Spawned, StepRecord, StoreError, Submission, Submitted,
-    Suspension, Tick, WaitRecord, WaitRequest, WaitState,
+    PausedDeployment, Presence, RateLimit, RateSetting, Rated, Recorded, Resolution, Resumed,
+    RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, Sealer,
+    SignalSent, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned, StepRecord, StoreError,
+    Submission, Submitted, Suspension, Tick, UsageFilter, UsageRecord, UsageTotal, WaitRecord,
+    WaitRequest, WaitState,
 };
 
 /// A [`Store`] assembled from one handle per role: an underlying store's, with any
@@ -176,6 +177,10 @@ impl InstanceStore for Overlay {
 
     async fn join(&self, req: &JoinRequest<'_>) -> Result<WaitState, StoreError> {
         self.instance.join(req).await
+    }
+
+    async fn record_usage(&self, record: &UsageRecord<'_>) -> Result<Recorded, StoreError> {
+        self.instance.record_usage(record).await
     }
 }
 
@@ -455,5 +460,9 @@ impl OperatorStore for Overlay {
 
     async fn run_schedule(&self, run_id: &str) -> Result<Option<ScheduledBy>, StoreError> {
         self.operator.run_schedule(run_id).await
+    }
+
+    async fn usage(&self, filter: &UsageFilter<'_>) -> Result<Vec<UsageTotal>, StoreError> {
+        self.operator.usage(filter).await
     }
 }

@@ -278,6 +278,7 @@ pub(crate) const GC_RUN_TABLES: &[(&str, ReportField)] = &[
     ("waits", |r| &mut r.waits),
     ("signals", |r| &mut r.signals),
     ("run_upgrades", |r| &mut r.upgrades),
+    ("step_usage", |r| &mut r.usage),
 ];
 
 /// The statuses gc counts as finished: completed and cancelled runs never run again;

@@ -18,11 +18,11 @@ use crate::store::{
     Acquired, Cancelled, CatalogStore, Checkpoint, ChildEnd, ChildSpec, ClaimOutcome, ClaimRef,
     ClaimRequest, Commit, Counts, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits,
     FlowSetting, GcReport, GcRequest, InstanceStore, JoinRequest, LeaseState, LeasedRun, Millis,
-    OpenClaim, OperatorStore, Paused, PausedDeployment, RateLimit, RateSetting, Rated, Resolution,
-    Resumed, RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy,
-    SignalSent, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned, StepRecord, Store, StoreError,
-    Submission, Submitted, Suspension, Tick, WaitRecord, WaitRequest, WaitState, WorkerStore,
-    check_signal_payload,
+    OpenClaim, OperatorStore, Paused, PausedDeployment, RateLimit, RateSetting, Rated, Recorded,
+    Resolution, Resumed, RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord,
+    ScheduledBy, SignalSent, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned, StepRecord, Store,
+    StoreError, Submission, Submitted, Suspension, Tick, UsageFilter, UsageRecord, UsageTotal,
+    WaitRecord, WaitRequest, WaitState, WorkerStore, check_signal_payload,
 };
 
 /// A store whose payloads are kept sealed (`store/sealing/` says which and how).
@@ -270,6 +270,11 @@ impl InstanceStore for Sealed {
 
     async fn join(&self, req: &JoinRequest<'_>) -> Result<WaitState, StoreError> {
         self.open_wait(self.inner.join(req).await?)
+    }
+
+    // Usage is counts and a model name, kept in clear (docs/security.md): nothing to seal.
+    async fn record_usage(&self, record: &UsageRecord<'_>) -> Result<Recorded, StoreError> {
+        self.inner.record_usage(record).await
     }
 }
 
@@ -669,5 +674,9 @@ impl OperatorStore for Sealed {
 
     async fn run_schedule(&self, run_id: &str) -> Result<Option<ScheduledBy>, StoreError> {
         self.inner.run_schedule(run_id).await
+    }
+
+    async fn usage(&self, filter: &UsageFilter<'_>) -> Result<Vec<UsageTotal>, StoreError> {
+        self.inner.usage(filter).await
     }
 }

@@ -11,7 +11,7 @@ use super::owned::{
 };
 use super::{
     SqliteStore, TxError, children, claims, components, flow, gc, leases, logs, pause, presence,
-    rates, runs, schedules, sealing, waits,
+    rates, runs, schedules, sealing, usage, waits,
 };
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
@@ -24,6 +24,7 @@ use crate::store::{
     ScheduledBy, Sealer, SignalSent, SpawnAnswers, SpawnBatch, StepRecord, StoreError, Submission,
     Submitted, Suspension, SyncMode, Tick, WaitRecord, WaitRequest, WaitState, WorkerStore,
 };
+use crate::store::{Recorded, UsageFilter, UsageRecord, UsageTotal, check_usage};
 
 #[async_trait::async_trait]
 impl InstanceStore for SqliteStore {
@@ -169,6 +170,30 @@ impl InstanceStore for SqliteStore {
             leases::check_fence(conn, &fence)?;
             runs::save_counts(conn, &fence.run_id, &counts, now)
         })
+        .await
+    }
+
+    async fn record_usage(&self, record: &UsageRecord<'_>) -> Result<Recorded, StoreError> {
+        check_usage(record)?;
+        let fence = record.fence.clone();
+        let (key, model, tokens) = (
+            record.key.to_owned(),
+            record.model.to_owned(),
+            record.tokens,
+        );
+        self.write(
+            "record a model call's usage",
+            fence.sync,
+            move |conn, now| {
+                let record = UsageRecord {
+                    fence: &fence,
+                    key: &key,
+                    model: &model,
+                    tokens,
+                };
+                usage::record(conn, &record, now)
+            },
+        )
         .await
     }
 
@@ -768,6 +793,19 @@ impl OperatorStore for SqliteStore {
         let run_id = run_id.to_owned();
         self.read("read a run's schedule", move |conn| {
             schedules::run_schedule(conn, &run_id)
+        })
+        .await
+    }
+
+    async fn usage(&self, filter: &UsageFilter<'_>) -> Result<Vec<UsageTotal>, StoreError> {
+        let run_id = filter.run_id.map(str::to_owned);
+        let deployment = filter.deployment.map(str::to_owned);
+        self.read("sum model calls' usage", move |conn| {
+            let filter = UsageFilter {
+                run_id: run_id.as_deref(),
+                deployment: deployment.as_deref(),
+            };
+            usage::totals(conn, &filter)
         })
         .await
     }

@@ -98,6 +98,7 @@ fn version_2_store_migrates_with_runs_results_and_checkpoints_intact() {
             "scheduled_runs",
             "schedules",
             "signals",
+            "step_usage",
             "steps",
             "waits",
         ]

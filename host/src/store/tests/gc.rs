@@ -7,9 +7,27 @@ use std::time::Duration;
 
 use super::{DIGEST, Env, Harness, claim};
 use crate::store::{
-    Checkpoint, Clock, Counts, GcReport, GcRequest, Millis, RunEnd, RunStatus, WaitKind,
-    WaitRequest, Wake,
+    Checkpoint, Clock, Counts, GcReport, GcRequest, Millis, Recorded, RunEnd, RunStatus, Tokens,
+    UsageFilter, UsageRecord, WaitKind, WaitRequest, Wake,
 };
+
+/// Records usage of the committed `key` for the fence's run.
+async fn record_usage(env: &Env<'_>, key: &str, fence: &crate::store::RunFence) -> Recorded {
+    let tokens = Tokens {
+        input: 100,
+        output: 20,
+        cached: 0,
+    };
+    env.store
+        .record_usage(&UsageRecord {
+            fence,
+            key,
+            model: "m",
+            tokens,
+        })
+        .await
+        .unwrap()
+}
 
 const DAY: Millis = 86_400_000;
 
@@ -55,6 +73,7 @@ const TABLES: &[&str] = &[
     "waits",
     "signals",
     "run_upgrades",
+    "step_usage",
     "components",
 ];
 
@@ -75,13 +94,14 @@ pub(super) async fn gc_deletes_exactly_a_finished_runs_rows_and_a_dry_run_nothin
     store.put_component("cd34", b"\0asm").await.unwrap();
     store.put_component("ef56", b"\0asm").await.unwrap();
 
-    // The old run: two committed keys, a released claim, a checkpoint, a log, a
-    // sleep, a signal and an upgrade; completed.
+    // The old run: two committed keys (one with usage), a released claim, a
+    // checkpoint, a log, a sleep, a signal and an upgrade; completed.
     env.submit("old", b"in").await;
     store.upgrade_run("old", DIGEST, "ef56").await.unwrap();
     let old = env.acquire("old", "w").await;
     commit(&env, "billing:a", &old).await;
     commit(&env, "billing:b", &old).await;
+    assert_eq!(record_usage(&env, "billing:a", &old).await, Recorded::Spent);
     let c = env.grant("billing:c", "h", &old).await;
     assert!(
         store
@@ -110,6 +130,10 @@ pub(super) async fn gc_deletes_exactly_a_finished_runs_rows_and_a_dry_run_nothin
     // A live run, started as long ago: its committed key and checkpoint stay.
     let live = env.lease("live").await;
     commit(&env, "billing:live", &live).await;
+    assert_eq!(
+        record_usage(&env, "billing:live", &live).await,
+        Recorded::Spent
+    );
     store.save_progress(&live, &checkpoint, None).await.unwrap();
 
     env.advance(31 * DAY);
@@ -131,6 +155,7 @@ pub(super) async fn gc_deletes_exactly_a_finished_runs_rows_and_a_dry_run_nothin
         waits: 1,
         signals: 1,
         upgrades: 1,
+        usage: 1,
         components: 2,
         ..GcReport::default()
     };
@@ -147,7 +172,7 @@ pub(super) async fn gc_deletes_exactly_a_finished_runs_rows_and_a_dry_run_nothin
     let done = store.gc(&request(false)).await.unwrap();
     assert_eq!(done, dry, "a dry run counts what gc then deletes");
     // Per table, in the order of `TABLES`: exactly the old run's rows went.
-    let gone = [1, 1, 1, 1, 1, 3, 1, 1, 1, 2];
+    let gone = [1, 1, 1, 1, 1, 3, 1, 1, 1, 1, 2];
     let after: Vec<u64> = before.iter().zip(gone).map(|(b, g)| b - g).collect();
     assert_eq!(rows(harness), after);
 
@@ -165,6 +190,9 @@ pub(super) async fn gc_deletes_exactly_a_finished_runs_rows_and_a_dry_run_nothin
     assert_eq!(live_run.status, RunStatus::Running);
     assert_eq!(store.load_progress("live").await.unwrap(), Some(checkpoint));
     assert!(store.run("recent").await.unwrap().is_some());
+    // The live run's usage stays, the old run's went with it.
+    let usage = store.usage(&UsageFilter::default()).await.unwrap();
+    assert_eq!(usage.iter().map(|u| u.calls).sum::<u64>(), 1);
     assert!(store.has_component(DIGEST).await.unwrap());
     assert!(!store.has_component("ef56").await.unwrap());
     // Nothing is left to collect.

@@ -14,6 +14,7 @@
 //! - `waits.rs`: sleeps, signals and suspended runs.
 //! - `schedules.rs`: schedules, their ticks and policies.
 //! - `pause.rs`: pausing and resuming runs and deployments.
+//! - `usage.rs`: token usage of model calls, spent once per key and saved per replay.
 //! - `gc.rs`: retention: what gc deletes, what it keeps, and tokens across a deletion.
 //! - `shared.rs`: what takes more than one handle: reopening, races between handles.
 //! - `postgres_harness.rs`: a schema of its own per test on a real PostgreSQL server
@@ -32,6 +33,7 @@ mod runs;
 mod schedules;
 mod sealing;
 mod shared;
+mod usage;
 mod waits;
 
 use std::future::Future;
@@ -113,6 +115,8 @@ macro_rules! store_tests {
                 claims::retakes_in_doubt_are_counted_in_their_run,
                 claims::commit_with_progress_is_one_transaction,
                 claims::fingerprints_bind_keys_to_their_input,
+                usage::usage_is_spent_once_per_key_and_replays_are_saved,
+                usage::usage_of_a_step_the_run_did_not_commit_is_refused,
                 runs::submit_creates_a_queued_run_once,
                 runs::submit_with_other_input_is_refused,
                 runs::submit_needs_the_component,

@@ -16,15 +16,19 @@
 //! {first|in-doubt} {arguments}` to `/data/notes.log` and answers `noted`. With `manual`, the loop is written out with
 //! `Client::complete` and `run_once_all`, so that every turn's reply is in the output;
 //! otherwise `Client::run_tools` runs it. With `"chat": N`, instead, N turns without
-//! tools, a user message before each (the bench's model calls).
+//! tools, a user message before each (the bench's model calls). With `"probe": [{"key",
+//! "model", "tokens": [in, out, cached]}, ..]`, after the tool loop, each entry is
+//! recorded with `llm::record_usage` and its answer (`spent`, `saved` or the error's
+//! text) reported in `recorded`.
 //!
 //! Output: `{"answer": text, "usage": [in, out, cached], "turns": [{"turn", "key",
-//! "body", "outcome"}, ..]}` (`turns` only with `manual`), or the failure's text.
+//! "body", "outcome"}, ..], "recorded": [..]}` (`turns` only with `manual`), or the
+//! failure's text.
 
 use std::io::Write as _;
 
 use idem_sdk::http::Request;
-use idem_sdk::llm::{Client, Conversation, Message, Tool, ToolCall};
+use idem_sdk::llm::{Client, Conversation, Message, Recorded, Tool, ToolCall, Usage};
 use idem_sdk::{Agent, Error, Key, Outcome, RetryPolicy, Step, run_once_all};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -47,6 +51,35 @@ struct Input {
     max_response_bytes: Option<usize>,
     #[serde(default)]
     chat: u32,
+    #[serde(default)]
+    probe: Vec<Probe>,
+}
+
+/// A usage recording the agent makes itself.
+#[derive(Deserialize)]
+struct Probe {
+    key: String,
+    model: String,
+    tokens: [u64; 3],
+}
+
+/// Records each probe; what the host answered.
+fn probe(probes: &[Probe]) -> Vec<String> {
+    probes
+        .iter()
+        .map(|p| {
+            let usage = Usage {
+                input_tokens: p.tokens[0],
+                output_tokens: p.tokens[1],
+                cached_tokens: p.tokens[2],
+            };
+            match idem_sdk::llm::record_usage(&p.key, &p.model, usage) {
+                Ok(Recorded::Spent) => "spent".into(),
+                Ok(Recorded::Saved) => "saved".into(),
+                Err(e) => e.to_string(),
+            }
+        })
+        .collect()
 }
 
 fn openai() -> String {
@@ -79,6 +112,7 @@ struct Output {
     answer: String,
     usage: [u64; 3],
     turns: Vec<Turn>,
+    recorded: Vec<String>,
 }
 
 fn outcome(o: Outcome) -> String {
@@ -180,6 +214,7 @@ impl Agent for Llm {
                 answer,
                 usage,
                 turns: Vec::new(),
+                recorded: Vec::new(),
             });
         }
         if !input.manual {
@@ -191,6 +226,7 @@ impl Agent for Llm {
                 answer: reply.message.content,
                 usage: [u.input_tokens, u.output_tokens, u.cached_tokens],
                 turns: Vec::new(),
+                recorded: probe(&input.probe),
             });
         }
         // The same loop, written out: every turn's reply is reported.
@@ -213,6 +249,7 @@ impl Agent for Llm {
                     answer: reply.message.content,
                     usage,
                     turns,
+                    recorded: Vec::new(),
                 });
             }
             if reply.turn >= input.max_turns {
