@@ -602,6 +602,28 @@ async fn child_fence_of(store: &PostgresStore, child: &str) -> RunFence {
     }
 }
 
+/// Begins, on `client`, run `p`'s suspension in its join `all` with `left` children
+/// counted as running, and holds it (the parent's row locked, the suspension not yet
+/// visible to others): the future commits it after 300 ms.
+async fn suspension_in_flight(
+    client: &tokio_postgres::Client,
+    left: i64,
+) -> impl Future<Output = ()> + '_ {
+    client
+        .batch_execute(&format!(
+            "BEGIN;
+             UPDATE runs SET lease_holder = NULL, lease_expires = NULL, joining = 'all',
+                             join_left = {left}, wake_at = 9223372036854775807
+             WHERE run_id = 'p';"
+        ))
+        .await
+        .unwrap();
+    async move {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        client.batch_execute("COMMIT").await.unwrap();
+    }
+}
+
 /// A child whose end is written while its parent's suspension is in flight (the
 /// parent's row locked, its join not yet visible): the end's one statement waits for
 /// the suspension, finds the end still owed to the parent, writes nothing, and the end
@@ -618,19 +640,7 @@ fn a_child_ending_while_its_parent_suspends_is_counted_down_once() {
         let child = child_fence(&store, &kids[0]).await;
         // The parent's suspension, in flight: it counted both children as running.
         let client = other_client(&schema).await;
-        client
-            .batch_execute(
-                "BEGIN;
-                 UPDATE runs SET lease_holder = NULL, lease_expires = NULL, joining = 'all',
-                                 join_left = 2, wake_at = 9223372036854775807
-                 WHERE run_id = 'p';",
-            )
-            .await
-            .unwrap();
-        let commit = async {
-            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-            client.batch_execute("COMMIT").await.unwrap();
-        };
+        let commit = suspension_in_flight(&client, 2).await;
         let counts = crate::store::Counts::default();
         let (ended, ()) = tokio::join!(
             store.finish_run(&child, RunEnd::Completed(b"1"), &counts),
@@ -662,19 +672,7 @@ fn ends_batched_while_their_parent_suspends_are_each_counted_down_once() {
             fences.push(child_fence(&store, kid).await);
         }
         let client = other_client(&schema).await;
-        client
-            .batch_execute(
-                "BEGIN;
-                 UPDATE runs SET lease_holder = NULL, lease_expires = NULL, joining = 'all',
-                                 join_left = 8, wake_at = 9223372036854775807
-                 WHERE run_id = 'p';",
-            )
-            .await
-            .unwrap();
-        let commit = async {
-            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-            client.batch_execute("COMMIT").await.unwrap();
-        };
+        let commit = suspension_in_flight(&client, 8).await;
         let (answers, ()) = tokio::join!(end_at_once(&store, fences, |_| None), commit);
         for (i, answer) in answers.iter().enumerate() {
             assert!(answer.is_ok(), "child {i}: {answer:?}");
