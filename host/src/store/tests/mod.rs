@@ -319,6 +319,20 @@ impl Env<'_> {
     }
 
     /// Submits run `run_id` of agent `billing` (in namespace `billing`) with `input`.
+    /// The ids of every run in the store, sorted.
+    pub(super) async fn run_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .store
+            .runs(&crate::store::RunFilter::default())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.run_id)
+            .collect();
+        ids.sort();
+        ids
+    }
+
     pub(super) async fn submit(&self, run_id: &str, input: &[u8]) -> Submitted {
         self.store.put_component(DIGEST, b"\0asm").await.unwrap();
         self.store

@@ -122,15 +122,7 @@ pub(super) async fn a_batch_answers_each_run_as_a_lone_submit_would(env: &Env<'_
             .all(|s| s.record.status == RunStatus::Queued)
     );
     // The refused runs recorded nothing; the others are there once, as submitted.
-    let mut ids: Vec<String> = store
-        .runs(&RunFilter::default())
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.run_id)
-        .collect();
-    ids.sort();
-    assert_eq!(ids, ["new-1", "old", "urgent"]);
+    assert_eq!(env.run_ids().await, ["new-1", "old", "urgent"]);
     assert_eq!(store.run("urgent").await.unwrap().unwrap().priority, 7);
     assert_eq!(store.admitted("billing", "ff").await.unwrap(), Some(false));
     // An empty batch is answered with nothing.
@@ -263,15 +255,7 @@ pub(super) async fn a_mixed_batch_meets_its_own_earlier_members(env: &Env<'_>) {
     );
     assert_eq!(answers[10].as_ref().unwrap().record.priority, 3);
     // Exactly the rows lone submits would have left.
-    let mut ids: Vec<String> = store
-        .runs(&RunFilter::default())
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.run_id)
-        .collect();
-    ids.sort();
-    assert_eq!(ids, ["failed", "queued", "twice", "urgent"]);
+    assert_eq!(env.run_ids().await, ["failed", "queued", "twice", "urgent"]);
     let authority = |id: &'static str| async move { store.run_authority(id).await.unwrap() };
     assert_eq!(authority("twice").await.as_deref(), Some(&b"narrower"[..]));
     assert_eq!(authority("failed").await.as_deref(), Some(&b"narrower"[..]));
