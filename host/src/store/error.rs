@@ -196,6 +196,15 @@ pub enum StoreError {
         /// The priority given.
         priority: u32,
     },
+    /// A row refers to a large value the blob tables do not hold, or hold with other
+    /// bytes: the store was changed outside idem (or a blob removed by hand).
+    #[error("the value kept as blob {digest} cannot be read: {reason}")]
+    BadBlob {
+        /// The blob's digest, in hex.
+        digest: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// No component with this digest is in the store.
     #[error("no component with digest {digest} is in the store")]
     UnknownComponent {

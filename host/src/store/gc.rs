@@ -51,6 +51,8 @@ pub struct GcReport {
     pub usage: u64,
     /// Components no run and no deployment uses.
     pub components: u64,
+    /// Large values' blobs no row refers to any more.
+    pub blobs: u64,
     /// Runs finished before this time (on the store's clock) were collected.
     pub runs_before: Millis,
     /// Keys committed before this time were collected.
@@ -71,6 +73,7 @@ impl GcReport {
         self.upgrades += other.upgrades;
         self.usage += other.usage;
         self.components += other.components;
+        self.blobs += other.blobs;
     }
 
     /// Rows of every kind, summed.
@@ -85,5 +88,6 @@ impl GcReport {
             + self.upgrades
             + self.usage
             + self.components
+            + self.blobs
     }
 }

@@ -57,8 +57,9 @@
 //! - `roles/`: one file per role trait, [`Store`] their sum, and [`Overlay`].
 //! - `fence.rs`, `claims.rs`, `progress.rs`, `runs.rs`, `children.rs`, `deploy.rs`,
 //!   `waits.rs`, `gc.rs`, `schedules.rs`: the values the roles speak in, by topic.
-//! - `sealing/`: encryption at rest: the store key, data keys, sealed values, and
-//!   [`Sealed`], the decorator that seals every payload of a store.
+//! - `values/`: [`ValueStore`], the layer every value crosses: sealed (`sealing/`)
+//!   when the store is encrypted, and kept once by digest when large (`values/blobs.rs`).
+//! - `sealing/`: encryption at rest: the store key, data keys and sealed values.
 //! - `clock.rs`: the store's time, and a manual clock tests drive.
 //! - `error.rs`: [`StoreError`] and [`DatabaseFault`], in no backend's words.
 //! - `parked.rs`: the keys a run parked in doubt, as an operator names them.
@@ -103,6 +104,7 @@ mod sqlite;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod tests;
 mod usage;
+mod values;
 mod waits;
 
 pub use children::{
@@ -144,7 +146,7 @@ pub use schedules::{
 };
 pub(crate) use sealing::Payloads;
 pub use sealing::{
-    DataKeyRecord, MAGIC as SEALED_MAGIC, RekeyReport, SealError, Sealed, Sealer, StoreKey, rewrap,
+    DataKeyRecord, MAGIC as SEALED_MAGIC, RekeyReport, SealError, Sealer, StoreKey, rewrap,
 };
 #[cfg(feature = "sqlite")]
 pub use sqlite::{OpenOptions, SqliteStore};
@@ -154,6 +156,8 @@ pub use usage::{
     MAX_CALL_TOKENS, MAX_MODEL_BYTES, Recorded, Tokens, UsageFilter, UsageRecord, UsageRefusal,
     UsageTotal,
 };
+pub use values::blobs::{BLOB_FROM, BlobDigest};
+pub use values::{BLOB_GRACE, ValueStore};
 pub(crate) use waits::check_signal_payload;
 pub use waits::{
     JoinRefusal, JoinRequest, MAX_SIGNAL_NAME_BYTES, MAX_WAIT, SignalSent, Suspension, WaitKind,

@@ -95,8 +95,9 @@ impl Default for StoreOptions {
 /// Opens the store at `location` ([`Location::parse`]) with the backend it names,
 /// creating and migrating it unless `options` say otherwise.
 ///
-/// A store encrypted at rest is opened with its key ([`StoreOptions::key`]) and its
-/// payloads are sealed and opened on the way ([`Sealed`](super::Sealed)).
+/// Its values cross a [`ValueStore`](super::ValueStore): sealed and opened on the way
+/// in a store encrypted at rest (opened with its key, [`StoreOptions::key`]), and kept
+/// once by digest when large.
 ///
 /// Fails with [`StoreError::BackendNotBuilt`] when this build has no such backend,
 /// and as the backend's own `open` or `connect` fails otherwise; with

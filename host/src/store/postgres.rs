@@ -40,6 +40,7 @@
 
 mod api;
 mod batch;
+mod blobs;
 mod children;
 mod claims;
 mod components;

@@ -21,6 +21,7 @@
 //! - `vfs.rs`: the VFS every connection writes through: one write per WAL frame.
 
 mod api;
+mod blobs;
 mod children;
 mod claims;
 mod components;

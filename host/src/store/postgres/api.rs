@@ -10,13 +10,13 @@ use super::batch::{Fenced as BatchFenced, FinishJob};
 use super::conn::{Fenced, Lock, write_tx};
 use super::one_trip::OneTrip;
 use super::{
-    PostgresStore, TxError, children, claims, components, flow, gc, leases, logs, pause, rates,
+    PostgresStore, TxError, blobs, children, claims, components, flow, gc, leases, logs, pause, rates,
     runs, schedules, sealing, usage, waits,
 };
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
 use crate::store::{
-    Acquired, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
+    Acquired, BlobDigest, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
     Counts, DataKeyRecord, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits, FlowSetting,
     GcReport, GcRequest, InstanceStore, JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim,
     OperatorStore, Paused, PausedDeployment, Presence, RateLimit, RateSetting, Resolution, Resumed,
@@ -474,6 +474,19 @@ impl CatalogStore for PostgresStore {
         .await
     }
 
+    async fn put_blob(&self, digest: &BlobDigest, bytes: &[u8]) -> Result<(), StoreError> {
+        write_tx!(self, "store a large value", self.sync, None, |conn, _f| {
+            blobs::put(conn, digest, bytes).await
+        })
+    }
+
+    async fn blob(&self, digest: &BlobDigest) -> Result<Option<Vec<u8>>, StoreError> {
+        self.read("read a large value", async |conn| {
+            blobs::get(conn, digest).await
+        })
+        .await
+    }
+
     async fn deploy(&self, deployment: &Deployment<'_>) -> Result<DeploymentRecord, StoreError> {
         write_tx!(self, "deploy a component", self.sync, None, |conn, _f| {
             components::deploy(conn, deployment).await
@@ -763,7 +776,8 @@ impl OperatorStore for PostgresStore {
 
     async fn gc(&self, req: &GcRequest) -> Result<GcReport, StoreError> {
         const OP: &str = "collect garbage";
-        let cut = gc::Cut::new(self.now().await?, req);
+        let now = self.now().await?;
+        let cut = gc::Cut::new(now, req);
         let mut report = cut.report();
         // Keys first: a chunk is read, and locked and written only if something in it
         // goes.
@@ -826,6 +840,23 @@ impl OperatorStore for PostgresStore {
                     break;
                 }
                 report.components += deleted;
+            }
+        }
+        // And the blobs no row refers to any more.
+        let before = blobs::cut(now, report.runs_before);
+        if req.dry_run {
+            report.blobs = self
+                .read(OP, async |conn| blobs::count(conn, before).await)
+                .await?;
+        } else {
+            loop {
+                let deleted = write_tx!(self, OP, self.sync, None, |conn, _f| {
+                    blobs::delete(conn, before).await
+                })?;
+                if deleted == 0 {
+                    break;
+                }
+                report.blobs += deleted;
             }
         }
         Ok(report)

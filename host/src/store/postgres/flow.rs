@@ -33,7 +33,8 @@ pub(super) async fn flow_key(
     else {
         return Ok(None);
     };
-    match key_of(&pointer, submission.input, conn.payloads())? {
+    let input = super::blobs::resolved(conn, submission.input).await?;
+    match key_of(&pointer, &input, conn.payloads())? {
         Some(key) => Ok(Some(key)),
         None => Err(TxError::Store(StoreError::FlowKeyMissing {
             run_id: submission.run_id.to_string(),
@@ -113,7 +114,10 @@ async fn rekey(conn: &Conn, deployment: &str, pointer: Option<&str>) -> Result<(
     for row in &rows {
         let (run_id, input): (String, Vec<u8>) = (row.try_get(0)?, row.try_get(1)?);
         let key = match pointer {
-            Some(pointer) => key_of(pointer, &input, conn.payloads())?,
+            Some(pointer) => {
+                let input = super::blobs::resolved(conn, &input).await?;
+                key_of(pointer, &input, conn.payloads())?
+            }
             None => None,
         };
         conn.execute(

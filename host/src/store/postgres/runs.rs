@@ -6,8 +6,9 @@ use tokio_postgres::Row;
 
 use super::conn::Conn;
 use super::{TxError, to_sql_int, u64_col};
+use crate::store::values;
 use crate::store::{
-    Cancelled, Checkpoint, Counts, MAX_PRIORITY, Payloads, RunFilter, RunLeaseInfo, RunRecord,
+    BlobDigest, Cancelled, Checkpoint, Counts, MAX_PRIORITY, Payloads, RunFilter, RunLeaseInfo, RunRecord,
     RunStatus, StoreError, Submission, Submitted, key_of,
 };
 
@@ -99,9 +100,20 @@ struct BatchFacts {
     pointers: std::collections::HashMap<String, String>,
     /// The components named that the store holds.
     components: std::collections::HashSet<String>,
+    /// The blobs of inputs kept as blobs whose deployment reads a concurrency key
+    /// (read here: the plan is made without the database).
+    blobs: std::collections::HashMap<BlobDigest, Vec<u8>>,
 }
 
 impl BatchFacts {
+    /// A submission's input with its blob read in, when it is a reference the facts
+    /// read.
+    fn input<'v>(&'v self, kept: &'v [u8]) -> &'v [u8] {
+        values::blobs::referred(kept)
+            .and_then(|digest| self.blobs.get(&digest))
+            .map_or(kept, Vec::as_slice)
+    }
+
     async fn read(conn: &Conn, submissions: &[Submission<'_>]) -> Result<BatchFacts, TxError> {
         fn distinct(mut all: Vec<&str>) -> Vec<&str> {
             all.sort_unstable();
@@ -134,6 +146,20 @@ impl BatchFacts {
             .iter()
             .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
             .collect::<Result<_, tokio_postgres::Error>>()?;
+        let pointers: std::collections::HashMap<String, String> = pointers
+            .iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .collect::<Result<_, tokio_postgres::Error>>()?;
+        let mut blobs = std::collections::HashMap::new();
+        for s in submissions {
+            if let Some(digest) = values::blobs::referred(s.input)
+                && pointers.contains_key(s.agent)
+                && !blobs.contains_key(&digest)
+            {
+                let bytes = super::blobs::resolved(conn, s.input).await?.into_owned();
+                blobs.insert(digest, bytes);
+            }
+        }
         let mut same_input = vec![None; submissions.len()];
         if !existing.is_empty() {
             let mut places: Vec<i64> = Vec::new();
@@ -168,10 +194,8 @@ impl BatchFacts {
         Ok(BatchFacts {
             existing,
             same_input,
-            pointers: pointers
-                .iter()
-                .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
-                .collect::<Result<_, tokio_postgres::Error>>()?,
+            pointers,
+            blobs,
             components: components
                 .iter()
                 .map(|row| row.try_get(0))
@@ -238,7 +262,7 @@ fn plan_batch(
             let exists = seen.contains_key(run_id);
             let flow_key = match facts.pointers.get(submission.agent) {
                 None => None,
-                Some(pointer) => match key_of(pointer, submission.input, payloads)? {
+                Some(pointer) => match key_of(pointer, facts.input(submission.input), payloads)? {
                     Some(key) => Some(key),
                     None if exists => None,
                     None => {

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::store::{
-    DataKeyRecord, Deployment, DeploymentRecord, FlowLimits, FlowSetting, RateLimit, RateSetting,
+    BlobDigest, DataKeyRecord, Deployment, DeploymentRecord, FlowLimits, FlowSetting, RateLimit, RateSetting,
     Sealer, StoreError,
 };
 
@@ -28,6 +28,17 @@ pub trait CatalogStore: Send + Sync + fmt::Debug {
 
     /// A component's bytes.
     async fn component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Stores a large value's bytes (as the store keeps them: sealed, in a store
+    /// encrypted at rest) under their SHA-256 `digest` (checked by the caller), or marks
+    /// the blob used now if it is there: gc keeps a blob used within
+    /// [`BLOB_GRACE`](crate::store::BLOB_GRACE) even when nothing refers to it yet. Only
+    /// [`ValueStore`](crate::store::ValueStore) calls it, just before the write that
+    /// refers to the blob.
+    async fn put_blob(&self, digest: &BlobDigest, bytes: &[u8]) -> Result<(), StoreError>;
+
+    /// A blob's bytes, as [`CatalogStore::put_blob`] stored them.
+    async fn blob(&self, digest: &BlobDigest) -> Result<Option<Vec<u8>>, StoreError>;
 
     /// Points `deployment.name` at a component (which must be in the store, else
     /// [`StoreError::UnknownComponent`]) with an authority, and admits the component

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use super::{CatalogStore, InstanceStore, OperatorStore, Store, WorkerStore};
 use crate::store::{
-    Acquired, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
+    Acquired, BlobDigest, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
     DataKeyRecord, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits, FlowSetting,
     GcReport, GcRequest, JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim, Paused,
     PausedDeployment, Presence, RateLimit, RateSetting, Rated, Recorded, Resolution, Resumed,
@@ -281,6 +281,14 @@ impl CatalogStore for Overlay {
 
     async fn component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.catalog.component(digest).await
+    }
+
+    async fn put_blob(&self, digest: &BlobDigest, bytes: &[u8]) -> Result<(), StoreError> {
+        self.catalog.put_blob(digest, bytes).await
+    }
+
+    async fn blob(&self, digest: &BlobDigest) -> Result<Option<Vec<u8>>, StoreError> {
+        self.catalog.blob(digest).await
     }
 
     async fn deploy(&self, deployment: &Deployment<'_>) -> Result<DeploymentRecord, StoreError> {

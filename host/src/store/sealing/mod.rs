@@ -34,8 +34,6 @@
 //! store key and the database reads everything; a running idem holds the data key in
 //! memory. The key file is the operator's to guard.
 
-mod decorator;
-
 use std::borrow::Cow;
 use std::sync::Arc;
 
@@ -43,9 +41,7 @@ use aes_siv::siv::Aes256Siv;
 use aes_siv::{Key, KeyInit};
 use sha2::{Digest, Sha256, Sha512};
 
-pub use decorator::Sealed;
-
-use super::{Millis, Store, StoreError};
+use super::{Millis, Store, StoreError, ValueStore};
 
 /// The first bytes of every sealed value: a zero byte (no JSON, text or reason the
 /// store writes starts with one), `IS`, and the format's version.
@@ -218,8 +214,8 @@ pub enum SealError {
     },
 }
 
-/// Seals and opens values with the store's data keys; shared by the [`Sealed`]
-/// decorator and the backends (which read inputs' concurrency keys and seal logs'
+/// Seals and opens values with the store's data keys; shared by the
+/// [`ValueStore`](crate::store::ValueStore) and the backends (which read inputs' concurrency keys and seal logs'
 /// chunks themselves).
 pub struct Sealer {
     /// The data key that seals new values, and its id.
@@ -389,10 +385,10 @@ fn wrap(key: &StoreKey, id: u32, dek: &DataKey, now: Millis) -> Result<DataKeyRe
     })
 }
 
-/// The store at hand as its callers should see it: `store` itself when it is not
-/// sealed and no key is given; wrapped in [`Sealed`] when it is sealed (or becomes so:
-/// a key given for a new, empty store makes its data key). `read_only` stores are
-/// never changed.
+/// The store at hand as its callers should see it: `store` wrapped in a
+/// [`ValueStore`](crate::store::ValueStore), which seals its values when it is sealed
+/// (or becomes so: a key given for a new, empty store makes its data key).
+/// `read_only` stores are never changed.
 pub(crate) async fn seal_store(
     store: Arc<dyn Store>,
     key: Option<&StoreKey>,
@@ -400,7 +396,7 @@ pub(crate) async fn seal_store(
 ) -> Result<Arc<dyn Store>, StoreError> {
     let records = store.data_keys().await?;
     let sealer = match (key, records.first()) {
-        (None, None) => return Ok(store),
+        (None, None) => return Ok(Arc::new(ValueStore::new(store, None))),
         (None, Some(record)) => {
             return Err(SealError::NoKey {
                 store: record.key_id.clone(),
@@ -425,7 +421,7 @@ pub(crate) async fn seal_store(
     };
     let sealer = Arc::new(sealer);
     store.use_sealer(Arc::clone(&sealer));
-    Ok(Arc::new(Sealed::new(store, sealer)))
+    Ok(Arc::new(ValueStore::new(store, Some(sealer))))
 }
 
 /// What a clear store holds that sealing would leave in clear, if anything.

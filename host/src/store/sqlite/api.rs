@@ -10,13 +10,13 @@ use super::owned::{
     OwnedEnd, OwnedJoin, OwnedRef, OwnedRequest, OwnedSpawnBatch, OwnedSubmission, OwnedWaitKind,
 };
 use super::{
-    SqliteStore, TxError, children, claims, components, flow, gc, leases, logs, pause, presence,
+    SqliteStore, TxError, blobs, children, claims, components, flow, gc, leases, logs, pause, presence,
     rates, runs, schedules, sealing, usage, waits,
 };
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
 use crate::store::{
-    Acquired, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
+    Acquired, BlobDigest, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
     Counts, DataKeyRecord, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits, FlowSetting,
     GcReport, GcRequest, InstanceStore, JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim,
     OperatorStore, Paused, PausedDeployment, Payloads, Presence, RateLimit, RateSetting, Rated,
@@ -437,6 +437,20 @@ impl CatalogStore for SqliteStore {
         .await
     }
 
+    async fn put_blob(&self, digest: &BlobDigest, bytes: &[u8]) -> Result<(), StoreError> {
+        let (digest, bytes) = (*digest, bytes.to_vec());
+        self.write("store a large value", self.sync, move |conn, now| {
+            blobs::put(conn, &digest, &bytes, now)
+        })
+        .await
+    }
+
+    async fn blob(&self, digest: &BlobDigest) -> Result<Option<Vec<u8>>, StoreError> {
+        let digest = *digest;
+        self.read("read a large value", move |conn| blobs::get(conn, &digest))
+            .await
+    }
+
     async fn deploy(&self, deployment: &Deployment<'_>) -> Result<DeploymentRecord, StoreError> {
         let (name, digest) = (deployment.name.to_owned(), deployment.digest.to_owned());
         let (authority, admission) = (deployment.authority.to_vec(), deployment.admission);
@@ -812,7 +826,8 @@ impl OperatorStore for SqliteStore {
 
     async fn gc(&self, req: &GcRequest) -> Result<GcReport, StoreError> {
         const OP: &str = "collect garbage";
-        let cut = gc::Cut::new(self.clock.now(), req);
+        let now = self.clock.now();
+        let cut = gc::Cut::new(now, req);
         let mut report = cut.report();
         // Keys first: a chunk is read, and written only if something in it goes.
         let mut after = String::new();
@@ -882,6 +897,23 @@ impl OperatorStore for SqliteStore {
                     break;
                 }
                 report.components += deleted;
+            }
+        }
+        // And the blobs no row refers to any more.
+        let before = blobs::cut(now, report.runs_before);
+        if req.dry_run {
+            report.blobs = self
+                .read(OP, move |conn| blobs::count(conn, before))
+                .await?;
+        } else {
+            loop {
+                let deleted = self
+                    .write(OP, self.sync, move |conn, _| blobs::delete(conn, before))
+                    .await?;
+                if deleted == 0 {
+                    break;
+                }
+                report.blobs += deleted;
             }
         }
         Ok(report)

@@ -24,7 +24,8 @@ pub(super) fn flow_key(
     let Some(pointer) = pointer.flatten() else {
         return Ok(None);
     };
-    match key_of(&pointer, submission.input, payloads)? {
+    let input = super::blobs::resolved(conn, submission.input)?;
+    match key_of(&pointer, &input, payloads)? {
         Some(key) => Ok(Some(key)),
         None => Err(TxError::Store(StoreError::FlowKeyMissing {
             run_id: submission.run_id.to_string(),
@@ -101,7 +102,7 @@ fn rekey(
     let mut update = conn.prepare_cached("UPDATE runs SET flow_key = ?2 WHERE run_id = ?1")?;
     for (run_id, input) in runs {
         let key = match pointer {
-            Some(pointer) => key_of(pointer, &input, payloads)?,
+            Some(pointer) => key_of(pointer, &super::blobs::resolved(conn, &input)?, payloads)?,
             None => None,
         };
         update.execute(params![run_id, key])?;

@@ -80,6 +80,8 @@ fn version_2_store_migrates_with_runs_results_and_checkpoints_intact() {
     assert_eq!(
         tables(&store),
         [
+            "blob_bytes",
+            "blobs",
             "components",
             "data_keys",
             "deployments",

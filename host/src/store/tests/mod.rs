@@ -15,11 +15,13 @@
 //! - `schedules.rs`: schedules, their ticks and policies.
 //! - `pause.rs`: pausing and resuming runs and deployments.
 //! - `usage.rs`: token usage of model calls, spent once per key and saved per replay.
+//! - `blobs.rs`: large values kept once by digest, and collected.
 //! - `gc.rs`: retention: what gc deletes, what it keeps, and tokens across a deletion.
 //! - `shared.rs`: what takes more than one handle: reopening, races between handles.
 //! - `postgres_harness.rs`: a schema of its own per test on a real PostgreSQL server
 //!   (`IDEM_TEST_POSTGRES`).
 
+mod blobs;
 mod children;
 mod claims;
 mod deploy;

@@ -88,7 +88,7 @@ pub(crate) fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 
 /// Plants `secret` in every kind of payload a store keeps, through the store's own
 /// API, and reads each back. Names, keys and ids carry `control`, which stays in clear.
-async fn plant(env: &Env<'_>, secret: &str, control: &str) {
+pub(super) async fn plant(env: &Env<'_>, secret: &str, control: &str) {
     let store = env.store;
     let digest = "ab12";
     store.put_component(digest, b"\0asm").await.unwrap();
@@ -206,7 +206,7 @@ async fn plant(env: &Env<'_>, secret: &str, control: &str) {
     // A signal's payload, taken by the wait that records it.
     let payload = format!("{{\"approved\":\"{secret}-signal\"}}");
     store
-        .send_signal(&run_id, "approve", payload.as_bytes(), 1024)
+        .send_signal(&run_id, "approve", payload.as_bytes(), payload.len())
         .await
         .unwrap();
     let state = store
@@ -222,9 +222,9 @@ async fn plant(env: &Env<'_>, secret: &str, control: &str) {
         .unwrap();
     assert_eq!(state, WaitState::Received(payload.clone().into_bytes()));
     // The limit is the clear payload's.
-    let over = vec![b'x'; 1025];
+    let over = vec![b'x'; payload.len() + 1];
     assert!(matches!(
-        store.send_signal(&run_id, "approve", &over, 1024).await,
+        store.send_signal(&run_id, "approve", &over, payload.len()).await,
         Err(StoreError::SignalRefused { .. })
     ));
 

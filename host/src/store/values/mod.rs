@@ -1,18 +1,31 @@
-//! [`Sealed`]: a whole store whose payloads are sealed on their way in and opened on
-//! their way out, over a backend that keeps them as the bytes it is given.
+//! [`ValueStore`]: the layer every value a store keeps crosses on its way in and out,
+//! over a backend that keeps them as the bytes it is given. On the way in a value is
+//! sealed, in a store encrypted at rest (`store/sealing/`), then, when large, kept
+//! once by digest in the blob tables with a reference in its row (`blobs`); on the way
+//! out a reference is read back (and its digest checked) and the value opened.
 //!
 //! It implements every role, not one (an [`Overlay`](crate::store::Overlay) would not
-//! do): payloads cross all four. Each method seals what it passes in, opens what it
+//! do): values cross all four. Each method keeps what it passes in, opens what it
 //! hands back, and forwards the rest unchanged; the compiler holds it to every method
 //! of every role, provided ones included, so that a new method cannot slip past it in
-//! clear. Two things it cannot do from outside are the backends': reading a run's
-//! concurrency key out of its input, and sealing logs chunk by chunk (their chunks are
-//! cut and joined in place); a backend is handed the same [`Sealer`] for them
+//! clear. Authorities are sealed but never kept as blobs (they are small, and the
+//! store compares them in place). What it cannot do from outside is the backends':
+//! reading a run's concurrency key out of its input (a reference is read from the blob
+//! tables, then opened), and sealing logs chunk by chunk (their chunks are cut and
+//! joined in place); a backend is handed the same [`Sealer`] for them
 //! ([`CatalogStore::use_sealer`]).
+//!
+//! A blob is written (or, when it is there already, marked used) in a write of its
+//! own, just before the write that refers to it: gc collects only blobs nothing refers
+//! to and unused for [`BLOB_GRACE`], so it never takes one between the two.
 
+pub mod blobs;
+
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
+use self::blobs::BlobDigest;
 use super::{DataKeyRecord, Sealer};
 use crate::store::{
     Acquired, Cancelled, CatalogStore, Checkpoint, ChildEnd, ChildSpec, ClaimOutcome, ClaimRef,
@@ -25,65 +38,132 @@ use crate::store::{
     WaitRecord, WaitRequest, WaitState, WorkerStore, check_signal_payload,
 };
 
-/// A store whose payloads are kept sealed (`store/sealing/` says which and how).
+/// How long a blob stays after its last use, referred to or not: longer than any one
+/// write that refers to it can take, so that gc never collects a blob between its
+/// write and the write that refers to it.
+pub const BLOB_GRACE: Duration = Duration::from_secs(10 * 60);
+
+/// A store whose values are kept sealed when it is encrypted at rest, and large ones
+/// by digest (module docs).
 #[derive(Debug, Clone)]
-pub struct Sealed {
+pub struct ValueStore {
     inner: Arc<dyn Store>,
-    sealer: Arc<Sealer>,
+    sealer: Option<Arc<Sealer>>,
 }
 
-impl Sealed {
-    /// `inner`, its payloads sealed and opened with `sealer`'s keys.
-    pub fn new(inner: Arc<dyn Store>, sealer: Arc<Sealer>) -> Sealed {
-        Sealed { inner, sealer }
+impl ValueStore {
+    /// `inner`, its values sealed and opened with `sealer`'s keys when there is one.
+    pub fn new(inner: Arc<dyn Store>, sealer: Option<Arc<Sealer>>) -> ValueStore {
+        ValueStore { inner, sealer }
     }
 
-    fn seal(&self, value: &[u8]) -> Result<Vec<u8>, StoreError> {
-        Ok(self.sealer.seal(value)?)
+    /// A value as the store keeps it in place: sealed when the store is encrypted.
+    /// Authorities go only this far.
+    fn seal<'v>(&self, value: &'v [u8]) -> Result<Cow<'v, [u8]>, StoreError> {
+        Ok(match &self.sealer {
+            Some(sealer) => Cow::Owned(sealer.seal(value)?),
+            None => Cow::Borrowed(value),
+        })
     }
 
-    fn open(&self, value: Vec<u8>) -> Result<Vec<u8>, StoreError> {
-        Ok(self.sealer.open_vec(value)?)
+    /// A value as the store keeps it in its row: sealed, then a reference to its blob
+    /// when it is large (the blob written first).
+    async fn keep<'v>(&self, value: &'v [u8]) -> Result<Cow<'v, [u8]>, StoreError> {
+        let sealed = self.seal(value)?;
+        if !blobs::offloaded(&sealed) {
+            return Ok(sealed);
+        }
+        let digest = blobs::digest(&sealed);
+        self.inner.put_blob(&digest, &sealed).await?;
+        Ok(Cow::Owned(blobs::reference(&digest).to_vec()))
     }
 
-    fn open_claim(&self, outcome: ClaimOutcome) -> Result<ClaimOutcome, StoreError> {
+    /// A sealed value in the clear (an authority).
+    fn unseal(&self, value: Vec<u8>) -> Result<Vec<u8>, StoreError> {
+        match &self.sealer {
+            Some(sealer) => Ok(sealer.open_vec(value)?),
+            None => Ok(value),
+        }
+    }
+
+    /// A kept value in the clear: its blob read when it is a reference, then opened.
+    async fn open(&self, kept: Vec<u8>) -> Result<Vec<u8>, StoreError> {
+        let value = match blobs::referred(&kept) {
+            Some(digest) => self.read_blob(&digest).await?,
+            None => kept,
+        };
+        self.unseal(value)
+    }
+
+    async fn read_blob(&self, digest: &BlobDigest) -> Result<Vec<u8>, StoreError> {
+        let missing = |reason: &str| StoreError::BadBlob {
+            digest: blobs::hex(digest),
+            reason: reason.to_owned(),
+        };
+        let bytes = self
+            .inner
+            .blob(digest)
+            .await?
+            .ok_or_else(|| missing("no blob has this digest"))?;
+        if blobs::digest(&bytes) != *digest {
+            return Err(missing("its bytes do not have this digest"));
+        }
+        Ok(bytes)
+    }
+
+    async fn open_opt(&self, kept: Option<Vec<u8>>) -> Result<Option<Vec<u8>>, StoreError> {
+        match kept {
+            Some(kept) => Ok(Some(self.open(kept).await?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn open_claim(&self, outcome: ClaimOutcome) -> Result<ClaimOutcome, StoreError> {
         Ok(match outcome {
-            ClaimOutcome::Committed(result) => ClaimOutcome::Committed(self.open(result)?),
+            ClaimOutcome::Committed(result) => ClaimOutcome::Committed(self.open(result).await?),
             other => other,
         })
     }
 
-    fn open_wait(&self, state: WaitState) -> Result<WaitState, StoreError> {
+    async fn open_wait(&self, state: WaitState) -> Result<WaitState, StoreError> {
         Ok(match state {
-            WaitState::Received(payload) => WaitState::Received(self.open(payload)?),
-            WaitState::Joined(ends) => WaitState::Joined(
-                ends.into_iter()
-                    .map(|end| {
-                        Ok(ChildEnd {
-                            outcome: self.open(end.outcome)?,
-                            ..end
-                        })
-                    })
-                    .collect::<Result<_, StoreError>>()?,
-            ),
+            WaitState::Received(payload) => WaitState::Received(self.open(payload).await?),
+            WaitState::Joined(ends) => {
+                let mut opened = Vec::with_capacity(ends.len());
+                for end in ends {
+                    opened.push(ChildEnd {
+                        outcome: self.open(end.outcome).await?,
+                        ..end
+                    });
+                }
+                WaitState::Joined(opened)
+            }
             other => other,
         })
     }
 
-    fn open_record(&self, mut record: RunRecord) -> Result<RunRecord, StoreError> {
-        record.outcome = record.outcome.map(|o| self.open(o)).transpose()?;
+    async fn open_record(&self, mut record: RunRecord) -> Result<RunRecord, StoreError> {
+        record.outcome = self.open_opt(record.outcome).await?;
         Ok(record)
     }
 
-    fn open_submitted(&self, submitted: Submitted) -> Result<Submitted, StoreError> {
+    async fn open_records(&self, records: Vec<RunRecord>) -> Result<Vec<RunRecord>, StoreError> {
+        let mut opened = Vec::with_capacity(records.len());
+        for record in records {
+            opened.push(self.open_record(record).await?);
+        }
+        Ok(opened)
+    }
+
+    async fn open_submitted(&self, submitted: Submitted) -> Result<Submitted, StoreError> {
         Ok(Submitted {
-            record: self.open_record(submitted.record)?,
+            record: self.open_record(submitted.record).await?,
             ..submitted
         })
     }
 
-    fn open_leased(&self, run: LeasedRun) -> Result<LeasedRun, StoreError> {
-        // Every field named: a payload added to a leased run must be opened here.
+    async fn open_leased(&self, run: LeasedRun) -> Result<LeasedRun, StoreError> {
+        // Every field named: a value added to a leased run must be opened here.
         let LeasedRun {
             record,
             token,
@@ -94,51 +174,66 @@ impl Sealed {
             instance_counted,
             taken_over,
         } = run;
+        let checkpoint = match checkpoint {
+            Some(c) => Some(self.open_checkpoint(c).await?),
+            None => None,
+        };
         Ok(LeasedRun {
-            record: self.open_record(record)?,
+            record: self.open_record(record).await?,
             token,
-            input: self.open(input)?,
-            authority: self.open(authority)?,
-            checkpoint: checkpoint.map(|c| self.open_checkpoint(c)).transpose()?,
+            input: self.open(input).await?,
+            authority: self.unseal(authority)?,
+            checkpoint,
             checkpoint_read,
             instance_counted,
             taken_over,
         })
     }
 
-    fn open_checkpoint(&self, checkpoint: Checkpoint) -> Result<Checkpoint, StoreError> {
+    async fn open_checkpoint(&self, checkpoint: Checkpoint) -> Result<Checkpoint, StoreError> {
         Ok(Checkpoint {
             step: checkpoint.step,
-            state: self.open(checkpoint.state)?,
+            state: self.open(checkpoint.state).await?,
         })
     }
 
     fn open_deployment(&self, record: DeploymentRecord) -> Result<DeploymentRecord, StoreError> {
         Ok(DeploymentRecord {
-            authority: self.open(record.authority)?,
+            authority: self.unseal(record.authority)?,
             ..record
         })
     }
 
-    fn open_schedule(&self, record: ScheduleRecord) -> Result<ScheduleRecord, StoreError> {
+    async fn open_schedule(&self, record: ScheduleRecord) -> Result<ScheduleRecord, StoreError> {
         Ok(ScheduleRecord {
-            input: self.open(record.input)?,
+            input: self.open(record.input).await?,
             ..record
         })
     }
 
-    fn sealed_checkpoint(&self, checkpoint: &Checkpoint) -> Result<Checkpoint, StoreError> {
+    async fn open_schedules(
+        &self,
+        records: Vec<ScheduleRecord>,
+    ) -> Result<Vec<ScheduleRecord>, StoreError> {
+        let mut opened = Vec::with_capacity(records.len());
+        for record in records {
+            opened.push(self.open_schedule(record).await?);
+        }
+        Ok(opened)
+    }
+
+    async fn kept_checkpoint(&self, checkpoint: &Checkpoint) -> Result<Checkpoint, StoreError> {
         Ok(Checkpoint {
             step: checkpoint.step,
-            state: self.seal(&checkpoint.state)?,
+            state: self.keep(&checkpoint.state).await?.into_owned(),
         })
     }
 }
 
 #[async_trait::async_trait]
-impl InstanceStore for Sealed {
+impl InstanceStore for ValueStore {
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        self.open_claim(self.inner.claim(req).await?)
+        self.open_claim(self.inner.claim(req).await?).await
     }
 
     async fn claim_rated(
@@ -147,7 +242,7 @@ impl InstanceStore for Sealed {
         token: &WaitRequest<'_>,
     ) -> Result<Rated, StoreError> {
         Ok(match self.inner.claim_rated(req, token).await? {
-            Rated::Claimed(outcome) => Rated::Claimed(self.open_claim(outcome)?),
+            Rated::Claimed(outcome) => Rated::Claimed(self.open_claim(outcome).await?),
             due => due,
         })
     }
@@ -158,14 +253,15 @@ impl InstanceStore for Sealed {
         stale_token: u64,
     ) -> Result<ClaimOutcome, StoreError> {
         self.open_claim(self.inner.take_over(req, stale_token).await?)
+            .await
     }
 
     async fn commit(&self, commit: &Commit<'_>) -> Result<(), StoreError> {
-        let result = self.seal(commit.result)?;
-        let checkpoint = commit
-            .checkpoint
-            .map(|c| self.sealed_checkpoint(c))
-            .transpose()?;
+        let result = self.keep(commit.result).await?;
+        let checkpoint = match commit.checkpoint {
+            Some(c) => Some(self.kept_checkpoint(c).await?),
+            None => None,
+        };
         self.inner
             .commit(&Commit {
                 result: &result,
@@ -192,19 +288,15 @@ impl InstanceStore for Sealed {
     }
 
     async fn committed(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        self.inner
-            .committed(key)
-            .await?
-            .map(|r| self.open(r))
-            .transpose()
+        let kept = self.inner.committed(key).await?;
+        self.open_opt(kept).await
     }
 
     async fn load_progress(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
-        self.inner
-            .load_progress(run_id)
-            .await?
-            .map(|c| self.open_checkpoint(c))
-            .transpose()
+        match self.inner.load_progress(run_id).await? {
+            Some(c) => Ok(Some(self.open_checkpoint(c).await?)),
+            None => Ok(None),
+        }
     }
 
     async fn save_progress(
@@ -213,7 +305,7 @@ impl InstanceStore for Sealed {
         checkpoint: &Checkpoint,
         counts: Option<&Counts>,
     ) -> Result<(), StoreError> {
-        let checkpoint = self.sealed_checkpoint(checkpoint)?;
+        let checkpoint = self.kept_checkpoint(checkpoint).await?;
         self.inner.save_progress(fence, &checkpoint, counts).await
     }
 
@@ -232,11 +324,11 @@ impl InstanceStore for Sealed {
     }
 
     async fn wait(&self, req: &WaitRequest<'_>) -> Result<WaitState, StoreError> {
-        self.open_wait(self.inner.wait(req).await?)
+        self.open_wait(self.inner.wait(req).await?).await
     }
 
     async fn spawn(&self, req: &SpawnRequest<'_>) -> Result<Spawned, StoreError> {
-        let input = self.seal(req.input)?;
+        let input = self.keep(req.input).await?;
         self.inner
             .spawn(&SpawnRequest {
                 input: &input,
@@ -246,11 +338,10 @@ impl InstanceStore for Sealed {
     }
 
     async fn spawn_many(&self, batch: &SpawnBatch<'_>) -> Result<SpawnAnswers, StoreError> {
-        let inputs = batch
-            .children
-            .iter()
-            .map(|c| self.seal(c.input))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut inputs = Vec::with_capacity(batch.children.len());
+        for child in batch.children {
+            inputs.push(self.keep(child.input).await?);
+        }
         let children: Vec<ChildSpec<'_>> = batch
             .children
             .iter()
@@ -269,7 +360,7 @@ impl InstanceStore for Sealed {
     }
 
     async fn join(&self, req: &JoinRequest<'_>) -> Result<WaitState, StoreError> {
-        self.open_wait(self.inner.join(req).await?)
+        self.open_wait(self.inner.join(req).await?).await
     }
 
     // Usage is counts and a model name, kept in clear (docs/security.md): nothing to seal.
@@ -279,7 +370,7 @@ impl InstanceStore for Sealed {
 }
 
 #[async_trait::async_trait]
-impl WorkerStore for Sealed {
+impl WorkerStore for ValueStore {
     async fn now(&self) -> Result<Millis, StoreError> {
         self.inner.now().await
     }
@@ -295,12 +386,12 @@ impl WorkerStore for Sealed {
         lease: Duration,
         skip: &[String],
     ) -> Result<Vec<LeasedRun>, StoreError> {
-        self.inner
-            .acquire_runs(worker, max, lease, skip)
-            .await?
-            .into_iter()
-            .map(|run| self.open_leased(run))
-            .collect()
+        let runs = self.inner.acquire_runs(worker, max, lease, skip).await?;
+        let mut opened = Vec::with_capacity(runs.len());
+        for run in runs {
+            opened.push(self.open_leased(run).await?);
+        }
+        Ok(opened)
     }
 
     async fn acquire_run(
@@ -310,9 +401,9 @@ impl WorkerStore for Sealed {
         lease: Duration,
     ) -> Result<Acquired, StoreError> {
         Ok(match self.inner.acquire_run(run_id, worker, lease).await? {
-            Acquired::Leased(run) => Acquired::Leased(self.open_leased(run)?),
-            Acquired::Finished(record) => Acquired::Finished(self.open_record(record)?),
-            Acquired::Paused(record) => Acquired::Paused(self.open_record(record)?),
+            Acquired::Leased(run) => Acquired::Leased(self.open_leased(run).await?),
+            Acquired::Finished(record) => Acquired::Finished(self.open_record(record).await?),
+            Acquired::Paused(record) => Acquired::Paused(self.open_record(record).await?),
             held @ Acquired::Held(_) => held,
         })
     }
@@ -352,11 +443,11 @@ impl WorkerStore for Sealed {
         let sealed;
         let end = match end {
             RunEnd::Completed(output) => {
-                sealed = self.seal(output)?;
+                sealed = self.keep(output).await?;
                 RunEnd::Completed(&sealed)
             }
             RunEnd::Failed(error) => {
-                sealed = self.seal(error)?;
+                sealed = self.keep(error).await?;
                 RunEnd::Failed(&sealed)
             }
             other => other,
@@ -387,7 +478,7 @@ impl WorkerStore for Sealed {
 }
 
 #[async_trait::async_trait]
-impl CatalogStore for Sealed {
+impl CatalogStore for ValueStore {
     async fn put_component(&self, digest: &str, bytes: &[u8]) -> Result<bool, StoreError> {
         self.inner.put_component(digest, bytes).await
     }
@@ -398,6 +489,14 @@ impl CatalogStore for Sealed {
 
     async fn component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.inner.component(digest).await
+    }
+
+    async fn put_blob(&self, digest: &BlobDigest, bytes: &[u8]) -> Result<(), StoreError> {
+        self.inner.put_blob(digest, bytes).await
+    }
+
+    async fn blob(&self, digest: &BlobDigest) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.blob(digest).await
     }
 
     async fn deploy(&self, deployment: &Deployment<'_>) -> Result<DeploymentRecord, StoreError> {
@@ -483,10 +582,10 @@ impl CatalogStore for Sealed {
 }
 
 #[async_trait::async_trait]
-impl OperatorStore for Sealed {
+impl OperatorStore for ValueStore {
     async fn submit(&self, submission: &Submission<'_>) -> Result<Submitted, StoreError> {
         let (input, authority) = (
-            self.seal(submission.input)?,
+            self.keep(submission.input).await?,
             self.seal(submission.authority)?,
         );
         let submitted = self
@@ -497,7 +596,7 @@ impl OperatorStore for Sealed {
                 ..submission.clone()
             })
             .await?;
-        self.open_submitted(submitted)
+        self.open_submitted(submitted).await
     }
 
     async fn submit_many(
@@ -506,7 +605,7 @@ impl OperatorStore for Sealed {
     ) -> Result<Vec<Result<Submitted, StoreError>>, StoreError> {
         let mut sealed = Vec::with_capacity(submissions.len());
         for s in submissions {
-            sealed.push((self.seal(s.input)?, self.seal(s.authority)?));
+            sealed.push((self.keep(s.input).await?, self.seal(s.authority)?));
         }
         let sealed: Vec<Submission<'_>> = submissions
             .iter()
@@ -517,40 +616,35 @@ impl OperatorStore for Sealed {
                 ..s.clone()
             })
             .collect();
-        self.inner
-            .submit_many(&sealed)
-            .await?
-            .into_iter()
-            .map(|answer| match answer {
-                Ok(submitted) => self.open_submitted(submitted).map(Ok),
-                Err(refusal) => Ok(Err(refusal)),
-            })
-            .collect::<Result<Vec<_>, StoreError>>()
+        let answers = self.inner.submit_many(&sealed).await?;
+        let mut opened = Vec::with_capacity(answers.len());
+        for answer in answers {
+            opened.push(match answer {
+                Ok(submitted) => Ok(self.open_submitted(submitted).await?),
+                Err(refusal) => Err(refusal),
+            });
+        }
+        Ok(opened)
     }
 
     async fn run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
-        self.inner
-            .run(run_id)
-            .await?
-            .map(|r| self.open_record(r))
-            .transpose()
+        match self.inner.run(run_id).await? {
+            Some(record) => Ok(Some(self.open_record(record).await?)),
+            None => Ok(None),
+        }
     }
 
     async fn run_authority(&self, run_id: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.inner
             .run_authority(run_id)
             .await?
-            .map(|a| self.open(a))
+            .map(|a| self.unseal(a))
             .transpose()
     }
 
     async fn runs(&self, filter: &RunFilter<'_>) -> Result<Vec<RunRecord>, StoreError> {
-        self.inner
-            .runs(filter)
-            .await?
-            .into_iter()
-            .map(|r| self.open_record(r))
-            .collect()
+        let records = self.inner.runs(filter).await?;
+        self.open_records(records).await
     }
 
     async fn cancel_run(&self, run_id: &str) -> Result<Cancelled, StoreError> {
@@ -586,7 +680,7 @@ impl OperatorStore for Sealed {
         let sealed;
         let resolution = match resolution {
             Resolution::Commit(result) => {
-                sealed = self.seal(result)?;
+                sealed = self.keep(result).await?;
                 Resolution::Commit(&sealed)
             }
             Resolution::Retry => Resolution::Retry,
@@ -608,7 +702,7 @@ impl OperatorStore for Sealed {
                 reason,
             }
         })?;
-        let sealed = self.seal(payload)?;
+        let sealed = self.keep(payload).await?;
         self.inner
             .send_signal(run_id, name, &sealed, sealed.len())
             .await
@@ -636,7 +730,7 @@ impl OperatorStore for Sealed {
     }
 
     async fn create_schedule(&self, def: &ScheduleDef<'_>) -> Result<ScheduleRecord, StoreError> {
-        let input = self.seal(def.input)?;
+        let input = self.keep(def.input).await?;
         let record = self
             .inner
             .create_schedule(&ScheduleDef {
@@ -644,28 +738,24 @@ impl OperatorStore for Sealed {
                 ..def.clone()
             })
             .await?;
-        self.open_schedule(record)
+        self.open_schedule(record).await
     }
 
     async fn schedules(&self) -> Result<Vec<ScheduleRecord>, StoreError> {
-        self.inner
-            .schedules()
-            .await?
-            .into_iter()
-            .map(|r| self.open_schedule(r))
-            .collect()
+        let records = self.inner.schedules().await?;
+        self.open_schedules(records).await
     }
 
     async fn schedule(&self, name: &str) -> Result<Option<ScheduleRecord>, StoreError> {
-        self.inner
-            .schedule(name)
-            .await?
-            .map(|r| self.open_schedule(r))
-            .transpose()
+        match self.inner.schedule(name).await? {
+            Some(record) => Ok(Some(self.open_schedule(record).await?)),
+            None => Ok(None),
+        }
     }
 
     async fn pause_schedule(&self, name: &str, paused: bool) -> Result<ScheduleRecord, StoreError> {
-        self.open_schedule(self.inner.pause_schedule(name, paused).await?)
+        let record = self.inner.pause_schedule(name, paused).await?;
+        self.open_schedule(record).await
     }
 
     async fn delete_schedule(&self, name: &str) -> Result<(), StoreError> {
