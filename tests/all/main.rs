@@ -7,6 +7,7 @@
 mod bad_input;
 mod batch;
 mod bench_guest;
+mod blobs;
 mod browser;
 mod cache;
 mod children;

@@ -10,19 +10,20 @@ use super::batch::{Fenced as BatchFenced, FinishJob};
 use super::conn::{Fenced, Lock, write_tx};
 use super::one_trip::OneTrip;
 use super::{
-    PostgresStore, TxError, blobs, children, claims, components, flow, gc, leases, logs, pause, rates,
-    runs, schedules, sealing, usage, waits,
+    PostgresStore, TxError, blobs, children, claims, components, flow, gc, leases, logs, pause,
+    rates, runs, schedules, sealing, usage, waits,
 };
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
 use crate::store::{
-    Acquired, BlobDigest, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
-    Counts, DataKeyRecord, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits, FlowSetting,
-    GcReport, GcRequest, InstanceStore, JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim,
-    OperatorStore, Paused, PausedDeployment, Presence, RateLimit, RateSetting, Resolution, Resumed,
-    RunEnd, RunFence, RunFilter, RunRecord, RunStatus, ScheduleDef, ScheduleRecord, ScheduledBy,
-    Sealer, SignalSent, SpawnAnswers, SpawnBatch, StepRecord, StoreError, Submission, Submitted,
-    Suspension, SyncMode, Tick, WaitRecord, WaitRequest, WaitState, WorkerStore,
+    Acquired, BlobDigest, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef,
+    ClaimRequest, Commit, Counts, DataKeyRecord, Deployment, DeploymentPaused, DeploymentRecord,
+    FlowLimits, FlowSetting, GcReport, GcRequest, InstanceStore, JoinRequest, LeaseState,
+    LeasedRun, Millis, OpenClaim, OperatorStore, Paused, PausedDeployment, Presence, RateLimit,
+    RateSetting, Resolution, Resumed, RunEnd, RunFence, RunFilter, RunRecord, RunStatus,
+    ScheduleDef, ScheduleRecord, ScheduledBy, Sealer, SignalSent, SpawnAnswers, SpawnBatch,
+    StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode, Tick, WaitRecord,
+    WaitRequest, WaitState, WorkerStore,
 };
 use crate::store::{Recorded, UsageFilter, UsageRecord, UsageTotal, check_usage};
 

@@ -8,8 +8,8 @@ use super::conn::Conn;
 use super::{TxError, to_sql_int, u64_col};
 use crate::store::values;
 use crate::store::{
-    BlobDigest, Cancelled, Checkpoint, Counts, MAX_PRIORITY, Payloads, RunFilter, RunLeaseInfo, RunRecord,
-    RunStatus, StoreError, Submission, Submitted, key_of,
+    BlobDigest, Cancelled, Checkpoint, Counts, MAX_PRIORITY, Payloads, RunFilter, RunLeaseInfo,
+    RunRecord, RunStatus, StoreError, Submission, Submitted, key_of,
 };
 
 /// A run's status as shown: `paused` for a queued or running run an operator paused

@@ -4,8 +4,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::store::{
-    BlobDigest, DataKeyRecord, Deployment, DeploymentRecord, FlowLimits, FlowSetting, RateLimit, RateSetting,
-    Sealer, StoreError,
+    BlobDigest, DataKeyRecord, Deployment, DeploymentRecord, FlowLimits, FlowSetting, RateLimit,
+    RateSetting, Sealer, StoreError,
 };
 
 /// What runs are made from: components by digest, deployments (a name pointing at a

@@ -12,8 +12,7 @@ use super::sealing::plant;
 use super::{Env, Harness, T0, block_on};
 use crate::store::values::blobs;
 use crate::store::{
-    BLOB_FROM, BLOB_GRACE, Checkpoint, Clock, Counts, GcRequest, Millis, RunEnd, Store,
-    ValueStore,
+    BLOB_FROM, BLOB_GRACE, Checkpoint, Clock, Counts, GcRequest, Millis, RunEnd, Store, ValueStore,
 };
 
 /// The harness's store as idem opens it: behind a [`ValueStore`] (a sealed harness's
@@ -28,7 +27,10 @@ fn values<H: Harness>(harness: &H, wrap: bool) -> Arc<dyn Store> {
 
 /// Rows of `table` that hold a reference in `column`.
 fn references<H: Harness>(harness: &H, table: &str, column: &str) -> u64 {
-    harness.rows(&format!("{table} WHERE length({column}) = {}", blobs::REF_LEN))
+    harness.rows(&format!(
+        "{table} WHERE length({column}) = {}",
+        blobs::REF_LEN
+    ))
 }
 
 /// Every kind of value, each over the threshold, through every path: read back
@@ -82,15 +84,24 @@ fn a_value_that_looks_like_a_reference_reads_back_as_itself<H: Harness>(wrap: bo
         let run = env.acquire("forger", "w").await;
         let large = vec![b'L'; BLOB_FROM];
         let grant = env.grant("forger/large", "h", &run).await;
-        env.commit("forger/large", grant.token, &run, &large).await.unwrap();
+        env.commit("forger/large", grant.token, &run, &large)
+            .await
+            .unwrap();
         // In a clear store the forged reference names the large value's blob exactly.
         let forged = blobs::reference(&blobs::digest(&large)).to_vec();
         let grant = env.grant("forger/forged", "h", &run).await;
-        env.commit("forger/forged", grant.token, &run, &forged).await.unwrap();
+        env.commit("forger/forged", grant.token, &run, &forged)
+            .await
+            .unwrap();
         let short = blobs::REF_MAGIC.to_vec();
         let grant = env.grant("forger/short", "h", &run).await;
-        env.commit("forger/short", grant.token, &run, &short).await.unwrap();
-        assert_eq!(store.committed("forger/forged").await.unwrap(), Some(forged));
+        env.commit("forger/short", grant.token, &run, &short)
+            .await
+            .unwrap();
+        assert_eq!(
+            store.committed("forger/forged").await.unwrap(),
+            Some(forged)
+        );
         assert_eq!(store.committed("forger/short").await.unwrap(), Some(short));
         assert_eq!(store.committed("forger/large").await.unwrap(), Some(large));
     });
@@ -126,10 +137,7 @@ fn gc_collects_the_blobs_no_row_refers_to<H: Harness>(wrap: bool) {
                 step,
                 state: large(tag),
             };
-            store
-                .save_progress(&run, &checkpoint, None)
-                .await
-                .unwrap();
+            store.save_progress(&run, &checkpoint, None).await.unwrap();
         }
         run
     });
@@ -143,13 +151,15 @@ fn gc_collects_the_blobs_no_row_refers_to<H: Harness>(wrap: bool) {
     assert_eq!((report.blobs, report.runs), (1, 0));
     assert_eq!((harness.rows("blobs"), harness.rows("blob_bytes")), (2, 2));
     assert_eq!(
-        block_on(store.load_progress("kept")).unwrap().unwrap().state,
+        block_on(store.load_progress("kept"))
+            .unwrap()
+            .unwrap()
+            .state,
         large(b'b')
     );
 
     // The run ends with a large output; a day later gc takes the run and every blob.
-    block_on(store.finish_run(&run, RunEnd::Completed(&large(b'o')), &Counts::default()))
-        .unwrap();
+    block_on(store.finish_run(&run, RunEnd::Completed(&large(b'o')), &Counts::default())).unwrap();
     assert_eq!(harness.rows("blobs"), 3);
     let day = Duration::from_secs(86_400);
     env.advance(Millis::try_from(2 * day.as_millis()).unwrap());
@@ -168,9 +178,7 @@ macro_rules! blob_tests {
 
             #[test]
             fn a_value_that_looks_like_a_reference_reads_back_as_itself() {
-                super::a_value_that_looks_like_a_reference_reads_back_as_itself::<$harness>(
-                    $wrap,
-                );
+                super::a_value_that_looks_like_a_reference_reads_back_as_itself::<$harness>($wrap);
             }
 
             #[test]

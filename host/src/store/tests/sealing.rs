@@ -224,7 +224,9 @@ pub(super) async fn plant(env: &Env<'_>, secret: &str, control: &str) {
     // The limit is the clear payload's.
     let over = vec![b'x'; payload.len() + 1];
     assert!(matches!(
-        store.send_signal(&run_id, "approve", &over, payload.len()).await,
+        store
+            .send_signal(&run_id, "approve", &over, payload.len())
+            .await,
         Err(StoreError::SignalRefused { .. })
     ));
 

@@ -20,7 +20,10 @@
 //!   (`Once::run_and_save`) instead of with a separate `save`;
 //! - `policy`: what to do with a claim in doubt: `"retry"` (default), `"fail"` (stop
 //!   the run in doubt), or `"probe"` (look for the key in the log: found means the
-//!   effect was applied, so its value is committed without appending again).
+//!   effect was applied, so its value is committed without appending again);
+//! - `ballast`: bytes of history carried in every checkpoint besides the checksum (a
+//!   conversation that grows large), each step's its own; a resumed run checks that
+//!   the history it loads is the one its step saved.
 //!
 //! Each executed step appends
 //! `{key} attempt={attempt} token={token} in_doubt={in_doubt} gen={generation}`; a failing
@@ -54,6 +57,20 @@ struct Input {
     policy: Policy,
     #[serde(default)]
     fold: bool,
+    #[serde(default)]
+    ballast: usize,
+}
+
+/// A checkpoint with history: the checksum so far and `ballast` bytes of the step's.
+#[derive(Serialize, Deserialize)]
+struct Ballasted {
+    checksum: u64,
+    history: String,
+}
+
+/// The history checkpointed before step `step`: `len` bytes no other step has.
+fn history(step: u64, len: usize) -> String {
+    format!("{step:>8}|").chars().cycle().take(len).collect()
 }
 
 #[derive(Deserialize, Default, Clone, Copy)]
@@ -79,9 +96,24 @@ impl Agent for Steps {
 
     fn run(input: Input) -> Result<Output, Error> {
         // `step` is the next step to run; the state is the checksum so far.
-        let (start, mut checksum) = match load::<u64>()? {
-            Some(checkpoint) => (checkpoint.step, checkpoint.state),
-            None => (0, 0),
+        let (start, mut checksum) = if input.ballast > 0 {
+            match load::<Ballasted>()? {
+                Some(checkpoint) => {
+                    if checkpoint.state.history != history(checkpoint.step, input.ballast) {
+                        return Err(Error::Agent(format!(
+                            "the history loaded for step {} is not the one saved",
+                            checkpoint.step
+                        )));
+                    }
+                    (checkpoint.step, checkpoint.state.checksum)
+                }
+                None => (0, 0),
+            }
+        } else {
+            match load::<u64>()? {
+                Some(checkpoint) => (checkpoint.step, checkpoint.state),
+                None => (0, 0),
+            }
         };
 
         for i in start..input.steps {
@@ -133,7 +165,19 @@ impl Agent for Steps {
                 })?
             } else {
                 let done = once.run(effect)?;
-                save(i + 1, &mix(checksum, done.0))?;
+                let state = mix(checksum, done.0);
+                if input.ballast > 0 {
+                    let history = history(i + 1, input.ballast);
+                    save(
+                        i + 1,
+                        &Ballasted {
+                            checksum: state,
+                            history,
+                        },
+                    )?;
+                } else {
+                    save(i + 1, &state)?;
+                }
                 done
             };
             checksum = mix(checksum, value);
