@@ -2,7 +2,7 @@
 //! and how it scales, and prints one markdown table (`cargo bench -p idem-host --bench
 //! idem`, `-- --quick` for a short check that it works; name sections to run only
 //! those: `-- steps calls resume cold throughput scaling workers sleepers prove
-//! takeover python parallel children llm schedules postgres peers flow rates`).
+//! takeover python parallel children llm schedules postgres peers flow rates sealing values`).
 //!
 //! Everything goes through idem's public API and the real `idem` binary, on a temp dir
 //! under cargo's target dir: a real disk, so that an fsync costs what it costs there.
@@ -58,6 +58,8 @@ mod sleepers;
 mod store_step;
 #[path = "idem/takeover.rs"]
 mod takeover;
+#[path = "idem/values.rs"]
+mod values;
 
 use report::{Table, count, median, micros, millis, print_machine, progress, sorted};
 use store_step::StoreStep;
@@ -135,6 +137,8 @@ struct Plan {
     rates: Turns,
     /// Per turn: a run of `n` timed steps on a store in clear, then on a sealed one.
     sealing: Turns,
+    /// Runs per result size (each size runs its own number of steps).
+    values: Turns,
 }
 
 const fn turns(max: usize, n: u64, budget_secs: u64) -> Turns {
@@ -189,6 +193,7 @@ const FULL_PLAN: Plan = Plan {
     flow: turns(30, 2_000, 10),
     rates: turns(20, 500, 40),
     sealing: turns(20, 500, 40),
+    values: turns(5, 0, 60),
 };
 
 const QUICK_PLAN: Plan = Plan {
@@ -235,6 +240,7 @@ const QUICK_PLAN: Plan = Plan {
     flow: turns(3, 200, 1),
     rates: turns(3, 50, 1),
     sealing: turns(3, 50, 1),
+    values: turns(1, 0, 1),
 };
 
 /// A part of the bench: its name on the command line, its heading, and what it runs.
@@ -245,7 +251,7 @@ type Section = (
 );
 
 /// Every section, in the order of the table.
-const SECTIONS: [Section; 20] = [
+const SECTIONS: [Section; 21] = [
     ("steps", "floor and durable steps", floor_and_steps),
     ("calls", "host-call round trip", host_calls),
     ("resume", "resume after recycle", resume),
@@ -300,6 +306,11 @@ const SECTIONS: [Section; 20] = [
         "sealing",
         "encryption at rest: the price of a sealed step",
         sealing::sealing,
+    ),
+    (
+        "values",
+        "large values: results kept by digest",
+        values::values,
     ),
     (
         "peers",

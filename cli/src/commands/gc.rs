@@ -79,6 +79,7 @@ fn summary(report: &GcReport, dry_run: bool) -> String {
         (report.upgrades, "upgrade records"),
         (report.usage, "usage records"),
         (report.components, "components"),
+        (report.blobs, "large values (blobs)"),
     ] {
         text += &format!("\n  {n:>8} {what}");
     }

@@ -15,7 +15,9 @@
 //!   step was done (`first_step_done_unix_ns`), so that a caller in another process can
 //!   time a cold start up to the first durable step.
 //!   With `"rate": "CLASS"`, each step names that rate class (`Once::rate`), so it takes
-//!   a token of it before its claim (folded steps only).
+//!   a token of it before its claim (folded steps only). With `"result_bytes": N`, each
+//!   step's effect returns a string of N bytes (its step number, then padding), so the
+//!   commit writes a result that size (folded steps only).
 //! - `"calls"`: `n` calls of `idem_sdk::generation()`, a host call that touches no store;
 //!   the output carries the loop's duration (`calls_ns`).
 //!
@@ -45,6 +47,8 @@ struct Input {
     fold: bool,
     #[serde(default)]
     rate: Option<String>,
+    #[serde(default)]
+    result_bytes: usize,
 }
 
 fn yes() -> bool {
@@ -70,7 +74,7 @@ impl Agent for Bench {
 
     fn run(input: Input) -> Result<Output, Error> {
         match input.mode {
-            Mode::Steps => steps(input.n, input.timed, input.fold, input.rate.as_deref()),
+            Mode::Steps => steps(&input),
             Mode::Calls => Ok(calls(input.n)),
         }
     }
@@ -78,7 +82,8 @@ impl Agent for Bench {
 
 idem_sdk::export_agent!(Bench);
 
-fn steps(n: u64, timed: bool, fold: bool, rate: Option<&str>) -> Result<Output, Error> {
+fn steps(input: &Input) -> Result<Output, Error> {
+    let (n, timed, fold, rate) = (input.n, input.timed, input.fold, input.rate.as_deref());
     let start = load::<()>()?.map_or(0, |c| c.step);
     let mut out = Output {
         n,
@@ -93,18 +98,23 @@ fn steps(n: u64, timed: bool, fold: bool, rate: Option<&str>) -> Result<Output, 
         let began = Instant::now();
         let key = Key::for_run("s", &i)?;
         if fold {
-            let once = Once::new(&key);
-            let once = match rate {
-                Some(class) => once.rate(class),
-                None => once,
-            };
-            once.run_and_save(
-                |_| Ok::<_, String>(()),
-                |_| Checkpoint {
-                    step: i + 1,
-                    state: (),
-                },
-            )?;
+            if input.result_bytes > 0 {
+                once(&key, rate).run_and_save(
+                    |_| Ok::<_, String>(result(i, input.result_bytes)),
+                    |_| Checkpoint {
+                        step: i + 1,
+                        state: (),
+                    },
+                )?;
+            } else {
+                once(&key, rate).run_and_save(
+                    |_| Ok::<_, String>(()),
+                    |_| Checkpoint {
+                        step: i + 1,
+                        state: (),
+                    },
+                )?;
+            }
         } else {
             run_once(&key, |_| Ok::<_, String>(()))?;
             save(i + 1, &())?;
@@ -120,6 +130,25 @@ fn steps(n: u64, timed: bool, fold: bool, rate: Option<&str>) -> Result<Output, 
         }
     }
     Ok(out)
+}
+
+/// The step under `key`, taking a token of `rate` first when it names a class.
+fn once<'a, T: Serialize + serde::de::DeserializeOwned>(
+    key: &'a Key,
+    rate: Option<&'a str>,
+) -> Once<'a, T> {
+    let once = Once::new(key);
+    match rate {
+        Some(class) => once.rate(class),
+        None => once,
+    }
+}
+
+/// Step `i`'s result of `len` bytes: no two steps' alike, so none is kept once for two.
+fn result(i: u64, len: usize) -> String {
+    let mut text = format!("{i:>20}");
+    text.extend(std::iter::repeat_n('r', len.saturating_sub(text.len() + 2)));
+    text
 }
 
 fn calls(n: u64) -> Output {
