@@ -215,7 +215,7 @@ fn spawn(args: &[String]) -> Child {
 fn a_full_tmpfs_stops_the_binary_and_the_run_resumes_once_it_is_grown() {
     let w = Work::new();
     let mnt = w.dir.path().join("mnt");
-    let Some(fs) = Mount::tmpfs("a full tmpfs", &mnt, "512k") else {
+    let Some(fs) = Mount::tmpfs("a full tmpfs", &mnt, "640k") else {
         return;
     };
     let db = mnt.join("idem.db");

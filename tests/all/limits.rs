@@ -117,7 +117,7 @@ fn oversized_payloads_and_bad_keys_are_errors_returned_to_the_guest() {
     case.failed_with(
         "big-result",
         json!({ "mode": "big-result", "n": 2_000_000 }),
-        &[],
+        &["--max-result-bytes", "1MiB"],
         &["too large", "over the limit of 1048576 bytes"],
     );
     // Released, not committed: with a larger limit the same run commits it.

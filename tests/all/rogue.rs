@@ -150,7 +150,7 @@ fn odd_values_are_errors_for_the_agent_not_store_faults() {
         &cli,
         "big-output",
         json!({ "mode": "big-output", "n": 2_000_000 }),
-        &[],
+        &["--max-output-bytes", "1MiB"],
     );
     assert_eq!(code, Some(1), "{doc}");
     assert!(error_of(&doc).contains("output limit exceeded"), "{doc}");

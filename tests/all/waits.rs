@@ -665,7 +665,8 @@ fn idem_signal_refuses_unknown_and_finished_runs_bad_names_and_large_payloads() 
     ))
     .unwrap();
     let big = std::env::temp_dir().join(format!("idem-big-{}.json", std::process::id()));
-    std::fs::write(&big, format!("\"{}\"", "x".repeat(1 << 20))).unwrap();
+    // Over the default state limit (64 MiB) by its quotes.
+    std::fs::write(&big, format!("\"{}\"", "x".repeat(64 << 20))).unwrap();
     let big_arg = format!("@{}", big.display());
     for (args, expected) in [
         (vec!["nobody", "go"], "run \"nobody\" does not exist"),

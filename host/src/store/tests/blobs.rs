@@ -45,8 +45,17 @@ fn every_large_value_is_kept_once<H: Harness>(wrap: bool) {
         store: store.as_ref(),
         clock: &clock,
     };
-    let secret = format!("LARGE{}", "v".repeat(BLOB_FROM));
+    let marker = format!("LARGE{:08x}", fastrand::u32(..));
+    let secret = format!("{marker}{}", "v".repeat(BLOB_FROM));
     block_on(plant(&env, &secret, "blob"));
+    // The blobs are the values as the store keeps them: sealed in a sealed store.
+    drop(env);
+    drop(store);
+    assert_eq!(
+        harness.raw_holds(marker.as_bytes()),
+        wrap,
+        "a large value is in the database in clear exactly when the store is"
+    );
     // Distinct values: the input (two runs), result, checkpoint, signal payload (the
     // signal and the wait that took it), child input, child output (its run and the
     // join), resolved result, output, error text, schedule input (the schedule and
