@@ -3,8 +3,9 @@
 //! idem opens (so results of 128 KiB and more are kept once by digest, in the blob
 //! tables): µs per step, timed in the guest, and the bytes written per step. SQLite's
 //! bytes are what the bench's process wrote (`wchar` of `/proc/self/io`: the WAL and
-//! the checkpoints of the database thread); PostgreSQL's are the server's WAL
-//! (`pg_stat_wal`), where its rows, their TOAST and their full pages go first.
+//! the checkpoints of the database thread); PostgreSQL's are the server's WAL (its
+//! insert position), where its rows, their TOAST and their full pages go first. Each
+//! turn's results are new (a seed of its own): none is found kept already.
 
 use std::sync::Arc;
 
@@ -42,9 +43,10 @@ pub(crate) fn values(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Resul
     let url = format!("{server}?options=-csearch_path%3D{schema}");
     let result = host(bed, &url).and_then(|postgres| {
         let wal = || -> anyhow::Result<u64> {
-            let row = bed
-                .tokio
-                .block_on(admin.query_one("SELECT wal_bytes::int8 FROM pg_stat_wal", &[]))?;
+            let row = bed.tokio.block_on(admin.query_one(
+                "SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::int8",
+                &[],
+            ))?;
             Ok(u64::try_from(row.try_get::<_, i64>(0)?)?)
         };
         measure(bed, plan, table, &postgres, "PostgreSQL", &wal)
@@ -78,11 +80,14 @@ fn measure(
 ) -> anyhow::Result<()> {
     for (size, name, n) in SIZES {
         progress(&format!("  a {name} result on {backend}"));
-        let input = json!({ "mode": "steps", "n": n, "timed": true, "result_bytes": size });
-        let (mut steps, mut bytes) = (Vec::new(), Vec::new());
+        let (mut steps, mut bytes, mut seed) = (Vec::new(), Vec::new(), 0u64);
         repeat(plan.values, || {
+            seed += 1;
+            let input = json!({
+                "mode": "steps", "n": n, "timed": true, "result_bytes": size, "seed": seed,
+            });
             let before = written()?;
-            let (report, output) = bed.run(host, input.clone(), FaultPlan::default())?;
+            let (report, output) = bed.run(host, input, FaultPlan::default())?;
             let after = written()?;
             ensure!(
                 report.counts.executed == n && output.step_ns.len() as u64 == n,
@@ -90,7 +95,7 @@ fn measure(
                 report.counts
             );
             steps.extend(output.step_ns.iter().map(|&ns| ns as f64 / 1e3));
-            bytes.push(after.saturating_sub(before) as f64 / n as f64 / (1 << 20) as f64);
+            bytes.push(after.saturating_sub(before) as f64 / n as f64 / 1024.0);
             Ok(())
         })?;
         table.row(
@@ -100,7 +105,7 @@ fn measure(
         );
         table.row(
             format!("values: bytes written per step with a {name} result, {backend}"),
-            "MiB",
+            "KiB",
             bytes,
         );
     }

@@ -16,8 +16,9 @@
 //!   time a cold start up to the first durable step.
 //!   With `"rate": "CLASS"`, each step names that rate class (`Once::rate`), so it takes
 //!   a token of it before its claim (folded steps only). With `"result_bytes": N`, each
-//!   step's effect returns a string of N bytes (its step number, then padding), so the
-//!   commit writes a result that size (folded steps only).
+//!   step's effect returns a string of N bytes (its step number and `"seed"`, then
+//!   padding), so the commit writes a result that size (folded steps only); a new seed
+//!   makes results no earlier run wrote, so none is kept once for two.
 //! - `"calls"`: `n` calls of `idem_sdk::generation()`, a host call that touches no store;
 //!   the output carries the loop's duration (`calls_ns`).
 //!
@@ -49,6 +50,8 @@ struct Input {
     rate: Option<String>,
     #[serde(default)]
     result_bytes: usize,
+    #[serde(default)]
+    seed: u64,
 }
 
 fn yes() -> bool {
@@ -100,7 +103,7 @@ fn steps(input: &Input) -> Result<Output, Error> {
         if fold {
             if input.result_bytes > 0 {
                 once(&key, rate).run_and_save(
-                    |_| Ok::<_, String>(result(i, input.result_bytes)),
+                    |_| Ok::<_, String>(result(i, input.seed, input.result_bytes)),
                     |_| Checkpoint {
                         step: i + 1,
                         state: (),
@@ -144,10 +147,12 @@ fn once<'a, T: Serialize + serde::de::DeserializeOwned>(
     }
 }
 
-/// Step `i`'s result of `len` bytes: no two steps' alike, so none is kept once for two.
-fn result(i: u64, len: usize) -> String {
-    let mut text = format!("{i:>20}");
-    text.extend(std::iter::repeat_n('r', len.saturating_sub(text.len() + 2)));
+/// Step `i`'s result of `len` bytes: no two steps' (or seeds') alike.
+fn result(i: u64, seed: u64, len: usize) -> String {
+    let mut text = format!("{i:>20}{seed:>20}");
+    // Copied in whole, not pushed a character at a time: the step times the store, not
+    // the agent's loop.
+    text.push_str(&"r".repeat(len.saturating_sub(text.len() + 2)));
     text
 }
 
