@@ -7,7 +7,8 @@
 //! of every role, provided ones included, so that a new method cannot slip past it in
 //! clear. Two things it cannot do from outside are the backends': reading a run's
 //! concurrency key out of its input, and sealing logs chunk by chunk (their chunks are
-//! cut and joined in place); a backend is handed the same [`Sealer`] for them
+//! cut and joined in place; live streams' chunks are sealed there too, measured by
+//! their text when trimmed); a backend is handed the same [`Sealer`] for them
 //! ([`CatalogStore::use_sealer`]).
 
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use super::{DataKeyRecord, Sealer};
 use crate::store::{
     Acquired, Cancelled, CatalogStore, Checkpoint, ChildEnd, ChildSpec, ClaimOutcome, ClaimRef,
     ClaimRequest, Commit, Counts, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits,
-    FlowSetting, GcReport, GcRequest, InstanceStore, JoinRequest, LeaseState, LeasedRun, Millis,
+    FlowSetting, GcReport, GcRequest, InstanceStore, JoinRequest, LiveChunk, LiveText, LeaseState, LeasedRun, Millis,
     OpenClaim, OperatorStore, Paused, PausedDeployment, RateLimit, RateSetting, Rated, Recorded,
     Resolution, Resumed, RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord,
     ScheduledBy, SignalSent, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned, StepRecord, Store,
@@ -229,6 +230,16 @@ impl InstanceStore for Sealed {
     ) -> Result<(), StoreError> {
         // The backend seals each chunk it keeps (module docs).
         self.inner.append_log(fence, bytes, keep).await
+    }
+
+    async fn append_live(
+        &self,
+        fence: &RunFence,
+        chunks: &[LiveText],
+        keep: usize,
+    ) -> Result<(), StoreError> {
+        // The backend seals each chunk's text (module docs).
+        self.inner.append_live(fence, chunks, keep).await
     }
 
     async fn wait(&self, req: &WaitRequest<'_>) -> Result<WaitState, StoreError> {
@@ -629,6 +640,16 @@ impl OperatorStore for Sealed {
     async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError> {
         // The backend opens each chunk (module docs).
         self.inner.logs(run_id).await
+    }
+
+    async fn live(
+        &self,
+        run_id: &str,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<LiveChunk>, StoreError> {
+        // The backend opens each chunk's text (module docs).
+        self.inner.live(run_id, after, limit).await
     }
 
     async fn gc(&self, req: &GcRequest) -> Result<GcReport, StoreError> {

@@ -32,6 +32,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0013_rates.sql"),
     include_str!("../migrations/sqlite/0014_sealing.sql"),
     include_str!("../migrations/sqlite/0015_usage.sql"),
+    include_str!("../migrations/sqlite/0016_live.sql"),
 ];
 
 /// The schema version this build writes and understands.
