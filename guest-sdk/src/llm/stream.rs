@@ -425,10 +425,14 @@ mod tests {
 
     #[test]
     fn truncated_malformed_and_failed_streams_are_refused() {
-        let cut = &OPENAI[..OPENAI.len() / 2];
+        // Cut between events, or inside one.
+        let whole: String = OPENAI.split_inclusive("\n\n").take(3).collect();
         let mut asm = Assembler::new(Provider::OpenAi);
-        asm.feed(cut.as_bytes());
+        asm.feed(whole.as_bytes());
         assert!(asm.finish().unwrap_err().contains("ended before"));
+        let mut asm = Assembler::new(Provider::OpenAi);
+        asm.feed(&OPENAI.as_bytes()[..OPENAI.len() / 2]);
+        assert!(asm.finish().is_err());
         let mut asm = Assembler::new(Provider::OpenAi);
         asm.feed(b"data: {not json\n\ndata: [DONE]\n\n");
         assert!(asm.finish().unwrap_err().contains("not JSON"));
