@@ -4,7 +4,8 @@
 //! (`GET /api/runs/{id}/stream`, read with an HTTP client of its own here, chunked
 //! transfer and all) and with `idem logs -f`, on SQLite and on PostgreSQL. Then the rest
 //! comes, the `end` event says the run completed, `Last-Event-ID` resumes where a
-//! reader left off, and each model call reached the server once.
+//! reader left off, and each model call reached the server once. The Python guest
+//! (`idem.llm`) streams the same way.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -12,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::Duration;
 
-use idem_test_artifacts::LLM;
+use idem_test_artifacts::{LLM, PY_LLM};
 use serde_json::{Value, json};
 
 use crate::llm::{Hold, ModelServer};
@@ -164,13 +165,18 @@ impl EventStream {
 
 /// Deploys the `llm` guest as `chat`, granted the model server and a data directory.
 pub(crate) fn deploy_chat(service: &Service, server: &ModelServer, data: &std::path::Path) {
+    deploy_guest(service, LLM, server, data);
+}
+
+/// Deploys `guest` (an `llm` guest, Rust or Python) as `chat`.
+fn deploy_guest(service: &Service, guest: &str, server: &ModelServer, data: &std::path::Path) {
     let grant = format!("127.0.0.1:{}", server.addr.port());
     let base = format!("OPENAI_BASE_URL={}/v1", server.url());
     let anthropic = format!("ANTHROPIC_BASE_URL={}", server.url());
     let dir = format!("{}::/data", data.display());
     service.ok(&[
         "deploy",
-        LLM,
+        guest,
         "--name",
         "chat",
         "--allow-http",
@@ -222,11 +228,11 @@ pub(crate) fn committed(served: &Served, run_id: &str, suffix: &str) -> bool {
     !step["committed_at"].is_null()
 }
 
-fn streamed_over_sse_and_logs_follow(service: &Service, provider: &str) {
+fn streamed_over_sse_and_logs_follow(service: &Service, guest: &str, provider: &str) {
     let server = ModelServer::start();
     let go = hold(&server, 3);
     let data = tempfile::tempdir().unwrap();
-    deploy_chat(service, &server, data.path());
+    deploy_guest(service, guest, &server, data.path());
     let served = Served::start(
         &service.db(),
         &["--no-auth", "--no-cache", "--worker", "--poll", "50ms"],
@@ -345,7 +351,15 @@ fn read_as_it_comes(
 
 #[test]
 fn a_streamed_answer_is_read_over_sse_and_logs_follow_before_its_step_commits() {
-    streamed_over_sse_and_logs_follow(&Service::new(), "openai");
+    streamed_over_sse_and_logs_follow(&Service::new(), LLM, "openai");
+}
+
+#[test]
+fn a_python_guest_streams_its_answer_the_same_way() {
+    let Some(guest) = crate::python::built(PY_LLM, "live streams") else {
+        return;
+    };
+    streamed_over_sse_and_logs_follow(&Service::new(), guest, "anthropic");
 }
 
 #[test]
@@ -353,5 +367,5 @@ fn a_streamed_anthropic_answer_is_read_the_same_way_on_postgres() {
     let Some(schema) = crate::postgres::Schema::create("live streams") else {
         return;
     };
-    streamed_over_sse_and_logs_follow(&Service::on_postgres(schema.url()), "anthropic");
+    streamed_over_sse_and_logs_follow(&Service::on_postgres(schema.url()), LLM, "anthropic");
 }
