@@ -3,8 +3,8 @@
 //! page as it comes.
 
 use crate::Error;
-pub use crate::bindings::idem::agent::live::LiveError;
 use crate::bindings::idem::agent::live;
+pub use crate::bindings::idem::agent::live::LiveError;
 
 /// The largest text one [`publish`] may carry, in bytes (the host's bound).
 pub const MAX_CHUNK_BYTES: usize = 16 << 10;

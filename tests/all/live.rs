@@ -289,7 +289,10 @@ fn streamed_over_sse_and_logs_follow(service: &Service, guest: &str, provider: &
         text.push_str(event.data["text"].as_str().unwrap());
     };
     assert_eq!(end.data["status"], "completed");
-    assert!(events.next().is_none(), "the response ends after the end event");
+    assert!(
+        events.next().is_none(),
+        "the response ends after the end event"
+    );
     assert_eq!(text, ANSWER);
     assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
     assert!(committed(&served, run_id, "/llm/c1/2"));

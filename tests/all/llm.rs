@@ -306,7 +306,10 @@ fn sse_events(anthropic: bool, body: &[u8]) -> Vec<(String, bool)> {
         chars.chunks(3).map(|c| c.iter().collect()).collect()
     };
     let halves = |text: &str| -> [String; 2] {
-        let mid = text.char_indices().nth(text.chars().count() / 2).map_or(0, |(i, _)| i);
+        let mid = text
+            .char_indices()
+            .nth(text.chars().count() / 2)
+            .map_or(0, |(i, _)| i);
         [text[..mid].to_owned(), text[mid..].to_owned()]
     };
     let mut events = Vec::new();
@@ -319,34 +322,52 @@ fn sse_events(anthropic: bool, body: &[u8]) -> Vec<(String, bool)> {
         start["content"] = json!([]);
         start["stop_reason"] = Value::Null;
         start["usage"] = usage;
-        events.push(event("message_start", json!({"type": "message_start", "message": start})));
+        events.push(event(
+            "message_start",
+            json!({"type": "message_start", "message": start}),
+        ));
         for (i, block) in v["content"].as_array().unwrap().iter().enumerate() {
             if block["type"] == "text" {
                 let open = json!({"type": "text", "text": ""});
-                events.push(event("content_block_start",
-                    json!({"type": "content_block_start", "index": i, "content_block": open})));
+                events.push(event(
+                    "content_block_start",
+                    json!({"type": "content_block_start", "index": i, "content_block": open}),
+                ));
                 for piece in pieces(block["text"].as_str().unwrap()) {
                     let delta = json!({"type": "text_delta", "text": piece});
                     let data = json!({"type": "content_block_delta", "index": i, "delta": delta});
-                    events.push((format!("event: content_block_delta\ndata: {data}\n\n"), true));
+                    events.push((
+                        format!("event: content_block_delta\ndata: {data}\n\n"),
+                        true,
+                    ));
                 }
             } else {
                 let mut open = block.clone();
                 open["input"] = json!({});
-                events.push(event("content_block_start",
-                    json!({"type": "content_block_start", "index": i, "content_block": open})));
+                events.push(event(
+                    "content_block_start",
+                    json!({"type": "content_block_start", "index": i, "content_block": open}),
+                ));
                 for half in halves(&block["input"].to_string()) {
                     let delta = json!({"type": "input_json_delta", "partial_json": half});
-                    events.push(event("content_block_delta",
-                        json!({"type": "content_block_delta", "index": i, "delta": delta})));
+                    events.push(event(
+                        "content_block_delta",
+                        json!({"type": "content_block_delta", "index": i, "delta": delta}),
+                    ));
                 }
             }
-            events.push(event("content_block_stop", json!({"type": "content_block_stop", "index": i})));
+            events.push(event(
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": i}),
+            ));
         }
         events.push(event("ping", json!({"type": "ping"})));
-        events.push(event("message_delta", json!({"type": "message_delta",
+        events.push(event(
+            "message_delta",
+            json!({"type": "message_delta",
             "delta": {"stop_reason": v["stop_reason"], "stop_sequence": null},
-            "usage": {"output_tokens": output}})));
+            "usage": {"output_tokens": output}}),
+        ));
         events.push(event("message_stop", json!({"type": "message_stop"})));
     } else {
         let data = |delta: Value, finish: Value| {
@@ -356,22 +377,38 @@ fn sse_events(anthropic: bool, body: &[u8]) -> Vec<(String, bool)> {
         let line = |value: Value| (format!("data: {value}\n\n"), false);
         let choice = &v["choices"][0];
         let message = &choice["message"];
-        events.push(line(data(json!({"role": "assistant", "content": ""}), Value::Null)));
+        events.push(line(data(
+            json!({"role": "assistant", "content": ""}),
+            Value::Null,
+        )));
         for piece in pieces(message["content"].as_str().unwrap_or_default()) {
             let value = data(json!({"content": piece}), Value::Null);
             events.push((format!("data: {value}\n\n"), true));
         }
-        for (i, call) in message["tool_calls"].as_array().into_iter().flatten().enumerate() {
+        for (i, call) in message["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
             let [first, second] = halves(call["function"]["arguments"].as_str().unwrap());
-            events.push(line(data(json!({"tool_calls": [{"index": i, "id": call["id"],
+            events.push(line(data(
+                json!({"tool_calls": [{"index": i, "id": call["id"],
                 "type": "function", "function": {"name": call["function"]["name"],
-                "arguments": first}}]}), Value::Null)));
-            events.push(line(data(json!({"tool_calls": [{"index": i,
-                "function": {"arguments": second}}]}), Value::Null)));
+                "arguments": first}}]}),
+                Value::Null,
+            )));
+            events.push(line(data(
+                json!({"tool_calls": [{"index": i,
+                "function": {"arguments": second}}]}),
+                Value::Null,
+            )));
         }
         events.push(line(data(json!({}), choice["finish_reason"].clone())));
-        events.push(line(json!({"id": v["id"], "object": "chat.completion.chunk",
-            "choices": [], "usage": v["usage"]})));
+        events.push(line(
+            json!({"id": v["id"], "object": "chat.completion.chunk",
+            "choices": [], "usage": v["usage"]}),
+        ));
         events.push(("data: [DONE]\n\n".to_owned(), false));
     }
     events

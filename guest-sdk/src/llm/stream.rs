@@ -148,7 +148,10 @@ impl Assembler {
 /// Where the first complete event of `buf` ends, and its separator's length.
 fn event_end(buf: &[u8]) -> Option<(usize, usize)> {
     let lf = buf.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2));
-    let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| (i, 4));
+    let crlf = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|i| (i, 4));
     match (lf, crlf) {
         (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
         (a, b) => a.or(b),
@@ -292,8 +295,7 @@ impl Anthropic {
             "content_block_stop" => {
                 let index = self.index(v)?;
                 let (block, json) = &mut self.blocks[index];
-                if block.get("type").and_then(Value::as_str) == Some("tool_use")
-                    && !json.is_empty()
+                if block.get("type").and_then(Value::as_str) == Some("tool_use") && !json.is_empty()
                 {
                     let input: Value = serde_json::from_str(json)
                         .map_err(|e| format!("a tool call's input is not JSON: {e}"))?;
@@ -387,7 +389,10 @@ mod tests {
             assert_eq!(parsed.message.tool_calls[0].name, "look");
             assert_eq!(parsed.message.tool_calls[0].arguments, "{\"q\":1}");
             assert_eq!(parsed.stop_reason, "tool_calls");
-            assert_eq!((parsed.usage.input_tokens, parsed.usage.output_tokens), (9, 4));
+            assert_eq!(
+                (parsed.usage.input_tokens, parsed.usage.output_tokens),
+                (9, 4)
+            );
         }
     }
 

@@ -37,7 +37,10 @@ struct Pending {
 
 impl LiveSink {
     fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
-        self.0.pending.lock().unwrap_or_else(PoisonError::into_inner)
+        self.0
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Takes `text` (checked by the caller) as the next chunk of step `key`: joined to

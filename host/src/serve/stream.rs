@@ -76,21 +76,14 @@ async fn pump(
             () = events.closed() => return,
             _ = stopping.changed() => return,
         };
-        let batch = match next {
-            Ok(Followed::Chunks(chunks)) => chunks
-                .into_iter()
-                .map(|c| {
-                    Event::default()
-                        .id(c.seq.to_string())
-                        .data(json!({"seq": c.seq, "key": c.key, "text": c.text}).to_string())
-                })
-                .collect(),
+        let chunks = match next {
+            Ok(Followed::Chunks(chunks)) => chunks,
             Ok(Followed::Ended(status)) => {
                 let status = status.map(|s| s.as_str());
                 let end = Event::default()
                     .event("end")
                     .data(json!({ "status": status }).to_string());
-                let _ = events.send(end).await;
+                send(&events, end, &mut stopping).await;
                 return;
             }
             Err(e) => {
@@ -98,16 +91,31 @@ async fn pump(
                 let error = Event::default()
                     .event("failure")
                     .data(json!({ "message": e.to_string() }).to_string());
-                let _ = events.send(error).await;
+                send(&events, error, &mut stopping).await;
                 return;
             }
         };
-        let batch: Vec<Event> = batch;
-        for event in batch {
-            if events.send(event).await.is_err() {
+        for c in chunks {
+            let event = Event::default()
+                .id(c.seq.to_string())
+                .data(json!({"seq": c.seq, "key": c.key, "text": c.text}).to_string());
+            if !send(&events, event, &mut stopping).await {
                 return;
             }
         }
+    }
+}
+
+/// Hands `event` to the response; whether it was taken (not if the client went away,
+/// or the server stops while a client that reads nothing holds the stream full).
+async fn send(
+    events: &mpsc::Sender<Event>,
+    event: Event,
+    stopping: &mut watch::Receiver<()>,
+) -> bool {
+    tokio::select! {
+        sent = events.send(event) => sent.is_ok(),
+        _ = stopping.changed() => false,
     }
 }
 

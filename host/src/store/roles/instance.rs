@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use crate::store::{
     Checkpoint, ChildSpec, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts, JoinRequest,
-    LiveText, Rated, Recorded, RunFence, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned, StoreError,
-    UsageRecord, WaitRequest, WaitState,
+    LiveText, Rated, Recorded, RunFence, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned,
+    StoreError, UsageRecord, WaitRequest, WaitState,
 };
 #[cfg(doc)]
 use crate::store::{OperatorStore, RunStatus};

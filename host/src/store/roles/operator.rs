@@ -3,9 +3,10 @@
 use std::fmt;
 
 use crate::store::{
-    Cancelled, DeploymentPaused, GcReport, GcRequest, LiveChunk, OpenClaim, Paused, PausedDeployment,
-    Resolution, Resumed, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy,
-    SignalSent, StepRecord, StoreError, Submission, Submitted, UsageFilter, UsageTotal, WaitRecord,
+    Cancelled, DeploymentPaused, GcReport, GcRequest, LiveChunk, OpenClaim, Paused,
+    PausedDeployment, Resolution, Resumed, RunFilter, RunRecord, ScheduleDef, ScheduleRecord,
+    ScheduledBy, SignalSent, StepRecord, StoreError, Submission, Submitted, UsageFilter,
+    UsageTotal, WaitRecord,
 };
 #[cfg(doc)]
 use crate::store::{InstanceStore, RunStatus, WorkerStore};

@@ -23,12 +23,12 @@ use super::{CatalogStore, InstanceStore, OperatorStore, Store, WorkerStore};
 use crate::store::{
     Acquired, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
     DataKeyRecord, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits, FlowSetting,
-    GcReport, GcRequest, JoinRequest, LiveChunk, LiveText, LeaseState, LeasedRun, Millis, OpenClaim, Paused,
-    PausedDeployment, Presence, RateLimit, RateSetting, Rated, Recorded, Resolution, Resumed,
-    RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, Sealer,
-    SignalSent, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned, StepRecord, StoreError,
-    Submission, Submitted, Suspension, Tick, UsageFilter, UsageRecord, UsageTotal, WaitRecord,
-    WaitRequest, WaitState,
+    GcReport, GcRequest, JoinRequest, LeaseState, LeasedRun, LiveChunk, LiveText, Millis,
+    OpenClaim, Paused, PausedDeployment, Presence, RateLimit, RateSetting, Rated, Recorded,
+    Resolution, Resumed, RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord,
+    ScheduledBy, Sealer, SignalSent, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned, StepRecord,
+    StoreError, Submission, Submitted, Suspension, Tick, UsageFilter, UsageRecord, UsageTotal,
+    WaitRecord, WaitRequest, WaitState,
 };
 
 /// A [`Store`] assembled from one handle per role: an underlying store's, with any

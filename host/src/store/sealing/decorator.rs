@@ -18,12 +18,12 @@ use super::{DataKeyRecord, Sealer};
 use crate::store::{
     Acquired, Cancelled, CatalogStore, Checkpoint, ChildEnd, ChildSpec, ClaimOutcome, ClaimRef,
     ClaimRequest, Commit, Counts, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits,
-    FlowSetting, GcReport, GcRequest, InstanceStore, JoinRequest, LiveChunk, LiveText, LeaseState, LeasedRun, Millis,
-    OpenClaim, OperatorStore, Paused, PausedDeployment, RateLimit, RateSetting, Rated, Recorded,
-    Resolution, Resumed, RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord,
-    ScheduledBy, SignalSent, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned, StepRecord, Store,
-    StoreError, Submission, Submitted, Suspension, Tick, UsageFilter, UsageRecord, UsageTotal,
-    WaitRecord, WaitRequest, WaitState, WorkerStore, check_signal_payload,
+    FlowSetting, GcReport, GcRequest, InstanceStore, JoinRequest, LeaseState, LeasedRun, LiveChunk,
+    LiveText, Millis, OpenClaim, OperatorStore, Paused, PausedDeployment, RateLimit, RateSetting,
+    Rated, Recorded, Resolution, Resumed, RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef,
+    ScheduleRecord, ScheduledBy, SignalSent, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned,
+    StepRecord, Store, StoreError, Submission, Submitted, Suspension, Tick, UsageFilter,
+    UsageRecord, UsageTotal, WaitRecord, WaitRequest, WaitState, WorkerStore, check_signal_payload,
 };
 
 /// A store whose payloads are kept sealed (`store/sealing/` says which and how).

@@ -10,8 +10,8 @@ use super::owned::{
     OwnedEnd, OwnedJoin, OwnedRef, OwnedRequest, OwnedSpawnBatch, OwnedSubmission, OwnedWaitKind,
 };
 use super::{
-    SqliteStore, TxError, children, claims, components, flow, gc, leases, live, logs, pause, presence,
-    rates, runs, schedules, sealing, usage, waits,
+    SqliteStore, TxError, children, claims, components, flow, gc, leases, live, logs, pause,
+    presence, rates, runs, schedules, sealing, usage, waits,
 };
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
@@ -229,16 +229,20 @@ impl InstanceStore for SqliteStore {
         let (fence, chunks) = (fence.clone(), chunks.to_vec());
         let sealer = self.sealer();
         // Not durable by design (store/live.rs): never a sync of its own.
-        self.write("append to a run's live stream", SyncMode::Normal, move |conn, _| {
-            leases::check_fence(conn, &fence)?;
-            live::append(
-                conn,
-                &fence.run_id,
-                &chunks,
-                keep,
-                Payloads(sealer.as_deref()),
-            )
-        })
+        self.write(
+            "append to a run's live stream",
+            SyncMode::Normal,
+            move |conn, _| {
+                leases::check_fence(conn, &fence)?;
+                live::append(
+                    conn,
+                    &fence.run_id,
+                    &chunks,
+                    keep,
+                    Payloads(sealer.as_deref()),
+                )
+            },
+        )
         .await
     }
 

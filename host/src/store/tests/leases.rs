@@ -353,7 +353,13 @@ pub(super) async fn a_lease_given_back_fences_its_own_writes(env: &Env<'_>) {
         lease_lost(store.save_counts(fence, &Counts::default()).await, fence);
         lease_lost(store.append_log(fence, b"x", 10).await, fence);
         lease_lost(store.append_live(fence, &late_text(), 10).await, fence);
-        assert!(store.live(&fence.run_id, None, 10).await.unwrap().is_empty());
+        assert!(
+            store
+                .live(&fence.run_id, None, 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
         lease_lost(
             store
                 .finish_run(fence, RunEnd::Failed(b"x"), &Counts::default())

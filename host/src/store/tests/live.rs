@@ -55,7 +55,10 @@ pub(super) async fn live_chunks_are_numbered_per_run_and_read_after_a_number(env
             row(2, "b", "ünïcode ✓")
         ]
     );
-    assert_eq!(kept(env, "r1", Some(0)).await, [row(1, "a", " world"), row(2, "b", "ünïcode ✓")]);
+    assert_eq!(
+        kept(env, "r1", Some(0)).await,
+        [row(1, "a", " world"), row(2, "b", "ünïcode ✓")]
+    );
     assert!(kept(env, "r1", Some(2)).await.is_empty());
     assert!(kept(env, "r1", Some(u64::MAX >> 1)).await.is_empty());
     assert_eq!(kept(env, "r2", None).await, [row(0, "x", "elsewhere")]);
