@@ -76,6 +76,7 @@ for _name in [m for m in sys.modules if m == "idem" or m.startswith("idem.")]:
 from componentize_py_types import Err, Ok  # noqa: E402
 from wit_world.imports import (  # noqa: E402
     children,
+    live,
     once,
     outbound,
     outgoing_handler,
@@ -206,6 +207,19 @@ class FakeHost:
         self.join_deadlines: dict[str, int | None] = {}
         #: Usage recorded by key: the model, the tokens, and the replays counted since.
         self.usage: dict[str, tuple[str, usage.Tokens, int]] = {}
+        #: Text published to the run's live stream: (key, text), in order.
+        self.published: list[tuple[str, str]] = []
+
+    def publish(self, key: str, text: str) -> None:
+        """As the host does: a bad key or a text over the bound is refused; empty text
+        publishes nothing."""
+        self.calls.append(("publish", key, text))
+        if not key or len(key.encode()) > 512 or any(ord(c) < 0x20 for c in key):
+            raise Err(live.LiveError_InvalidKey(f"bad key {key!r}"))
+        if len(text.encode()) > 16 << 10:
+            raise Err(live.LiveError_TooLarge(16 << 10))
+        if text:
+            self.published.append((key, text))
 
     def record_usage(self, key: str, model: str, tokens: usage.Tokens) -> usage.Recorded:
         """As the host does: a committed key's first recording is spent, later ones
@@ -562,6 +576,7 @@ class FakeHost:
             (children, "join_any", self.join_any),
             (children, "spawn_many", self.spawn_many),
             (usage, "record_usage", self.record_usage),
+            (live, "publish", self.publish),
             (outbound, "set_header_names", self.set_header_names),
             (outbound, "last_denial", lambda: self.denial),
             (outgoing_handler, "handle", self.handle),

@@ -1,5 +1,6 @@
 //! The SDK's one error type, and the readable text of the WIT `step-error`.
 
+use crate::LiveError;
 use crate::llm::UsageError;
 use crate::{JoinError, SpawnError, StepError, WaitError};
 
@@ -61,6 +62,10 @@ pub enum Error {
     /// ([`llm::record_usage`](crate::llm::record_usage)).
     #[error("{}", usage_error_text(.0))]
     Usage(UsageError),
+    /// The host refused text published to the run's live stream
+    /// ([`publish`](crate::publish)).
+    #[error("{}", live_error_text(.0))]
+    Live(LiveError),
     /// A model call of [`llm`](crate::llm) failed.
     #[error("{0}")]
     Llm(#[from] crate::llm::LlmError),
@@ -119,6 +124,12 @@ impl From<SpawnError> for Error {
 impl From<UsageError> for Error {
     fn from(err: UsageError) -> Self {
         Error::Usage(err)
+    }
+}
+
+impl From<LiveError> for Error {
+    fn from(err: LiveError) -> Self {
+        Error::Live(err)
     }
 }
 
@@ -187,6 +198,15 @@ fn usage_error_text(err: &UsageError) -> String {
             format!("usage refused: key {key:?} is not a step this run committed")
         }
         UsageError::Invalid(reason) => format!("usage refused: {reason}"),
+    }
+}
+
+fn live_error_text(err: &LiveError) -> String {
+    match err {
+        LiveError::InvalidKey(reason) => format!("publish refused: invalid key: {reason}"),
+        LiveError::TooLarge(bound) => {
+            format!("publish refused: the text is over the host's bound of {bound} bytes")
+        }
     }
 }
 

@@ -194,11 +194,28 @@ impl Request {
     /// request (the message names the destination), or when the exchange fails. A
     /// response with any status, 4xx and 5xx included, is a `Response`.
     pub fn send(self) -> Result<Response, Error> {
+        self.send_streaming(|_, _| {})
+    }
+
+    /// [`Request::send`], handing each piece of the response body to `on_body` (with
+    /// the response's status) as it arrives: a server-sent event stream is read as it
+    /// comes, not when it ends. The returned response still holds the whole body.
+    ///
+    /// ```no_run
+    /// use idem_sdk::http::Request;
+    ///
+    /// let mut seen = 0;
+    /// let response = Request::get("http://127.0.0.1:8080/events")
+    ///     .send_streaming(|_status, piece| seen += piece.len())?;
+    /// assert_eq!(seen, response.body.len());
+    /// # Ok::<(), idem_sdk::Error>(())
+    /// ```
+    pub fn send_streaming(self, mut on_body: impl FnMut(u16, &[u8])) -> Result<Response, Error> {
         let url = Url::parse(&self.url)?;
         let (future, written) = self.start(&url)?;
         let response = response(&future).map_err(|code| request_error(&url, &code))?;
         written?;
-        read_response(response, &url)
+        read_response(response, &url, &mut on_body)
     }
 
     /// Sends the request (tied to its claim) and its body, without waiting for the
@@ -277,7 +294,7 @@ pub fn send_all(requests: impl IntoIterator<Item = Request>) -> Vec<Result<Respo
                 .unwrap_or_else(|| Err(ErrorCode::InternalError(Some("no response came".into()))))
                 .map_err(|code| request_error(&url, &code))?;
             written?;
-            read_response(response, &url)
+            read_response(response, &url, &mut |_, _| {})
         })
         .collect()
 }
@@ -373,7 +390,11 @@ fn response(future: &FutureIncomingResponse) -> Result<IncomingResponse, ErrorCo
     }
 }
 
-fn read_response(response: IncomingResponse, url: &Url<'_>) -> Result<Response, Error> {
+fn read_response(
+    response: IncomingResponse,
+    url: &Url<'_>,
+    on_body: &mut dyn FnMut(u16, &[u8]),
+) -> Result<Response, Error> {
     let status = response.status();
     let headers = response.headers().entries();
     let incoming = response
@@ -386,7 +407,10 @@ fn read_response(response: IncomingResponse, url: &Url<'_>) -> Result<Response, 
             .map_err(|()| Error::Http("the response body stream was already taken".into()))?;
         loop {
             match stream.blocking_read(READ_CHUNK) {
-                Ok(chunk) => body.extend_from_slice(&chunk),
+                Ok(chunk) => {
+                    on_body(status, &chunk);
+                    body.extend_from_slice(&chunk);
+                }
                 Err(StreamError::Closed) => break,
                 Err(StreamError::LastOperationFailed(err)) => {
                     let detail = wasi::http::types::http_error_code(&err)

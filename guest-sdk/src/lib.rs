@@ -79,7 +79,9 @@
 //!   inside [`run_once`] carry the step's key and token, and [`http::send_all`], which
 //!   keeps several requests in flight together.
 //! - `llm/`: [`llm::Client`], model calls (OpenAI-compatible and Anthropic) as steps
-//!   whose committed result is the response body, and the tool-call loop.
+//!   whose committed result is the response body (streamed as it comes with
+//!   [`llm::Client::stream`]), and the tool-call loop.
+//! - `live.rs`: [`publish`]: text a step shows on the run's live stream while it runs.
 //! - `error.rs`: [`Error`].
 //! - `bindings.rs`: the raw `wit-bindgen` output for `../wit`; agents never need it.
 //!
@@ -97,6 +99,7 @@ mod children;
 mod error;
 pub mod http;
 mod key;
+mod live;
 pub mod llm;
 mod once;
 mod once_all;
@@ -115,6 +118,7 @@ pub use children::{
 };
 pub use error::Error;
 pub use key::Key;
+pub use live::{LiveError, MAX_CHUNK_BYTES, publish};
 pub use once::{InDoubt, Once, Outcome, Step, run_once, run_once_with};
 pub use once_all::run_once_all;
 pub use progress::{Checkpoint, load, save};

@@ -4,8 +4,10 @@
 
 use std::time::Duration;
 
+mod follow;
 mod prices;
 mod schedules;
+pub use follow::{FOLLOW_POLL, Follow, Followed};
 pub use prices::{Price, PriceError, PricedUsage, Prices};
 pub use schedules::{
     ScheduleRequest, ScheduleView, UPCOMING_SHOWN, create_schedule, every_text, parse_every,

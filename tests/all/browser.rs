@@ -3,7 +3,8 @@
 //! run completing once the worker in `idem serve --worker` resumes it; a parent run
 //! with its children, each a link, and a child's link back to its parent; a running
 //! run paused and resumed with its page's buttons; a schedule paused and resumed from
-//! the schedules table. Screenshots go to `target/browser/`.
+//! the schedules table; a model's streamed answer growing on its run's page while its
+//! step has not committed. Screenshots go to `target/browser/`.
 //!
 //! Without `chromium` and `chromedriver` the test says so and passes, unless
 //! `IDEM_TEST_BROWSER=required` (as `.ci/run` sets), when it fails.
@@ -728,4 +729,54 @@ fn the_page_lists_flow_and_rate_limits() {
     // Cleared, the rows go.
     idem(&["rate", "clear", "llm"]);
     session.text_until("#rates tbody", str::is_empty);
+}
+
+#[test]
+fn a_running_steps_text_grows_on_its_page_before_it_commits() {
+    if !browser_available() {
+        return;
+    }
+    use crate::live::{ANSWER, committed, deploy_chat, hold, streaming_input};
+    // The model's text answer stops after every 3 pieces until the test lets it go: the
+    // page is looked at twice while the step cannot commit.
+    let server = crate::llm::ModelServer::start();
+    let go = hold(&server, 3);
+    let service = Service::new();
+    let data = tempfile::tempdir().unwrap();
+    deploy_chat(&service, &server, data.path());
+    let served = Served::start(
+        &service.db(),
+        &["--no-auth", "--no-cache", "--worker", "--poll", "50ms"],
+    );
+    let base = format!("http://{}", served.addr);
+    let driver = Driver::start();
+    let session = driver.session();
+    let run_id = "live-page";
+    let r = served.post_json(
+        "/api/runs",
+        None,
+        &json!({"agent": "chat", "input": streaming_input(&server, "openai"), "run_id": run_id}),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    session.open(&format!("{base}/runs/{run_id}"));
+    let block = format!("#live .live-step[data-key=\"{run_id}/llm/c1/2\"]");
+    let text = format!("{block} pre");
+
+    // The first three pieces ("answer: f"), shown while the step streams.
+    let first = session.text_until(&text, |t| t == &ANSWER[..9]);
+    session.find(&format!("{block}[data-state=\"streaming\"]"));
+    assert!(!committed(&served, run_id, "/llm/c1/2"));
+    // Three more: the same text, grown, the step still not committed.
+    go.send(()).unwrap();
+    let second = session.text_until(&text, |t| t == &ANSWER[..18]);
+    assert!(second.starts_with(&first) && second.len() > first.len());
+    assert!(!committed(&served, run_id, "/llm/c1/2"));
+    session.screenshot("run-live.png");
+
+    // The rest: the whole answer, its step committed, the run completed.
+    drop(go);
+    session.text_until(&text, |t| t == ANSWER);
+    session.find("#summary[data-status=\"completed\"]");
+    session.find(&format!("{block}[data-state=\"committed\"]"));
+    assert!(committed(&served, run_id, "/llm/c1/2"));
 }

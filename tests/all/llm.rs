@@ -9,6 +9,11 @@
 //! sleep; and a 429 storm, a malformed, truncated or too large response and a missing
 //! key grant each end the run with their typed error, earlier steps kept.
 //!
+//! Streaming: a request with `"stream": true` is answered with server-sent events (as
+//! OpenAI and Anthropic send them), a few bytes of text per event with pauses between
+//! them, and can be held midway until the test lets it go (`Hold`); `tests/all/live.rs`
+//! reads what the guest publishes while it is held.
+//!
 //! Token usage: the store holds each model call's tokens exactly once as spent, under
 //! every crash point (a commit whose instance died before recording it is recorded by
 //! the replay), and each replay's as saved; on SQLite and on PostgreSQL.
@@ -17,6 +22,7 @@ use std::collections::VecDeque;
 use std::io::Write as _;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -60,9 +66,10 @@ impl Canned {
     }
 }
 
-/// One request as the server saw it, with what it answered and when.
+/// One request as the server saw it, with what it answered and when (for a stream,
+/// the body it would have answered without streaming).
 #[derive(Clone)]
-struct Exchange {
+pub(crate) struct Exchange {
     seen: Seen,
     at: Instant,
     status: u16,
@@ -80,24 +87,33 @@ impl Exchange {
 }
 
 #[derive(Default)]
-struct Record {
+pub(crate) struct Record {
     exchanges: Vec<Exchange>,
     /// Canned replies for the model's first turn (no tool results yet) and its second.
     first: VecDeque<Canned>,
     second: VecDeque<Canned>,
+    /// Taken by the first stream that has text: where it stops.
+    pub(crate) hold: Option<Hold>,
+}
+
+/// Where a streamed answer stops: after every `every` pieces of text, until the test
+/// sends on the channel (or drops its end, which lets the rest go at once).
+pub(crate) struct Hold {
+    pub(crate) every: usize,
+    pub(crate) go: Receiver<()>,
 }
 
 /// The stand-in model: `POST /v1/chat/completions` (OpenAI) and `POST /v1/messages`
 /// (Anthropic), and the `lookup` tool at `POST /tool/lookup`.
-struct ModelServer {
-    addr: SocketAddr,
+pub(crate) struct ModelServer {
+    pub(crate) addr: SocketAddr,
     record: Arc<Mutex<Record>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl ModelServer {
-    fn start() -> ModelServer {
+    pub(crate) fn start() -> ModelServer {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap();
@@ -128,11 +144,11 @@ impl ModelServer {
         }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
-    fn with<T>(&self, f: impl FnOnce(&mut Record) -> T) -> T {
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut Record) -> T) -> T {
         f(&mut self.record.lock().unwrap())
     }
 
@@ -148,7 +164,7 @@ impl ModelServer {
     }
 
     /// The model's exchanges grouped by key, in the order of their first request.
-    fn model_calls(&self) -> Vec<(String, Vec<Exchange>)> {
+    pub(crate) fn model_calls(&self) -> Vec<(String, Vec<Exchange>)> {
         let mut by_key: Vec<(String, Vec<Exchange>)> = Vec::new();
         for e in self.exchanges("/v1/") {
             match by_key.iter_mut().find(|(k, _)| k == e.key()) {
@@ -201,6 +217,29 @@ fn answer(stream: TcpStream, record: &Mutex<Record>) {
             ),
         }
     };
+    let streamed = status == 200
+        && seen.path.starts_with("/v1/")
+        && serde_json::from_slice::<Value>(&seen.body).is_ok_and(|r| r["stream"] == true);
+    if streamed {
+        let events = sse_events(anthropic, &body);
+        let hold = {
+            let mut r = record.lock().unwrap();
+            r.exchanges.push(Exchange {
+                seen,
+                at: Instant::now(),
+                status,
+                answer: body,
+            });
+            // The turn that answers in text is the one held.
+            if events.iter().any(|e| e.1) {
+                r.hold.take()
+            } else {
+                None
+            }
+        };
+        stream_events(stream, &events, hold);
+        return;
+    }
     let mut stream = stream;
     let mut head = format!(
         "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
@@ -222,6 +261,157 @@ fn answer(stream: TcpStream, record: &Mutex<Record>) {
         .write_all(head.as_bytes())
         .and_then(|()| stream.write_all(&body))
         .and_then(|()| stream.flush());
+}
+
+/// Writes a stream of server-sent `events` (each with whether it carries text), with a
+/// pause between events and, with `hold`, a stop after every `hold.every` of those with
+/// text until the test says go. The body ends when the connection closes.
+fn stream_events(mut stream: TcpStream, events: &[(String, bool)], hold: Option<Hold>) {
+    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n\
+                connection: close\r\n\r\n";
+    if stream.write_all(head.as_bytes()).is_err() {
+        return;
+    }
+    let mut holding = hold;
+    let mut texts = 0;
+    for (event, text) in events {
+        // The client may be gone (an instance dropped): nothing to tell it then.
+        if stream
+            .write_all(event.as_bytes())
+            .and_then(|()| stream.flush())
+            .is_err()
+        {
+            return;
+        }
+        if *text {
+            texts += 1;
+            if let Some(hold) = &holding
+                && texts % hold.every == 0
+                && hold.go.recv().is_err()
+            {
+                holding = None;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// `body`, a plain answer of `model_answer`, as the events of a stream, each with
+/// whether it carries text: the content three characters at a time, each tool call's
+/// arguments in two pieces, then the stop reason and the usage.
+fn sse_events(anthropic: bool, body: &[u8]) -> Vec<(String, bool)> {
+    let v: Value = serde_json::from_slice(body).unwrap();
+    let pieces = |text: &str| -> Vec<String> {
+        let chars: Vec<char> = text.chars().collect();
+        chars.chunks(3).map(|c| c.iter().collect()).collect()
+    };
+    let halves = |text: &str| -> [String; 2] {
+        let mid = text
+            .char_indices()
+            .nth(text.chars().count() / 2)
+            .map_or(0, |(i, _)| i);
+        [text[..mid].to_owned(), text[mid..].to_owned()]
+    };
+    let mut events = Vec::new();
+    if anthropic {
+        let event = |name: &str, data: Value| (format!("event: {name}\ndata: {data}\n\n"), false);
+        let mut usage = v["usage"].clone();
+        let output = usage["output_tokens"].take();
+        usage["output_tokens"] = json!(1);
+        let mut start = v.clone();
+        start["content"] = json!([]);
+        start["stop_reason"] = Value::Null;
+        start["usage"] = usage;
+        events.push(event(
+            "message_start",
+            json!({"type": "message_start", "message": start}),
+        ));
+        for (i, block) in v["content"].as_array().unwrap().iter().enumerate() {
+            if block["type"] == "text" {
+                let open = json!({"type": "text", "text": ""});
+                events.push(event(
+                    "content_block_start",
+                    json!({"type": "content_block_start", "index": i, "content_block": open}),
+                ));
+                for piece in pieces(block["text"].as_str().unwrap()) {
+                    let delta = json!({"type": "text_delta", "text": piece});
+                    let data = json!({"type": "content_block_delta", "index": i, "delta": delta});
+                    events.push((
+                        format!("event: content_block_delta\ndata: {data}\n\n"),
+                        true,
+                    ));
+                }
+            } else {
+                let mut open = block.clone();
+                open["input"] = json!({});
+                events.push(event(
+                    "content_block_start",
+                    json!({"type": "content_block_start", "index": i, "content_block": open}),
+                ));
+                for half in halves(&block["input"].to_string()) {
+                    let delta = json!({"type": "input_json_delta", "partial_json": half});
+                    events.push(event(
+                        "content_block_delta",
+                        json!({"type": "content_block_delta", "index": i, "delta": delta}),
+                    ));
+                }
+            }
+            events.push(event(
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": i}),
+            ));
+        }
+        events.push(event("ping", json!({"type": "ping"})));
+        events.push(event(
+            "message_delta",
+            json!({"type": "message_delta",
+            "delta": {"stop_reason": v["stop_reason"], "stop_sequence": null},
+            "usage": {"output_tokens": output}}),
+        ));
+        events.push(event("message_stop", json!({"type": "message_stop"})));
+    } else {
+        let data = |delta: Value, finish: Value| {
+            json!({"id": v["id"], "object": "chat.completion.chunk", "model": "stand-in",
+                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+        };
+        let line = |value: Value| (format!("data: {value}\n\n"), false);
+        let choice = &v["choices"][0];
+        let message = &choice["message"];
+        events.push(line(data(
+            json!({"role": "assistant", "content": ""}),
+            Value::Null,
+        )));
+        for piece in pieces(message["content"].as_str().unwrap_or_default()) {
+            let value = data(json!({"content": piece}), Value::Null);
+            events.push((format!("data: {value}\n\n"), true));
+        }
+        for (i, call) in message["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let [first, second] = halves(call["function"]["arguments"].as_str().unwrap());
+            events.push(line(data(
+                json!({"tool_calls": [{"index": i, "id": call["id"],
+                "type": "function", "function": {"name": call["function"]["name"],
+                "arguments": first}}]}),
+                Value::Null,
+            )));
+            events.push(line(data(
+                json!({"tool_calls": [{"index": i,
+                "function": {"arguments": second}}]}),
+                Value::Null,
+            )));
+        }
+        events.push(line(data(json!({}), choice["finish_reason"].clone())));
+        events.push(line(
+            json!({"id": v["id"], "object": "chat.completion.chunk",
+            "choices": [], "usage": v["usage"]}),
+        ));
+        events.push(("data: [DONE]\n\n".to_owned(), false));
+    }
+    events
 }
 
 fn authorized(seen: &Seen, anthropic: bool) -> bool {

@@ -27,6 +27,7 @@ mod in_doubt;
 mod kill;
 mod lease;
 mod limits;
+mod live;
 mod llm;
 mod multi_process;
 mod new;

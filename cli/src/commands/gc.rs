@@ -78,6 +78,7 @@ fn summary(report: &GcReport, dry_run: bool) -> String {
         (report.signals, "signals"),
         (report.upgrades, "upgrade records"),
         (report.usage, "usage records"),
+        (report.live_chunks, "live stream chunks"),
         (report.components, "components"),
         (report.blobs, "large values (blobs)"),
     ] {

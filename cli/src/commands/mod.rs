@@ -68,7 +68,8 @@ pub enum Command {
     Resume(resume::ResumeCommand),
     /// Send a signal to a run (one waiting for it wakes at once).
     Signal(signal::SignalCommand),
-    /// Print a run's log (what its agent wrote to stderr and stdout).
+    /// Print a run's log (what its agent wrote to stderr and stdout); with `-f`, follow it and
+    /// the run's live stream until the run ends.
     Logs(logs::LogsCommand),
     /// Sum the token usage of model calls per deployment and model (spent, and saved by
     /// replays), priced by an optional table.

@@ -44,6 +44,7 @@ from ._errors import (
     InvalidJoinKey,
     InvalidJoinTime,
     InvalidKey,
+    InvalidLiveKey,
     InvalidSpawnKey,
     InvalidTime,
     InvalidWaitKey,
@@ -52,6 +53,8 @@ from ._errors import (
     JoinKeyReused,
     JoinTimedOut,
     KeyReused,
+    LiveError,
+    LiveTooLarge,
     NotAChild,
     SpawnCycle,
     SpawnError,
@@ -67,6 +70,7 @@ from ._errors import (
 )
 from ._host import generation, run_id
 from ._keys import Key
+from ._live import MAX_CHUNK_BYTES, publish
 from ._once import FAIL, RETRY, Checkpoint, Once, Outcome, Step, load, once, run_once, save
 from ._once_all import run_once_all
 from ._retry import Permanent, RetryPolicy, Transient, run_once_retry
@@ -74,6 +78,7 @@ from ._waits import sleep, sleep_until, take_token, wait_for_signal
 
 __all__ = [
     "FAIL",
+    "MAX_CHUNK_BYTES",
     "RETRY",
     "AwaitTimeout",
     "Checkpoint",
@@ -94,6 +99,7 @@ __all__ = [
     "InvalidJoinKey",
     "InvalidJoinTime",
     "InvalidKey",
+    "InvalidLiveKey",
     "InvalidSpawnKey",
     "InvalidTime",
     "InvalidWaitKey",
@@ -103,6 +109,8 @@ __all__ = [
     "JoinTimedOut",
     "Key",
     "KeyReused",
+    "LiveError",
+    "LiveTooLarge",
     "NotAChild",
     "Once",
     "Outcome",
@@ -130,6 +138,7 @@ __all__ = [
     "llm",
     "load",
     "once",
+    "publish",
     "run_id",
     "run_once",
     "run_once_all",

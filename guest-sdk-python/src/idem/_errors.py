@@ -244,6 +244,25 @@ class InvalidUsage(UsageError):
     count is over the host's bound."""
 
 
+class LiveError(_Refused):
+    """The host refused text published to the run's live stream
+    (:func:`idem.publish`); nothing was published."""
+
+    prefix = "publish refused"
+
+
+class InvalidLiveKey(LiveError):
+    """The key is empty, too long or holds control characters."""
+
+
+class LiveTooLarge(LiveError):
+    """The text is over the host's bound on one chunk (``bound``, in bytes)."""
+
+    def __init__(self, bound: int) -> None:
+        super().__init__(f"the text is over the host's bound of {bound} bytes")
+        self.bound = bound
+
+
 class LlmError(IdemError):
     """A model call of :mod:`idem.llm` failed. In every case but :class:`TurnLimit` the
     call's key is left uncommitted (its claim released): nothing the model answered was

@@ -8,6 +8,7 @@ from typing import NoReturn
 from componentize_py_types import Err
 from wit_world.imports import (
     children,
+    live,
     once,
     outbound,
     outgoing_handler,
@@ -28,6 +29,7 @@ __all__ = [
     "children",
     "generation",
     "http_types",
+    "live",
     "once",
     "outbound",
     "outgoing_handler",

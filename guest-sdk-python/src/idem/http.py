@@ -148,8 +148,11 @@ def request(
     json: Any = None,
     timeout: float | None = None,
     under: Step | None = None,
+    on_body: Callable[[int, bytes], None] | None = None,
 ) -> Response:
-    """Sends a request and reads the whole response.
+    """Sends a request and reads the whole response; ``on_body(status, piece)``, if
+    given, gets each piece of the body as it arrives (a server-sent event stream is read
+    as it comes, not when it ends), and the response still holds the whole body.
 
     Raises :class:`~idem.HttpDenied` when the host refuses it and
     :class:`~idem.HttpError` when the URL is unusable or the exchange fails; a
@@ -162,7 +165,7 @@ def request(
     while started.future.get_ready() is None:
         with started.future.subscribe() as pollable:
             pollable.block()
-    return started.finish()
+    return started.finish(on_body)
 
 
 @dataclass
@@ -239,7 +242,7 @@ class _Started:
     future: _Future
     write_error: HttpError | None
 
-    def finish(self) -> Response:
+    def finish(self, on_body: Callable[[int, bytes], None] | None = None) -> Response:
         got = self.future.get_ready()
         with self.future.inner:
             pass
@@ -250,7 +253,7 @@ class _Started:
             raise _error(self.url, inner.value)
         if self.write_error is not None:
             raise self.write_error
-        return _read(inner.value, self.url)
+        return _read(inner.value, self.url, on_body)
 
 
 def _start(r: Request) -> _Started:
@@ -317,7 +320,9 @@ def _set(what: str, url: str, setter: Callable[[], None]) -> None:
         raise HttpError(f"{what} of {url} refused") from None
 
 
-def _read(resp: t.IncomingResponse, u: _Url) -> Response:
+def _read(
+    resp: t.IncomingResponse, u: _Url, on_body: Callable[[int, bytes], None] | None = None
+) -> Response:
     with resp:
         status = resp.status()
         with resp.headers() as h:
@@ -327,7 +332,10 @@ def _read(resp: t.IncomingResponse, u: _Url) -> Response:
     with incoming.stream() as stream:
         while True:
             try:
-                chunks.append(stream.blocking_read(_READ_CHUNK))
+                piece = stream.blocking_read(_READ_CHUNK)
+                if on_body is not None:
+                    on_body(status, piece)
+                chunks.append(piece)
             except Err as err:
                 if isinstance(err.value, streams.StreamError_Closed):
                     break

@@ -16,6 +16,12 @@ OPENAI_API_KEY=... --allow-http api.openai.com``), never from the component. A 4
 ``Retry-After`` says (a durable :func:`~idem.sleep`: the run holds no instance
 meanwhile).
 
+With ``Client(..., stream=True)`` a call asks for a stream and publishes each piece of
+text on the run's live stream under the call's key as it arrives
+(:func:`~idem.publish`: ``idem logs -f``, ``GET /api/runs/{id}/stream`` and the web page
+show it growing); the step still commits the response the same call would have answered
+without streaming, so a replay returns it byte for byte and publishes nothing.
+
 >>> import idem
 >>> from idem import llm
 >>> def support(input):
@@ -30,6 +36,7 @@ meanwhile).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json as _jsonlib
 import math
@@ -46,6 +53,7 @@ from ._errors import (
     HttpDenied,
     HttpError,
     InvalidUsage,
+    LiveError,
     LlmError,
     Malformed,
     MissingKey,
@@ -59,6 +67,8 @@ from ._host import Err, raise_step_error, run_id, types
 from ._host import once as wit_once
 from ._host import usage as wit_usage
 from ._keys import Key
+from ._live import MAX_CHUNK_BYTES, publish
+from ._llm_stream import Assembler, stream_request
 from ._once import Outcome, Step, obtained, step_of
 from ._once_all import run_once_all
 from ._retry import RetryPolicy, _random, backoff_key
@@ -286,6 +296,17 @@ class Client:
     response replacing the policy's wait up to its ``max_delay``;
     ``max_response_bytes`` is the largest body accepted (raise the host's result limit
     with it); ``timeout`` (seconds) bounds each request's waits.
+
+    ``stream=True`` streams each call: the request asks for server-sent events
+    (OpenAI's ``stream`` with ``stream_options.include_usage``, Anthropic's ``stream``),
+    and each piece of text is published on the run's live stream under the call's key
+    as it arrives (:func:`~idem.publish`). What the step commits is the response
+    assembled from the events, in the shape the same call answers without streaming
+    (message, tool calls, stop reason, usage): a replay decodes it alike, returns it
+    byte for byte and publishes nothing (the text was shown when the call was made).
+    The call's key is bound to the request without the stream fields, so turning
+    streaming on or off does not change it. An attempt that fails midway and is
+    retried publishes its text again.
     """
 
     def __init__(
@@ -299,6 +320,7 @@ class Client:
         retry: RetryPolicy | None = None,
         max_response_bytes: int = MAX_RESPONSE_BYTES,
         timeout: float | None = None,
+        stream: bool = False,
     ) -> None:
         key = os.environ.get(api_key_var, "")
         if not key:
@@ -318,6 +340,7 @@ class Client:
         self.retry = retry or RetryPolicy()
         self.max_response_bytes = max_response_bytes
         self.timeout = timeout
+        self.stream = stream
 
     def __repr__(self) -> str:
         # The key stays out of logs and tracebacks.
@@ -372,7 +395,8 @@ class Client:
         turn = chat.turn + 1
         body = request_body(self.provider, self.model, self.max_tokens, chat.messages, tools)
         key = Key(f"{run_id()}/llm/{chat.id}/{turn}").with_input(body)
-        raw, outcome = self._call(key, body)
+        sent = stream_request(self.provider == Provider.OPENAI, body) if self.stream else body
+        raw, outcome = self._call(key, sent)
         try:
             parsed = parse(self.provider, raw.encode("utf-8"))
         except ValueError as err:
@@ -509,9 +533,22 @@ class Client:
         else:
             headers["x-api-key"] = self._api_key
             headers["anthropic-version"] = "2023-06-01"
+        assembler = Assembler(self.provider == Provider.OPENAI) if self.stream else None
+
+        def on_body(status: int, piece: bytes) -> None:
+            if assembler is not None and 200 <= status < 300:
+                for delta in assembler.feed(piece):
+                    _publish_text(key.text, delta)
+
         try:
             r = http.request(
-                "POST", self.url, headers=headers, body=body, timeout=self.timeout, under=step
+                "POST",
+                self.url,
+                headers=headers,
+                body=body,
+                timeout=self.timeout,
+                under=step,
+                on_body=on_body,
             )
         except HttpDenied:
             raise
@@ -521,17 +558,39 @@ class Client:
             raise _Again(f"status {r.status}", retry_after(r))
         if not r.ok:
             raise ModelStatus(self.url, r.status, r.text[:500])
-        if len(r.body) > self.max_response_bytes:
+        answer = r.body
+        if assembler is not None:
+            # What the step commits: the events assembled into the plain response.
+            try:
+                answer = assembler.finish().encode("utf-8")
+            except ValueError as err:
+                raise Malformed(key.text, f"the stream: {err}") from None
+        if len(answer) > self.max_response_bytes:
             raise ResponseTooLarge(
                 key.text,
-                f"{len(r.body)} bytes, over the client's limit of {self.max_response_bytes} bytes",
+                f"{len(answer)} bytes, over the client's limit of {self.max_response_bytes} bytes",
             )
         # Checked before the commit: a body that does not decode is never recorded.
         try:
-            parse(self.provider, r.body)
-            return r.body.decode("utf-8")
+            parse(self.provider, answer)
+            return answer.decode("utf-8")
         except (ValueError, UnicodeDecodeError) as err:
             raise Malformed(key.text, str(err)) from None
+
+
+def _publish_text(key: str, text: str) -> None:
+    """Publishes a streamed call's ``text`` under its ``key``, in pieces within the
+    host's bound. A refusal is dropped: the live stream is a view of the call, and must
+    not fail it (the key was checked when it was claimed; pieces are within the bound)."""
+    data = text.encode("utf-8")
+    while data:
+        cut = min(len(data), MAX_CHUNK_BYTES)
+        # Back to a character's first byte: a piece is whole characters.
+        while cut < len(data) and (data[cut] & 0xC0) == 0x80:
+            cut -= 1
+        with contextlib.suppress(LiveError):
+            publish(key, data[:cut].decode("utf-8"))
+        data = data[cut:]
 
 
 def retry_after(r: http.Response) -> float | None:

@@ -15,6 +15,14 @@
 //! a 5xx is retried under the client's [`RetryPolicy`], waiting as `Retry-After` says
 //! (a durable [`sleep`](crate::sleep): the run holds no instance meanwhile).
 //!
+//! With [`Client::stream`], a call asks for a stream and publishes each piece of text
+//! on the run's live stream under the call's key as it arrives ([`publish`]: `idem logs
+//! -f`, `GET /api/runs/{id}/stream` and the web page show it growing); the step still
+//! commits the response the same call would have answered without streaming, so a
+//! replay returns it byte for byte and publishes nothing.
+//!
+//! [`publish`]: crate::publish
+//!
 //! ```no_run
 //! use idem_sdk::llm::{Client, Conversation, Tool};
 //! use serde_json::json;
@@ -35,6 +43,7 @@
 //! ```
 
 mod error;
+mod stream;
 mod wire;
 
 use std::fmt::Display;
@@ -300,7 +309,8 @@ pub struct Reply {
     /// model calls).
     pub usage: Usage,
     /// The response body, byte for byte as the model sent it the one time it was
-    /// called.
+    /// called (for a [streamed](Client::stream) call, the plain response its events
+    /// were assembled into, byte for byte as committed).
     pub body: String,
     /// How the step got it: [`Outcome::Skipped`] for a replay, which cost nothing.
     pub outcome: Outcome,
@@ -322,6 +332,7 @@ pub struct Client {
     retry: RetryPolicy,
     max_response_bytes: usize,
     timeout: Option<Duration>,
+    stream: bool,
 }
 
 impl std::fmt::Debug for Client {
@@ -335,6 +346,7 @@ impl std::fmt::Debug for Client {
             .field("retry", &self.retry)
             .field("max_response_bytes", &self.max_response_bytes)
             .field("timeout", &self.timeout)
+            .field("stream", &self.stream)
             .finish()
     }
 }
@@ -403,6 +415,7 @@ impl Client {
             retry: RetryPolicy::default(),
             max_response_bytes: MAX_RESPONSE_BYTES,
             timeout: None,
+            stream: false,
         })
     }
 
@@ -430,6 +443,21 @@ impl Client {
     /// Bounds each request's wait for the connection and the response's bytes.
     pub fn timeout(mut self, timeout: Duration) -> Client {
         self.timeout = Some(timeout);
+        self
+    }
+
+    /// Streams each call's response (default off): the request asks for server-sent
+    /// events (OpenAI's `stream` with `stream_options.include_usage`, Anthropic's
+    /// `stream`), and each piece of text is published on the run's live stream under
+    /// the call's key as it arrives ([`publish`](crate::publish)). What the step
+    /// commits is the response assembled from the events, in the shape the same call
+    /// answers without streaming (message, tool calls, stop reason, usage): a replay
+    /// decodes it alike, returns it byte for byte and publishes nothing (the text was
+    /// shown when the call was made). The call's key is bound to the request without
+    /// the stream fields, so turning streaming on or off does not change it. An attempt
+    /// that fails midway and is retried publishes its text again.
+    pub fn stream(mut self, stream: bool) -> Client {
+        self.stream = stream;
         self
     }
 
@@ -466,7 +494,12 @@ impl Client {
         );
         let key =
             Key::new(format!("{}/llm/{}/{turn}", crate::run_id(), chat.id)).with_input(&body)?;
-        let (raw, outcome) = self.call(&key, &body)?;
+        let sent = if self.stream {
+            stream::request(self.provider, &body)
+        } else {
+            body
+        };
+        let (raw, outcome) = self.call(&key, &sent)?;
         let parsed =
             wire::parse(self.provider, raw.as_bytes()).map_err(|detail| LlmError::Malformed {
                 key: key.to_string(),
@@ -652,7 +685,18 @@ impl Client {
         if let Some(timeout) = self.timeout {
             request = request.timeout(timeout);
         }
-        let response = match request.send() {
+        let mut assembler = self.stream.then(|| stream::Assembler::new(self.provider));
+        let sent = match assembler.as_mut() {
+            Some(assembler) => request.send_streaming(|status, piece| {
+                if (200..300).contains(&status) {
+                    for delta in assembler.feed(piece) {
+                        publish_text(key.as_str(), &delta);
+                    }
+                }
+            }),
+            None => request.send(),
+        };
+        let response = match sent {
             Ok(response) => response,
             Err(err) => {
                 return Err(Attempt::Again {
@@ -681,19 +725,42 @@ impl Client {
                 detail,
             })
         };
-        if response.body.len() > self.max_response_bytes {
+        let body = match assembler {
+            // What the step commits: the events assembled into the plain response.
+            Some(assembler) => assembler
+                .finish()
+                .map_err(|detail| bad(format!("the stream: {detail}")))?
+                .into_bytes(),
+            None => response.body,
+        };
+        if body.len() > self.max_response_bytes {
             return Err(Attempt::Fatal(LlmError::TooLarge {
                 key: key.to_string(),
                 detail: format!(
                     "{} bytes, over the client's limit of {} bytes",
-                    response.body.len(),
+                    body.len(),
                     self.max_response_bytes
                 ),
             }));
         }
         // Checked before the commit: a body that does not decode is never recorded.
-        wire::parse(self.provider, &response.body).map_err(bad)?;
-        String::from_utf8(response.body).map_err(|_| bad("the body is not UTF-8".into()))
+        wire::parse(self.provider, &body).map_err(bad)?;
+        String::from_utf8(body).map_err(|_| bad("the body is not UTF-8".into()))
+    }
+}
+
+/// Publishes a streamed call's `text` under its `key`, in pieces within the host's
+/// bound. A refusal is dropped: the live stream is a view of the call, and must not fail
+/// it (the key was checked when it was claimed; pieces are within the bound).
+fn publish_text(key: &str, text: &str) {
+    let mut rest = text;
+    while !rest.is_empty() {
+        let mut cut = rest.len().min(crate::MAX_CHUNK_BYTES);
+        while !rest.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let _ = crate::publish(key, &rest[..cut]);
+        rest = &rest[cut..];
     }
 }
 
@@ -768,6 +835,7 @@ mod tests {
             retry: RetryPolicy::default(),
             max_response_bytes: 1,
             timeout: None,
+            stream: false,
         };
         let debug = format!("{client:?}");
         assert!(

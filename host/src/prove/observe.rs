@@ -281,4 +281,12 @@ impl InstanceStore for ObservedInstance {
     async fn record_usage(&self, record: &UsageRecord<'_>) -> Result<Recorded, StoreError> {
         self.inner.record_usage(record).await
     }
+    async fn append_live(
+        &self,
+        fence: &RunFence,
+        chunks: &[crate::store::LiveText],
+        keep: usize,
+    ) -> Result<(), StoreError> {
+        self.inner.append_live(fence, chunks, keep).await
+    }
 }

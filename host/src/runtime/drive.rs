@@ -13,6 +13,7 @@ use super::engine::LoadedAgent;
 use super::error::HostError;
 use super::faults::{FaultPlan, Faults};
 use super::host::Host;
+use super::live_text::LiveSink;
 use super::next::Next;
 use super::output::LogSink;
 use super::report::{RunReport, Waiting, since};
@@ -109,6 +110,7 @@ impl Host {
             fuel_left: authority.limits.max_fuel,
             counts_flushed: std::time::Instant::now(),
             log,
+            live_text: LiveSink::default(),
             capture,
         };
         let worker = leased
@@ -259,8 +261,10 @@ impl Host {
         Ok(Some(report))
     }
 
-    /// Moves what the agent wrote since the last flush to the run's log in the store.
+    /// Moves what the agent wrote and published since the last flush to the run's log
+    /// and live stream in the store.
     async fn flush_log(&self, run: &RunCtx) {
+        self.flush_live(&run.fence, &run.live_text).await;
         let pending = run.log.take();
         if pending.is_empty() {
             return;

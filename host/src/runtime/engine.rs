@@ -337,5 +337,6 @@ fn add_idem_to_linker(linker: &mut Linker<InstanceState>) -> wasmtime::Result<()
     idem_wit::agent::waits::add_to_linker::<_, HasIdem>(linker, view)?;
     idem_wit::agent::children::add_to_linker::<_, HasIdem>(linker, view)?;
     idem_wit::agent::usage::add_to_linker::<_, HasIdem>(linker, view)?;
+    idem_wit::agent::live::add_to_linker::<_, HasIdem>(linker, view)?;
     Ok(())
 }

@@ -59,7 +59,7 @@ pub enum HostError {
         reason: String,
     },
     /// The component is valid but not an agent of the `idem:agent` world.
-    #[error("{} is not an idem agent (world idem:agent/agent@0.1.4): {reason}", path.display())]
+    #[error("{} is not an idem agent (world idem:agent/agent@0.1.5): {reason}", path.display())]
     WrongWorld {
         /// The file.
         path: PathBuf,

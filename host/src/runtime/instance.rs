@@ -15,12 +15,13 @@ use super::end::{FuelState, InstanceEnd};
 use super::engine::LoadedAgent;
 use super::error::HostError;
 use super::http::HttpGate;
+use super::live_text::{LIVE_FLUSH, LiveSink};
 use super::output::{GuestOutput, LOG_KEEP, LogSink};
 use super::run_ctx::{RunCtx, Watch};
 use super::state::InstanceState;
 use super::stop::{RunSignals, Stop};
 use super::view::IdemCtx;
-use crate::store::{ClaimRef, RunFence, StoreError};
+use crate::store::{ClaimRef, LIVE_KEEP, RunFence, StoreError};
 use crate::text;
 
 /// How often a running instance's log is moved to the store.
@@ -59,6 +60,7 @@ impl Host {
             signals: Arc::clone(&run.signals),
             fence: run.fence.clone(),
             log: run.log.clone(),
+            live_text: run.live_text.clone(),
         };
         let idem = IdemCtx {
             gate: HttpGate::new(run.run_id(), &authority.http, run.capture.clone()),
@@ -105,7 +107,8 @@ impl Host {
     }
 
     /// Calls `run` on the instance under its watchdog: a passed deadline or a stop
-    /// signal ends the call; the run's log reaches the store while it runs.
+    /// signal ends the call; the run's log and live text reach the store while it runs
+    /// (the live text [`LIVE_FLUSH`] after some is published, and only then).
     async fn watch_call(
         &self,
         agent: &LoadedAgent,
@@ -118,6 +121,7 @@ impl Host {
             signals,
             fence,
             log,
+            live_text,
         } = watched;
         let call = call_run(agent, store, input);
         tokio::pin!(call);
@@ -125,11 +129,24 @@ impl Host {
         // waits for the timer driver's next millisecond, once per instance.
         let mut flush =
             tokio::time::interval_at(tokio::time::Instant::now() + LOG_FLUSH, LOG_FLUSH);
+        // Armed by the first text published since the last flush; an agent that never
+        // publishes never wakes it.
+        let live_due = tokio::time::sleep(LOG_FLUSH);
+        tokio::pin!(live_due);
+        let mut armed = false;
         loop {
             tokio::select! {
                 result = &mut call => return result,
                 limit = watch.expired() => return Err(wasmtime::Error::new(limit)),
                 stop = stopped(signals, watch) => return Err(wasmtime::Error::new(stop)),
+                () = live_text.published(), if !armed => {
+                    armed = true;
+                    live_due.as_mut().reset(tokio::time::Instant::now() + LIVE_FLUSH);
+                }
+                () = &mut live_due, if armed => {
+                    armed = false;
+                    self.flush_live(fence, live_text).await;
+                }
                 _ = flush.tick() => {
                     // A long instance's log reaches the store while it runs, not only
                     // when it ends.
@@ -141,6 +158,17 @@ impl Host {
                     }
                 }
             }
+        }
+    }
+
+    /// Moves the text published since the last flush to the run's live stream.
+    pub(super) async fn flush_live(&self, fence: &RunFence, live_text: &LiveSink) {
+        let pending = live_text.take();
+        if pending.is_empty() {
+            return;
+        }
+        if let Err(e) = self.store.append_live(fence, &pending, LIVE_KEEP).await {
+            tracing::warn!(error = %e, "cannot write the run's live stream");
         }
     }
 
@@ -173,6 +201,7 @@ struct Watched {
     signals: Arc<RunSignals>,
     fence: RunFence,
     log: LogSink,
+    live_text: LiveSink,
 }
 
 /// Why the instance ended, and the run's context taken back out of it, the fuel it

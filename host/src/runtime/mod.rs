@@ -23,7 +23,8 @@
 //!   reach; `http/`: the outbound HTTP policy and the gate that holds requests to it;
 //!   `capture.rs`: the hook that lets an embedder answer outbound requests itself and
 //!   hear of refused ones; `output.rs`: the guest's stderr and stdout, escaped, as the
-//!   run's log; `regular_file.rs`: files a user names, opened without waiting on a
+//!   run's log; `live_text.rs`: the text it publishes, on its way to the run's live
+//!   stream; `regular_file.rs`: files a user names, opened without waiting on a
 //!   FIFO; `error.rs`: the runtime's errors.
 
 mod agent_bytes;
@@ -47,6 +48,7 @@ mod http;
 mod imports;
 mod instance;
 mod limits;
+mod live_text;
 mod names;
 mod next;
 mod options;

@@ -9,6 +9,7 @@ use super::capture::HttpCapture;
 use super::faults::Faults;
 use super::heartbeat::Heartbeat;
 use super::limits::{LimitExceeded, Limits};
+use super::live_text::LiveSink;
 use super::output::LogSink;
 use super::stop::RunSignals;
 use crate::store::{Checkpoint, Counts, RunFence, Store, StoreError};
@@ -105,6 +106,8 @@ pub(crate) struct RunCtx {
     pub(crate) counts_flushed: Instant,
     /// Where the agent's stderr and stdout go.
     pub(crate) log: LogSink,
+    /// Where the text the agent publishes to the run's live stream waits for the store.
+    pub(crate) live_text: LiveSink,
     /// What answers the run's outbound HTTP in place of the network, if anything.
     pub(crate) capture: Option<Arc<dyn HttpCapture>>,
 }

@@ -5,6 +5,7 @@
 //! - `routes.rs`: the one table of routes; the router and the OpenAPI document are
 //!   both made from it.
 //! - `api.rs`: the JSON handlers, each a thin call into [`crate::ops`] or the store.
+//! - `stream.rs`: a run's live stream as server-sent events.
 //! - `auth.rs`: who may do what (loopback, the bearer token, other origins).
 //! - `error.rs`: [`ApiError`], the stable error codes.
 //! - `openapi.rs`: the OpenAPI document.
@@ -33,6 +34,7 @@ mod metrics;
 mod openapi;
 mod page;
 mod routes;
+mod stream;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -135,6 +137,9 @@ pub(crate) struct ServeState {
     pub(crate) runtime: Arc<Runtime>,
     pub(crate) settled: Arc<metrics::SettledSteps>,
     pub(crate) prices: Option<Arc<crate::ops::Prices>>,
+    /// Changes (closes) when the server stops: open event streams end then, rather
+    /// than hold the server's graceful shutdown until their runs end.
+    pub(crate) stopping: watch::Receiver<()>,
 }
 
 /// A server bound to its address, not yet serving.
@@ -143,6 +148,7 @@ pub struct Server {
     router: Router,
     addr: SocketAddr,
     header_read_timeout: Duration,
+    stop: watch::Sender<()>,
 }
 
 impl std::fmt::Debug for Server {
@@ -169,17 +175,20 @@ impl Server {
                 source,
             })?;
         let addr = listener.local_addr()?;
+        let (stop, stopping) = watch::channel(());
         let state = ServeState {
             store,
             runtime,
             settled: Arc::default(),
             prices: options.prices.clone().map(Arc::new),
+            stopping,
         };
         Ok(Server {
             listener,
             router: router(state, Arc::new(policy), &options),
             addr,
             header_read_timeout: options.header_read_timeout,
+            stop,
         })
     }
 
@@ -200,7 +209,8 @@ impl Server {
         let mut http = http1::Builder::new();
         http.timer(TokioTimer::new())
             .header_read_timeout(self.header_read_timeout);
-        let (stop, stopping) = watch::channel(());
+        let stopping = self.stop.subscribe();
+        let stop = self.stop;
         let mut connections = JoinSet::new();
         let mut shutdown = pin!(shutdown);
         loop {
@@ -287,6 +297,7 @@ fn handler(route: &Route) -> MethodRouter<ServeState> {
         "submit_run" => post(api::submit_run),
         "submit_runs" => post(api::submit_runs),
         "show_run" => get(api::show_run),
+        "stream_run" => get(stream::stream_run),
         "signal_run" => post(api::signal_run),
         "resolve_key" => post(api::resolve_key),
         "cancel_run" => post(api::cancel_run),

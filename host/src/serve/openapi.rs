@@ -29,6 +29,16 @@ pub fn document() -> Value {
                 "schema": { "type": "string" },
             })
         }));
+        if route.id == "stream_run" {
+            parameters.push(json!({
+                "name": "Last-Event-ID",
+                "in": "header",
+                "required": false,
+                "description": "resume after the event with this id (a chunk's sequence number); \
+                                a browser's EventSource sends it when it reconnects",
+                "schema": { "type": "string" },
+            }));
+        }
         let mut op = json!({
             "operationId": route.id,
             "summary": route.summary,
@@ -52,6 +62,14 @@ pub fn document() -> Value {
             "pause_deployment" | "resume_deployment" => Some("DeploymentPaused"),
             _ => None,
         };
+        if route.id == "stream_run" {
+            // Server-sent events: each event's data is JSON of the schema its name says.
+            op["responses"]["200"]["x-idem-events"] = json!({
+                "message": { "$ref": "#/components/schemas/LiveChunk" },
+                "end": { "$ref": "#/components/schemas/StreamEnd" },
+                "failure": { "$ref": "#/components/schemas/StreamFailure" },
+            });
+        }
         if let Some(schema) = answer {
             op["responses"]["200"]["content"][route.responds] =
                 json!({ "schema": { "$ref": format!("#/components/schemas/{schema}") } });
@@ -104,6 +122,27 @@ pub(crate) fn path_parameters(path: &str) -> impl Iterator<Item = &str> {
 fn schemas() -> Value {
     let codes: Vec<&str> = CODES.iter().map(|(code, _, _)| *code).collect();
     json!({
+        "LiveChunk": {
+            "type": "object",
+            "required": ["seq", "key", "text"],
+            "properties": {
+                "seq": { "type": "integer", "minimum": 0, "description": "the chunk's sequence number in its run (the event's id)" },
+                "key": { "type": "string", "description": "the step that published it" },
+                "text": { "type": "string", "description": "the text, control characters escaped" },
+            },
+        },
+        "StreamEnd": {
+            "type": "object",
+            "required": ["status"],
+            "properties": {
+                "status": { "type": ["string", "null"], "description": "the run's status as it ended (null: the run was collected meanwhile)" },
+            },
+        },
+        "StreamFailure": {
+            "type": "object",
+            "required": ["message"],
+            "properties": { "message": { "type": "string", "description": "why the stream stopped (the store failed); reconnect to resume" } },
+        },
         "Error": {
             "type": "object",
             "required": ["error"],

@@ -160,6 +160,19 @@ pub const ROUTES: &[Route] = &[
         responds: JSON,
     },
     Route {
+        method: "GET",
+        path: "/api/runs/{run_id}/stream",
+        id: "stream_run",
+        summary: "The run's live stream as server-sent events: the chunks kept, then each \
+                  new one (`id` its sequence number, data `{seq, key, text}`; \
+                  `Last-Event-ID` resumes after one), then an `end` event with the run's \
+                  status. Not durable: the committed results are the truth",
+        access: Access::Read,
+        body: Body::Empty,
+        query: &[],
+        responds: "text/event-stream",
+    },
+    Route {
         method: "POST",
         path: "/api/runs/{run_id}/signal",
         id: "signal_run",

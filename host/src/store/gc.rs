@@ -49,6 +49,8 @@ pub struct GcReport {
     pub upgrades: u64,
     /// Token usage of model calls, one per step that recorded it.
     pub usage: u64,
+    /// Chunks of runs' live streams.
+    pub live_chunks: u64,
     /// Components no run and no deployment uses.
     pub components: u64,
     /// Large values' blobs no row refers to any more.
@@ -72,6 +74,7 @@ impl GcReport {
         self.signals += other.signals;
         self.upgrades += other.upgrades;
         self.usage += other.usage;
+        self.live_chunks += other.live_chunks;
         self.components += other.components;
         self.blobs += other.blobs;
     }
@@ -87,6 +90,7 @@ impl GcReport {
             + self.signals
             + self.upgrades
             + self.usage
+            + self.live_chunks
             + self.components
             + self.blobs
     }

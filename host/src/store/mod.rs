@@ -21,7 +21,7 @@
 //! sum (what a backend is, and what the host, a worker and the HTTP API hold):
 //! - [`InstanceStore`], a running instance: claim, take over, commit, release, renew
 //!   and park its keys; read a committed result; load and save its checkpoint and
-//!   counts; append to its log; record a durable wait; spawn a child run exactly once
+//!   counts; append to its log and its live stream; record a durable wait; spawn a child run exactly once
 //!   and join children.
 //! - [`WorkerStore`], a worker driving runs: the store's clock, the next due time,
 //!   acquiring, renewing and giving back run leases, suspending a run that waits,
@@ -31,7 +31,7 @@
 //! - [`CatalogStore`], what runs are made from: components by digest, deployments,
 //!   the components a namespace admits, moving a run to another component.
 //! - [`OperatorStore`], an operator: submit, list and look at runs (record, authority,
-//!   steps, open claims, waits, log), cancel, resolve a parked key, send a signal, gc;
+//!   steps, open claims, waits, log, live stream), cancel, resolve a parked key, send a signal, gc;
 //!   create, list, pause, resume and delete schedules (`schedules.rs`), whose ticks
 //!   workers fire ([`WorkerStore::fire_schedules`]).
 //!
@@ -81,6 +81,7 @@ mod error;
 mod fence;
 mod flow;
 mod gc;
+mod live;
 #[cfg(test)]
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod model_tests;
@@ -122,6 +123,7 @@ pub use fence::{ParseSyncModeError, RunFence, SyncMode};
 pub(crate) use flow::{FlowCounts, Limit, check_setting, key_of};
 pub use flow::{FlowLimits, FlowRefusal, FlowSetting, MAX_FLOW_LIMIT, MAX_PRIORITY};
 pub use gc::{GcReport, GcRequest};
+pub use live::{LIVE_KEEP, LiveChunk, LiveText, MAX_LIVE_CHUNK_BYTES};
 pub use open::{Location, StoreOptions, is_postgres_url, open};
 pub use parked::{ParkedKeys, ParkedMatch, qualified_key};
 pub use pause::{DeploymentPaused, Paused, PausedBy, PausedDeployment, Resumed};

@@ -49,6 +49,7 @@ mod epoch;
 mod flow;
 mod gc;
 mod leases;
+mod live;
 mod logs;
 mod one_trip;
 mod pause;

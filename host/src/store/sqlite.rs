@@ -31,6 +31,7 @@ mod fault_tests;
 mod flow;
 mod gc;
 mod leases;
+mod live;
 mod logs;
 #[cfg(test)]
 mod migration_tests;

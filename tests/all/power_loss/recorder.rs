@@ -169,4 +169,13 @@ impl InstanceStore for Recorder {
     ) -> Result<idem::store::Recorded, StoreError> {
         self.inner.record_usage(record).await
     }
+    // The live stream is not durable by design: nothing a power loss test checks.
+    async fn append_live(
+        &self,
+        fence: &RunFence,
+        chunks: &[idem::store::LiveText],
+        keep: usize,
+    ) -> Result<(), StoreError> {
+        self.inner.append_live(fence, chunks, keep).await
+    }
 }

@@ -4,7 +4,8 @@ same input, keys, requests and output, so the same tests run on both.
 
 Input: ``{"provider": "openai", "conversation": "c1", "prompt": "...", "tool_url":
 "http://127.0.0.1:PORT", "max_turns": 4, "manual": false, "retry": {"max_attempts": 3,
-"initial_ms": 100, "max_ms": 5000}, "max_response_bytes": null}``. Tools: ``lookup``
+"initial_ms": 100, "max_ms": 5000}, "max_response_bytes": null, "stream": false}``.
+With ``stream`` the client streams each call, publishing its text as it comes. Tools: ``lookup``
 POSTs its arguments to ``{tool_url}/tool/lookup`` under its step and answers the
 response's text; ``note`` appends the line ``{key} {token} {first|in-doubt}
 {arguments}`` to ``/data/notes.log``. With ``manual`` the loop is written out with
@@ -79,6 +80,8 @@ def run(input: dict) -> dict:
         )
     if input.get("max_response_bytes") is not None:
         kw["max_response_bytes"] = input["max_response_bytes"]
+    if input.get("stream"):
+        kw["stream"] = True
     if input.get("provider") == "anthropic":
         client = llm.Client.anthropic("stand-in", **kw)
     else:

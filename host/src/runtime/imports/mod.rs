@@ -4,6 +4,7 @@
 //! `state.rs` (see `view.rs` for why embedders do not link them).
 
 mod children;
+mod live;
 mod once;
 mod once_many;
 mod outbound;

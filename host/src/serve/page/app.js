@@ -1,4 +1,5 @@
-// idem's web page: reads the JSON API and redraws once a second. Every string from the
+// idem's web page: reads the JSON API and redraws once a second; a run's live stream
+// (text its steps publish as they run) is read as it comes. Every string from the
 // store is set with textContent, never parsed as HTML.
 "use strict";
 
@@ -253,6 +254,11 @@ function runPage(runId) {
         el("thead", {}, el("tr", {}, ...["model", "calls", "spent (in · out · cached)", "cost",
           "replays", "saved (in · out · cached)", "saved cost"].map(h => el("th", { text: h })))),
         el("tbody"))),
+    el("section", { id: "live-section", hidden: true },
+      el("h2", { text: "Live" }),
+      el("p", { class: "muted", text: "Text the steps publish as they run. Not durable: " +
+        "each step's committed result is the truth." }),
+      el("div", { id: "live" })),
     el("h2", { text: "Steps" }),
     el("table", { id: "steps" },
       el("thead", {}, el("tr", {},
@@ -278,6 +284,83 @@ function runPage(runId) {
         el("button", { id: "resume", text: "Resume", onclick: () => pause(runId, "resume") }),
         el("button", { id: "cancel", class: "danger", text: "Cancel run", onclick: () => cancel(runId) }))));
   refreshRun(runId);
+  followLive(runId);
+}
+
+// ----- the live stream -----
+
+// Read with fetch rather than EventSource: EventSource cannot send the bearer token the
+// API asks for off loopback. The same events, the same resumption (Last-Event-ID).
+let live = null;
+
+function followLive(runId) {
+  if (live) live.abort.abort();
+  const state = { runId, abort: new AbortController(), last: null, ended: false, steps: {} };
+  live = state;
+  (async () => {
+    while (!state.ended && !state.abort.signal.aborted) {
+      try {
+        const headers = { Accept: "text/event-stream" };
+        if (token()) headers["Authorization"] = "Bearer " + token();
+        if (state.last != null) headers["Last-Event-ID"] = String(state.last);
+        const res = await fetch("/api/runs/" + encodeURIComponent(runId) + "/stream",
+          { headers, signal: state.abort.signal });
+        if (!res.ok) return;
+        const reader = res.body.getReader();
+        const decoder = new TextDecoder();
+        let buf = "";
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buf += decoder.decode(value, { stream: true }).replace(/\r\n/g, "\n");
+          let cut;
+          while ((cut = buf.indexOf("\n\n")) >= 0) {
+            liveEvent(state, buf.slice(0, cut));
+            buf = buf.slice(cut + 2);
+          }
+        }
+      } catch (e) {
+        if (state.abort.signal.aborted) return;
+      }
+      // Cut off before the run ended (a restart, a proxy): resume after the last chunk.
+      if (!state.ended) await new Promise(r => setTimeout(r, POLL_MS));
+    }
+  })();
+}
+
+function liveEvent(state, raw) {
+  let name = "message", data = "";
+  for (const line of raw.split("\n")) {
+    if (line.startsWith("event:")) name = line.slice(6).trim();
+    else if (line.startsWith("data:")) data += line.slice(5).replace(/^ /, "");
+  }
+  if (!data || live !== state) return;
+  const doc = JSON.parse(data);
+  if (name === "end") { state.ended = true; return; }
+  if (name !== "message") return;
+  state.last = doc.seq;
+  let block = state.steps[doc.key];
+  if (!block) {
+    block = el("div", { class: "live-step", "data-key": doc.key },
+      el("div", {}, el("code", { text: doc.key }), " ", el("span", { class: "live-state" })),
+      el("pre", { class: "live-text" }));
+    state.steps[doc.key] = block;
+    document.getElementById("live").append(block);
+    document.getElementById("live-section").hidden = false;
+  }
+  block.querySelector("pre").append(doc.text);
+}
+
+// Each live block says whether its step is still running or committed.
+function drawLiveStates(run, steps) {
+  for (const block of document.querySelectorAll("#live .live-step")) {
+    const step = steps.find(s => s.key === run.namespace + ":" + block.dataset.key);
+    const committed = step != null && step.committed_at != null;
+    const mark = block.querySelector(".live-state");
+    const want = committed ? "committed" : "streaming";
+    if (mark.textContent !== want) mark.replaceChildren(badge(want, committed ? "s-completed" : "s-running"));
+    block.setAttribute("data-state", want);
+  }
 }
 
 async function refreshRun(runId) {
@@ -420,6 +503,8 @@ function drawRun(runId, doc) {
       el("td", { text: w.due != null ? utc(w.due) : "no timeout" }),
       el("td", { text: state }));
   }));
+
+  drawLiveStates(run, doc.steps);
 
   const log = document.getElementById("log");
   if (log.textContent !== doc.log) log.textContent = doc.log || "(nothing written)";

@@ -10,7 +10,7 @@ use super::batch::{Fenced as BatchFenced, FinishJob};
 use super::conn::{Fenced, Lock, write_tx};
 use super::one_trip::OneTrip;
 use super::{
-    PostgresStore, TxError, blobs, children, claims, components, flow, gc, leases, logs, pause,
+    PostgresStore, TxError, blobs, children, claims, components, flow, gc, leases, live, logs, pause,
     rates, runs, schedules, sealing, usage, waits,
 };
 use crate::store::rules::lease_expiry;
@@ -25,7 +25,9 @@ use crate::store::{
     StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode, Tick, WaitRecord,
     WaitRequest, WaitState, WorkerStore,
 };
-use crate::store::{Recorded, UsageFilter, UsageRecord, UsageTotal, check_usage};
+use crate::store::{
+    LiveChunk, LiveText, Recorded, UsageFilter, UsageRecord, UsageTotal, check_usage,
+};
 
 /// Refuses a write whose fence did not hold.
 fn held(fenced: &Fenced, fence: &RunFence) -> Result<(), TxError> {
@@ -215,6 +217,27 @@ impl InstanceStore for PostgresStore {
             |conn, fenced| {
                 held(fenced, fence)?;
                 usage::record(conn, record).await
+            }
+        )
+    }
+
+    async fn append_live(
+        &self,
+        fence: &RunFence,
+        chunks: &[LiveText],
+        keep: usize,
+    ) -> Result<(), StoreError> {
+        // Appends of one run take turns: each numbers its chunks after the newest. Not
+        // durable by design (store/live.rs): never a sync of its own.
+        let with = Some((fence, Lock::Update));
+        write_tx!(
+            self,
+            "append to a run's live stream",
+            SyncMode::Normal,
+            with,
+            |conn, fenced| {
+                held(fenced, fence)?;
+                live::append(conn, &fence.run_id, chunks, keep).await
             }
         )
     }
@@ -722,6 +745,18 @@ impl OperatorStore for PostgresStore {
     async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError> {
         self.read("read a run's log", async |conn| {
             logs::read(conn, run_id).await
+        })
+        .await
+    }
+
+    async fn live(
+        &self,
+        run_id: &str,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<LiveChunk>, StoreError> {
+        self.read("read a run's live stream", async |conn| {
+            live::read(conn, run_id, after, limit).await
         })
         .await
     }

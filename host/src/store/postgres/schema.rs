@@ -26,7 +26,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0011_rates.sql"),
     include_str!("../migrations/postgres/0012_sealing.sql"),
     include_str!("../migrations/postgres/0013_usage.sql"),
-    include_str!("../migrations/postgres/0014_blobs.sql"),
+    include_str!("../migrations/postgres/0014_live.sql"),
+    include_str!("../migrations/postgres/0015_blobs.sql"),
 ];
 
 /// The schema version this build writes and understands.

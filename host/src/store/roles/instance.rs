@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use crate::store::{
     Checkpoint, ChildSpec, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts, JoinRequest,
-    Rated, Recorded, RunFence, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned, StoreError,
-    UsageRecord, WaitRequest, WaitState,
+    LiveText, Rated, Recorded, RunFence, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned,
+    StoreError, UsageRecord, WaitRequest, WaitState,
 };
 #[cfg(doc)]
 use crate::store::{OperatorStore, RunStatus};
@@ -108,6 +108,18 @@ pub trait InstanceStore: Send + Sync + fmt::Debug {
         &self,
         fence: &RunFence,
         bytes: &[u8],
+        keep: usize,
+    ) -> Result<(), StoreError>;
+
+    /// Appends `chunks` to the run's live stream, in order, each under the next
+    /// sequence number of the run, then drops its oldest chunks while it holds more than
+    /// `keep` bytes of text (the newest chunk always stays). In a store encrypted at
+    /// rest each chunk's text is sealed. Fails with [`StoreError::LeaseLost`] if the
+    /// fence is stale; nothing is written then.
+    async fn append_live(
+        &self,
+        fence: &RunFence,
+        chunks: &[LiveText],
         keep: usize,
     ) -> Result<(), StoreError>;
 

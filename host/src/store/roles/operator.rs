@@ -3,9 +3,10 @@
 use std::fmt;
 
 use crate::store::{
-    Cancelled, DeploymentPaused, GcReport, GcRequest, OpenClaim, Paused, PausedDeployment,
-    Resolution, Resumed, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy,
-    SignalSent, StepRecord, StoreError, Submission, Submitted, UsageFilter, UsageTotal, WaitRecord,
+    Cancelled, DeploymentPaused, GcReport, GcRequest, LiveChunk, OpenClaim, Paused,
+    PausedDeployment, Resolution, Resumed, RunFilter, RunRecord, ScheduleDef, ScheduleRecord,
+    ScheduledBy, SignalSent, StepRecord, StoreError, Submission, Submitted, UsageFilter,
+    UsageTotal, WaitRecord,
 };
 #[cfg(doc)]
 use crate::store::{InstanceStore, RunStatus, WorkerStore};
@@ -116,6 +117,15 @@ pub trait OperatorStore: Send + Sync + fmt::Debug {
 
     /// The run's log (the last bytes its agent wrote to stderr and stdout).
     async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError>;
+
+    /// The chunks of the run's live stream after sequence number `after` (all it keeps
+    /// for `None`), oldest first, at most `limit` of them; none for an unknown run.
+    async fn live(
+        &self,
+        run_id: &str,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<LiveChunk>, StoreError>;
 
     /// Deletes what `req` names ([`GcRequest`]) and reports how many rows of each kind
     /// went; with `req.dry_run`, deletes nothing and reports the same counts. Never

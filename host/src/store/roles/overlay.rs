@@ -21,14 +21,14 @@ use std::time::Duration;
 
 use super::{CatalogStore, InstanceStore, OperatorStore, Store, WorkerStore};
 use crate::store::{
-    Acquired, BlobDigest, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
-    Counts, DataKeyRecord, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits, FlowSetting,
-    GcReport, GcRequest, JoinRequest, LeaseState, LeasedRun, Millis, OpenClaim, Paused,
-    PausedDeployment, Presence, RateLimit, RateSetting, Rated, Recorded, Resolution, Resumed,
-    RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, Sealer,
-    SignalSent, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned, StepRecord, StoreError,
-    Submission, Submitted, Suspension, Tick, UsageFilter, UsageRecord, UsageTotal, WaitRecord,
-    WaitRequest, WaitState,
+    Acquired, BlobDigest, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
+    DataKeyRecord, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits, FlowSetting,
+    GcReport, GcRequest, JoinRequest, LeaseState, LeasedRun, LiveChunk, LiveText, Millis,
+    OpenClaim, Paused, PausedDeployment, Presence, RateLimit, RateSetting, Rated, Recorded,
+    Resolution, Resumed, RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord,
+    ScheduledBy, Sealer, SignalSent, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned, StepRecord,
+    StoreError, Submission, Submitted, Suspension, Tick, UsageFilter, UsageRecord, UsageTotal,
+    WaitRecord, WaitRequest, WaitState,
 };
 
 /// A [`Store`] assembled from one handle per role: an underlying store's, with any
@@ -181,6 +181,15 @@ impl InstanceStore for Overlay {
 
     async fn record_usage(&self, record: &UsageRecord<'_>) -> Result<Recorded, StoreError> {
         self.instance.record_usage(record).await
+    }
+
+    async fn append_live(
+        &self,
+        fence: &RunFence,
+        chunks: &[LiveText],
+        keep: usize,
+    ) -> Result<(), StoreError> {
+        self.instance.append_live(fence, chunks, keep).await
     }
 }
 
@@ -440,6 +449,15 @@ impl OperatorStore for Overlay {
 
     async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError> {
         self.operator.logs(run_id).await
+    }
+
+    async fn live(
+        &self,
+        run_id: &str,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<LiveChunk>, StoreError> {
+        self.operator.live(run_id, after, limit).await
     }
 
     async fn gc(&self, req: &GcRequest) -> Result<GcReport, StoreError> {

@@ -267,6 +267,11 @@ pub(crate) fn gc_cutoffs(now: Millis, req: &GcRequest) -> (Millis, Millis) {
     (before(req.finished_before), before(req.dedupe_window))
 }
 
+/// The most chunks a run's live stream keeps, whatever their size: an agent that
+/// publishes a byte at a time under changing keys cannot make trimming read thousands
+/// of rows per flush.
+pub(crate) const LIVE_ROWS: i64 = 2048;
+
 /// A count in a [`GcReport`].
 pub(crate) type ReportField = fn(&mut GcReport) -> &mut u64;
 
@@ -279,6 +284,7 @@ pub(crate) const GC_RUN_TABLES: &[(&str, ReportField)] = &[
     ("signals", |r| &mut r.signals),
     ("run_upgrades", |r| &mut r.upgrades),
     ("step_usage", |r| &mut r.usage),
+    ("run_live", |r| &mut r.live_chunks),
 ];
 
 /// The statuses gc counts as finished: completed and cancelled runs never run again;

@@ -10,7 +10,7 @@ use super::owned::{
     OwnedEnd, OwnedJoin, OwnedRef, OwnedRequest, OwnedSpawnBatch, OwnedSubmission, OwnedWaitKind,
 };
 use super::{
-    SqliteStore, TxError, blobs, children, claims, components, flow, gc, leases, logs, pause,
+    SqliteStore, TxError, blobs, children, claims, components, flow, gc, leases, live, logs, pause,
     presence, rates, runs, schedules, sealing, usage, waits,
 };
 use crate::store::rules::lease_expiry;
@@ -25,7 +25,9 @@ use crate::store::{
     StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode, Tick, WaitRecord,
     WaitRequest, WaitState, WorkerStore,
 };
-use crate::store::{Recorded, UsageFilter, UsageRecord, UsageTotal, check_usage};
+use crate::store::{
+    LiveChunk, LiveText, Recorded, UsageFilter, UsageRecord, UsageTotal, check_usage,
+};
 
 #[async_trait::async_trait]
 impl InstanceStore for SqliteStore {
@@ -216,6 +218,32 @@ impl InstanceStore for SqliteStore {
                 Payloads(sealer.as_deref()),
             )
         })
+        .await
+    }
+
+    async fn append_live(
+        &self,
+        fence: &RunFence,
+        chunks: &[LiveText],
+        keep: usize,
+    ) -> Result<(), StoreError> {
+        let (fence, chunks) = (fence.clone(), chunks.to_vec());
+        let sealer = self.sealer();
+        // Not durable by design (store/live.rs): never a sync of its own.
+        self.write(
+            "append to a run's live stream",
+            SyncMode::Normal,
+            move |conn, _| {
+                leases::check_fence(conn, &fence)?;
+                live::append(
+                    conn,
+                    &fence.run_id,
+                    &chunks,
+                    keep,
+                    Payloads(sealer.as_deref()),
+                )
+            },
+        )
         .await
     }
 
@@ -751,6 +779,20 @@ impl OperatorStore for SqliteStore {
         let sealer = self.sealer();
         self.read("read a run's log", move |conn| {
             logs::read(conn, &run_id, Payloads(sealer.as_deref()))
+        })
+        .await
+    }
+
+    async fn live(
+        &self,
+        run_id: &str,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<LiveChunk>, StoreError> {
+        let run_id = run_id.to_owned();
+        let sealer = self.sealer();
+        self.read("read a run's live stream", move |conn| {
+            live::read(conn, &run_id, after, limit, Payloads(sealer.as_deref()))
         })
         .await
     }

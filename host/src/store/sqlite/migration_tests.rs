@@ -93,6 +93,7 @@ fn version_2_store_migrates_with_runs_results_and_checkpoints_intact() {
             "progress",
             "rate_limits",
             "run_inputs",
+            "run_live",
             "run_logs",
             "run_outcomes",
             "run_upgrades",

@@ -32,7 +32,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0013_rates.sql"),
     include_str!("../migrations/sqlite/0014_sealing.sql"),
     include_str!("../migrations/sqlite/0015_usage.sql"),
-    include_str!("../migrations/sqlite/0016_blobs.sql"),
+    include_str!("../migrations/sqlite/0016_live.sql"),
+    include_str!("../migrations/sqlite/0017_blobs.sql"),
 ];
 
 /// The schema version this build writes and understands.

@@ -63,6 +63,13 @@ async fn commit(env: &Env<'_>, key: &str, fence: &crate::store::RunFence) -> u64
     grant.token
 }
 
+fn live_text(key: &str, text: &str) -> crate::store::LiveText {
+    crate::store::LiveText {
+        key: key.into(),
+        text: text.into(),
+    }
+}
+
 const TABLES: &[&str] = &[
     "runs",
     "run_inputs",
@@ -74,6 +81,7 @@ const TABLES: &[&str] = &[
     "signals",
     "run_upgrades",
     "step_usage",
+    "run_live",
     "components",
 ];
 
@@ -115,6 +123,10 @@ pub(super) async fn gc_deletes_exactly_a_finished_runs_rows_and_a_dry_run_nothin
     };
     store.save_progress(&old, &checkpoint, None).await.unwrap();
     store.append_log(&old, b"hello", 1024).await.unwrap();
+    store
+        .append_live(&old, &[live_text("a", "one"), live_text("b", "two")], 1024)
+        .await
+        .unwrap();
     let nap = WaitRequest {
         fence: &old,
         key: "nap",
@@ -135,6 +147,10 @@ pub(super) async fn gc_deletes_exactly_a_finished_runs_rows_and_a_dry_run_nothin
         Recorded::Spent
     );
     store.save_progress(&live, &checkpoint, None).await.unwrap();
+    store
+        .append_live(&live, &[live_text("l", "stays")], 1024)
+        .await
+        .unwrap();
 
     env.advance(31 * DAY);
     // A run finished a day ago stays.
@@ -156,6 +172,7 @@ pub(super) async fn gc_deletes_exactly_a_finished_runs_rows_and_a_dry_run_nothin
         signals: 1,
         upgrades: 1,
         usage: 1,
+        live_chunks: 2,
         components: 2,
         ..GcReport::default()
     };
@@ -172,7 +189,7 @@ pub(super) async fn gc_deletes_exactly_a_finished_runs_rows_and_a_dry_run_nothin
     let done = store.gc(&request(false)).await.unwrap();
     assert_eq!(done, dry, "a dry run counts what gc then deletes");
     // Per table, in the order of `TABLES`: exactly the old run's rows went.
-    let gone = [1, 1, 1, 1, 1, 3, 1, 1, 1, 1, 2];
+    let gone = [1, 1, 1, 1, 1, 3, 1, 1, 1, 1, 2, 2];
     let after: Vec<u64> = before.iter().zip(gone).map(|(b, g)| b - g).collect();
     assert_eq!(rows(harness), after);
 
@@ -193,6 +210,9 @@ pub(super) async fn gc_deletes_exactly_a_finished_runs_rows_and_a_dry_run_nothin
     // The live run's usage stays, the old run's went with it.
     let usage = store.usage(&UsageFilter::default()).await.unwrap();
     assert_eq!(usage.iter().map(|u| u.calls).sum::<u64>(), 1);
+    // So does its live stream.
+    assert_eq!(store.live("live", None, 10).await.unwrap().len(), 1);
+    assert!(store.live("old", None, 10).await.unwrap().is_empty());
     assert!(store.has_component(DIGEST).await.unwrap());
     assert!(!store.has_component("ef56").await.unwrap());
     // Nothing is left to collect.

@@ -252,6 +252,7 @@ pub(super) async fn every_fenced_write_with_a_stale_fence_is_refused_and_writes_
         .await
         .unwrap();
     store.append_log(&stale, b"log", 100).await.unwrap();
+    store.append_live(&stale, &late_text(), 100).await.unwrap();
     // The worker stalls past its lease; another takes the run over.
     env.advance(RUN_LEASE_MS);
     let current = env.acquire("r1", "w2").await;
@@ -264,6 +265,7 @@ pub(super) async fn every_fenced_write_with_a_stale_fence_is_refused_and_writes_
             store.steps("r1").await.unwrap(),
             store.load_progress("r1").await.unwrap(),
             store.logs("r1").await.unwrap(),
+            store.live("r1", None, 100).await.unwrap(),
             store.committed("k").await.unwrap(),
         )
     };
@@ -307,6 +309,7 @@ pub(super) async fn every_fenced_write_with_a_stale_fence_is_refused_and_writes_
         );
         lease_lost(store.save_counts(fence, &counts).await, fence);
         lease_lost(store.append_log(fence, b"late", 100).await, fence);
+        lease_lost(store.append_live(fence, &late_text(), 100).await, fence);
         lease_lost(store.release_run(fence, &counts, Some("late")).await, fence);
         for end in [
             RunEnd::Completed(b"late"),
@@ -349,6 +352,14 @@ pub(super) async fn a_lease_given_back_fences_its_own_writes(env: &Env<'_>) {
         let before = store.run(&fence.run_id).await.unwrap();
         lease_lost(store.save_counts(fence, &Counts::default()).await, fence);
         lease_lost(store.append_log(fence, b"x", 10).await, fence);
+        lease_lost(store.append_live(fence, &late_text(), 10).await, fence);
+        assert!(
+            store
+                .live(&fence.run_id, None, 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
         lease_lost(
             store
                 .finish_run(fence, RunEnd::Failed(b"x"), &Counts::default())
@@ -454,4 +465,12 @@ pub(super) async fn resolve_frees_the_run_for_any_worker(env: &Env<'_>) {
     let got = store.acquire_runs("w2", 10, RUN_LEASE, &[]).await.unwrap();
     assert_eq!(ids(&got), ["r1"]);
     assert!(got[0].token > fence.token);
+}
+
+/// A chunk of live text a fenced-out writer tries to publish.
+fn late_text() -> [crate::store::LiveText; 1] {
+    [crate::store::LiveText {
+        key: "k".into(),
+        text: "late".into(),
+    }]
 }

@@ -28,6 +28,7 @@ mod deploy;
 mod flow;
 mod gc;
 mod leases;
+mod live;
 mod pause;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres_harness;
@@ -134,6 +135,8 @@ macro_rules! store_tests {
                 runs::upgrade_moves_a_run_to_another_component,
                 runs::values_a_store_cannot_keep_are_refused_and_write_nothing,
                 runs::logs_keep_the_last_bytes_across_appends,
+                live::live_chunks_are_numbered_per_run_and_read_after_a_number,
+                live::live_streams_keep_their_newest_bytes_and_rows,
                 leases::acquire_runs_takes_the_oldest_free_runs,
                 leases::a_queue_lease_counts_its_first_instance_and_carries_the_checkpoint,
                 leases::an_expired_lease_is_acquired_again_with_a_greater_token,

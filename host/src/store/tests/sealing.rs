@@ -203,6 +203,22 @@ pub(super) async fn plant(env: &Env<'_>, secret: &str, control: &str) {
     assert_eq!(log.len(), whole.len().min(8 * 1024));
     assert!(whole.as_bytes().ends_with(&log));
 
+    // Live text, trimmed at the front by its length in clear.
+    let chunk = crate::store::LiveText {
+        key: "step".into(),
+        text: format!("{secret}-live text"),
+    };
+    for _ in 0..20 {
+        store
+            .append_live(&run, std::slice::from_ref(&chunk), chunk.text.len() * 8)
+            .await
+            .unwrap();
+    }
+    let live = store.live(&run_id, None, 100).await.unwrap();
+    assert_eq!(live.len(), 8);
+    assert!(live.iter().all(|c| c.text == chunk.text && c.key == "step"));
+    assert_eq!(live.last().map(|c| c.seq), Some(19));
+
     // A signal's payload, taken by the wait that records it.
     let payload = format!("{{\"approved\":\"{secret}-signal\"}}");
     store

@@ -12,7 +12,8 @@
 //! store compares them in place). What it cannot do from outside is the backends':
 //! reading a run's concurrency key out of its input (a reference is read from the blob
 //! tables, then opened), and sealing logs chunk by chunk (their chunks are cut and
-//! joined in place); a backend is handed the same [`Sealer`] for them
+//! joined in place; live streams' chunks are sealed there too, measured by their text
+//! when trimmed); a backend is handed the same [`Sealer`] for them
 //! ([`CatalogStore::use_sealer`]).
 //!
 //! A blob is written (or, when it is there already, marked used) in a write of its
@@ -30,12 +31,12 @@ use super::{DataKeyRecord, Sealer};
 use crate::store::{
     Acquired, Cancelled, CatalogStore, Checkpoint, ChildEnd, ChildSpec, ClaimOutcome, ClaimRef,
     ClaimRequest, Commit, Counts, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits,
-    FlowSetting, GcReport, GcRequest, InstanceStore, JoinRequest, LeaseState, LeasedRun, Millis,
-    OpenClaim, OperatorStore, Paused, PausedDeployment, RateLimit, RateSetting, Rated, Recorded,
-    Resolution, Resumed, RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord,
-    ScheduledBy, SignalSent, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned, StepRecord, Store,
-    StoreError, Submission, Submitted, Suspension, Tick, UsageFilter, UsageRecord, UsageTotal,
-    WaitRecord, WaitRequest, WaitState, WorkerStore, check_signal_payload,
+    FlowSetting, GcReport, GcRequest, InstanceStore, JoinRequest, LeaseState, LeasedRun, LiveChunk,
+    LiveText, Millis, OpenClaim, OperatorStore, Paused, PausedDeployment, RateLimit, RateSetting,
+    Rated, Recorded, Resolution, Resumed, RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef,
+    ScheduleRecord, ScheduledBy, SignalSent, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned,
+    StepRecord, Store, StoreError, Submission, Submitted, Suspension, Tick, UsageFilter,
+    UsageRecord, UsageTotal, WaitRecord, WaitRequest, WaitState, WorkerStore, check_signal_payload,
 };
 
 /// How long a blob stays after its last use, referred to or not: longer than any one
@@ -321,6 +322,16 @@ impl InstanceStore for ValueStore {
     ) -> Result<(), StoreError> {
         // The backend seals each chunk it keeps (module docs).
         self.inner.append_log(fence, bytes, keep).await
+    }
+
+    async fn append_live(
+        &self,
+        fence: &RunFence,
+        chunks: &[LiveText],
+        keep: usize,
+    ) -> Result<(), StoreError> {
+        // The backend seals each chunk's text (module docs).
+        self.inner.append_live(fence, chunks, keep).await
     }
 
     async fn wait(&self, req: &WaitRequest<'_>) -> Result<WaitState, StoreError> {
@@ -723,6 +734,16 @@ impl OperatorStore for ValueStore {
     async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError> {
         // The backend opens each chunk (module docs).
         self.inner.logs(run_id).await
+    }
+
+    async fn live(
+        &self,
+        run_id: &str,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<LiveChunk>, StoreError> {
+        // The backend opens each chunk's text (module docs).
+        self.inner.live(run_id, after, limit).await
     }
 
     async fn gc(&self, req: &GcRequest) -> Result<GcReport, StoreError> {

@@ -8,8 +8,11 @@
 //! {"provider": "openai", "conversation": "c1", "prompt": "...",
 //!  "tool_url": "http://127.0.0.1:PORT", "max_turns": 4, "manual": false,
 //!  "retry": {"max_attempts": 3, "initial_ms": 100, "max_ms": 5000},
-//!  "max_response_bytes": null}
+//!  "max_response_bytes": null, "stream": false}
 //! ```
+//!
+//! With `stream`, the client streams each call (`Client::stream`): the text arrives
+//! in pieces, each published on the run's live stream under the call's key.
 //!
 //! Two tools: `lookup` POSTs its arguments to `{tool_url}/tool/lookup` (tied to its
 //! step) and answers the response's text; `note` appends the line `{key} {token}
@@ -49,6 +52,8 @@ struct Input {
     retry: Option<Retry>,
     #[serde(default)]
     max_response_bytes: Option<usize>,
+    #[serde(default)]
+    stream: bool,
     #[serde(default)]
     chat: u32,
     #[serde(default)]
@@ -194,6 +199,7 @@ impl Agent for Llm {
         if let Some(limit) = input.max_response_bytes {
             client = client.max_response_bytes(limit);
         }
+        client = client.stream(input.stream);
         let mut chat = Conversation::new(input.conversation.as_str());
         chat.system("You are a test.");
         chat.user(input.prompt.as_str());

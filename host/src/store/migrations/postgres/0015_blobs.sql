@@ -1,5 +1,5 @@
 -- idem store schema on PostgreSQL: large values kept once by digest (SQLite's
--- `0016_blobs.sql`, whose comments say how). The bytes are stored out of line and not
+-- `0017_blobs.sql`, whose comments say how). The bytes are stored out of line and not
 -- compressed: sealed values do not compress, and compressing 64 MiB costs more than
 -- writing it.
 
