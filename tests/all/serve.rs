@@ -795,6 +795,7 @@ fn serve_refuses_unsafe_setups() {
     for path in [
         "/api/runs",
         "/api/runs/x",
+        "/api/runs/x/stream",
         "/metrics",
         "/openapi.json",
         "/api/deployments",
