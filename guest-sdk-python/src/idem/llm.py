@@ -99,8 +99,8 @@ __all__ = [
     "record_usage",
 ]
 
-#: The default of ``Client(max_response_bytes=...)``: the host's default limit on a
-#: step's result.
+#: The default of ``Client(max_response_bytes=...)``: far over any model's answer,
+#: and far under the host's limit on a step's result (64 MiB by default).
 MAX_RESPONSE_BYTES = 1 << 20
 
 

@@ -351,8 +351,8 @@ impl std::fmt::Debug for Client {
     }
 }
 
-/// The default of [`Client::max_response_bytes`]: the host's default limit on a
-/// step's result.
+/// The default of [`Client::max_response_bytes`]: far over any model's answer, and
+/// far under the host's limit on a step's result (64 MiB by default).
 pub const MAX_RESPONSE_BYTES: usize = 1 << 20;
 
 impl Client {
