@@ -372,3 +372,44 @@ fn a_streamed_anthropic_answer_is_read_the_same_way_on_postgres() {
     };
     streamed_over_sse_and_logs_follow(&Service::on_postgres(schema.url()), LLM, "anthropic");
 }
+
+/// `idem run` in the foreground shows a step's published text on its terminal as it
+/// comes, under the step's key, as `idem logs -f` prints it; the answer is committed
+/// as ever.
+#[test]
+fn a_foreground_run_shows_the_streamed_text_under_its_key() {
+    let server = ModelServer::start();
+    let data = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("idem.db");
+    let input = streaming_input(&server, "openai").to_string();
+    let out = crate::util::run_cli(&[
+        "run",
+        LLM,
+        "--db",
+        db.to_str().unwrap(),
+        "--run-id",
+        "fg",
+        "--input",
+        &input,
+        "--allow-http",
+        &format!("127.0.0.1:{}", server.addr.port()),
+        "--env",
+        &format!("OPENAI_BASE_URL={}/v1", server.url()),
+        "--env",
+        "OPENAI_API_KEY=sk-test",
+        "--dir",
+        &format!("{}::/data", data.path().display()),
+        "--json",
+    ]);
+    let err = crate::util::stderr(&out);
+    assert!(out.status.success(), "{err}");
+    let doc: Value = serde_json::from_str(&crate::util::stdout(&out)).unwrap();
+    assert_eq!(doc["output"]["answer"], ANSWER, "{doc}");
+    // The second turn's text, streamed, under its step's key.
+    let at = err
+        .find(ANSWER)
+        .unwrap_or_else(|| panic!("the streamed answer is not on stderr: {err}"));
+    let header = err[..at].rfind("\n[").expect("a key line before the text");
+    assert!(err[header..at].contains("llm/"), "{err}");
+}

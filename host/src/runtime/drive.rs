@@ -109,8 +109,8 @@ impl Host {
             last_committed: 0,
             fuel_left: authority.limits.max_fuel,
             counts_flushed: std::time::Instant::now(),
+            live_text: LiveSink::echoing(log.echo()),
             log,
-            live_text: LiveSink::default(),
             capture,
         };
         let worker = leased

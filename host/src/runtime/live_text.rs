@@ -2,13 +2,16 @@
 //! terminal must never be driven by a guest), gathered per run, and moved to the store
 //! by the instance's watchdog a few times a second while it runs ([`LIVE_FLUSH`]) and
 //! once more at its end. Not durable: what a crash catches here is lost, which the
-//! stream's readers are told (the committed result is the truth).
+//! stream's readers are told (the committed result is the truth). A run in the
+//! foreground also shows it as it comes, where the run's log is echoed (`idem run`'s
+//! terminal), each step's text under its key as `idem logs -f` prints it.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use super::output::Echo;
 use crate::store::{LIVE_KEEP, LiveText, MAX_LIVE_CHUNK_BYTES};
 use crate::text;
 
@@ -19,11 +22,21 @@ pub(crate) const LIVE_FLUSH: Duration = Duration::from_millis(150);
 
 /// The run's live text not yet in the store: shared by the `live` import of each
 /// instance and the watchdog that flushes it.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub(crate) struct LiveSink(Arc<LiveState>);
 
-#[derive(Default)]
+impl Default for LiveSink {
+    /// A sink that shows nothing: the store only.
+    fn default() -> Self {
+        LiveSink::echoing(Echo::Off)
+    }
+}
+
 struct LiveState {
+    /// Where the text is shown as it comes, besides the store.
+    echo: Echo,
+    /// The step whose text was shown last: another step's starts under its key.
+    shown_key: Mutex<Option<String>>,
     pending: Mutex<Pending>,
     /// Woken when text arrives with none pending: the watchdog's cue to flush soon.
     ready: Notify,
@@ -36,6 +49,35 @@ struct Pending {
 }
 
 impl LiveSink {
+    /// A sink that also shows the text where `echo` says (a foreground run's log).
+    pub(crate) fn echoing(echo: Echo) -> LiveSink {
+        LiveSink(Arc::new(LiveState {
+            echo,
+            shown_key: Mutex::default(),
+            pending: Mutex::default(),
+            ready: Notify::new(),
+        }))
+    }
+
+    /// Shows `shown` (escaped) as the next text of step `key`.
+    fn show(&self, key: &str, shown: &str) {
+        if matches!(self.0.echo, Echo::Off) {
+            return;
+        }
+        let mut last = self
+            .0
+            .shown_key
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let text = if last.as_deref() == Some(key) {
+            shown.to_owned()
+        } else {
+            *last = Some(key.to_owned());
+            format!("\n[{}]\n{shown}", text::escape(key, true))
+        };
+        self.0.echo.show(&text);
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
         self.0
             .pending
@@ -49,6 +91,7 @@ impl LiveSink {
     /// keep of the run anyway, the oldest pending chunks are dropped.
     pub(crate) fn publish(&self, key: &str, text: &str) {
         let shown = text::escape(text, true);
+        self.show(key, &shown);
         let len = shown.len();
         let mut pending = self.lock();
         let was_empty = pending.chunks.is_empty();
@@ -120,6 +163,30 @@ mod tests {
         let kept = sink.take();
         assert!(kept.iter().map(|c| c.text.len()).sum::<usize>() <= LIVE_KEEP);
         assert_eq!(kept.len(), LIVE_KEEP / MAX_LIVE_CHUNK_BYTES);
+    }
+
+    #[test]
+    fn a_foreground_run_shows_each_steps_text_under_its_key() {
+        let shown = Arc::new(Mutex::new(String::new()));
+        let sink = {
+            let shown = Arc::clone(&shown);
+            LiveSink::echoing(Echo::To(Arc::new(move |text: &str| {
+                shown.lock().unwrap().push_str(text);
+            })))
+        };
+        sink.publish("a", "Hel");
+        sink.publish("a", "lo");
+        sink.publish("b\u{1b}", "\u{1b}[2J");
+        sink.publish("a", "!");
+        assert_eq!(
+            *shown.lock().unwrap(),
+            "\n[a]\nHello\n[b\\u001b]\n\\u001b[2J\n[a]\n!"
+        );
+        // Shown or not, the text goes to the store.
+        assert_eq!(sink.take().len(), 3);
+        let quiet = LiveSink::default();
+        quiet.publish("a", "x");
+        assert_eq!(quiet.take().len(), 1);
     }
 
     #[test]

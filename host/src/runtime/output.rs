@@ -29,6 +29,19 @@ pub enum Echo {
     To(Arc<dyn Fn(&str) + Send + Sync>),
 }
 
+impl Echo {
+    /// Shows `text` (escaped already) where this says.
+    pub(crate) fn show(&self, text: &str) {
+        match self {
+            Echo::Stderr => {
+                let _ = std::io::stderr().write_all(text.as_bytes());
+            }
+            Echo::To(show) => show(text),
+            Echo::Off => {}
+        }
+    }
+}
+
 impl std::fmt::Debug for Echo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
@@ -85,18 +98,17 @@ impl LogSink {
         };
         state.split = data.split_off(complete);
         let shown = text::escape(&String::from_utf8_lossy(&data), true).into_owned();
-        match &state.echo {
-            Echo::Stderr => {
-                let _ = std::io::stderr().write_all(shown.as_bytes());
-            }
-            Echo::To(show) => show(&shown),
-            Echo::Off => {}
-        }
+        state.echo.show(&shown);
         state.pending.extend_from_slice(shown.as_bytes());
         if state.pending.len() > LOG_KEEP {
             let cut = state.pending.len() - LOG_KEEP;
             state.pending.drain(..cut);
         }
+    }
+
+    /// Where this log is shown besides the store.
+    pub(crate) fn echo(&self) -> Echo {
+        self.lock().echo.clone()
     }
 
     /// What was written since the last call, to be appended to the run's log.

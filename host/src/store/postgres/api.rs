@@ -10,8 +10,8 @@ use super::batch::{Fenced as BatchFenced, FinishJob};
 use super::conn::{Fenced, Lock, write_tx};
 use super::one_trip::OneTrip;
 use super::{
-    PostgresStore, TxError, blobs, children, claims, components, flow, gc, leases, live, logs, pause,
-    rates, runs, schedules, sealing, usage, waits,
+    PostgresStore, TxError, blobs, children, claims, components, flow, gc, leases, live, logs,
+    pause, rates, runs, schedules, sealing, usage, waits,
 };
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};

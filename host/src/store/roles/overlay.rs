@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use super::{CatalogStore, InstanceStore, OperatorStore, Store, WorkerStore};
 use crate::store::{
-    Acquired, BlobDigest, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts,
-    DataKeyRecord, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits, FlowSetting,
+    Acquired, BlobDigest, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
+    Counts, DataKeyRecord, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits, FlowSetting,
     GcReport, GcRequest, JoinRequest, LeaseState, LeasedRun, LiveChunk, LiveText, Millis,
     OpenClaim, Paused, PausedDeployment, Presence, RateLimit, RateSetting, Rated, Recorded,
     Resolution, Resumed, RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord,
