@@ -105,8 +105,9 @@ pub trait CatalogStore: Send + Sync + fmt::Debug {
         records: &[DataKeyRecord],
     ) -> Result<(), StoreError>;
 
-    /// Seals, from now on, the payloads the backend handles itself (logs' chunks) and
-    /// opens the inputs it reads concurrency keys from, with `sealer`. Called once, by
-    /// whoever wraps the store in [`Sealed`](crate::store::Sealed).
+    /// Seals, from now on, the payloads the backend handles itself (logs' and live
+    /// streams' chunks) and opens the inputs it reads concurrency keys from, with
+    /// `sealer`. Called once, by whoever wraps the store in a sealing
+    /// [`ValueStore`](crate::store::ValueStore).
     fn use_sealer(&self, sealer: Arc<Sealer>);
 }

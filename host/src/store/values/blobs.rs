@@ -23,6 +23,7 @@ pub const BLOB_FROM: usize = 128 << 10;
 
 /// The rows that may hold a reference, as `(table, column)`: gc keeps a blob any of
 /// them refers to. Each has a partial index on its references (migrations `*_blobs`).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) const REFERRERS: &[(&str, &str)] = &[
     ("run_inputs", "input"),
     ("run_outcomes", "outcome"),
@@ -71,6 +72,7 @@ pub fn hex(digest: &BlobDigest) -> String {
 /// How gc tells that no row refers to blob `b` (its `id` column holds the reference),
 /// with `prefix` the backend's literal for [`REF_MAGIC`]: each clause the same
 /// expression as its partial index's predicate, so the planner uses the index.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn unreferenced(prefix: &str) -> String {
     REFERRERS
         .iter()
