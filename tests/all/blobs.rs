@@ -2,7 +2,9 @@
 //! history is SIGKILLed after some steps and resumed by a new process, on SQLite and
 //! PostgreSQL. Each step's effect lands once (counted in the agent's log file); the
 //! resumed run finds the history its last checkpoint saved (the agent checks it, byte
-//! for byte); the run's rows hold only references, each checkpoint one blob.
+//! for byte); the run's rows hold only references, each checkpoint one blob. Then the
+//! real `idem gc` collects the blobs of the checkpoints the last one replaced, once
+//! they went unused for its age, and keeps the one the run still refers to.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -11,7 +13,7 @@ use idem_test_artifacts::STEPS;
 use serde_json::Value;
 
 use crate::postgres::{Schema, count};
-use crate::util::{raw_db, stderr, stdout};
+use crate::util::{raw_db, run_cli, stderr, stdout};
 
 const STEPS_N: u64 = 5;
 const BALLAST: usize = 20 << 20;
@@ -88,6 +90,35 @@ fn killed_and_resumed(db: &str, data: &std::path::Path) {
     assert_eq!(keys.len(), STEPS_N as usize, "{log:?}");
 }
 
+/// The blobs `idem gc` deleted.
+fn gc(db: &str) -> i64 {
+    let out = run_cli(&["gc", "--db", db, "--finished-before", "1h", "--json"]);
+    assert!(out.status.success(), "gc failed: {}", stderr(&out));
+    let doc: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    doc["report"]["blobs"].as_i64().unwrap()
+}
+
+/// `idem gc --finished-before 1h` beside the run that just finished: a blob used within
+/// that hour is kept; once the blobs are older (their `used_at` moved back two hours in
+/// the store, as two hours passing would), it takes every blob but the one the run's last
+/// checkpoint refers to, and the run (finished within the hour in the store's eyes) stays
+/// readable.
+fn superseded_blobs_are_collected(db: &str, q: &dyn Fn(&str) -> i64, age_blobs: &dyn Fn()) {
+    let written = q("SELECT count(*) FROM blobs");
+    assert!(
+        written >= 2,
+        "each checkpoint makes its own blob: {written}"
+    );
+    assert_eq!(gc(db), 0, "a blob within the grace is kept");
+    assert_eq!(q("SELECT count(*) FROM blobs"), written);
+    age_blobs();
+    assert_eq!(gc(db), written - 1);
+    assert_eq!(q("SELECT count(*) FROM blobs"), 1);
+    assert_eq!(q("SELECT count(*) FROM blob_bytes"), 1);
+    let out = run_cli(&["show", "big", "--db", db, "--json"]);
+    assert!(out.status.success(), "show failed: {}", stderr(&out));
+}
+
 #[test]
 fn a_20_mib_checkpoint_survives_sigkill_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
@@ -111,6 +142,12 @@ fn a_20_mib_checkpoint_survives_sigkill_on_sqlite() {
         0
     );
     assert_eq!(q("SELECT max(length(state)) FROM progress"), 36);
+    superseded_blobs_are_collected(db.to_str().unwrap(), &q, &|| {
+        rusqlite::Connection::open(&db)
+            .unwrap()
+            .execute("UPDATE blobs SET used_at = used_at - 7200000", [])
+            .unwrap();
+    });
 }
 
 #[test]
@@ -133,4 +170,7 @@ fn a_20_mib_checkpoint_survives_sigkill_on_postgres() {
         )),
         0
     );
+    superseded_blobs_are_collected(&url, &q, &|| {
+        crate::postgres::sql(&url, "UPDATE blobs SET used_at = used_at - 7200000");
+    });
 }
