@@ -45,6 +45,7 @@ mod prove;
 mod python;
 mod rates;
 mod recycle;
+mod rehearse;
 mod rogue;
 mod schedules;
 mod sealing;

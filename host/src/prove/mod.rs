@@ -23,6 +23,7 @@
 //! - `kills.rs`: the scenario of killed processes.
 //! - `capture.rs`: the HTTP capture; `file_capture.rs`: the same across processes.
 //! - `observe.rs`: the store wrapper that logs what a run did.
+//! - `rehearse.rs`: an upgrade rehearsed against the runs in flight of a real store.
 //! - `check/`: the invariants. `report.rs`: what a proof found.
 
 mod capture;
@@ -30,6 +31,7 @@ mod check;
 mod file_capture;
 mod kills;
 mod observe;
+mod rehearse;
 mod report;
 mod scenario;
 
@@ -40,6 +42,10 @@ use std::time::Instant;
 pub use capture::{StubError, Upstream};
 pub use file_capture::FileCapture;
 pub use kills::{ChildCommand, ChildRun, Kills};
+pub use rehearse::{
+    Next, RepeatedStep, RunRehearsal, UpgradeRehearsal, UpgradeReport, Verdict, Walk,
+    rehearse_upgrade,
+};
 pub use report::{
     CleanRun, ProveReport, Scenario, ScenarioReport, Summary, Violation, ViolationKind,
 };

@@ -652,6 +652,13 @@ impl OperatorStore for PostgresStore {
         .await
     }
 
+    async fn run_input(&self, run_id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.read("read a run's input", async |conn| {
+            runs::input(conn, run_id).await
+        })
+        .await
+    }
+
     async fn runs(&self, filter: &RunFilter<'_>) -> Result<Vec<RunRecord>, StoreError> {
         self.read("list runs", async |conn| runs::runs(conn, filter).await)
             .await

@@ -790,6 +790,14 @@ pub(super) async fn authority(conn: &Conn, run_id: &str) -> Result<Option<Vec<u8
     Ok(row.map(|row| row.try_get(0)).transpose()?)
 }
 
+/// The run's input as kept (sealed, or a blob's reference), if the run exists.
+pub(super) async fn input(conn: &Conn, run_id: &str) -> Result<Option<Vec<u8>>, TxError> {
+    let row = conn
+        .query_opt("SELECT input FROM run_inputs WHERE run_id = $1", &[&run_id])
+        .await?;
+    Ok(row.map(|row| row.try_get(0)).transpose()?)
+}
+
 /// Runs as the filter asks, newest first; runs submitted in the same millisecond by
 /// submission order.
 pub(super) async fn runs(conn: &Conn, filter: &RunFilter<'_>) -> Result<Vec<RunRecord>, TxError> {

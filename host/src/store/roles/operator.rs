@@ -49,6 +49,9 @@ pub trait OperatorStore: Send + Sync + fmt::Debug {
     /// The authority the run was submitted with (encoded), if the run exists.
     async fn run_authority(&self, run_id: &str) -> Result<Option<Vec<u8>>, StoreError>;
 
+    /// The input the run was submitted with, if the run exists.
+    async fn run_input(&self, run_id: &str) -> Result<Option<Vec<u8>>, StoreError>;
+
     /// Runs, newest first.
     async fn runs(&self, filter: &RunFilter<'_>) -> Result<Vec<RunRecord>, StoreError>;
 

@@ -386,6 +386,10 @@ impl OperatorStore for Overlay {
         self.operator.run_authority(run_id).await
     }
 
+    async fn run_input(&self, run_id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.operator.run_input(run_id).await
+    }
+
     async fn runs(&self, filter: &RunFilter<'_>) -> Result<Vec<RunRecord>, StoreError> {
         self.operator.runs(filter).await
     }

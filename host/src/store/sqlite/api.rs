@@ -664,6 +664,12 @@ impl OperatorStore for SqliteStore {
         .await
     }
 
+    async fn run_input(&self, run_id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let run_id = run_id.to_owned();
+        self.read("read a run's input", move |conn| runs::input(conn, &run_id))
+            .await
+    }
+
     async fn runs(&self, filter: &RunFilter<'_>) -> Result<Vec<RunRecord>, StoreError> {
         let filter = runs::OwnedFilter::from(filter);
         self.read("list runs", move |conn| runs::runs(conn, &filter))

@@ -248,6 +248,15 @@ pub(super) fn authority(conn: &Connection, run_id: &str) -> Result<Option<Vec<u8
     Ok(authority)
 }
 
+/// The run's input as kept (sealed, or a blob's reference), if the run exists.
+pub(super) fn input(conn: &Connection, run_id: &str) -> Result<Option<Vec<u8>>, TxError> {
+    let input = conn
+        .prepare_cached("SELECT input FROM run_inputs WHERE run_id = ?1")?
+        .query_row([run_id], |row| row.get(0))
+        .optional()?;
+    Ok(input)
+}
+
 /// Runs as the filter asks, newest first; runs submitted in the same millisecond by
 /// submission order.
 pub(super) fn runs(conn: &Connection, filter: &OwnedFilter) -> Result<Vec<RunRecord>, TxError> {

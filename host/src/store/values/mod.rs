@@ -653,6 +653,13 @@ impl OperatorStore for ValueStore {
             .transpose()
     }
 
+    async fn run_input(&self, run_id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        match self.inner.run_input(run_id).await? {
+            Some(kept) => Ok(Some(self.open(kept).await?)),
+            None => Ok(None),
+        }
+    }
+
     async fn runs(&self, filter: &RunFilter<'_>) -> Result<Vec<RunRecord>, StoreError> {
         let records = self.inner.runs(filter).await?;
         self.open_records(records).await

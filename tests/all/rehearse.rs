@@ -1,0 +1,203 @@
+//! Upgrades rehearsed against the runs in flight of a real store, on SQLite and
+//! PostgreSQL: a run of `release` v1 is left sleeping after two of its four steps
+//! (its process SIGKILLed); a v2 that renamed the step's key is refused, naming the run
+//! and the committed steps it would run again; a compatible v2 passes, and the run,
+//! then upgraded to it, finishes with each step's effect once (counted in the agent's
+//! log file). The rehearsals change nothing in the real store, which they open
+//! read-only, and send nothing.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use idem::prove::{ProveError, UpgradeRehearsal, UpgradeReport, Verdict, rehearse_upgrade};
+use idem::store::{RunStatus, StoreError, StoreOptions};
+use idem_test_artifacts::{RELEASE, RELEASE_RENAMED, RELEASE_V2};
+
+use crate::postgres::Schema;
+use crate::util::{agent, block_on, read_log, run_cli, runtime, stderr};
+
+const RUN: &str = "rel";
+
+fn input() -> String {
+    serde_json::json!({
+        "items": 4, "log": "/data/log.txt", "pause_at": 2, "pause_ms": 1500,
+    })
+    .to_string()
+}
+
+fn grant(data: &Path) -> String {
+    format!("{}::/data", data.display())
+}
+
+/// Leaves a run of v1 in flight: two steps done, then its process killed in the sleep.
+fn leave_in_flight(db: &str, data: &Path) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args([
+            "run",
+            RELEASE,
+            "--db",
+            db,
+            "--run-id",
+            RUN,
+            "--input",
+            &input(),
+        ])
+        .args(["--dir", &grant(data)])
+        .env("IDEM_LOG", "error")
+        .env("XDG_CACHE_HOME", env!("CARGO_TARGET_TMPDIR"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let log = data.join("log.txt");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while read_log(&log).len() < 2 {
+        assert!(Instant::now() < deadline, "no two steps in 60 s");
+        assert!(child.try_wait().unwrap().is_none(), "the run ended early");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Into its sleep (or about to commit the second step: either is a run in flight).
+    std::thread::sleep(Duration::from_millis(300));
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+fn rehearse(db: &str, to: &str, runs: &[&str]) -> Result<UpgradeReport, Box<ProveError>> {
+    let scratch = tempfile::tempdir().unwrap();
+    block_on(async {
+        let store = idem::store::open(
+            db,
+            &StoreOptions {
+                read_only: true,
+                existing_only: true,
+                ..StoreOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        rehearse_upgrade(
+            &runtime(),
+            &store,
+            &agent(to),
+            &UpgradeRehearsal {
+                runs: runs.iter().map(|r| r.to_string()).collect(),
+                scratch: scratch.path().to_path_buf(),
+            },
+        )
+        .await
+        .map_err(Box::new)
+    })
+}
+
+/// What the real store and the effects' log hold, to show a rehearsal changed nothing:
+/// the run's record, steps, waits and open claims as `idem show` reads them.
+fn state(db: &str, data: &Path) -> (usize, String) {
+    let out = run_cli(&["show", RUN, "--db", db, "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let kept = ["run", "steps", "waits", "open_claims"].map(|k| doc[k].to_string());
+    (read_log(&data.join("log.txt")).len(), kept.join("\n"))
+}
+
+fn rehearsed_then_upgraded(db: &str, data: &Path) {
+    leave_in_flight(db, data);
+    let before = state(db, data);
+
+    // The renamed key: refused, naming the run and each committed step.
+    let report = rehearse(db, RELEASE_RENAMED, &[RUN]).unwrap();
+    assert!(!report.is_safe(), "{report:?}");
+    let run = &report.runs[0];
+    assert_eq!(run.run_id, RUN);
+    let Verdict::Repeats { steps, instead } = &run.verdict else {
+        panic!("not refused as a repeat: {report:?}");
+    };
+    assert!(!steps.is_empty() && steps.len() <= 2, "{steps:?}");
+    assert_eq!(steps[0].step, 1);
+    assert!(steps[0].key.starts_with("rel/item/"), "{steps:?}");
+    assert!(
+        matches!(instead, idem::prove::Next::Step { key } if key.starts_with("rel/entry/")),
+        "{instead:?}"
+    );
+    assert_eq!(state(db, data), before, "the rehearsal changed the store");
+
+    // The compatible v2: passes, both versions next at the same step.
+    let report = rehearse(db, RELEASE_V2, &[RUN]).unwrap();
+    assert!(report.is_safe(), "{report:?}");
+    assert_eq!(report.runs[0].verdict, Verdict::Compatible);
+    let old = report.runs[0].old.as_ref().unwrap();
+    assert_eq!(Some(old), report.runs[0].new.as_ref());
+    assert!(!old.replayed.is_empty(), "{old:?}");
+    assert_eq!(state(db, data), before, "the rehearsal changed the store");
+
+    // Moved to v2, the run finishes: each step's effect once (a repeat only in doubt,
+    // under the same key), the steps after the move done by v2.
+    let out = run_cli(&[
+        "run",
+        RELEASE_V2,
+        "--db",
+        db,
+        "--run-id",
+        RUN,
+        "--input",
+        &input(),
+        "--dir",
+        &grant(data),
+        "--upgrade",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["output"]["version"], 2, "{doc}");
+    let lines = read_log(&data.join("log.txt"));
+    let mut keys: Vec<String> = Vec::new();
+    for line in &lines {
+        if keys.contains(&line.key) {
+            // Retaken in doubt: the same key, a later attempt.
+            assert!(line.attempt() > 1, "a repeat not in doubt: {lines:?}");
+        } else {
+            assert_eq!(line.attempt(), 1, "{lines:?}");
+            keys.push(line.key.clone());
+        }
+    }
+    assert_eq!(keys.len(), 4, "{lines:?}");
+    assert_eq!(lines.last().unwrap().fields["version"], "2", "{lines:?}");
+
+    // Bad input: an unknown run, and a run that has ended, are typed errors.
+    let unknown = rehearse(db, RELEASE_V2, &["nobody"]).unwrap_err();
+    assert!(
+        matches!(*unknown, ProveError::Store(StoreError::UnknownRun { .. })),
+        "{unknown}"
+    );
+    let ended = rehearse(db, RELEASE_V2, &[RUN]).unwrap_err();
+    assert!(
+        matches!(
+            *ended,
+            ProveError::Store(StoreError::RunFinished {
+                status: RunStatus::Completed,
+                ..
+            })
+        ),
+        "{ended}"
+    );
+}
+
+#[test]
+fn an_upgrade_is_rehearsed_against_the_runs_in_flight_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let db = dir.path().join("idem.db");
+    rehearsed_then_upgraded(db.to_str().unwrap(), &data);
+}
+
+#[test]
+fn an_upgrade_is_rehearsed_against_the_runs_in_flight_on_postgres() {
+    let Some(schema) = Schema::create("an_upgrade_is_rehearsed_against_the_runs_in_flight") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    rehearsed_then_upgraded(&schema.url(), &data);
+}
