@@ -2,7 +2,8 @@
 //! and how it scales, and prints one markdown table (`cargo bench -p idem-host --bench
 //! idem`, `-- --quick` for a short check that it works; name sections to run only
 //! those: `-- steps calls resume cold throughput scaling workers sleepers prove
-//! takeover python parallel children llm schedules postgres peers flow rates sealing values`).
+//! takeover python parallel children llm schedules postgres peers flow rates sealing values
+//! rehearse`).
 //!
 //! Everything goes through idem's public API and the real `idem` binary, on a temp dir
 //! under cargo's target dir: a real disk, so that an fsync costs what it costs there.
@@ -44,6 +45,8 @@ mod prove;
 mod python;
 #[path = "idem/rates.rs"]
 mod rates;
+#[path = "idem/rehearse.rs"]
+mod rehearse;
 #[path = "idem/report.rs"]
 mod report;
 #[path = "idem/schedules.rs"]
@@ -139,6 +142,8 @@ struct Plan {
     sealing: Turns,
     /// Runs per result size (each size runs its own number of steps).
     values: Turns,
+    /// In-flight runs rehearsed on a new version in one call.
+    rehearse: usize,
 }
 
 const fn turns(max: usize, n: u64, budget_secs: u64) -> Turns {
@@ -194,6 +199,7 @@ const FULL_PLAN: Plan = Plan {
     rates: turns(20, 500, 40),
     sealing: turns(20, 500, 40),
     values: turns(5, 0, 60),
+    rehearse: 1_000,
 };
 
 const QUICK_PLAN: Plan = Plan {
@@ -241,6 +247,7 @@ const QUICK_PLAN: Plan = Plan {
     rates: turns(3, 50, 1),
     sealing: turns(3, 50, 1),
     values: turns(1, 0, 1),
+    rehearse: 20,
 };
 
 /// A part of the bench: its name on the command line, its heading, and what it runs.
@@ -251,7 +258,7 @@ type Section = (
 );
 
 /// Every section, in the order of the table.
-const SECTIONS: [Section; 21] = [
+const SECTIONS: [Section; 22] = [
     ("steps", "floor and durable steps", floor_and_steps),
     ("calls", "host-call round trip", host_calls),
     ("resume", "resume after recycle", resume),
@@ -311,6 +318,11 @@ const SECTIONS: [Section; 21] = [
         "values",
         "large values: results kept by digest",
         values::values,
+    ),
+    (
+        "rehearse",
+        "upgrades rehearsed against the runs in flight",
+        rehearse::rehearse,
     ),
     (
         "peers",

@@ -228,7 +228,9 @@ pub async fn rehearse_upgrade(
         path: rehearsal.scratch.clone(),
         source,
     })?;
-    let mut olds: HashMap<String, LoadedAgent> = HashMap::new();
+    // One scratch store for each component walked, shared by its runs' walks: a
+    // store made and migrated per walk would cost more than the walk.
+    let mut stages: HashMap<String, Stage> = HashMap::new();
     let mut report = UpgradeReport {
         to: to.digest().to_string(),
         runs: Vec::with_capacity(runs.len()),
@@ -246,13 +248,21 @@ pub async fn rehearse_upgrade(
             });
             continue;
         }
-        if !olds.contains_key(&record.digest) {
-            let old = load(runtime, store, &record.digest, &record.agent).await?;
-            olds.insert(record.digest.clone(), old);
+        for digest in [&record.digest, &report.to] {
+            if !stages.contains_key(digest) {
+                let agent = if digest == &report.to {
+                    to.clone()
+                } else {
+                    load(runtime, store, digest, &record.agent).await?
+                };
+                let stage = Stage::new(runtime, store, agent, &rehearsal.scratch)?;
+                stages.insert(digest.clone(), stage);
+            }
         }
-        let old = &olds[&record.digest];
-        let old_walk = walk(runtime, store, old, &run, &rehearsal.scratch).await?;
-        let new_walk = walk(runtime, store, to, &run, &rehearsal.scratch).await?;
+        let old_walk = stages[&record.digest]
+            .walk(&run, &rehearsal.scratch)
+            .await?;
+        let new_walk = stages[&report.to].walk(&run, &rehearsal.scratch).await?;
         let verdict = judge(&old_walk, &new_walk);
         report.runs.push(RunRehearsal {
             run_id: record.run_id,
@@ -361,88 +371,112 @@ impl RealRun {
     }
 }
 
-/// Walks `agent` from the run's real checkpoint in a scratch store of its own.
-async fn walk(
-    runtime: &Arc<Runtime>,
-    real: &Arc<dyn Store>,
-    agent: &LoadedAgent,
-    run: &RealRun,
-    root: &std::path::Path,
-) -> Result<Walk, ProveError> {
-    let scratch = Scratch::new(root, &run.authority)?;
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open_with(
-        &scratch.db(),
-        &OpenOptions::default(),
-    )?);
-    let stop = StopSignal::new();
-    let walker = Arc::new(Walker {
-        inner: Arc::clone(&store) as _,
-        real: Arc::clone(real),
-        namespace: format!("{}:", run.namespace),
-        acts: Mutex::default(),
-        stop: stop.clone(),
-        stand_in: StandIn {
-            store: Arc::clone(&store),
-            digest: agent.digest().to_string(),
-            bytes: Arc::new(agent.bytes()?.to_vec()),
-        },
-    });
-    let fresh = Arc::new(FreshLoads {
-        inner: Arc::clone(&store) as _,
-    });
-    let host = Host::new(
-        Arc::clone(runtime),
-        Arc::new(
-            Overlay::new(Arc::clone(&store))
-                .with_instance(Arc::clone(&walker) as _)
-                .with_worker(fresh),
-        ),
-    )?;
-    let capture = Arc::new(Recorder::replay(Arc::new(Answers::new(Vec::new()))));
-    let opts = RunOptions {
-        run_id: run.run_id.clone(),
-        input: run.input.clone(),
-        authority: scratch.authority.clone(),
-        faults: FaultPlan::default(),
-        upgrade: false,
-        namespace: Some(run.namespace.clone()),
-        capture: Some(capture as _),
-        echo: Echo::Off,
-        stop: Some(stop),
-        source: None,
-    };
-    let result = host.run(agent, &opts).await;
-    let acts = walker.acts();
-    let mut replayed = Vec::new();
-    let mut next = None;
-    for act in acts {
-        match act {
-            Act::Replayed(key) => replayed.push(key),
-            Act::Stopped(at) => {
-                next = Some(at);
-                break;
+/// One component's scratch store, where its walks run one after another.
+struct Stage {
+    /// Holds the store's file (removed with it).
+    _dir: tempfile::TempDir,
+    agent: LoadedAgent,
+    host: Host,
+    walker: Arc<Walker>,
+}
+
+impl Stage {
+    fn new(
+        runtime: &Arc<Runtime>,
+        real: &Arc<dyn Store>,
+        agent: LoadedAgent,
+        root: &std::path::Path,
+    ) -> Result<Stage, ProveError> {
+        let dir = tempfile::Builder::new()
+            .prefix("idem-rehearse-")
+            .tempdir_in(root)
+            .map_err(|source| ProveError::Scratch {
+                path: root.to_path_buf(),
+                source,
+            })?;
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open_with(
+            &dir.path().join("idem.db"),
+            &OpenOptions::default(),
+        )?);
+        let walker = Arc::new(Walker {
+            inner: Arc::clone(&store) as _,
+            real: Arc::clone(real),
+            walk: Mutex::default(),
+            stand_in: StandIn {
+                store: Arc::clone(&store),
+                digest: agent.digest().to_string(),
+                bytes: Arc::new(agent.bytes()?.to_vec()),
+            },
+        });
+        let fresh = Arc::new(FreshLoads {
+            inner: Arc::clone(&store) as _,
+        });
+        let host = Host::new(
+            Arc::clone(runtime),
+            Arc::new(
+                Overlay::new(Arc::clone(&store))
+                    .with_instance(Arc::clone(&walker) as _)
+                    .with_worker(fresh),
+            ),
+        )?;
+        Ok(Stage {
+            _dir: dir,
+            agent,
+            host,
+            walker,
+        })
+    }
+
+    /// Walks the run from its real checkpoint, its granted directories fresh copies.
+    async fn walk(&self, run: &RealRun, root: &std::path::Path) -> Result<Walk, ProveError> {
+        let scratch = Scratch::new(root, &run.authority)?;
+        let stop = StopSignal::new();
+        self.walker.begin(&run.namespace, stop.clone());
+        let capture = Arc::new(Recorder::replay(Arc::new(Answers::new(Vec::new()))));
+        let opts = RunOptions {
+            run_id: run.run_id.clone(),
+            input: run.input.clone(),
+            authority: scratch.authority.clone(),
+            faults: FaultPlan::default(),
+            upgrade: false,
+            namespace: Some(run.namespace.clone()),
+            capture: Some(capture as _),
+            echo: Echo::Off,
+            stop: Some(stop),
+            source: None,
+        };
+        let result = self.host.run(&self.agent, &opts).await;
+        let mut replayed = Vec::new();
+        let mut next = None;
+        for act in self.walker.acts() {
+            match act {
+                Act::Replayed(key) => replayed.push(key),
+                Act::Stopped(at) => {
+                    next = Some(at);
+                    break;
+                }
             }
         }
+        let next = match next {
+            Some(next) => next,
+            None => match result {
+                Ok(report) if report.status == RunStatus::Completed => Next::Completed {
+                    output: String::from_utf8_lossy(&report.outcome).into_owned(),
+                },
+                Ok(report) => Next::Failed {
+                    error: format!(
+                        "{}: {}",
+                        report.status,
+                        String::from_utf8_lossy(&report.outcome)
+                    ),
+                },
+                Err(e) => Next::Failed {
+                    error: e.to_string(),
+                },
+            },
+        };
+        Ok(Walk { replayed, next })
     }
-    let next = match next {
-        Some(next) => next,
-        None => match result {
-            Ok(report) if report.status == RunStatus::Completed => Next::Completed {
-                output: String::from_utf8_lossy(&report.outcome).into_owned(),
-            },
-            Ok(report) => Next::Failed {
-                error: format!(
-                    "{}: {}",
-                    report.status,
-                    String::from_utf8_lossy(&report.outcome)
-                ),
-            },
-            Err(e) => Next::Failed {
-                error: e.to_string(),
-            },
-        },
-    };
-    Ok(Walk { replayed, next })
 }
 
 /// One thing a walk did that the comparison reads.
@@ -454,49 +488,66 @@ enum Act {
     Stopped(Next),
 }
 
-/// The instance role of a walk: committed results and the checkpoint come from the
+/// The instance role of a stage: committed results and the checkpoint come from the
 /// real store, everything else goes to the scratch store, and the first act the real
-/// store has not done stops the walk before it happens.
+/// store has not done stops the walk before it happens. Walks of a stage run one after
+/// another; [`Walker::begin`] starts each.
 #[derive(Debug)]
 struct Walker {
     inner: Arc<dyn InstanceStore>,
     real: Arc<dyn Store>,
-    /// The run's keys start with this (`namespace:`).
-    namespace: String,
-    acts: Mutex<Vec<Act>>,
-    stop: StopSignal,
+    walk: Mutex<WalkState>,
     /// Spawns are answered by the scratch store, whose deployments this fills.
     stand_in: StandIn,
 }
 
+/// The walk under way.
+#[derive(Debug, Default)]
+struct WalkState {
+    /// The run's keys start with this (`namespace:`).
+    namespace: String,
+    acts: Vec<Act>,
+    stop: StopSignal,
+}
+
 impl Walker {
+    fn begin(&self, namespace: &str, stop: StopSignal) {
+        *self.state() = WalkState {
+            namespace: format!("{namespace}:"),
+            acts: Vec::new(),
+            stop,
+        };
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, WalkState> {
+        self.walk.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn acts(&self) -> Vec<Act> {
-        self.acts
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.state().acts.clone()
     }
 
     fn shown(&self, key: &str) -> String {
-        key.strip_prefix(&self.namespace).unwrap_or(key).to_string()
+        let state = self.state();
+        key.strip_prefix(&state.namespace)
+            .unwrap_or(key)
+            .to_string()
     }
 
     fn stopped(&self) -> bool {
-        self.acts
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.state()
+            .acts
             .iter()
             .any(|a| matches!(a, Act::Stopped(_)))
     }
 
     /// Ends the walk at `next`: recorded once, and the run told to stop.
     fn stop_at(&self, next: Next) {
-        let mut acts = self.acts.lock().unwrap_or_else(PoisonError::into_inner);
-        if !acts.iter().any(|a| matches!(a, Act::Stopped(_))) {
-            acts.push(Act::Stopped(next));
+        let mut state = self.state();
+        if !state.acts.iter().any(|a| matches!(a, Act::Stopped(_))) {
+            state.acts.push(Act::Stopped(next));
         }
-        drop(acts);
-        self.stop.stop();
+        state.stop.stop();
     }
 
     fn halted(&self, req: &ClaimRequest<'_>) -> ClaimOutcome {
@@ -512,10 +563,8 @@ impl Walker {
         }
         match self.real.committed(req.key).await? {
             Some(result) => {
-                self.acts
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(Act::Replayed(self.shown(req.key)));
+                let shown = self.shown(req.key);
+                self.state().acts.push(Act::Replayed(shown));
                 Ok(ClaimOutcome::Committed(result))
             }
             None => {

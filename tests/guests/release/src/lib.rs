@@ -1,6 +1,6 @@
 //! Test agent: `release`, version 1 of an agent whose versions test upgrades. Each of
 //! `items` steps (key `item` of its index) appends `{key} attempt={a} token={t}
-//! version={v}` to `log`; after step `pause_at` (from 1) it sleeps `pause_ms`, so a
+//! version={v}` to `log` (if given); after step `pause_at` (from 1) it sleeps `pause_ms`, so a
 //! run can be left in flight between two steps. No checkpoint: a resumed instance
 //! replays every committed step. Output: `{"items": N, "version": V}`.
 //!
