@@ -22,7 +22,9 @@ use super::host::Host;
 use super::names::namespace_of;
 use super::options::RunOptions;
 use super::report::Rebuilt;
-use crate::store::{Admission, Deployment, DeploymentRecord, RunRecord, StoreError, Submission};
+use crate::store::{
+    Admission, Deployment, DeploymentRecord, InFlight, Rollout, RunRecord, StoreError, Submission,
+};
 use crate::text;
 
 impl Host {
@@ -88,12 +90,19 @@ impl Host {
         deployment: &Deployment<'_>,
     ) -> Result<(), HostError> {
         self.store_component(agent).await?;
-        match self.store.deploy(deployment).await {
+        // Recorded with the deployment, so that a later upgrade of its runs can tell a
+        // build of another agent (`idem upgrade`).
+        let exports = agent.exports();
+        let rollout = Rollout {
+            in_flight: InFlight::Pin,
+            exports: Some(&exports),
+        };
+        match self.store.deploy_version(deployment, &rollout).await {
             // Removed from the store since this host put it there: put it back.
             Err(StoreError::UnknownComponent { .. }) => {
                 self.forget_component(agent);
                 self.store_component(agent).await?;
-                self.store.deploy(deployment).await?;
+                self.store.deploy_version(deployment, &rollout).await?;
             }
             other => drop(other?),
         }
