@@ -53,5 +53,6 @@ mod spans;
 mod store_faults;
 mod util;
 mod version;
+mod versions;
 mod waits;
 pub mod workers;
