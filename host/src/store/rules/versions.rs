@@ -112,10 +112,15 @@ pub(crate) fn plan_moves(
             });
         }
         let (to_version, to_digest) = match to {
-            MoveTo::Version(v) => {
-                let target = version(v).expect("checked above");
-                (Some(v), target.digest.clone())
-            }
+            MoveTo::Version(v) => match version(v) {
+                Some(target) => (Some(v), target.digest.clone()),
+                None => {
+                    return Err(StoreError::UnknownVersion {
+                        name: name.to_owned(),
+                        version: v,
+                    });
+                }
+            },
             MoveTo::Back => match &run.back {
                 Some((from_version, from_digest)) => {
                     // A move recorded before versions were names only components: the
