@@ -16,6 +16,7 @@ use idem_test_artifacts::{WAITER, WIDER};
 use serde_json::{Value, json};
 
 use crate::postgres::{Schema, sql};
+use crate::serve::{Served, request};
 use crate::util::{stderr, stdout};
 use crate::workers::{Service, signal};
 
@@ -412,4 +413,105 @@ fn bad_upgrades_and_rollbacks_are_refused_and_move_nothing_on_postgres() {
         return;
     };
     bad_input_changes_nothing(&Bench::new(Service::on_postgres(schema.url())));
+}
+
+/// The API deploys versions, lists them with their runs, moves runs to a version and
+/// back (with the server's token, as every write), and refuses bad moves with codes.
+#[test]
+fn the_api_lists_versions_and_moves_runs_and_refuses_bad_moves() {
+    let bench = Bench::new(Service::new());
+    let dir = bench.files.path();
+    let token = "versions-tok";
+    let token_path = dir.join("token");
+    std::fs::write(&token_path, format!("{token}\n")).unwrap();
+    let served = Served::start(
+        &bench.service.db(),
+        &["--token-file", token_path.to_str().unwrap(), "--no-cache"],
+    );
+    let auth = format!("Bearer {token}");
+    let deploy = |file: &str, in_flight: &str| {
+        let path = format!("/api/deployments?name=waiter&in_flight={in_flight}");
+        let headers = [
+            ("Content-Type", "application/wasm"),
+            ("Authorization", auth.as_str()),
+        ];
+        let r = request(
+            served.addr,
+            "POST",
+            &path,
+            &headers,
+            &std::fs::read(file).unwrap(),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    };
+    assert_eq!(deploy(&build(dir, "v1"), "pin")["version"], 1);
+    bench.submit("r1");
+    bench.submit("r2");
+    let d2 = deploy(&build(dir, "v2"), "pin");
+    assert_eq!((d2["version"].as_u64(), moved(&d2).len()), (Some(2), 0));
+
+    let post = |path: &str, body: Value| served.post_json(path, Some(token), &body);
+    let r = served.post_json("/api/deployments/waiter/upgrade", None, &json!({ "to": 2 }));
+    assert_eq!((r.status, r.code().as_str()), (401, "unauthorized"));
+    let r = post(
+        "/api/deployments/waiter/upgrade",
+        json!({ "to": 2, "runs": ["r1"] }),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        moved(&r.json()),
+        [("r1".to_owned(), 1, 2, "operator".to_owned())]
+    );
+    let versions = served.get("/api/deployments/waiter/versions").json();
+    let counts: Vec<(u64, u64, bool)> = versions["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            (
+                v["version"].as_u64().unwrap(),
+                v["runs_in_flight"].as_u64().unwrap(),
+                v["current"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(counts, [(1, 1, false), (2, 1, true)]);
+
+    for (path, body, status, code) in [
+        ("upgrade", json!({ "to": 9 }), 404, "unknown_version"),
+        (
+            "upgrade",
+            json!({ "to": 2, "runs": ["r2", "ghost"] }),
+            404,
+            "unknown_run",
+        ),
+        ("rollback", json!({ "runs": ["r2"] }), 409, "never_moved"),
+        (
+            "upgrade",
+            json!({ "to": 2, "what": 1 }),
+            400,
+            "malformed_json",
+        ),
+    ] {
+        let r = post(&format!("/api/deployments/waiter/{path}"), body.clone());
+        assert_eq!((r.status, r.code().as_str()), (status, code), "{body}");
+    }
+    let r = post("/api/deployments/nobody/rollback", json!({}));
+    assert_eq!((r.status, r.code().as_str()), (404, "unknown_deployment"));
+    assert_eq!(on(&bench, "r2").0, Some(1), "the refusals moved nothing");
+
+    let r = post("/api/deployments/waiter/rollback", json!({}));
+    assert_eq!(
+        moved(&r.json()),
+        [("r1".to_owned(), 2, 1, "rollback".to_owned())]
+    );
+    let run = served.get("/api/runs/r1").json();
+    assert_eq!(run["run"]["version"], 1);
+    assert_eq!(run["moves"].as_array().unwrap().len(), 2);
+
+    // A rollout through the API: both runs move to version 3.
+    let d3 = deploy(&build(dir, "v3"), "upgrade");
+    let ids: Vec<String> = moved(&d3).into_iter().map(|m| m.0).collect();
+    assert_eq!(ids, ["r1", "r2"]);
 }
