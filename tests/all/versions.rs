@@ -515,3 +515,74 @@ fn the_api_lists_versions_and_moves_runs_and_refuses_bad_moves() {
     let ids: Vec<String> = moved(&d3).into_iter().map(|m| m.0).collect();
     assert_eq!(ids, ["r1", "r2"]);
 }
+
+/// A run driven in the foreground (`idem run`, waiting in its own process for a
+/// signal) that an operator moves meanwhile: its next instance runs the version it was
+/// moved to, loaded from the store, not the file the process was started with. Proven
+/// by breaking that version in the store: the process cannot go on (it would have, on
+/// the code it holds), gives the run back and says why; once mended, a worker finishes
+/// the run on it, each effect once.
+#[test]
+fn a_foreground_run_moved_meanwhile_resumes_on_its_new_version() {
+    let bench = Bench::new(Service::new());
+    let dir = bench.files.path();
+    let (v1, v2) = (build(dir, "v1"), build(dir, "v2"));
+    let grant = format!("{}::/data", dir.join("data").display());
+    let input = json!({ "log": "/data/f.log", "waits": [{ "signal": "go" }] }).to_string();
+    let db = bench.service.db();
+    let foreground = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args([
+            "run",
+            &v1,
+            "--db",
+            &db,
+            "--dir",
+            &grant,
+            "--namespace",
+            "waiter",
+        ])
+        .args(["--input", &input, "--run-id", "f", "--json"])
+        .env("XDG_CACHE_HOME", env!("CARGO_TARGET_TMPDIR"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // The store is opened only once the first step ran: the file is being made before.
+    while bench.lines("f").is_empty()
+        || bench
+            .service
+            .try_runs()
+            .ok()
+            .and_then(|runs| runs.into_iter().find(|r| r.run_id == "f"))
+            .is_none_or(|r| r.waiting_for.as_deref() != Some("go"))
+    {
+        assert!(Instant::now() < deadline, "the run never reached its wait");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let d2 = bench.deploy(&v2, "pin");
+    assert_eq!(d2["version"], 2);
+    let d2 = d2["digest"].as_str().unwrap().to_owned();
+    bench.service.ok(&["upgrade", "waiter", "--to", "2", "f"]);
+    bench.tamper(&d2, true);
+    bench
+        .service
+        .ok(&["signal", "f", "go", "--payload", &json!("f").to_string()]);
+    let out = foreground.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "it went on with the file's code: {err}"
+    );
+    assert!(err.contains(&d2), "{err}");
+    let run = bench.record("f");
+    assert!(run.lease.is_none(), "given back: {run:?}");
+    assert_eq!(bench.lines("f"), ["start"], "nothing ran past the wait");
+
+    bench.tamper(&d2, false);
+    bench.work_until(&["f"], "completed", |r| {
+        r.status == idem::store::RunStatus::Completed
+    });
+    bench.assert_effects_once("f");
+    assert_eq!(on(&bench, "f"), (Some(2), d2));
+}

@@ -14,7 +14,7 @@
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::sync::PoisonError;
+use std::sync::{Arc, PoisonError};
 
 use super::engine::LoadedAgent;
 use super::error::HostError;
@@ -127,6 +127,40 @@ impl Host {
             .unwrap_or_else(PoisonError::into_inner)
             .insert(agent.digest.clone());
         Ok(())
+    }
+
+    /// The component `digest` as the store holds it, checked and compiled (or loaded
+    /// from the cache): what a worker runs a leased run with, and a foreground run
+    /// whose version an operator changed. `name` is the agent's, for messages.
+    pub(crate) async fn load_stored(
+        &self,
+        digest: &str,
+        name: &str,
+    ) -> Result<LoadedAgent, HostError> {
+        let bytes =
+            self.store
+                .component(digest)
+                .await?
+                .ok_or_else(|| StoreError::UnknownComponent {
+                    digest: digest.to_string(),
+                })?;
+        let runtime = Arc::clone(self.runtime());
+        let (digest_owned, name) = (digest.to_string(), name.to_string());
+        // Compiling takes a core for a while: off the executor's threads.
+        let agent = tokio::task::spawn_blocking(move || {
+            let path = std::path::PathBuf::from(format!("component {digest_owned}"));
+            runtime.load_owned(&path, &name, bytes)
+        })
+        .await
+        .map_err(|e| HostError::Engine(format!("compiling a component failed: {e}")))??;
+        if agent.digest() != digest {
+            // The store handed back other bytes than the digest names: refuse them.
+            return Err(HostError::Engine(format!(
+                "the store's component {digest} hashes to {}",
+                agent.digest()
+            )));
+        }
+        Ok(agent)
     }
 
     fn forget_component(&self, agent: &LoadedAgent) {
