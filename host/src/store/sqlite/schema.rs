@@ -16,7 +16,7 @@ const APPLICATION_ID: i32 = 0x6964_656d;
 
 /// `MIGRATIONS[i]` brings the schema from version `i` to version `i + 1`; the version
 /// is kept in `PRAGMA user_version`.
-const MIGRATIONS: &[&str] = &[
+pub(super) const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0001_init.sql"),
     include_str!("../migrations/sqlite/0002_steps.sql"),
     include_str!("../migrations/sqlite/0003_leases.sql"),
