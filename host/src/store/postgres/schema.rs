@@ -12,7 +12,7 @@ use super::{PostgresStore, TxError, connect_reason, fault};
 use crate::store::{DatabaseFault, StoreError, SyncMode};
 
 /// `MIGRATIONS[i]` brings the schema from version `i` to version `i + 1`.
-const MIGRATIONS: &[&str] = &[
+pub(super) const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0001_init.sql"),
     include_str!("../migrations/postgres/0002_waits.sql"),
     include_str!("../migrations/postgres/0003_retired.sql"),
