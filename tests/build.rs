@@ -6,7 +6,8 @@
 //! - Rust: every member of the `examples/` and `tests/guests/` workspaces, found with
 //!   `cargo metadata`, built for `wasm32-wasip2` into a target dir under `OUT_DIR`;
 //! - WAT: every `tests/guests-wat/NAME.wat`, a core module this script makes a component
-//!   of the `idem:agent` world (for guests no Rust compiler would emit);
+//!   of the `idem:agent` world, or of the world `NAME` in a `NAME.wit` beside it (for
+//!   guests no Rust compiler would emit);
 //! - Python: every `tests/guests-python/NAME/` app, and the Python examples, built with
 //!   componentize-py when it is set up (`build_python.rs`).
 //!
@@ -242,6 +243,19 @@ fn build_wat(root: &Path, out_dir: &Path) -> Result<Vec<Guest>, String> {
             .to_owned();
         let mut module =
             wat::parse_file(&source).map_err(|e| format!("{}: {e}", source.display()))?;
+        // A `NAME.wit` beside the module gives it a world of its own (one that includes
+        // the agent's), named as the file is.
+        let own = source.with_extension("wit");
+        let world = if own.exists() {
+            let package = resolve
+                .push_file(&own)
+                .map_err(|e| format!("{}: {e:#}", own.display()))?;
+            resolve
+                .select_world(&[package], Some(&name))
+                .map_err(|e| format!("{} has no world `{name}`: {e:#}", own.display()))?
+        } else {
+            world
+        };
         wit_component::embed_component_metadata(
             &mut module,
             &resolve,

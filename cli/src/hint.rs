@@ -66,6 +66,25 @@ fn for_store(e: &StoreError) -> Option<String> {
              to 24h; `idem rate ls` lists the limits"
                 .into(),
         ),
+        StoreError::UnknownVersion { name, .. } => Some(format!(
+            "`idem deployments {}` lists its versions",
+            idem::text::escape(name, false)
+        )),
+        StoreError::NotOfDeployment { agent, .. } => Some(format!(
+            "name the run's own deployment ({}), or leave the run out",
+            idem::text::escape(agent, false)
+        )),
+        StoreError::NeverMoved { .. } => Some(
+            "only a run that moved (by `idem upgrade`, a deployment with --in-flight upgrade, \
+             or `idem run --upgrade`) has a version to go back to; `idem show RUN` lists its \
+             moves"
+                .into(),
+        ),
+        StoreError::ExportsDiffer { .. } => Some(
+            "deploy a build of the same agent as a new version, or start new runs of the \
+             other agent under a name of its own"
+                .into(),
+        ),
         StoreError::LeaseLost { .. } => {
             Some("another worker drives the run now; `idem show RUN` says which".into())
         }

@@ -15,8 +15,8 @@
 //!   [`Host`](runtime::Host) drives runs.
 //! - [`prove`]: crash-tests an agent at every crash point and checks what it did.
 //! - [`worker`]: leases runs from the store's queue and drives many at once.
-//! - [`ops`]: what an operator does (submit, resolve, deploy, look at a run), shared by
-//!   the commands and the HTTP API.
+//! - [`ops`]: what an operator does (submit, resolve, deploy, move runs between versions,
+//!   look at a run), shared by the commands and the HTTP API.
 //! - [`serve`]: the HTTP API, the web page of runs, and the metrics.
 //! - [`text`]: guest- and store-derived text made safe to show.
 //!

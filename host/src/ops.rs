@@ -7,21 +7,23 @@ use std::time::Duration;
 mod follow;
 mod prices;
 mod schedules;
+mod versions;
 pub use follow::{FOLLOW_POLL, Follow, Followed};
 pub use prices::{Price, PriceError, PricedUsage, Prices};
 pub use schedules::{
     ScheduleRequest, ScheduleView, UPCOMING_SHOWN, create_schedule, every_text, parse_every,
     spec_text, upcoming,
 };
+pub use versions::{rollback, upgrade, versions};
 
 use sha2::{Digest, Sha256};
 
 use crate::runtime::{Authority, HostError, LoadedAgent, check_namespace, check_run_id};
 use crate::store::{
     Admission, Cancelled, ChildRecord, Deployment, DeploymentPaused, DeploymentRecord, GcReport,
-    GcRequest, Millis, OpenClaim, ParkedKeys, ParkedMatch, Paused, Resolution, Resumed, RunFilter,
-    RunRecord, RunStatus, ScheduledBy, StepRecord, Store, StoreError, Submission, Submitted,
-    UsageFilter, WaitRecord,
+    GcRequest, InFlight, Millis, OpenClaim, ParkedKeys, ParkedMatch, Paused, Resolution, Resumed,
+    Rollout, RunFilter, RunMove, RunRecord, RunStatus, ScheduledBy, StepRecord, Store, StoreError,
+    Submission, Submitted, UsageFilter, WaitRecord,
 };
 use crate::text::{check_visible, escape_for_terminal as shown, hidden_char};
 
@@ -251,35 +253,52 @@ pub async fn find_deployment(store: &dyn Store, agent: &str) -> Result<Deploymen
 /// What [`deploy`] did.
 #[derive(Debug, Clone)]
 pub struct Deployed {
-    /// The deployment as it now stands.
+    /// The deployment as it now stands (its version among them).
     pub record: DeploymentRecord,
     /// Whether the component's bytes were new to the store.
     pub new_component: bool,
+    /// The runs in flight that moved to it ([`InFlight::Upgrade`]).
+    pub moved: Vec<RunMove>,
+    /// The runs in flight left where they are because their component exports
+    /// something else ([`InFlight::Upgrade`] moves only what can resume on it).
+    pub kept: Vec<String>,
 }
 
-/// Stores a loaded (so checked) agent and points `name` at it with `authority`: the
-/// explicit act by which a component joins a name's namespace.
+/// Stores a loaded (so checked) agent and points `name` at it with `authority`, as the
+/// name's next version: the explicit act by which a component joins a name's
+/// namespace. `in_flight` says what the name's runs in flight do: stay on their version
+/// ([`InFlight::Pin`]) or move to this one at their next instance.
 pub async fn deploy(
     store: &dyn Store,
     agent: &LoadedAgent,
     name: &str,
     authority: &Authority,
+    in_flight: InFlight,
 ) -> Result<Deployed, OpError> {
     check_namespace(name)?;
     authority.check().map_err(HostError::from)?;
     let new_component = store.put_component(agent.digest(), agent.bytes()?).await?;
-    let record = store
-        .deploy(&Deployment {
-            name,
-            digest: agent.digest(),
-            authority: &authority.encode(),
-            admission: Admission::Explicit,
-            source: None,
-        })
+    let exports = agent.exports();
+    let deployed = store
+        .deploy_version(
+            &Deployment {
+                name,
+                digest: agent.digest(),
+                authority: &authority.encode(),
+                admission: Admission::Explicit,
+                source: None,
+            },
+            &Rollout {
+                in_flight,
+                exports: Some(&exports),
+            },
+        )
         .await?;
     Ok(Deployed {
-        record,
+        record: deployed.record,
         new_component,
+        moved: deployed.moved,
+        kept: deployed.kept,
     })
 }
 
@@ -506,6 +525,8 @@ pub struct RunView {
     pub children_count: ChildCounts,
     /// The schedule and tick that started it, if a schedule did.
     pub schedule: Option<ScheduledBy>,
+    /// Its moves between versions of its deployment, oldest first.
+    pub moves: Vec<RunMove>,
     /// The token usage of its model calls, per model (spent once per call, saved per
     /// replay); with costs once [`RunView::priced`].
     pub usage: Vec<PricedUsage>,
@@ -577,6 +598,7 @@ impl RunView {
             })
             .collect();
         let schedule = store.run_schedule(run_id).await?;
+        let moves = store.run_moves(run_id).await?;
         let usage = store
             .usage(&UsageFilter {
                 run_id: Some(run_id),
@@ -588,6 +610,7 @@ impl RunView {
         Ok(RunView {
             usage,
             schedule,
+            moves,
             children,
             children_count,
             outcome: run.outcome.as_deref().map(payload_value),

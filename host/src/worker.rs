@@ -444,34 +444,9 @@ impl Worker {
                 .entry(digest.to_string())
                 .or_default(),
         );
-        cell.get_or_try_init(|| self.load(digest, name))
+        cell.get_or_try_init(|| self.host.load_stored(digest, name))
             .await
             .cloned()
-    }
-
-    async fn load(&self, digest: &str, name: &str) -> Result<LoadedAgent, HostError> {
-        let bytes = self.host.store().component(digest).await?.ok_or_else(|| {
-            StoreError::UnknownComponent {
-                digest: digest.to_string(),
-            }
-        })?;
-        let runtime = Arc::clone(self.host.runtime());
-        let (digest_owned, name) = (digest.to_string(), name.to_string());
-        // Compiling takes a core for a while: off the executor's threads.
-        let agent = tokio::task::spawn_blocking(move || {
-            let path = std::path::PathBuf::from(format!("component {digest_owned}"));
-            runtime.load_owned(&path, &name, bytes)
-        })
-        .await
-        .map_err(|e| HostError::Engine(format!("compiling a component failed: {e}")))??;
-        if agent.digest() != digest {
-            // The store handed back other bytes than the digest names: refuse them.
-            return Err(HostError::Engine(format!(
-                "the store's component {digest} hashes to {}",
-                agent.digest()
-            )));
-        }
-        Ok(agent)
     }
 }
 

@@ -54,5 +54,6 @@ mod spans;
 mod store_faults;
 mod util;
 mod version;
+mod versions;
 mod waits;
 pub mod workers;

@@ -27,6 +27,7 @@ mod signal;
 mod status;
 mod submit;
 mod usage;
+mod versions;
 mod worker;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -48,6 +49,13 @@ pub enum Command {
     Run(Box<run::RunCommand>),
     /// Store an agent in the store under a name, with what its runs may reach.
     Deploy(Box<deploy::DeployCommand>),
+    /// List each deployment's versions and how many runs are on each.
+    Deployments(versions::DeploymentsCommand),
+    /// Move runs of a deployment that have not ended to one of its versions (at their
+    /// next instance).
+    Upgrade(versions::UpgradeCommand),
+    /// Move runs of a deployment back to the version each was on before its last move.
+    Rollback(versions::RollbackCommand),
     /// Queue a run of a deployed agent for workers; returns at once.
     Submit(Box<submit::SubmitCommand>),
     /// Lease queued runs from the store and drive them until stopped.
@@ -119,6 +127,9 @@ impl Command {
         match self {
             Command::Run(cmd) => cmd.execute().await,
             Command::Deploy(cmd) => cmd.execute().await,
+            Command::Deployments(cmd) => cmd.execute().await,
+            Command::Upgrade(cmd) => cmd.execute().await,
+            Command::Rollback(cmd) => cmd.execute().await,
             Command::Submit(cmd) => cmd.execute().await,
             Command::Worker(cmd) => cmd.execute().await,
             Command::Flow(cmd) => cmd.execute().await,

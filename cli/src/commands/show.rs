@@ -36,12 +36,24 @@ impl ShowCommand {
             return Ok(Exit::Done);
         }
         print_run(&view.run, view.schedule.as_ref(), view.now);
+        print_moves(&view.moves, view.now);
         print_children(&view.run.run_id, &view.children, &view.children_count);
         print_usage(&view.usage);
         print_steps(&view.steps);
         print_waits(&view.waits, view.now);
         print_claims(&view.open_claims, view.now);
         Ok(Exit::Done)
+    }
+}
+
+/// Its moves between versions, oldest first.
+fn print_moves(moves: &[idem::store::RunMove], now: Millis) {
+    for m in moves {
+        println!(
+            "moved     {} ago: {}",
+            display::age(now, m.at),
+            super::versions::move_line(m)
+        );
     }
 }
 
@@ -52,7 +64,14 @@ fn print_run(run: &RunRecord, schedule: Option<&ScheduledBy>, now: Millis) {
         Some(waiting) => println!("status    {} ({waiting})", run.status),
         None => println!("status    {}", run.status),
     }
-    println!("agent     {} ({})", display::name(&run.agent), run.digest);
+    match run.version {
+        Some(version) => println!(
+            "agent     {} version {version} ({})",
+            display::name(&run.agent),
+            run.digest
+        ),
+        None => println!("agent     {} ({})", display::name(&run.agent), run.digest),
+    }
     println!("namespace {}", display::name(&run.namespace));
     if run.priority > 0 {
         println!("priority  {}", run.priority);

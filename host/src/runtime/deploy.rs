@@ -14,7 +14,7 @@
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::sync::PoisonError;
+use std::sync::{Arc, PoisonError};
 
 use super::engine::LoadedAgent;
 use super::error::HostError;
@@ -22,7 +22,9 @@ use super::host::Host;
 use super::names::namespace_of;
 use super::options::RunOptions;
 use super::report::Rebuilt;
-use crate::store::{Admission, Deployment, DeploymentRecord, RunRecord, StoreError, Submission};
+use crate::store::{
+    Admission, Deployment, DeploymentRecord, InFlight, Rollout, RunRecord, StoreError, Submission,
+};
 use crate::text;
 
 impl Host {
@@ -88,12 +90,19 @@ impl Host {
         deployment: &Deployment<'_>,
     ) -> Result<(), HostError> {
         self.store_component(agent).await?;
-        match self.store.deploy(deployment).await {
+        // Recorded with the deployment, so that a later upgrade of its runs can tell a
+        // build of another agent (`idem upgrade`).
+        let exports = agent.exports();
+        let rollout = Rollout {
+            in_flight: InFlight::Pin,
+            exports: Some(&exports),
+        };
+        match self.store.deploy_version(deployment, &rollout).await {
             // Removed from the store since this host put it there: put it back.
             Err(StoreError::UnknownComponent { .. }) => {
                 self.forget_component(agent);
                 self.store_component(agent).await?;
-                self.store.deploy(deployment).await?;
+                self.store.deploy_version(deployment, &rollout).await?;
             }
             other => drop(other?),
         }
@@ -118,6 +127,40 @@ impl Host {
             .unwrap_or_else(PoisonError::into_inner)
             .insert(agent.digest.clone());
         Ok(())
+    }
+
+    /// The component `digest` as the store holds it, checked and compiled (or loaded
+    /// from the cache): what a worker runs a leased run with, and a foreground run
+    /// whose version an operator changed. `name` is the agent's, for messages.
+    pub(crate) async fn load_stored(
+        &self,
+        digest: &str,
+        name: &str,
+    ) -> Result<LoadedAgent, HostError> {
+        let bytes =
+            self.store
+                .component(digest)
+                .await?
+                .ok_or_else(|| StoreError::UnknownComponent {
+                    digest: digest.to_string(),
+                })?;
+        let runtime = Arc::clone(self.runtime());
+        let (digest_owned, name) = (digest.to_string(), name.to_string());
+        // Compiling takes a core for a while: off the executor's threads.
+        let agent = tokio::task::spawn_blocking(move || {
+            let path = std::path::PathBuf::from(format!("component {digest_owned}"));
+            runtime.load_owned(&path, &name, bytes)
+        })
+        .await
+        .map_err(|e| HostError::Engine(format!("compiling a component failed: {e}")))??;
+        if agent.digest() != digest {
+            // The store handed back other bytes than the digest names: refuse them.
+            return Err(HostError::Engine(format!(
+                "the store's component {digest} hashes to {}",
+                agent.digest()
+            )));
+        }
+        Ok(agent)
     }
 
     fn forget_component(&self, agent: &LoadedAgent) {

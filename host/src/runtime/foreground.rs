@@ -120,8 +120,35 @@ impl Host {
             // foreground's stop is relayed to it, from this task.
             let drive_signals = Arc::new(RunSignals::default());
             let relay = relay_stop(signals, &drive_signals);
+            // An operator may have moved the run to another version since this process
+            // started it (`idem upgrade`, `idem rollback`, a rollout): its next instance
+            // runs the component the store names, as a worker's would.
+            let moved = if leased.record.digest == agent.digest {
+                None
+            } else {
+                match self
+                    .load_stored(&leased.record.digest, &leased.record.agent)
+                    .await
+                {
+                    Ok(moved) => Some(moved),
+                    Err(e) => {
+                        // Given back at once with why, so that a worker (or another
+                        // `idem run`) takes the run up once the component is mended.
+                        let fence = crate::store::RunFence {
+                            run_id: leased.record.run_id.clone(),
+                            token: leased.token,
+                            sync: opts.authority.sync,
+                        };
+                        let note = format!("cannot load the version it was moved to: {e}");
+                        self.store
+                            .release_run(&fence, &leased.record.counts, Some(&note))
+                            .await?;
+                        return Err(e);
+                    }
+                }
+            };
             let drive = self.drive_leased(
-                agent,
+                moved.as_ref().unwrap_or(agent),
                 leased,
                 &opts.authority,
                 &mut faults,

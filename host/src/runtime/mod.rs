@@ -21,6 +21,7 @@
 //!   it still stands; `faults.rs`: planned drops; `limits.rs`: what a guest may hand
 //!   the host; `names.rs`: run ids and namespaces; `authority.rs`: what a run may
 //!   reach; `http/`: the outbound HTTP policy and the gate that holds requests to it;
+//!   `exports.rs`: what a component exports, which an upgrade compares;
 //!   `capture.rs`: the hook that lets an embedder answer outbound requests itself and
 //!   hear of refused ones; `output.rs`: the guest's stderr and stdout, escaped, as the
 //!   run's log; `live_text.rs`: the text it publishes, on its way to the run's live
@@ -38,6 +39,7 @@ mod drive;
 mod end;
 mod engine;
 mod error;
+mod exports;
 mod faults;
 mod foreground;
 mod grants;

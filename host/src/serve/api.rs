@@ -518,6 +518,53 @@ pub(super) async fn list_deployments(State(state): State<ServeState>) -> Answer 
     ok(json!({ "deployments": deployments, "paused": paused }))
 }
 
+pub(super) async fn list_versions(
+    State(state): State<ServeState>,
+    Path(name): Path<String>,
+) -> Answer {
+    let versions = ops::versions(state.store.as_ref(), &name).await?;
+    ok(json!({ "deployment": name, "versions": versions }))
+}
+
+/// `POST /api/deployments/{name}/upgrade` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct UpgradeBody {
+    to: u64,
+    #[serde(default)]
+    runs: Vec<String>,
+}
+
+pub(super) async fn upgrade_runs(
+    State(state): State<ServeState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Answer {
+    let body: UpgradeBody = json_body(&headers, body)?;
+    let moved = ops::upgrade(state.store.as_ref(), &name, body.to, &body.runs).await?;
+    ok(json!({ "deployment": name, "moved": moved }))
+}
+
+/// `POST /api/deployments/{name}/rollback` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RollbackBody {
+    #[serde(default)]
+    runs: Vec<String>,
+}
+
+pub(super) async fn rollback_runs(
+    State(state): State<ServeState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Answer {
+    let body: RollbackBody = json_body(&headers, body)?;
+    let moved = ops::rollback(state.store.as_ref(), &name, &body.runs).await?;
+    ok(json!({ "deployment": name, "moved": moved }))
+}
+
 pub(super) async fn pause_run(
     State(state): State<ServeState>,
     Path(run_id): Path<String>,
@@ -561,6 +608,7 @@ pub(super) async fn resume_deployment(
 #[serde(deny_unknown_fields)]
 pub(super) struct DeployQuery {
     name: String,
+    in_flight: Option<crate::store::InFlight>,
 }
 
 pub(super) async fn deploy(
@@ -588,13 +636,24 @@ pub(super) async fn deploy(
     .map_err(|e| ApiError::new("internal", e.to_string()))??;
     // What an upload may grant is the default: no directories, variables or hosts.
     // Wider grants name this machine's files, so they are deployed from this machine.
-    let deployed =
-        ops::deploy(state.store.as_ref(), &agent, &q.name, &Authority::default()).await?;
+    let in_flight = q.in_flight.unwrap_or_default();
+    let deployed = ops::deploy(
+        state.store.as_ref(),
+        &agent,
+        &q.name,
+        &Authority::default(),
+        in_flight,
+    )
+    .await?;
     ok(json!({
         "name": deployed.record.name,
         "digest": deployed.record.digest,
+        "version": deployed.record.version,
         "new_component": deployed.new_component,
         "deployed_at": deployed.record.deployed_at,
+        "in_flight": in_flight,
+        "moved": deployed.moved,
+        "kept": deployed.kept,
     }))
 }
 

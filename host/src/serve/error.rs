@@ -76,6 +76,7 @@ pub const CODES: &[(&str, u16, &str)] = &[
     ("not_found", 404, "no such route"),
     ("unknown_run", 404, "no such run"),
     ("unknown_schedule", 404, "no such schedule"),
+    ("unknown_version", 404, "the deployment has no such version"),
     (
         "unknown_deployment",
         404,
@@ -93,6 +94,21 @@ pub const CODES: &[(&str, u16, &str)] = &[
         "the key is not parked in doubt by the run",
     ),
     ("run_finished", 409, "the run is finished"),
+    (
+        "not_of_deployment",
+        409,
+        "the run is a run of another deployment",
+    ),
+    (
+        "never_moved",
+        409,
+        "the run never moved to another version: nothing to roll back",
+    ),
+    (
+        "exports_differ",
+        409,
+        "the run's component and the version's export different things (another agent)",
+    ),
     (
         "schedule_refused",
         409,
@@ -150,6 +166,10 @@ impl From<StoreError> for ApiError {
             StoreError::InputMismatch { .. } => "input_mismatch",
             StoreError::NotInDoubt { .. } => "not_parked",
             StoreError::RunFinished { .. } => "run_finished",
+            StoreError::UnknownVersion { .. } => "unknown_version",
+            StoreError::NotOfDeployment { .. } => "not_of_deployment",
+            StoreError::NeverMoved { .. } => "never_moved",
+            StoreError::ExportsDiffer { .. } => "exports_differ",
             StoreError::NamespaceTaken { .. } => "namespace_taken",
             StoreError::SignalRefused { .. } => "signal_refused",
             StoreError::UnknownSchedule { .. } => "unknown_schedule",

@@ -192,6 +192,30 @@ fn schemas() -> Value {
                 },
             },
         },
+        "Upgrade": {
+            "type": "object",
+            "required": ["to"],
+            "additionalProperties": false,
+            "properties": {
+                "to": { "type": "integer", "minimum": 1, "description": "the version to move the runs to" },
+                "runs": {
+                    "type": "array",
+                    "items": { "type": "string" },
+                    "description": "the runs to move (default: every run of the deployment that has not ended)",
+                },
+            },
+        },
+        "Rollback": {
+            "type": "object",
+            "additionalProperties": false,
+            "properties": {
+                "runs": {
+                    "type": "array",
+                    "items": { "type": "string" },
+                    "description": "the runs to move back (default: every run of the deployment that has not ended and has moved before)",
+                },
+            },
+        },
         "SetFlow": {
             "type": "object",
             "required": ["deployment"],

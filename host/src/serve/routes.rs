@@ -271,6 +271,41 @@ pub const ROUTES: &[Route] = &[
         responds: JSON,
     },
     Route {
+        method: "GET",
+        path: "/api/deployments/{name}/versions",
+        id: "list_versions",
+        summary: "Every version of a deployment, oldest first, with how many of its runs are \
+                  on each (in flight and in all) and which is current",
+        access: Access::Read,
+        body: Body::Empty,
+        query: &[],
+        responds: JSON,
+    },
+    Route {
+        method: "POST",
+        path: "/api/deployments/{name}/upgrade",
+        id: "upgrade_runs",
+        summary: "Move runs of a deployment that have not ended (the ones listed, or all) to \
+                  one of its versions, at their next instance; refused, moving nothing, for \
+                  an unknown version or run, an ended run, or a component that exports \
+                  something else",
+        access: Access::Mutate,
+        body: Body::Json("Upgrade"),
+        query: &[],
+        responds: JSON,
+    },
+    Route {
+        method: "POST",
+        path: "/api/deployments/{name}/rollback",
+        id: "rollback_runs",
+        summary: "Move runs of a deployment (the ones listed, or all that moved before) back \
+                  to the version each was on before its last move",
+        access: Access::Mutate,
+        body: Body::Json("Rollback"),
+        query: &[],
+        responds: JSON,
+    },
+    Route {
         method: "POST",
         path: "/api/deployments",
         id: "deploy",
@@ -278,7 +313,14 @@ pub const ROUTES: &[Route] = &[
                   beyond the default limits",
         access: Access::Mutate,
         body: Body::Component,
-        query: &[("name", "the deployment's name (required)")],
+        query: &[
+            ("name", "the deployment's name (required)"),
+            (
+                "in_flight",
+                "what the name's runs that have not ended do: `pin` (the default: finish on \
+                 their version) or `upgrade` (move to this one at their next instance)",
+            ),
+        ],
         responds: JSON,
     },
     Route {

@@ -60,6 +60,56 @@ pub enum StoreError {
         /// The name.
         name: String,
     },
+    /// The deployment has no such version.
+    #[error("deployment {} has no version {version}", crate::text::quoted(name))]
+    UnknownVersion {
+        /// The deployment.
+        name: String,
+        /// The version asked for.
+        version: u64,
+    },
+    /// The run is not a run of that deployment.
+    #[error(
+        "run {} is a run of {}, not of {}",
+        crate::text::quoted(run_id),
+        crate::text::quoted(agent),
+        crate::text::quoted(name)
+    )]
+    NotOfDeployment {
+        /// The run.
+        run_id: String,
+        /// The deployment it is a run of.
+        agent: String,
+        /// The deployment named.
+        name: String,
+    },
+    /// The run never moved between versions, so it has none to go back to.
+    #[error(
+        "run {} has never moved to another version; there is nothing to roll back",
+        crate::text::quoted(run_id)
+    )]
+    NeverMoved {
+        /// The run.
+        run_id: String,
+    },
+    /// The run's component and the one it would move to export different things: they
+    /// are not builds of one agent, and its next instance could not resume it.
+    #[error(
+        "run {} cannot move from {from} to version {to} of {}: the two components export \
+         different things (the other is not a build of the same agent)",
+        crate::text::quoted(run_id),
+        crate::text::quoted(name)
+    )]
+    ExportsDiffer {
+        /// The run.
+        run_id: String,
+        /// The deployment.
+        name: String,
+        /// Where the run is: `version N`, or its component's digest.
+        from: String,
+        /// The version it would move to.
+        to: u64,
+    },
     /// The run has finished, so it cannot be changed this way.
     #[error("run {} is already {status}", crate::text::quoted(run_id))]
     RunFinished {
@@ -363,6 +413,10 @@ impl StoreError {
                 | StoreError::NotInDoubt { .. }
                 | StoreError::UnknownComponent { .. }
                 | StoreError::UnknownDeployment { .. }
+                | StoreError::UnknownVersion { .. }
+                | StoreError::NotOfDeployment { .. }
+                | StoreError::NeverMoved { .. }
+                | StoreError::ExportsDiffer { .. }
                 | StoreError::UnknownRun { .. }
                 | StoreError::RunFinished { .. }
                 | StoreError::NamespaceTaken { .. }

@@ -117,7 +117,10 @@ pub use claims::{
     StepRecord,
 };
 pub use clock::Clock;
-pub use deploy::{Admission, Deployment, DeploymentRecord};
+pub use deploy::{
+    Admission, Deployed, Deployment, DeploymentRecord, InFlight, MoveReason, MoveRuns, MoveTo,
+    Rollout, RunMove, VersionRecord,
+};
 pub use error::{DatabaseFault, StoreError};
 pub use fence::{ParseSyncModeError, RunFence, SyncMode};
 pub(crate) use flow::{FlowCounts, Limit, check_setting, key_of};

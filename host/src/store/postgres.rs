@@ -61,6 +61,7 @@ mod sealing;
 #[cfg(test)]
 mod tests;
 mod usage;
+mod versions;
 mod waits;
 
 use super::rules::SQL_MAX;

@@ -183,6 +183,9 @@ pub struct RunRecord {
     /// Its concurrency key, read from its input where its deployment says
     /// ([`FlowLimits::key`](super::FlowLimits::key)), if it has one.
     pub flow_key: Option<String>,
+    /// The version of its deployment it is on (the latest with its component); `None`
+    /// for a run of a component never deployed under its name.
+    pub version: Option<u64>,
     /// When the run was submitted.
     pub created: Millis,
     /// When the run's record last changed.

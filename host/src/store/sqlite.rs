@@ -47,6 +47,7 @@ mod sealing;
 mod tests;
 mod thread;
 mod usage;
+mod versions;
 mod vfs;
 mod waits;
 

@@ -11,19 +11,19 @@ use super::conn::{Fenced, Lock, write_tx};
 use super::one_trip::OneTrip;
 use super::{
     PostgresStore, TxError, blobs, children, claims, components, flow, gc, leases, live, logs,
-    pause, rates, runs, schedules, sealing, usage, waits,
+    pause, rates, runs, schedules, sealing, usage, versions, waits,
 };
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
 use crate::store::{
     Acquired, BlobDigest, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef,
-    ClaimRequest, Commit, Counts, DataKeyRecord, Deployment, DeploymentPaused, DeploymentRecord,
-    FlowLimits, FlowSetting, GcReport, GcRequest, InstanceStore, JoinRequest, LeaseState,
-    LeasedRun, Millis, OpenClaim, OperatorStore, Paused, PausedDeployment, Presence, RateLimit,
-    RateSetting, Resolution, Resumed, RunEnd, RunFence, RunFilter, RunRecord, RunStatus,
-    ScheduleDef, ScheduleRecord, ScheduledBy, Sealer, SignalSent, SpawnAnswers, SpawnBatch,
-    StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode, Tick, WaitRecord,
-    WaitRequest, WaitState, WorkerStore,
+    ClaimRequest, Commit, Counts, DataKeyRecord, Deployed, Deployment, DeploymentPaused,
+    DeploymentRecord, FlowLimits, FlowSetting, GcReport, GcRequest, InstanceStore, JoinRequest,
+    LeaseState, LeasedRun, Millis, MoveRuns, OpenClaim, OperatorStore, Paused, PausedDeployment,
+    Presence, RateLimit, RateSetting, Resolution, Resumed, Rollout, RunEnd, RunFence, RunFilter,
+    RunMove, RunRecord, RunStatus, ScheduleDef, ScheduleRecord, ScheduledBy, Sealer, SignalSent,
+    SpawnAnswers, SpawnBatch, StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode,
+    Tick, VersionRecord, WaitRecord, WaitRequest, WaitState, WorkerStore,
 };
 use crate::store::{
     LiveChunk, LiveText, Recorded, UsageFilter, UsageRecord, UsageTotal, check_usage,
@@ -511,10 +511,38 @@ impl CatalogStore for PostgresStore {
         .await
     }
 
-    async fn deploy(&self, deployment: &Deployment<'_>) -> Result<DeploymentRecord, StoreError> {
+    async fn deploy_version(
+        &self,
+        deployment: &Deployment<'_>,
+        rollout: &Rollout<'_>,
+    ) -> Result<Deployed, StoreError> {
         write_tx!(self, "deploy a component", self.sync, None, |conn, _f| {
-            components::deploy(conn, deployment).await
+            components::deploy(conn, deployment, rollout).await
         })
+    }
+
+    async fn versions(&self, name: &str) -> Result<Vec<VersionRecord>, StoreError> {
+        self.read("list a deployment's versions", async |conn| {
+            versions::versions(conn, name).await
+        })
+        .await
+    }
+
+    async fn move_runs(&self, request: &MoveRuns<'_>) -> Result<Vec<RunMove>, StoreError> {
+        write_tx!(
+            self,
+            "move runs to another version",
+            self.sync,
+            None,
+            |conn, _f| { versions::move_runs(conn, request).await }
+        )
+    }
+
+    async fn run_moves(&self, run_id: &str) -> Result<Vec<RunMove>, StoreError> {
+        self.read("read a run's moves", async |conn| {
+            versions::run_moves(conn, run_id).await
+        })
+        .await
     }
 
     async fn deployment(&self, name: &str) -> Result<Option<DeploymentRecord>, StoreError> {
@@ -582,7 +610,7 @@ impl CatalogStore for PostgresStore {
 
     async fn upgrade_run(&self, run_id: &str, from: &str, to: &str) -> Result<(), StoreError> {
         write_tx!(self, "upgrade a run", self.sync, None, |conn, _f| {
-            runs::upgrade_run(conn, run_id, from, to).await
+            versions::upgrade_run(conn, run_id, from, to).await
         })
     }
 

@@ -108,8 +108,10 @@ pub(super) async fn spawn_many(
     let digests: Vec<&str> = create.iter().map(|new| new.digest.as_str()).collect();
     conn.execute(
         "INSERT INTO runs (run_id, agent, digest, namespace, status, created, updated,
-                           parent, spawn_key, depth, detached)
-         SELECT c.id, c.agent, c.digest, c.agent, 'queued', $6, $6, $7, c.key, $8, c.detached
+                           parent, spawn_key, depth, detached, version)
+         SELECT c.id, c.agent, c.digest, c.agent, 'queued', $6, $6, $7, c.key, $8, c.detached,
+                (SELECT max(d.version) FROM deployments d
+                 WHERE d.name = c.agent AND d.digest = c.digest)
          FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bool[])
               WITH ORDINALITY AS c(id, agent, digest, key, detached, n)
          ORDER BY c.n",

@@ -6,7 +6,9 @@ use tokio_postgres::Row;
 use super::TxError;
 use super::conn::Conn;
 use crate::store::rules;
-use crate::store::{Admission, Deployment, DeploymentRecord, StoreError};
+use crate::store::{
+    Admission, Deployed, Deployment, DeploymentRecord, InFlight, Rollout, StoreError,
+};
 
 /// Stores a component's bytes under their digest; whether they were new.
 pub(super) async fn put_component(
@@ -80,25 +82,44 @@ pub(super) async fn add_member(
     Ok(())
 }
 
-/// Points a name at a component, admitting it to the name's namespace as its admission
-/// allows; deploying what is current again changes nothing. Deployments of one name
-/// are serialised by a transaction-scoped advisory lock on the name.
+/// Points a name at a component as its next version, admitting it to the name's
+/// namespace as its admission allows, and moves the name's runs in flight to it if the
+/// rollout says so; deploying what is current again makes no new version. Deployments
+/// (and moves) of one name are serialised by a transaction-scoped advisory lock on it.
 pub(super) async fn deploy(
     conn: &Conn,
     deployment: &Deployment<'_>,
-) -> Result<DeploymentRecord, TxError> {
+    rollout: &Rollout<'_>,
+) -> Result<Deployed, TxError> {
     require(conn, deployment.digest).await?;
-    conn.query_one(
-        "SELECT pg_advisory_xact_lock(hashtext('idem deploy ' || $1))",
-        &[&deployment.name],
-    )
-    .await?;
+    super::versions::lock_name(conn, deployment.name).await?;
     let current = self::deployment(conn, deployment.name).await?;
-    if let Some(current) = current.as_ref().filter(|current| {
+    let record = match current.as_ref().filter(|current| {
         current.digest == deployment.digest && current.authority == deployment.authority
     }) {
-        return Ok(current.clone());
-    }
+        Some(current) => current.clone(),
+        None => new_version(conn, deployment, rollout, current).await?,
+    };
+    let (moved, kept) = match rollout.in_flight {
+        InFlight::Pin => (Vec::new(), Vec::new()),
+        InFlight::Upgrade => {
+            super::versions::roll_out(conn, deployment.name, record.version).await?
+        }
+    };
+    Ok(Deployed {
+        record,
+        moved,
+        kept,
+    })
+}
+
+/// Appends the name's next version.
+async fn new_version(
+    conn: &Conn,
+    deployment: &Deployment<'_>,
+    rollout: &Rollout<'_>,
+    current: Option<DeploymentRecord>,
+) -> Result<DeploymentRecord, TxError> {
     let namespace = deployment.name;
     let membership = membership(conn, namespace, deployment.digest).await?;
     let Some(admission) = rules::admit(deployment, current.as_ref(), membership) else {
@@ -119,19 +140,27 @@ pub(super) async fn deploy(
         rules::member_how(admission),
     )
     .await?;
-    conn.execute(
-        "INSERT INTO deployments (name, digest, authority, admission, deployed_at, source)
-         VALUES ($1, $2, $3, $4, $5, $6)",
-        &[
-            &deployment.name,
-            &deployment.digest,
-            &deployment.authority,
-            &admission.as_str(),
-            &conn.now,
-            &deployment.source,
-        ],
-    )
-    .await?;
+    let row = conn
+        .query_one(
+            "INSERT INTO deployments
+                 (name, digest, authority, admission, deployed_at, source, version, in_flight,
+                  exports)
+             SELECT $1, $2, $3, $4, $5, $6,
+                    coalesce((SELECT max(version) FROM deployments WHERE name = $1), 0) + 1,
+                    $7, $8
+             RETURNING version",
+            &[
+                &deployment.name,
+                &deployment.digest,
+                &deployment.authority,
+                &admission.as_str(),
+                &conn.now,
+                &deployment.source,
+                &rollout.in_flight.as_str(),
+                &rollout.exports,
+            ],
+        )
+        .await?;
     Ok(DeploymentRecord {
         name: deployment.name.to_owned(),
         digest: deployment.digest.to_owned(),
@@ -139,6 +168,9 @@ pub(super) async fn deploy(
         deployed_at: conn.now,
         admission,
         source: deployment.source.map(str::to_owned),
+        version: super::u64_col(&row, 0)?,
+        in_flight: rollout.in_flight,
+        exports: rollout.exports.map(str::to_owned),
     })
 }
 
@@ -149,8 +181,9 @@ pub(super) async fn deployment(
 ) -> Result<Option<DeploymentRecord>, TxError> {
     match conn
         .query_opt(
-            "SELECT name, digest, authority, admission, deployed_at, source FROM deployments
-             WHERE name = $1 ORDER BY id DESC LIMIT 1",
+            "SELECT name, digest, authority, admission, deployed_at, source, version, in_flight,
+                    exports
+             FROM deployments WHERE name = $1 ORDER BY id DESC LIMIT 1",
             &[&name],
         )
         .await?
@@ -165,7 +198,7 @@ pub(super) async fn deployments(conn: &Conn) -> Result<Vec<DeploymentRecord>, Tx
     let rows = conn
         .query(
             "SELECT DISTINCT ON (name COLLATE \"C\") name, digest, authority, admission,
-                    deployed_at, source
+                    deployed_at, source, version, in_flight, exports
              FROM deployments ORDER BY name COLLATE \"C\", id DESC",
             &[],
         )
@@ -208,8 +241,11 @@ async fn latest_member(conn: &Conn, namespace: &str) -> Result<Option<String>, T
     }
 }
 
-fn record(row: &Row) -> Result<DeploymentRecord, TxError> {
+/// Reads `name, digest, authority, admission, deployed_at, source, version, in_flight,
+/// exports` at 0..9.
+pub(super) fn record(row: &Row) -> Result<DeploymentRecord, TxError> {
     let admission: String = row.try_get(3)?;
+    let in_flight: String = row.try_get(7)?;
     Ok(DeploymentRecord {
         name: row.try_get(0)?,
         digest: row.try_get(1)?,
@@ -222,5 +258,13 @@ fn record(row: &Row) -> Result<DeploymentRecord, TxError> {
         })?,
         deployed_at: row.try_get(4)?,
         source: row.try_get(5)?,
+        version: super::u64_col(row, 6)?,
+        in_flight: InFlight::from_name(&in_flight).ok_or_else(|| {
+            TxError::Store(StoreError::Backend {
+                op: "read a deployment",
+                source: format!("unknown in-flight policy {in_flight:?}").into(),
+            })
+        })?,
+        exports: row.try_get(8)?,
     })
 }

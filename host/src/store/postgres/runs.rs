@@ -30,7 +30,7 @@ macro_rules! select_records {
                     r.lease_holder, r.lease_token, r.lease_expires, r.cancel_requested,
                     r.note, r.created, r.updated, p.step, r.wake_at, r.waiting_for,
                     r.recycled, r.parent, r.spawn_key, r.detached, r.joining, r.paused,
-                    r.priority, r.flow_key
+                    r.priority, r.flow_key, r.version
              FROM runs r
              LEFT JOIN progress p ON p.run_id = r.run_id
              LEFT JOIN run_outcomes o ON o.run_id = r.run_id ",
@@ -377,8 +377,10 @@ async fn write_batch(
 
     const INSERT_RUNS: &str =
         "INSERT INTO runs (run_id, agent, digest, namespace, status, created, updated,
-                           priority, flow_key)
-         SELECT c.id, c.agent, c.digest, c.namespace, $7, $8, $8, c.priority, c.key
+                           priority, flow_key, version)
+         SELECT c.id, c.agent, c.digest, c.namespace, $7, $8, $8, c.priority, c.key,
+                (SELECT max(d.version) FROM deployments d
+                 WHERE d.name = c.agent AND d.digest = c.digest)
          FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int4[], $6::text[])
               WITH ORDINALITY AS c(id, agent, digest, namespace, priority, key, n)
          ORDER BY c.n
@@ -581,8 +583,10 @@ pub(super) async fn submit(conn: &Conn, submission: &Submission<'_>) -> Result<S
     let inserted = conn
         .execute(
             "INSERT INTO runs
-                 (run_id, agent, digest, namespace, status, created, updated, priority, flow_key)
-             VALUES ($1, $2, $3, $4, $5, $6, $6, $7, $8)
+                 (run_id, agent, digest, namespace, status, created, updated, priority, flow_key,
+                  version)
+             VALUES ($1, $2, $3, $4, $5, $6, $6, $7, $8,
+                     (SELECT max(version) FROM deployments WHERE name = $2 AND digest = $3))
              ON CONFLICT (run_id) DO NOTHING",
             &[
                 &run_id,
@@ -642,32 +646,6 @@ pub(super) async fn submit(conn: &Conn, submission: &Submission<'_>) -> Result<S
         .await?
         .ok_or_else(|| unknown_run(run_id))?;
     Ok(Submitted { record, created })
-}
-
-/// Moves the run to another component and records it.
-pub(super) async fn upgrade_run(
-    conn: &Conn,
-    run_id: &str,
-    from: &str,
-    to: &str,
-) -> Result<(), TxError> {
-    let row = conn
-        .query_opt(
-            "UPDATE runs SET digest = $3, updated = $4 WHERE run_id = $1 AND digest = $2
-             RETURNING namespace",
-            &[&run_id, &from, &to, &conn.now],
-        )
-        .await?;
-    let Some(row) = row else {
-        return Err(unknown_run(run_id));
-    };
-    let namespace: String = row.try_get(0)?;
-    conn.execute(
-        "INSERT INTO run_upgrades (run_id, from_digest, to_digest, at) VALUES ($1, $2, $3, $4)",
-        &[&run_id, &from, &to, &conn.now],
-    )
-    .await?;
-    super::components::add_member(conn, &namespace, to, "upgrade").await
 }
 
 /// Cancels the run now if no live lease is on it, or asks its worker to.
@@ -940,6 +918,9 @@ pub(super) fn record(row: &Row) -> Result<RunRecord, TxError> {
             .and_then(crate::store::PausedBy::parse),
         priority: u32::try_from(row.try_get::<_, i32>(27)?).unwrap_or(u32::MAX),
         flow_key: row.try_get(28)?,
+        version: row
+            .try_get::<_, Option<i64>>(29)?
+            .and_then(|v| u64::try_from(v).ok()),
     })
 }
 

@@ -12,7 +12,7 @@ use super::{PostgresStore, TxError, connect_reason, fault};
 use crate::store::{DatabaseFault, StoreError, SyncMode};
 
 /// `MIGRATIONS[i]` brings the schema from version `i` to version `i + 1`.
-const MIGRATIONS: &[&str] = &[
+pub(super) const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0001_init.sql"),
     include_str!("../migrations/postgres/0002_waits.sql"),
     include_str!("../migrations/postgres/0003_retired.sql"),
@@ -28,6 +28,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0013_usage.sql"),
     include_str!("../migrations/postgres/0014_live.sql"),
     include_str!("../migrations/postgres/0015_blobs.sql"),
+    include_str!("../migrations/postgres/0016_versions.sql"),
 ];
 
 /// The schema version this build writes and understands.

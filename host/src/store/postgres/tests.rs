@@ -686,3 +686,76 @@ fn ends_batched_while_their_parent_suspends_are_each_counted_down_once() {
         assert_ne!(wake_at, Some(i64::MAX), "the parent is due");
     });
 }
+
+/// A schema written by version 15 (deployments without versions, runs without one, a
+/// move recorded by digests only) migrates to 16: each name's deployments numbered in
+/// the order they were made, each run on the latest version of its name with its
+/// component, the old move a person's (`dev`), and the next deployment is version 3.
+#[test]
+fn a_version_15_schema_numbers_deployments_and_places_runs_on_them() {
+    let Some(schema) = Schema::create("v15") else {
+        return;
+    };
+    let mut setup = String::from(
+        "CREATE TABLE idem_migrations (
+             version    int8 PRIMARY KEY,
+             applied_at timestamptz NOT NULL DEFAULT now()
+         );",
+    );
+    for (index, migration) in super::schema::MIGRATIONS[..15].iter().enumerate() {
+        setup.push_str(migration);
+        setup.push_str(&format!(
+            ";\nINSERT INTO idem_migrations (version) VALUES ({});\n",
+            index + 1
+        ));
+    }
+    setup.push_str(
+        "INSERT INTO components (digest, bytes, size, created)
+         VALUES ('d1', '\\x00', 1, 1), ('d2', '\\x00', 1, 1);
+         INSERT INTO deployments (name, digest, authority, admission, deployed_at)
+         VALUES ('mailer', 'd1', '', 'explicit', 10), ('other', 'd1', '', 'explicit', 15),
+                ('mailer', 'd2', '', 'explicit', 20);
+         INSERT INTO runs (run_id, agent, digest, namespace, status, created, updated)
+         VALUES ('a', 'mailer', 'd1', 'mailer', 'running', 40, 40),
+                ('b', 'mailer', 'd2', 'mailer', 'queued', 41, 41);
+         INSERT INTO run_inputs (run_id, input, authority)
+         VALUES ('a', '', ''), ('b', '', '');
+         INSERT INTO run_upgrades (run_id, from_digest, to_digest, at)
+         VALUES ('b', 'd1', 'd2', 45);",
+    );
+    schema.sql(&setup).unwrap();
+    let store = schema.connect().unwrap();
+    block_on(async {
+        let versions: Vec<(u64, String, u64)> = store
+            .versions("mailer")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|v| (v.deployment.version, v.deployment.digest, v.runs_in_flight))
+            .collect();
+        assert_eq!(versions, [(1, "d1".into(), 1), (2, "d2".into(), 1)]);
+        let a = store.run("a").await.unwrap().unwrap();
+        let b = store.run("b").await.unwrap().unwrap();
+        assert_eq!((a.version, b.version), (Some(1), Some(2)));
+        let moves = store.run_moves("b").await.unwrap();
+        assert_eq!(
+            moves
+                .iter()
+                .map(|m| (m.from_version, m.reason))
+                .collect::<Vec<_>>(),
+            [(None, crate::store::MoveReason::Dev)]
+        );
+        store.put_component("d3", b"\0asm").await.unwrap();
+        let d3 = store
+            .deploy(&crate::store::Deployment {
+                name: "mailer",
+                digest: "d3",
+                authority: b"",
+                admission: crate::store::Admission::Explicit,
+                source: None,
+            })
+            .await
+            .unwrap();
+        assert_eq!(d3.version, 3);
+    });
+}

@@ -4,8 +4,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::store::{
-    BlobDigest, DataKeyRecord, Deployment, DeploymentRecord, FlowLimits, FlowSetting, RateLimit,
-    RateSetting, Sealer, StoreError,
+    BlobDigest, DataKeyRecord, Deployed, Deployment, DeploymentRecord, FlowLimits, FlowSetting,
+    MoveRuns, RateLimit, RateSetting, Rollout, RunMove, Sealer, StoreError, VersionRecord,
 };
 
 /// What runs are made from: components by digest, deployments (a name pointing at a
@@ -41,10 +41,48 @@ pub trait CatalogStore: Send + Sync + fmt::Debug {
     async fn blob(&self, digest: &BlobDigest) -> Result<Option<Vec<u8>>, StoreError>;
 
     /// Points `deployment.name` at a component (which must be in the store, else
-    /// [`StoreError::UnknownComponent`]) with an authority, and admits the component
-    /// to the name's namespace as `deployment.admission` allows. Deploying what the
-    /// name already points at, with the same authority, changes nothing.
-    async fn deploy(&self, deployment: &Deployment<'_>) -> Result<DeploymentRecord, StoreError>;
+    /// [`StoreError::UnknownComponent`]) with an authority as the name's next version,
+    /// and admits the component to the name's namespace as `deployment.admission`
+    /// allows; then, as `rollout.in_flight` says, leaves the name's runs in flight where
+    /// they are or moves them to it (recorded with each run), all in one transaction.
+    /// Deploying what the name already points at, with the same authority, makes no new
+    /// version (but still moves runs to it for [`InFlight::Upgrade`]).
+    ///
+    /// [`InFlight::Upgrade`]: crate::store::InFlight::Upgrade
+    async fn deploy_version(
+        &self,
+        deployment: &Deployment<'_>,
+        rollout: &Rollout<'_>,
+    ) -> Result<Deployed, StoreError>;
+
+    /// [`deploy_version`](Self::deploy_version) with the default rollout: in-flight runs
+    /// stay pinned, the component's exports not recorded.
+    async fn deploy(&self, deployment: &Deployment<'_>) -> Result<DeploymentRecord, StoreError> {
+        Ok(self
+            .deploy_version(deployment, &Rollout::default())
+            .await?
+            .record)
+    }
+
+    /// Every version of deployment `name`, oldest first, with how many runs are on each;
+    /// empty for a name never deployed.
+    async fn versions(&self, name: &str) -> Result<Vec<VersionRecord>, StoreError>;
+
+    /// Moves runs of a deployment to another of its versions (their next instance runs
+    /// its component) and records each move with its run, in one transaction: all
+    /// move, or, on the first refusal, none. Returns the moves, in run order.
+    ///
+    /// Refused with [`StoreError::UnknownDeployment`], [`StoreError::UnknownVersion`],
+    /// and for a run named in `request.runs`: [`StoreError::UnknownRun`],
+    /// [`StoreError::NotOfDeployment`], [`StoreError::RunFinished`] (completed, failed or
+    /// cancelled), [`StoreError::NeverMoved`] (moving back a run that never moved);
+    /// and [`StoreError::ExportsDiffer`] for any run whose component and the target's
+    /// both have recorded exports that differ. A named run already on the target
+    /// version is left as it is.
+    async fn move_runs(&self, request: &MoveRuns<'_>) -> Result<Vec<RunMove>, StoreError>;
+
+    /// Every move of run `run_id` between components, oldest first.
+    async fn run_moves(&self, run_id: &str) -> Result<Vec<RunMove>, StoreError>;
 
     /// What a name points at now.
     async fn deployment(&self, name: &str) -> Result<Option<DeploymentRecord>, StoreError>;
@@ -56,9 +94,10 @@ pub trait CatalogStore: Send + Sync + fmt::Debug {
     /// the namespace has no component yet, else whether this one is among them.
     async fn admitted(&self, namespace: &str, digest: &str) -> Result<Option<bool>, StoreError>;
 
-    /// Moves run `run_id` from the component `from` to the component `to` and records
-    /// the upgrade; fails with [`StoreError::UnknownRun`] if the run does not exist with
-    /// digest `from`.
+    /// Moves run `run_id` from the component `from` to the component `to` (and to the
+    /// latest version of its deployment with that component) and records the upgrade as
+    /// a person's ([`MoveReason::Dev`](crate::store::MoveReason::Dev)); fails with
+    /// [`StoreError::UnknownRun`] if the run does not exist with digest `from`.
     async fn upgrade_run(&self, run_id: &str, from: &str, to: &str) -> Result<(), StoreError>;
 
     /// Puts limits on a deployment's runs, replacing any it had: the most that hold a

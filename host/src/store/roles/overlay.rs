@@ -22,13 +22,13 @@ use std::time::Duration;
 use super::{CatalogStore, InstanceStore, OperatorStore, Store, WorkerStore};
 use crate::store::{
     Acquired, BlobDigest, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
-    Counts, DataKeyRecord, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits, FlowSetting,
-    GcReport, GcRequest, JoinRequest, LeaseState, LeasedRun, LiveChunk, LiveText, Millis,
-    OpenClaim, Paused, PausedDeployment, Presence, RateLimit, RateSetting, Rated, Recorded,
-    Resolution, Resumed, RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord,
-    ScheduledBy, Sealer, SignalSent, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned, StepRecord,
-    StoreError, Submission, Submitted, Suspension, Tick, UsageFilter, UsageRecord, UsageTotal,
-    WaitRecord, WaitRequest, WaitState,
+    Counts, DataKeyRecord, Deployed, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits,
+    FlowSetting, GcReport, GcRequest, JoinRequest, LeaseState, LeasedRun, LiveChunk, LiveText,
+    Millis, MoveRuns, OpenClaim, Paused, PausedDeployment, Presence, RateLimit, RateSetting, Rated,
+    Recorded, Resolution, Resumed, Rollout, RunEnd, RunFence, RunFilter, RunMove, RunRecord,
+    ScheduleDef, ScheduleRecord, ScheduledBy, Sealer, SignalSent, SpawnAnswers, SpawnBatch,
+    SpawnRequest, Spawned, StepRecord, StoreError, Submission, Submitted, Suspension, Tick,
+    UsageFilter, UsageRecord, UsageTotal, VersionRecord, WaitRecord, WaitRequest, WaitState,
 };
 
 /// A [`Store`] assembled from one handle per role: an underlying store's, with any
@@ -300,8 +300,28 @@ impl CatalogStore for Overlay {
         self.catalog.blob(digest).await
     }
 
+    async fn deploy_version(
+        &self,
+        deployment: &Deployment<'_>,
+        rollout: &Rollout<'_>,
+    ) -> Result<Deployed, StoreError> {
+        self.catalog.deploy_version(deployment, rollout).await
+    }
+
     async fn deploy(&self, deployment: &Deployment<'_>) -> Result<DeploymentRecord, StoreError> {
         self.catalog.deploy(deployment).await
+    }
+
+    async fn versions(&self, name: &str) -> Result<Vec<VersionRecord>, StoreError> {
+        self.catalog.versions(name).await
+    }
+
+    async fn move_runs(&self, request: &MoveRuns<'_>) -> Result<Vec<RunMove>, StoreError> {
+        self.catalog.move_runs(request).await
+    }
+
+    async fn run_moves(&self, run_id: &str) -> Result<Vec<RunMove>, StoreError> {
+        self.catalog.run_moves(run_id).await
     }
 
     async fn deployment(&self, name: &str) -> Result<Option<DeploymentRecord>, StoreError> {

@@ -2,7 +2,8 @@
 //! gets given the key's row, which token a grant takes, whether a run's lease may be
 //! granted, when a lease runs out, how a component joins a namespace, which values a
 //! store refuses to keep, what gc collects, the rules of waits (`waits.rs`), of
-//! schedules (`schedules.rs`) and of spawns (`spawns.rs`). A backend reads the row (locking it
+//! schedules (`schedules.rs`), of spawns (`spawns.rs`) and of moving runs between
+//! versions (`versions.rs`). A backend reads the row (locking it
 //! as its database needs), asks here, and writes what the answer says; so the two
 //! backends cannot drift apart on a rule, and the store suite, which runs on both,
 //! checks one implementation. The backends never import each other: what they share
@@ -10,10 +11,12 @@
 
 mod schedules;
 mod spawns;
+mod versions;
 mod waits;
 
 pub(crate) use schedules::{TickAction, check_def, tick_action};
 pub(crate) use spawns::{Found, SpawnFacts, SpawnPlan, plan_spawns};
+pub(crate) use versions::{IN_FLIGHT_SQL, OnMismatch, Planned, RunFacts, VersionFacts, plan_moves};
 pub(crate) use waits::{
     Recorded, WaitRow, asked, join_asked, join_mode, join_reused, sleep_state, wait_sync,
 };

@@ -11,19 +11,19 @@ use super::owned::{
 };
 use super::{
     SqliteStore, TxError, blobs, children, claims, components, flow, gc, leases, live, logs, pause,
-    presence, rates, runs, schedules, sealing, usage, waits,
+    presence, rates, runs, schedules, sealing, usage, versions, waits,
 };
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
 use crate::store::{
     Acquired, BlobDigest, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef,
-    ClaimRequest, Commit, Counts, DataKeyRecord, Deployment, DeploymentPaused, DeploymentRecord,
-    FlowLimits, FlowSetting, GcReport, GcRequest, InstanceStore, JoinRequest, LeaseState,
-    LeasedRun, Millis, OpenClaim, OperatorStore, Paused, PausedDeployment, Payloads, Presence,
-    RateLimit, RateSetting, Rated, Resolution, Resumed, RunEnd, RunFence, RunFilter, RunRecord,
-    ScheduleDef, ScheduleRecord, ScheduledBy, Sealer, SignalSent, SpawnAnswers, SpawnBatch,
-    StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode, Tick, WaitRecord,
-    WaitRequest, WaitState, WorkerStore,
+    ClaimRequest, Commit, Counts, DataKeyRecord, Deployed, Deployment, DeploymentPaused,
+    DeploymentRecord, FlowLimits, FlowSetting, GcReport, GcRequest, InstanceStore, JoinRequest,
+    LeaseState, LeasedRun, Millis, MoveRuns, OpenClaim, OperatorStore, Paused, PausedDeployment,
+    Payloads, Presence, RateLimit, RateSetting, Rated, Resolution, Resumed, Rollout, RunEnd,
+    RunFence, RunFilter, RunMove, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, Sealer,
+    SignalSent, SpawnAnswers, SpawnBatch, StepRecord, StoreError, Submission, Submitted,
+    Suspension, SyncMode, Tick, VersionRecord, WaitRecord, WaitRequest, WaitState, WorkerStore,
 };
 use crate::store::{
     LiveChunk, LiveText, Recorded, UsageFilter, UsageRecord, UsageTotal, check_usage,
@@ -480,10 +480,15 @@ impl CatalogStore for SqliteStore {
             .await
     }
 
-    async fn deploy(&self, deployment: &Deployment<'_>) -> Result<DeploymentRecord, StoreError> {
+    async fn deploy_version(
+        &self,
+        deployment: &Deployment<'_>,
+        rollout: &Rollout<'_>,
+    ) -> Result<Deployed, StoreError> {
         let (name, digest) = (deployment.name.to_owned(), deployment.digest.to_owned());
         let (authority, admission) = (deployment.authority.to_vec(), deployment.admission);
         let source = deployment.source.map(str::to_owned);
+        let (in_flight, exports) = (rollout.in_flight, rollout.exports.map(str::to_owned));
         self.write("deploy a component", self.sync, move |conn, now| {
             let deployment = Deployment {
                 name: &name,
@@ -492,7 +497,44 @@ impl CatalogStore for SqliteStore {
                 admission,
                 source: source.as_deref(),
             };
-            components::deploy(conn, &deployment, now)
+            let rollout = Rollout {
+                in_flight,
+                exports: exports.as_deref(),
+            };
+            components::deploy(conn, &deployment, &rollout, now)
+        })
+        .await
+    }
+
+    async fn versions(&self, name: &str) -> Result<Vec<VersionRecord>, StoreError> {
+        let name = name.to_owned();
+        self.read("list a deployment's versions", move |conn| {
+            versions::versions(conn, &name)
+        })
+        .await
+    }
+
+    async fn move_runs(&self, request: &MoveRuns<'_>) -> Result<Vec<RunMove>, StoreError> {
+        let (name, to, runs) = (request.name.to_owned(), request.to, request.runs.to_vec());
+        self.write(
+            "move runs to another version",
+            self.sync,
+            move |conn, now| {
+                let request = MoveRuns {
+                    name: &name,
+                    to,
+                    runs: &runs,
+                };
+                versions::move_runs(conn, &request, now)
+            },
+        )
+        .await
+    }
+
+    async fn run_moves(&self, run_id: &str) -> Result<Vec<RunMove>, StoreError> {
+        let run_id = run_id.to_owned();
+        self.read("read a run's moves", move |conn| {
+            versions::run_moves(conn, &run_id)
         })
         .await
     }
@@ -580,7 +622,7 @@ impl CatalogStore for SqliteStore {
     async fn upgrade_run(&self, run_id: &str, from: &str, to: &str) -> Result<(), StoreError> {
         let (run_id, from, to) = (run_id.to_owned(), from.to_owned(), to.to_owned());
         self.write("upgrade a run", self.sync, move |conn, now| {
-            runs::upgrade_run(conn, &run_id, &from, &to, now)
+            versions::upgrade_run(conn, &run_id, &from, &to, now)
         })
         .await
     }

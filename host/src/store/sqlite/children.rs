@@ -72,8 +72,9 @@ pub(super) fn spawn_many(
     } = plan_spawns(batch, &facts);
     let mut run = conn.prepare_cached(
         "INSERT INTO runs (run_id, agent, digest, namespace, status, created, updated,
-                           parent, spawn_key, depth, detached)
-         VALUES (?1, ?2, ?3, ?2, 'queued', ?4, ?4, ?5, ?6, ?7, ?8)",
+                           parent, spawn_key, depth, detached, version)
+         VALUES (?1, ?2, ?3, ?2, 'queued', ?4, ?4, ?5, ?6, ?7, ?8,
+                 (SELECT max(version) FROM deployments WHERE name = ?2 AND digest = ?3))",
     )?;
     let mut input = conn
         .prepare_cached("INSERT INTO run_inputs (run_id, input, authority) VALUES (?1, ?2, ?3)")?;

@@ -10,7 +10,9 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::TxError;
 use crate::store::rules;
-use crate::store::{Admission, Deployment, DeploymentRecord, Millis, StoreError};
+use crate::store::{
+    Admission, Deployed, Deployment, DeploymentRecord, InFlight, Millis, Rollout, StoreError,
+};
 
 /// Stores a component's bytes under their digest; whether they were new.
 pub(super) fn put_component(
@@ -90,20 +92,42 @@ pub(super) fn add_member(
     Ok(())
 }
 
-/// Points a name at a component, admitting it to the name's namespace as its admission
-/// allows; deploying what is current again changes nothing.
+/// Points a name at a component as its next version, admitting it to the name's
+/// namespace as its admission allows, and moves the name's runs in flight to it if the
+/// rollout says so; deploying what is current again makes no new version.
 pub(super) fn deploy(
     conn: &Connection,
     deployment: &Deployment<'_>,
+    rollout: &Rollout<'_>,
     now: Millis,
-) -> Result<DeploymentRecord, TxError> {
+) -> Result<Deployed, TxError> {
     require(conn, deployment.digest)?;
     let current = self::deployment(conn, deployment.name)?;
-    if let Some(current) = current.as_ref().filter(|current| {
+    let record = match current.as_ref().filter(|current| {
         current.digest == deployment.digest && current.authority == deployment.authority
     }) {
-        return Ok(current.clone());
-    }
+        Some(current) => current.clone(),
+        None => new_version(conn, deployment, rollout, current, now)?,
+    };
+    let (moved, kept) = match rollout.in_flight {
+        InFlight::Pin => (Vec::new(), Vec::new()),
+        InFlight::Upgrade => super::versions::roll_out(conn, deployment.name, record.version, now)?,
+    };
+    Ok(Deployed {
+        record,
+        moved,
+        kept,
+    })
+}
+
+/// Appends the name's next version.
+fn new_version(
+    conn: &Connection,
+    deployment: &Deployment<'_>,
+    rollout: &Rollout<'_>,
+    current: Option<DeploymentRecord>,
+    now: Millis,
+) -> Result<DeploymentRecord, TxError> {
     let namespace = deployment.name;
     let membership = membership(conn, namespace, deployment.digest)?;
     let Some(admission) = rules::admit(deployment, current.as_ref(), membership) else {
@@ -124,9 +148,13 @@ pub(super) fn deploy(
         rules::member_how(admission),
         now,
     )?;
+    let version: i64 = conn
+        .prepare_cached("SELECT coalesce(max(version), 0) + 1 FROM deployments WHERE name = ?1")?
+        .query_row([deployment.name], |row| row.get(0))?;
     conn.prepare_cached(
-        "INSERT INTO deployments (name, digest, authority, admission, deployed_at, source)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO deployments
+             (name, digest, authority, admission, deployed_at, source, version, in_flight, exports)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
     )?
     .execute(params![
         deployment.name,
@@ -135,6 +163,9 @@ pub(super) fn deploy(
         admission.as_str(),
         now,
         deployment.source,
+        version,
+        rollout.in_flight.as_str(),
+        rollout.exports,
     ])?;
     Ok(DeploymentRecord {
         name: deployment.name.to_owned(),
@@ -143,6 +174,9 @@ pub(super) fn deploy(
         deployed_at: now,
         admission,
         source: deployment.source.map(str::to_owned),
+        version: u64::try_from(version).unwrap_or_default(),
+        in_flight: rollout.in_flight,
+        exports: rollout.exports.map(str::to_owned),
     })
 }
 
@@ -153,8 +187,9 @@ pub(super) fn deployment(
 ) -> Result<Option<DeploymentRecord>, TxError> {
     let record = conn
         .prepare_cached(
-            "SELECT name, digest, authority, admission, deployed_at, source FROM deployments
-             WHERE name = ?1 ORDER BY id DESC LIMIT 1",
+            "SELECT name, digest, authority, admission, deployed_at, source, version, in_flight,
+                    exports
+             FROM deployments WHERE name = ?1 ORDER BY id DESC LIMIT 1",
         )?
         .query_row([name], record)
         .optional()?;
@@ -165,7 +200,9 @@ pub(super) fn deployment(
 pub(super) fn deployments(conn: &Connection) -> Result<Vec<DeploymentRecord>, TxError> {
     let records = conn
         .prepare_cached(
-            "SELECT name, digest, authority, admission, deployed_at, source FROM deployments d
+            "SELECT name, digest, authority, admission, deployed_at, source, version, in_flight,
+                    exports
+             FROM deployments d
              WHERE id = (SELECT max(id) FROM deployments WHERE name = d.name)
              ORDER BY name",
         )?
@@ -207,8 +244,11 @@ fn latest_member(conn: &Connection, namespace: &str) -> Result<Option<String>, T
     Ok(digest)
 }
 
-fn record(row: &Row<'_>) -> rusqlite::Result<DeploymentRecord> {
+/// Reads `name, digest, authority, admission, deployed_at, source, version, in_flight,
+/// exports` at 0..9.
+pub(super) fn record(row: &Row<'_>) -> rusqlite::Result<DeploymentRecord> {
     let admission: String = row.get(3)?;
+    let in_flight: String = row.get(7)?;
     Ok(DeploymentRecord {
         name: row.get(0)?,
         digest: row.get(1)?,
@@ -223,5 +263,14 @@ fn record(row: &Row<'_>) -> rusqlite::Result<DeploymentRecord> {
         })?,
         deployed_at: row.get(4)?,
         source: row.get(5)?,
+        version: super::u64_column(row, 6)?,
+        in_flight: InFlight::from_name(&in_flight).ok_or_else(|| {
+            rusqlite::Error::FromSqlConversionFailure(
+                7,
+                Type::Text,
+                format!("unknown in-flight policy {in_flight:?}").into(),
+            )
+        })?,
+        exports: row.get(8)?,
     })
 }

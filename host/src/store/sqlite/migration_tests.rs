@@ -345,3 +345,95 @@ fn version_1_store_migrates_with_claims_and_results_intact() {
             .any(|t| t == "claims" || t == "fencing")
     );
 }
+
+/// A store written by version 17 (deployments without versions, runs without one, an
+/// `idem run --upgrade` recorded by digests only) opens as version 18: each name's
+/// deployments numbered in the order they were made, each run on the latest version of
+/// its name with its component, the old move a person's (`dev`), and rolling it back
+/// finds the version by its component.
+#[test]
+fn version_17_store_numbers_deployments_and_places_runs_on_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.db");
+    let conn = Connection::open(&path).unwrap();
+    conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA foreign_keys = OFF;")
+        .unwrap();
+    for migration in &super::schema::MIGRATIONS[..17] {
+        conn.execute_batch(migration).unwrap();
+    }
+    conn.execute_batch(
+        "PRAGMA application_id = 1768187245; PRAGMA user_version = 17;
+         INSERT INTO components (digest, bytes, size, created)
+         VALUES ('d1', x'00', 1, 1), ('d2', x'00', 1, 1);
+         INSERT INTO deployments (name, digest, authority, admission, deployed_at, source)
+         VALUES ('mailer', 'd1', x'', 'explicit', 10, NULL),
+                ('other', 'd1', x'', 'explicit', 15, NULL),
+                ('mailer', 'd2', x'', 'explicit', 20, NULL);
+         INSERT INTO runs (run_id, agent, digest, namespace, status, created, updated)
+         VALUES ('a', 'mailer', 'd1', 'mailer', 'running', 40, 40),
+                ('b', 'mailer', 'd2', 'mailer', 'queued', 41, 41),
+                ('c', 'mailer', 'gone', 'mailer', 'queued', 42, 42);
+         INSERT INTO run_inputs (run_id, input, authority)
+         VALUES ('a', x'', x''), ('b', x'', x''), ('c', x'', x'');
+         INSERT INTO run_upgrades (run_id, from_digest, to_digest, at)
+         VALUES ('b', 'd1', 'd2', 45);",
+    )
+    .unwrap();
+    drop(conn);
+    let store = SqliteStore::open(&path, SyncMode::Normal).unwrap();
+    block_on(async {
+        let versions: Vec<(u64, String, u64)> = store
+            .versions("mailer")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|v| (v.deployment.version, v.deployment.digest, v.runs_in_flight))
+            .collect();
+        assert_eq!(versions, [(1, "d1".into(), 1), (2, "d2".into(), 1)]);
+        assert_eq!(
+            store.versions("other").await.unwrap()[0].deployment.version,
+            1
+        );
+        let version = |id: &'static str| {
+            let store = &store;
+            async move { store.run(id).await.unwrap().unwrap().version }
+        };
+        assert_eq!(
+            (version("a").await, version("b").await, version("c").await),
+            (Some(1), Some(2), None)
+        );
+        let moves = store.run_moves("b").await.unwrap();
+        assert_eq!(
+            moves
+                .iter()
+                .map(|m| (m.from_version, m.to_version, m.reason))
+                .collect::<Vec<_>>(),
+            [(None, None, crate::store::MoveReason::Dev)]
+        );
+        let back = store
+            .move_runs(&crate::store::MoveRuns {
+                name: "mailer",
+                to: crate::store::MoveTo::Back,
+                runs: &["b".to_owned()],
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            (back[0].to_version, back[0].to_digest.as_str()),
+            (Some(1), "d1")
+        );
+        // The next deployment of the name is its version 3.
+        store.put_component("d3", b"\0asm").await.unwrap();
+        let d3 = store
+            .deploy(&Deployment {
+                name: "mailer",
+                digest: "d3",
+                authority: b"",
+                admission: Admission::Explicit,
+                source: None,
+            })
+            .await
+            .unwrap();
+        assert_eq!(d3.version, 3);
+    });
+}

@@ -31,7 +31,7 @@ macro_rules! select_records {
                     r.lease_holder, r.lease_token, r.lease_expires, r.cancel_requested,
                     r.note, r.created, r.updated, p.step, r.wake_at, r.waiting_for,
                     r.recycled, r.parent, r.spawn_key, r.detached, r.joining, r.paused,
-                    r.priority, r.flow_key
+                    r.priority, r.flow_key, r.version
              FROM runs r
              LEFT JOIN progress p ON p.run_id = r.run_id
              LEFT JOIN run_outcomes o ON o.run_id = r.run_id ",
@@ -88,8 +88,10 @@ pub(super) fn submit(
             let flow_key = super::flow::flow_key(conn, submission, payloads)?;
             conn.prepare_cached(
                 "INSERT INTO runs
-                     (run_id, agent, digest, namespace, status, created, updated, priority, flow_key)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7, ?8)",
+                     (run_id, agent, digest, namespace, status, created, updated, priority, flow_key,
+                      version)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7, ?8,
+                         (SELECT max(version) FROM deployments WHERE name = ?2 AND digest = ?3))",
             )?
             .execute(params![
                 run_id,
@@ -118,32 +120,6 @@ pub(super) fn submit(
     };
     let record = run(conn, run_id)?.ok_or_else(|| unknown_run(run_id))?;
     Ok(Submitted { record, created })
-}
-
-/// Moves the run to another component and records it; the new component becomes a
-/// member of the run's namespace.
-pub(super) fn upgrade_run(
-    conn: &Connection,
-    run_id: &str,
-    from: &str,
-    to: &str,
-    now: Millis,
-) -> Result<(), TxError> {
-    let namespace: Option<String> = conn
-        .prepare_cached(
-            "UPDATE runs SET digest = ?3, updated = ?4 WHERE run_id = ?1 AND digest = ?2
-             RETURNING namespace",
-        )?
-        .query_row(params![run_id, from, to, now], |row| row.get(0))
-        .optional()?;
-    let Some(namespace) = namespace else {
-        return Err(unknown_run(run_id));
-    };
-    conn.prepare_cached(
-        "INSERT INTO run_upgrades (run_id, from_digest, to_digest, at) VALUES (?1, ?2, ?3, ?4)",
-    )?
-    .execute(params![run_id, from, to, now])?;
-    super::components::add_member(conn, &namespace, to, "upgrade", now)
 }
 
 /// Cancels the run now if no live lease is on it, or asks its worker to.
@@ -412,6 +388,9 @@ pub(super) fn record(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
         paused_by: paused_by_from(row, 26)?,
         priority: u32::try_from(row.get::<_, i64>(27)?).unwrap_or(u32::MAX),
         flow_key: row.get(28)?,
+        version: row
+            .get::<_, Option<i64>>(29)?
+            .and_then(|v| u64::try_from(v).ok()),
     })
 }
 

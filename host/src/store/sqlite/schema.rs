@@ -16,7 +16,7 @@ const APPLICATION_ID: i32 = 0x6964_656d;
 
 /// `MIGRATIONS[i]` brings the schema from version `i` to version `i + 1`; the version
 /// is kept in `PRAGMA user_version`.
-const MIGRATIONS: &[&str] = &[
+pub(super) const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0001_init.sql"),
     include_str!("../migrations/sqlite/0002_steps.sql"),
     include_str!("../migrations/sqlite/0003_leases.sql"),
@@ -34,6 +34,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0015_usage.sql"),
     include_str!("../migrations/sqlite/0016_live.sql"),
     include_str!("../migrations/sqlite/0017_blobs.sql"),
+    include_str!("../migrations/sqlite/0018_versions.sql"),
 ];
 
 /// The schema version this build writes and understands.

@@ -1,7 +1,7 @@
 //! Components, deployments and namespace admission.
 
 use super::{DIGEST, Env, T0};
-use crate::store::{Admission, Deployment, DeploymentRecord, StoreError, Submission};
+use crate::store::{Admission, Deployment, DeploymentRecord, InFlight, StoreError, Submission};
 
 fn deployment<'a>(name: &'a str, digest: &'a str, admission: Admission) -> Deployment<'a> {
     Deployment {
@@ -53,6 +53,9 @@ pub(super) async fn deploy_points_a_name_and_redeploying_is_a_no_op(env: &Env<'_
             deployed_at: T0,
             admission: Admission::FirstUse,
             source: None,
+            version: 1,
+            in_flight: InFlight::Pin,
+            exports: None,
         }
     );
     // The same component with the same authority again: nothing changes, not even the
@@ -95,6 +98,8 @@ pub(super) async fn deploy_points_a_name_and_redeploying_is_a_no_op(env: &Env<'_
         .await
         .unwrap();
     assert_eq!((back.digest.as_str(), back.deployed_at), ("d1", T0 + 30));
+    // Each deployment that changed something is the name's next version.
+    assert_eq!((wider.version, upgraded.version, back.version), (2, 3, 4));
     assert_eq!(store.deployment("billing").await.unwrap(), Some(back));
 }
 

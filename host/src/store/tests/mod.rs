@@ -10,6 +10,7 @@
 //! - `runs.rs`: submitting, progress, counts, outcomes, cancel, logs.
 //! - `leases.rs`: run leases and fences.
 //! - `deploy.rs`: components, deployments and namespaces.
+//! - `versions.rs`: versions of a deployment, rollouts, moving runs and back.
 //! - `flow.rs`: limits on running runs, concurrency keys, priorities.
 //! - `waits.rs`: sleeps, signals and suspended runs.
 //! - `schedules.rs`: schedules, their ticks and policies.
@@ -37,6 +38,7 @@ mod schedules;
 mod sealing;
 mod shared;
 mod usage;
+mod versions;
 mod waits;
 
 use std::future::Future;
@@ -153,6 +155,11 @@ macro_rules! store_tests {
                 deploy::first_use_admission_keeps_namespaces_apart,
                 deploy::runs_make_their_components_members,
                 deploy::a_rebuild_from_the_same_source_joins_and_nothing_else_does,
+                versions::versions_count_up_and_pinned_runs_stay,
+                versions::an_upgrade_rollout_moves_runs_in_flight_and_records_each,
+                versions::runs_move_to_a_version_and_back,
+                versions::bad_moves_are_refused_and_change_nothing,
+                versions::a_dev_upgrade_is_recorded_with_its_versions,
                 waits::a_sleep_keeps_its_first_wake_time_and_elapses_on_the_clock,
                 waits::a_suspended_run_is_leased_only_when_due_in_due_order,
                 waits::a_signal_is_taken_once_by_the_wait_that_records_it,

@@ -30,13 +30,14 @@ use self::blobs::BlobDigest;
 use super::{DataKeyRecord, Sealer};
 use crate::store::{
     Acquired, Cancelled, CatalogStore, Checkpoint, ChildEnd, ChildSpec, ClaimOutcome, ClaimRef,
-    ClaimRequest, Commit, Counts, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits,
-    FlowSetting, GcReport, GcRequest, InstanceStore, JoinRequest, LeaseState, LeasedRun, LiveChunk,
-    LiveText, Millis, OpenClaim, OperatorStore, Paused, PausedDeployment, RateLimit, RateSetting,
-    Rated, Recorded, Resolution, Resumed, RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef,
-    ScheduleRecord, ScheduledBy, SignalSent, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned,
-    StepRecord, Store, StoreError, Submission, Submitted, Suspension, Tick, UsageFilter,
-    UsageRecord, UsageTotal, WaitRecord, WaitRequest, WaitState, WorkerStore, check_signal_payload,
+    ClaimRequest, Commit, Counts, Deployed, Deployment, DeploymentPaused, DeploymentRecord,
+    FlowLimits, FlowSetting, GcReport, GcRequest, InstanceStore, JoinRequest, LeaseState,
+    LeasedRun, LiveChunk, LiveText, Millis, MoveRuns, OpenClaim, OperatorStore, Paused,
+    PausedDeployment, RateLimit, RateSetting, Rated, Recorded, Resolution, Resumed, Rollout,
+    RunEnd, RunFence, RunFilter, RunMove, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy,
+    SignalSent, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned, StepRecord, Store, StoreError,
+    Submission, Submitted, Suspension, Tick, UsageFilter, UsageRecord, UsageTotal, VersionRecord,
+    WaitRecord, WaitRequest, WaitState, WorkerStore, check_signal_payload,
 };
 
 /// How long a blob stays after its last use, referred to or not: longer than any one
@@ -510,16 +511,48 @@ impl CatalogStore for ValueStore {
         self.inner.blob(digest).await
     }
 
-    async fn deploy(&self, deployment: &Deployment<'_>) -> Result<DeploymentRecord, StoreError> {
+    async fn deploy_version(
+        &self,
+        deployment: &Deployment<'_>,
+        rollout: &Rollout<'_>,
+    ) -> Result<Deployed, StoreError> {
         let authority = self.seal(deployment.authority)?;
-        let record = self
+        let deployed = self
             .inner
-            .deploy(&Deployment {
-                authority: &authority,
-                ..deployment.clone()
-            })
+            .deploy_version(
+                &Deployment {
+                    authority: &authority,
+                    ..deployment.clone()
+                },
+                rollout,
+            )
             .await?;
-        self.open_deployment(record)
+        Ok(Deployed {
+            record: self.open_deployment(deployed.record)?,
+            ..deployed
+        })
+    }
+
+    async fn versions(&self, name: &str) -> Result<Vec<VersionRecord>, StoreError> {
+        self.inner
+            .versions(name)
+            .await?
+            .into_iter()
+            .map(|v| {
+                Ok(VersionRecord {
+                    deployment: self.open_deployment(v.deployment)?,
+                    ..v
+                })
+            })
+            .collect()
+    }
+
+    async fn move_runs(&self, request: &MoveRuns<'_>) -> Result<Vec<RunMove>, StoreError> {
+        self.inner.move_runs(request).await
+    }
+
+    async fn run_moves(&self, run_id: &str) -> Result<Vec<RunMove>, StoreError> {
+        self.inner.run_moves(run_id).await
     }
 
     async fn deployment(&self, name: &str) -> Result<Option<DeploymentRecord>, StoreError> {
