@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use idem::store::{PostgresStore, RunFilter, RunStatus, Store, SyncMode};
+use idem::store::{EventKind, PostgresStore, RunFilter, RunStatus, Store, SyncMode};
 use idem_test_artifacts::{FETCHER, HOSTILE, LEDGER};
 use serde_json::{Value, json};
 
@@ -283,7 +283,77 @@ pub fn workers_through_kills_on(
 
     assert_all_completed(service, &server, runs, STEPS);
     let repeats = assert_effects_fenced(service, &server);
-    eprintln!("{kills} kills, {repeats} effects repeated in doubt");
+    let takeovers = assert_timelines_match(service, &["w0", "w1", "w2"], kills);
+    eprintln!("{kills} kills, {repeats} effects repeated in doubt, {takeovers} takeovers");
+}
+
+/// Whether `holder` is a worker named one of `workers` (a worker's holder name is its
+/// name and a unique suffix).
+fn is_one_of(holder: &str, workers: &[&str]) -> bool {
+    workers
+        .iter()
+        .any(|w| holder == *w || holder.starts_with(&format!("{w}-")))
+}
+
+/// Every run's timeline accounts for what its counts say, after workers were killed
+/// under it: one start per instance (numbered 1, 2, ...), each by one of `workers`
+/// under a lease token that never goes back; each takeover from a worker's expired
+/// lease to a greater token; a run that retook a claim in doubt shows a takeover; and
+/// the run's end last. Returns the takeovers, at least one and at most one per run a
+/// killed worker can have held (`--concurrency 4`).
+pub(crate) fn assert_timelines_match(service: &Service, workers: &[&str], kills: u32) -> u64 {
+    let store = service.store();
+    let mut takeovers = 0;
+    for run in service.runs() {
+        let id = &run.run_id;
+        let timeline = block_on(store.events(id)).unwrap().unwrap();
+        assert_eq!(timeline.dropped, 0, "{id}");
+        let events = &timeline.events;
+        let starts: Vec<&idem::store::RunEvent> = events
+            .iter()
+            .filter(|e| e.kind == EventKind::Started)
+            .collect();
+        let numbers: Vec<u64> = starts
+            .iter()
+            .map(|e| e.detail["instance"].as_u64().unwrap())
+            .collect();
+        assert_eq!(
+            numbers,
+            (1..=run.counts.instances).collect::<Vec<u64>>(),
+            "{id}: one start per instance: {events:#?}"
+        );
+        let mut last_token = 0;
+        for start in &starts {
+            let holder = start.holder.as_deref().unwrap_or_default();
+            assert!(is_one_of(holder, workers), "{id}: started by {holder:?}");
+            let token = start.token.unwrap();
+            assert!(token >= last_token, "{id}: tokens never go back: {events:#?}");
+            last_token = token;
+        }
+        let taken: Vec<&idem::store::RunEvent> = events
+            .iter()
+            .filter(|e| e.kind == EventKind::TookOver)
+            .collect();
+        for t in &taken {
+            let from = t.detail["from_holder"].as_str().unwrap();
+            assert!(is_one_of(from, workers), "{id}: taken over from {from:?}");
+            assert!(t.detail["from_token"].as_u64().unwrap() < t.token.unwrap(), "{id}");
+        }
+        if run.counts.reclaimed > 0 {
+            assert!(
+                !taken.is_empty(),
+                "{id}: retook {} claims in doubt but shows no takeover: {events:#?}",
+                run.counts.reclaimed
+            );
+        }
+        takeovers += taken.len() as u64;
+        let last = events.last().unwrap();
+        assert_eq!(last.kind, EventKind::Finished, "{id}: {events:#?}");
+        assert_eq!(last.detail["status"], "completed", "{id}");
+    }
+    assert!(takeovers >= 1, "{kills} kills but no takeover on any timeline");
+    assert!(takeovers <= u64::from(kills) * 4, "{takeovers} takeovers from {kills} kills");
+    takeovers
 }
 
 /// Every one of `runs` runs of the fetcher completed with the right output, and each

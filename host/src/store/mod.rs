@@ -78,6 +78,7 @@ mod claims;
 mod clock;
 mod deploy;
 mod error;
+mod events;
 mod fence;
 mod flow;
 mod gc;
@@ -119,6 +120,7 @@ pub use claims::{
 pub use clock::Clock;
 pub use deploy::{Admission, Deployment, DeploymentRecord};
 pub use error::{DatabaseFault, StoreError};
+pub use events::{EVENTS_HEAD, EVENTS_TAIL, EventKind, RunEvent, Timeline};
 pub use fence::{ParseSyncModeError, RunFence, SyncMode};
 pub(crate) use flow::{FlowCounts, Limit, check_setting, key_of};
 pub use flow::{FlowLimits, FlowRefusal, FlowSetting, MAX_FLOW_LIMIT, MAX_PRIORITY};

@@ -10,7 +10,7 @@ use super::batch::{Fenced as BatchFenced, FinishJob};
 use super::conn::{Fenced, Lock, write_tx};
 use super::one_trip::OneTrip;
 use super::{
-    PostgresStore, TxError, blobs, children, claims, components, flow, gc, leases, live, logs,
+    PostgresStore, TxError, blobs, children, claims, components, events, flow, gc, leases, live, logs,
     pause, rates, runs, schedules, sealing, usage, waits,
 };
 use crate::store::rules::lease_expiry;
@@ -22,7 +22,7 @@ use crate::store::{
     LeasedRun, Millis, OpenClaim, OperatorStore, Paused, PausedDeployment, Presence, RateLimit,
     RateSetting, Resolution, Resumed, RunEnd, RunFence, RunFilter, RunRecord, RunStatus,
     ScheduleDef, ScheduleRecord, ScheduledBy, Sealer, SignalSent, SpawnAnswers, SpawnBatch,
-    StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode, Tick, WaitRecord,
+    StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode, Tick, Timeline, WaitRecord,
     WaitRequest, WaitState, WorkerStore,
 };
 use crate::store::{
@@ -202,6 +202,20 @@ impl InstanceStore for PostgresStore {
         write_tx!(self, "save counts", fence.sync, with, |conn, fenced| {
             held(fenced, fence)?;
             runs::save_counts(conn, &fence.run_id, counts).await
+        })
+    }
+
+    async fn start_instance(
+        &self,
+        fence: &RunFence,
+        counts: &Counts,
+        recycled: Option<&str>,
+    ) -> Result<(), StoreError> {
+        check_counts(counts)?;
+        let with = Some((fence, Lock::Update));
+        write_tx!(self, "start an instance", fence.sync, with, |conn, fenced| {
+            held(fenced, fence)?;
+            leases::start_instance(conn, fence, counts, recycled).await
         })
     }
 
@@ -738,6 +752,13 @@ impl OperatorStore for PostgresStore {
     async fn waits(&self, run_id: &str) -> Result<Vec<WaitRecord>, StoreError> {
         self.read("read a run's waits", async |conn| {
             waits::waits(conn, run_id).await
+        })
+        .await
+    }
+
+    async fn events(&self, run_id: &str) -> Result<Option<Timeline>, StoreError> {
+        self.read("read a run's timeline", async |conn| {
+            events::read(conn, run_id).await
         })
         .await
     }

@@ -28,6 +28,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0013_usage.sql"),
     include_str!("../migrations/postgres/0014_live.sql"),
     include_str!("../migrations/postgres/0015_blobs.sql"),
+    include_str!("../migrations/postgres/0016_events.sql"),
 ];
 
 /// The schema version this build writes and understands.

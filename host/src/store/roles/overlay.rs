@@ -27,7 +27,7 @@ use crate::store::{
     OpenClaim, Paused, PausedDeployment, Presence, RateLimit, RateSetting, Rated, Recorded,
     Resolution, Resumed, RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord,
     ScheduledBy, Sealer, SignalSent, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned, StepRecord,
-    StoreError, Submission, Submitted, Suspension, Tick, UsageFilter, UsageRecord, UsageTotal,
+    StoreError, Submission, Submitted, Suspension, Tick, Timeline, UsageFilter, UsageRecord, UsageTotal,
     WaitRecord, WaitRequest, WaitState,
 };
 
@@ -152,6 +152,15 @@ impl InstanceStore for Overlay {
 
     async fn save_counts(&self, fence: &RunFence, counts: &Counts) -> Result<(), StoreError> {
         self.instance.save_counts(fence, counts).await
+    }
+
+    async fn start_instance(
+        &self,
+        fence: &RunFence,
+        counts: &Counts,
+        recycled: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.instance.start_instance(fence, counts, recycled).await
     }
 
     async fn append_log(
@@ -445,6 +454,10 @@ impl OperatorStore for Overlay {
 
     async fn waits(&self, run_id: &str) -> Result<Vec<WaitRecord>, StoreError> {
         self.operator.waits(run_id).await
+    }
+
+    async fn events(&self, run_id: &str) -> Result<Option<Timeline>, StoreError> {
+        self.operator.events(run_id).await
     }
 
     async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError> {

@@ -10,7 +10,7 @@ use super::owned::{
     OwnedEnd, OwnedJoin, OwnedRef, OwnedRequest, OwnedSpawnBatch, OwnedSubmission, OwnedWaitKind,
 };
 use super::{
-    SqliteStore, TxError, blobs, children, claims, components, flow, gc, leases, live, logs, pause,
+    SqliteStore, TxError, blobs, children, claims, components, events, flow, gc, leases, live, logs, pause,
     presence, rates, runs, schedules, sealing, usage, waits,
 };
 use crate::store::rules::lease_expiry;
@@ -22,7 +22,7 @@ use crate::store::{
     LeasedRun, Millis, OpenClaim, OperatorStore, Paused, PausedDeployment, Payloads, Presence,
     RateLimit, RateSetting, Rated, Resolution, Resumed, RunEnd, RunFence, RunFilter, RunRecord,
     ScheduleDef, ScheduleRecord, ScheduledBy, Sealer, SignalSent, SpawnAnswers, SpawnBatch,
-    StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode, Tick, WaitRecord,
+    StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode, Tick, Timeline, WaitRecord,
     WaitRequest, WaitState, WorkerStore,
 };
 use crate::store::{
@@ -172,6 +172,21 @@ impl InstanceStore for SqliteStore {
         self.write("save counts", fence.sync, move |conn, now| {
             leases::check_fence(conn, &fence)?;
             runs::save_counts(conn, &fence.run_id, &counts, now)
+        })
+        .await
+    }
+
+    async fn start_instance(
+        &self,
+        fence: &RunFence,
+        counts: &Counts,
+        recycled: Option<&str>,
+    ) -> Result<(), StoreError> {
+        check_counts(counts)?;
+        let (fence, counts) = (fence.clone(), *counts);
+        let recycled = recycled.map(str::to_owned);
+        self.write("start an instance", fence.sync, move |conn, now| {
+            leases::start_instance(conn, &fence, &counts, recycled.as_deref(), now)
         })
         .await
     }
@@ -770,6 +785,14 @@ impl OperatorStore for SqliteStore {
         let run_id = run_id.to_owned();
         self.read("read a run's waits", move |conn| {
             waits::waits(conn, &run_id)
+        })
+        .await
+    }
+
+    async fn events(&self, run_id: &str) -> Result<Option<Timeline>, StoreError> {
+        let run_id = run_id.to_owned();
+        self.read("read a run's timeline", move |conn| {
+            events::read(conn, &run_id)
         })
         .await
     }

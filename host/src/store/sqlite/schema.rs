@@ -34,6 +34,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0015_usage.sql"),
     include_str!("../migrations/sqlite/0016_live.sql"),
     include_str!("../migrations/sqlite/0017_blobs.sql"),
+    include_str!("../migrations/sqlite/0018_events.sql"),
 ];
 
 /// The schema version this build writes and understands.

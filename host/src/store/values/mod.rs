@@ -35,7 +35,7 @@ use crate::store::{
     LiveText, Millis, OpenClaim, OperatorStore, Paused, PausedDeployment, RateLimit, RateSetting,
     Rated, Recorded, Resolution, Resumed, RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef,
     ScheduleRecord, ScheduledBy, SignalSent, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned,
-    StepRecord, Store, StoreError, Submission, Submitted, Suspension, Tick, UsageFilter,
+    StepRecord, Store, StoreError, Submission, Submitted, Suspension, Tick, Timeline, UsageFilter,
     UsageRecord, UsageTotal, WaitRecord, WaitRequest, WaitState, WorkerStore, check_signal_payload,
 };
 
@@ -312,6 +312,15 @@ impl InstanceStore for ValueStore {
 
     async fn save_counts(&self, fence: &RunFence, counts: &Counts) -> Result<(), StoreError> {
         self.inner.save_counts(fence, counts).await
+    }
+
+    async fn start_instance(
+        &self,
+        fence: &RunFence,
+        counts: &Counts,
+        recycled: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.inner.start_instance(fence, counts, recycled).await
     }
 
     async fn append_log(
@@ -729,6 +738,11 @@ impl OperatorStore for ValueStore {
 
     async fn waits(&self, run_id: &str) -> Result<Vec<WaitRecord>, StoreError> {
         self.inner.waits(run_id).await
+    }
+
+    async fn events(&self, run_id: &str) -> Result<Option<Timeline>, StoreError> {
+        // Events hold metadata only, never a value (`store/events.rs`).
+        self.inner.events(run_id).await
     }
 
     async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError> {
