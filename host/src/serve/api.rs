@@ -170,7 +170,12 @@ pub(super) async fn show_step(
     Path((run_id, key)): Path<(String, String)>,
 ) -> Answer {
     let step = crate::ops::step_view(state.store.as_ref(), &run_id, &key).await?;
-    ok(serde_json::to_value(&step).map_err(|e| ApiError::new("internal", e.to_string()))?)
+    let mut doc =
+        serde_json::to_value(&step).map_err(|e| ApiError::new("internal", e.to_string()))?;
+    if let Some(event) = &step.claimed_in {
+        doc["claimed_in"]["summary"] = Value::String(event.summary());
+    }
+    ok(doc)
 }
 
 #[derive(Debug, Deserialize)]

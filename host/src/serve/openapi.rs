@@ -145,7 +145,7 @@ fn schemas() -> Value {
                         "kind": { "type": "string", "enum": ["started", "took_over", "recycled", "waiting", "released", "finished", "signal", "paused", "resumed", "cancelled", "upgraded"] },
                         "holder": { "type": ["string", "null"], "description": "the worker whose lease it happened under" },
                         "token": { "type": ["integer", "null"], "description": "the run lease token it happened under" },
-                        "detail": { "type": "object", "description": "the kind's facts: instance; from_holder, from_token, expired_at; reason; due, signal, join; note, paused; status; name, bytes; from, to" },
+                        "detail": { "type": "object", "description": "the kind's facts: instance; from_holder, from_token, expired_at; reason; due, signal, join; note, paused; status; name, woke; from, to" },
                         "summary": { "type": "string", "description": "the event in words, as idem show --events prints it" },
                     },
                 } },

@@ -70,7 +70,8 @@ pub enum EventKind {
     Released,
     /// The run ended (`detail.status`: completed, failed, in_doubt, cancelled).
     Finished,
-    /// An operator sent a signal (`detail.name`, `detail.bytes`; never the payload).
+    /// An operator sent a signal (`detail.name`; `detail.woke`: the run waited for it
+    /// and is due at once). Never the payload.
     Signal,
     /// An operator paused the run.
     Paused,
@@ -203,11 +204,7 @@ impl RunEvent {
                 "run ended {}{by}",
                 text("status").unwrap_or_else(|| "?".into())
             ),
-            EventKind::Signal => format!(
-                "signal {} received ({} bytes)",
-                text("name").unwrap_or_default(),
-                num("bytes").unwrap_or(0)
-            ),
+            EventKind::Signal => format!("signal {} received", text("name").unwrap_or_default()),
             EventKind::Paused => "paused by an operator".into(),
             EventKind::Resumed => "resumed by an operator".into(),
             EventKind::Cancelled => match d.get("at_once").and_then(|v| v.as_bool()) {

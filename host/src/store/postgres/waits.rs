@@ -236,10 +236,11 @@ pub(super) async fn send_signal(
         )
         .await?;
     }
-    // The name and size only: the payload may be secret, and stays sealed where it is.
+    // The name only: the payload may be secret, and stays sealed where it is (here it
+    // may be sealed already, so not even its size is the agent's).
     let event = NewEvent::new(
         EventKind::Signal,
-        serde_json::json!({ "name": name, "bytes": payload.len(), "woke": woke }),
+        serde_json::json!({ "name": name, "woke": woke }),
     );
     super::events::record(conn, run_id, &[event]).await?;
     Ok(SignalSent {

@@ -233,10 +233,11 @@ pub(super) fn send_signal(
         conn.prepare_cached("UPDATE runs SET wake_at = ?2, updated = ?2 WHERE run_id = ?1")?
             .execute(params![run_id, now])?;
     }
-    // The name and size only: the payload may be secret, and stays sealed where it is.
+    // The name only: the payload may be secret, and stays sealed where it is (here it
+    // may be sealed already, so not even its size is the agent's).
     let event = NewEvent::new(
         EventKind::Signal,
-        serde_json::json!({ "name": name, "bytes": payload.len(), "woke": woke }),
+        serde_json::json!({ "name": name, "woke": woke }),
     );
     super::events::record(conn, run_id, &event, now)?;
     Ok(SignalSent {

@@ -126,7 +126,7 @@ pub(super) async fn a_timeline_records_each_instance_takeover_wait_and_end(env: 
     assert_eq!(events[3].detail["signal"], "go");
     assert_eq!(events[3].detail["due"], due);
     assert_eq!(events[4].detail["name"], "go");
-    assert_eq!(events[4].detail["bytes"], 6);
+    assert_eq!(events[4].detail["woke"], true);
     assert!(!events[4].detail.to_string().contains("secret"));
     // The takeover names the lease it took over: w2's, expired.
     assert_eq!(events[6].detail["from_holder"], "w2");
