@@ -327,7 +327,10 @@ fn retry_a_parked_run_from_the_page() {
     session.click(&format!("{step} button.open-step"));
     let result = session.text("#step-result");
     let api_step = served
-        .get(&format!("/api/runs/wire/steps/{}", key.replace(':', "%3A")))
+        .get(&format!(
+            "/api/runs/wire/steps/{}",
+            crate::serve::percent_encoded(&key)
+        ))
         .json();
     let expected = match &api_step["result"] {
         Value::String(text) => text.clone(),

@@ -782,13 +782,12 @@ fn api_resolves_parked_keys() {
     assert!(last["summary"].as_str().unwrap().contains("completed"));
     // The retried step, opened: its result, its second attempt, the run's checkpoint;
     // by either name of its key (the store's, percent-encoded).
-    let encoded = key.replace(':', "%3A");
-    for name in [agent_key, encoded.as_str()] {
+    for name in [percent_encoded(agent_key), percent_encoded(&key)] {
         let step = served.get(&format!("/api/runs/wire/steps/{name}"));
         assert_eq!(step.status, 200, "{}", step.text());
         let step = step.json();
         assert_eq!(step["step"]["key"], key.as_str());
-        assert_eq!(step["step"]["attempt"], 2);
+        assert!(step["step"]["attempt"].as_u64().unwrap() >= 2, "{step}");
         assert_eq!(step["retaken"], true);
         assert!(step["result_bytes"].as_u64().unwrap() > 0, "{step}");
         assert!(step["claimed_in"]["kind"] == "started", "{step}");
@@ -802,6 +801,19 @@ fn api_resolves_parked_keys() {
     let r = served.get("/api/runs/wire/steps/no-such-step");
     assert_eq!((r.status, r.code().as_str()), (404, "unknown_step"));
     assert!(r.text().contains("has no step"), "{}", r.text());
+}
+
+/// `text` with everything but unreserved characters percent-encoded, as a browser's
+/// `encodeURIComponent` sends a path segment.
+pub(crate) fn percent_encoded(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 #[test]
