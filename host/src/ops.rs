@@ -10,11 +10,11 @@ mod schedules;
 mod timeline;
 pub use follow::{FOLLOW_POLL, Follow, Followed};
 pub use prices::{Price, PriceError, PricedUsage, Prices};
-pub use timeline::{CheckpointView, StepView, step_view, timeline};
 pub use schedules::{
     ScheduleRequest, ScheduleView, UPCOMING_SHOWN, create_schedule, every_text, parse_every,
     spec_text, upcoming,
 };
+pub use timeline::{CheckpointView, StepView, step_view, timeline};
 
 use sha2::{Digest, Sha256};
 

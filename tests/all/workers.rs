@@ -327,7 +327,10 @@ pub(crate) fn assert_timelines_match(service: &Service, workers: &[&str], kills:
             let holder = start.holder.as_deref().unwrap_or_default();
             assert!(is_one_of(holder, workers), "{id}: started by {holder:?}");
             let token = start.token.unwrap();
-            assert!(token >= last_token, "{id}: tokens never go back: {events:#?}");
+            assert!(
+                token >= last_token,
+                "{id}: tokens never go back: {events:#?}"
+            );
             last_token = token;
         }
         let taken: Vec<&idem::store::RunEvent> = events
@@ -344,7 +347,11 @@ pub(crate) fn assert_timelines_match(service: &Service, workers: &[&str], kills:
             assert!(from_token < e.token.unwrap(), "{id}");
             // The lease taken over is the one the timeline last shows: its holder's
             // instance started and never ended.
-            let before = events[..at].iter().rev().find(|b| b.token.is_some()).unwrap();
+            let before = events[..at]
+                .iter()
+                .rev()
+                .find(|b| b.token.is_some())
+                .unwrap();
             assert_eq!(
                 (before.kind, before.token, before.holder.as_deref()),
                 (EventKind::Started, Some(from_token), Some(from)),
@@ -363,7 +370,10 @@ pub(crate) fn assert_timelines_match(service: &Service, workers: &[&str], kills:
         assert_eq!(last.kind, EventKind::Finished, "{id}: {events:#?}");
         assert_eq!(last.detail["status"], "completed", "{id}");
     }
-    assert!(takeovers >= 1, "{kills} kills but no takeover on any timeline");
+    assert!(
+        takeovers >= 1,
+        "{kills} kills but no takeover on any timeline"
+    );
     show_a_taken_over_run(service);
     takeovers
 }
@@ -378,7 +388,10 @@ fn show_a_taken_over_run(service: &Service) {
         .into_iter()
         .find(|r| {
             let timeline = block_on(store.events(&r.run_id)).unwrap().unwrap();
-            timeline.events.iter().any(|e| e.kind == EventKind::TookOver)
+            timeline
+                .events
+                .iter()
+                .any(|e| e.kind == EventKind::TookOver)
         })
         .unwrap();
     let id = run.run_id.as_str();
@@ -387,7 +400,8 @@ fn show_a_taken_over_run(service: &Service) {
     assert!(text.contains("instance 1 started on w"), "{text}");
     assert!(text.contains("took over on w"), "{text}");
     assert!(text.contains("run ended completed"), "{text}");
-    let json: Value = serde_json::from_str(&service.ok(&["show", id, "--events", "--json"])).unwrap();
+    let json: Value =
+        serde_json::from_str(&service.ok(&["show", id, "--events", "--json"])).unwrap();
     let starts = json["timeline"]["events"]
         .as_array()
         .unwrap()
@@ -398,7 +412,10 @@ fn show_a_taken_over_run(service: &Service) {
     let step = &block_on(store.steps(id)).unwrap()[0];
     let agent_key = step.key.split_once(':').unwrap().1;
     let opened = service.ok(&["show", id, "--step", agent_key]);
-    assert!(opened.contains(&format!("step       {}", step.key)), "{opened}");
+    assert!(
+        opened.contains(&format!("step       {}", step.key)),
+        "{opened}"
+    );
     assert!(opened.contains("result     ("), "{opened}");
     assert!(opened.contains("checkpoint at step"), "{opened}");
     let opened: Value =

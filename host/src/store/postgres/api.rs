@@ -10,8 +10,8 @@ use super::batch::{Fenced as BatchFenced, FinishJob};
 use super::conn::{Fenced, Lock, write_tx};
 use super::one_trip::OneTrip;
 use super::{
-    PostgresStore, TxError, blobs, children, claims, components, events, flow, gc, leases, live, logs,
-    pause, rates, runs, schedules, sealing, usage, waits,
+    PostgresStore, TxError, blobs, children, claims, components, events, flow, gc, leases, live,
+    logs, pause, rates, runs, schedules, sealing, usage, waits,
 };
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
@@ -22,8 +22,8 @@ use crate::store::{
     LeasedRun, Millis, OpenClaim, OperatorStore, Paused, PausedDeployment, Presence, RateLimit,
     RateSetting, Resolution, Resumed, RunEnd, RunFence, RunFilter, RunRecord, RunStatus,
     ScheduleDef, ScheduleRecord, ScheduledBy, Sealer, SignalSent, SpawnAnswers, SpawnBatch,
-    StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode, Tick, Timeline, WaitRecord,
-    WaitRequest, WaitState, WorkerStore,
+    StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode, Tick, Timeline,
+    WaitRecord, WaitRequest, WaitState, WorkerStore,
 };
 use crate::store::{
     LiveChunk, LiveText, Recorded, UsageFilter, UsageRecord, UsageTotal, check_usage,
@@ -213,10 +213,16 @@ impl InstanceStore for PostgresStore {
     ) -> Result<(), StoreError> {
         check_counts(counts)?;
         let with = Some((fence, Lock::Update));
-        write_tx!(self, "start an instance", fence.sync, with, |conn, fenced| {
-            held(fenced, fence)?;
-            leases::start_instance(conn, fence, counts, recycled).await
-        })
+        write_tx!(
+            self,
+            "start an instance",
+            fence.sync,
+            with,
+            |conn, fenced| {
+                held(fenced, fence)?;
+                leases::start_instance(conn, fence, counts, recycled).await
+            }
+        )
     }
 
     async fn record_usage(&self, record: &UsageRecord<'_>) -> Result<Recorded, StoreError> {

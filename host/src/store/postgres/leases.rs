@@ -385,7 +385,10 @@ pub(super) async fn release_run(
     // A host that gives back a lease whose grant counted an instance it never ran
     // takes the count back: the timeline says that instance never ran.
     let counted = conn
-        .query_one("SELECT instances FROM runs WHERE run_id = $1", &[&fence.run_id])
+        .query_one(
+            "SELECT instances FROM runs WHERE run_id = $1",
+            &[&fence.run_id],
+        )
         .await?;
     let counted = u64_col(&counted, 0)?;
     runs::save_counts(conn, &fence.run_id, counts).await?;

@@ -11,10 +11,10 @@
 //! it); a run started meanwhile is seen by the pause's update, or sees the pause.
 
 use super::TxError;
-use crate::store::EventKind;
-use crate::store::events::NewEvent;
 use super::conn::Conn;
 use super::runs::{lease_from, status_from, unknown_run};
+use crate::store::EventKind;
+use crate::store::events::NewEvent;
 use crate::store::{
     DeploymentPaused, Paused, PausedBy, PausedDeployment, Resumed, RunLeaseInfo, RunStatus,
     StoreError,

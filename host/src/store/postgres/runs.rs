@@ -702,7 +702,10 @@ pub(super) async fn cancel_run(conn: &Conn, run_id: &str) -> Result<Cancelled, T
             &[&run_id, &conn.now],
         )
         .await?;
-        let event = NewEvent::new(EventKind::Cancelled, serde_json::json!({ "at_once": false }));
+        let event = NewEvent::new(
+            EventKind::Cancelled,
+            serde_json::json!({ "at_once": false }),
+        );
         super::events::record(conn, run_id, &[event]).await?;
         super::children::cancel_descendants(conn, run_id).await?;
         return Ok(Cancelled::Requested { lease });

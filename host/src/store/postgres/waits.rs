@@ -3,10 +3,10 @@
 //! the transaction its caller began (the run's row locked by the fence check).
 
 use super::TxError;
-use crate::store::EventKind;
-use crate::store::events::NewEvent;
 use super::conn::Conn;
 use super::runs::{save_counts, status_from, unknown_run};
+use crate::store::EventKind;
+use crate::store::events::NewEvent;
 use crate::store::rules::{Recorded, WaitRow, asked, sleep_state};
 use crate::store::{
     Counts, Millis, RunFence, RunStatus, SignalSent, StoreError, Suspension, WaitKind, WaitRecord,

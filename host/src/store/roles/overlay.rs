@@ -27,8 +27,8 @@ use crate::store::{
     OpenClaim, Paused, PausedDeployment, Presence, RateLimit, RateSetting, Rated, Recorded,
     Resolution, Resumed, RunEnd, RunFence, RunFilter, RunRecord, ScheduleDef, ScheduleRecord,
     ScheduledBy, Sealer, SignalSent, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned, StepRecord,
-    StoreError, Submission, Submitted, Suspension, Tick, Timeline, UsageFilter, UsageRecord, UsageTotal,
-    WaitRecord, WaitRequest, WaitState,
+    StoreError, Submission, Submitted, Suspension, Tick, Timeline, UsageFilter, UsageRecord,
+    UsageTotal, WaitRecord, WaitRequest, WaitState,
 };
 
 /// A [`Store`] assembled from one handle per role: an underlying store's, with any

@@ -10,8 +10,8 @@ use super::owned::{
     OwnedEnd, OwnedJoin, OwnedRef, OwnedRequest, OwnedSpawnBatch, OwnedSubmission, OwnedWaitKind,
 };
 use super::{
-    SqliteStore, TxError, blobs, children, claims, components, events, flow, gc, leases, live, logs, pause,
-    presence, rates, runs, schedules, sealing, usage, waits,
+    SqliteStore, TxError, blobs, children, claims, components, events, flow, gc, leases, live,
+    logs, pause, presence, rates, runs, schedules, sealing, usage, waits,
 };
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
@@ -22,8 +22,8 @@ use crate::store::{
     LeasedRun, Millis, OpenClaim, OperatorStore, Paused, PausedDeployment, Payloads, Presence,
     RateLimit, RateSetting, Rated, Resolution, Resumed, RunEnd, RunFence, RunFilter, RunRecord,
     ScheduleDef, ScheduleRecord, ScheduledBy, Sealer, SignalSent, SpawnAnswers, SpawnBatch,
-    StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode, Tick, Timeline, WaitRecord,
-    WaitRequest, WaitState, WorkerStore,
+    StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode, Tick, Timeline,
+    WaitRecord, WaitRequest, WaitState, WorkerStore,
 };
 use crate::store::{
     LiveChunk, LiveText, Recorded, UsageFilter, UsageRecord, UsageTotal, check_usage,

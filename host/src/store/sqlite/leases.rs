@@ -19,8 +19,8 @@ use crate::store::events::NewEvent;
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{LeaseDecision, decide_run_lease, run_lease_token};
 use crate::store::{
-    Acquired, Counts, EventKind, LeaseState, LeasedRun, Millis, RunEnd, RunFence, RunLeaseInfo, RunStatus,
-    StoreError,
+    Acquired, Counts, EventKind, LeaseState, LeasedRun, Millis, RunEnd, RunFence, RunLeaseInfo,
+    RunStatus, StoreError,
 };
 
 /// Whether `fence` is the run's current lease.

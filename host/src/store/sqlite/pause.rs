@@ -6,9 +6,9 @@
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::TxError;
+use super::runs::{lease_from, status_from, unknown_run};
 use crate::store::EventKind;
 use crate::store::events::NewEvent;
-use super::runs::{lease_from, status_from, unknown_run};
 use crate::store::{
     DeploymentPaused, Millis, Paused, PausedBy, PausedDeployment, Resumed, RunLeaseInfo, RunStatus,
     StoreError,

@@ -181,7 +181,10 @@ pub(super) fn cancel_run(
             "UPDATE runs SET cancel_requested = 1, updated = ?2 WHERE run_id = ?1",
         )?
         .execute(params![run_id, now])?;
-        let event = NewEvent::new(EventKind::Cancelled, serde_json::json!({ "at_once": false }));
+        let event = NewEvent::new(
+            EventKind::Cancelled,
+            serde_json::json!({ "at_once": false }),
+        );
         super::events::record(conn, run_id, &event, now)?;
         super::children::cancel_descendants(conn, run_id, now)?;
         return Ok(Cancelled::Requested { lease });

@@ -4,8 +4,8 @@
 
 use super::{Env, RUN_LEASE, RUN_LEASE_MS, T0, fence};
 use crate::store::{
-    Counts, EVENTS_HEAD, EVENTS_TAIL, EventKind, LeasedRun, RunEnd, RunEvent, RunFence,
-    StoreError, Suspension,
+    Counts, EVENTS_HEAD, EVENTS_TAIL, EventKind, LeasedRun, RunEnd, RunEvent, RunFence, StoreError,
+    Suspension,
 };
 
 fn kinds(events: &[RunEvent]) -> Vec<EventKind> {
@@ -133,7 +133,11 @@ pub(super) async fn a_timeline_records_each_instance_takeover_wait_and_end(env: 
     assert_eq!(events[6].detail["from_token"], f2.token);
     assert_eq!(events[6].detail["expired_at"], T0 + 5 + RUN_LEASE_MS);
     assert_eq!(events[8].detail["status"], "completed");
-    assert!(events[6].summary().contains("took over on w3"), "{}", events[6].summary());
+    assert!(
+        events[6].summary().contains("took over on w3"),
+        "{}",
+        events[6].summary()
+    );
 
     assert_eq!(store.events("nobody").await.unwrap(), None);
 }

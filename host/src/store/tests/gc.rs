@@ -218,7 +218,15 @@ pub(super) async fn gc_deletes_exactly_a_finished_runs_rows_and_a_dry_run_nothin
     assert!(store.live("old", None, 10).await.unwrap().is_empty());
     // Its timeline went with it; the others' stay.
     assert_eq!(store.events("old").await.unwrap(), None);
-    assert!(!store.events("recent").await.unwrap().unwrap().events.is_empty());
+    assert!(
+        !store
+            .events("recent")
+            .await
+            .unwrap()
+            .unwrap()
+            .events
+            .is_empty()
+    );
     assert!(store.has_component(DIGEST).await.unwrap());
     assert!(!store.has_component("ef56").await.unwrap());
     // Nothing is left to collect.
