@@ -276,7 +276,9 @@ impl NewEvent {
         self
     }
 
-    /// The event under `holder`'s lease.
+    /// The event under `holder`'s lease. (PostgreSQL writes a grant's events in the
+    /// grant's own statement.)
+    #[cfg(feature = "sqlite")]
     pub(crate) fn holder(mut self, holder: &str) -> NewEvent {
         self.holder = Some(holder.to_owned());
         self
