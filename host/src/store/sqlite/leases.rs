@@ -217,14 +217,17 @@ fn grant(
     // The lease as it was: one still recorded was never given back, so its holder's
     // instance never ended (a crash, a kill, a lost store): the takeover, on the
     // timeline.
-    let before: Option<(String, i64, Option<Millis>)> = conn
-        .prepare_cached(
+    let before: Option<(String, i64, Option<Millis>)> = if taken_over {
+        conn.prepare_cached(
             "SELECT lease_holder, lease_token, lease_expires FROM runs
              WHERE run_id = ?1 AND lease_holder IS NOT NULL",
         )?
         .query_row([run_id], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
-        .optional()?;
-    if let Some((from_holder, from_token, expired_at)) = before.filter(|_| taken_over) {
+        .optional()?
+    } else {
+        None
+    };
+    if let Some((from_holder, from_token, expired_at)) = before {
         let event = NewEvent::new(
             EventKind::TookOver,
             serde_json::json!({
