@@ -7,6 +7,7 @@ use std::time::Duration;
 mod follow;
 mod prices;
 mod schedules;
+mod timeline;
 mod versions;
 pub use follow::{FOLLOW_POLL, Follow, Followed};
 pub use prices::{Price, PriceError, PricedUsage, Prices};
@@ -14,6 +15,7 @@ pub use schedules::{
     ScheduleRequest, ScheduleView, UPCOMING_SHOWN, create_schedule, every_text, parse_every,
     spec_text, upcoming,
 };
+pub use timeline::{CheckpointView, StepView, step_view, timeline};
 pub use versions::{rollback, upgrade, versions};
 
 use sha2::{Digest, Sha256};

@@ -321,6 +321,28 @@ fn retry_a_parked_run_from_the_page() {
     let run = served.get("/api/runs/wire").json();
     assert_eq!(run["run"]["status"], "completed");
     assert_eq!(run["open_claims"], json!([]));
+
+    // The step opened from its row: its committed result, as the API has it, and its
+    // second attempt; the run's timeline below, ending with its end.
+    session.click(&format!("{step} button.open-step"));
+    let result = session.text("#step-result");
+    let api_step = served
+        .get(&format!(
+            "/api/runs/wire/steps/{}",
+            crate::serve::percent_encoded(&key)
+        ))
+        .json();
+    let expected = match &api_step["result"] {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    };
+    assert_eq!(result, expected);
+    let detail = session.text("#step-detail");
+    assert!(detail.contains("retaken"), "{detail}");
+    assert!(detail.contains("checkpoint"), "{detail}");
+    let timeline = session.text_until("#timeline tbody", |t| t.contains("run ended completed"));
+    assert!(timeline.contains("instance 1 started"), "{timeline}");
+    session.screenshot("run-step-opened.png");
 }
 
 #[test]

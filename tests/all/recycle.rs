@@ -3,10 +3,11 @@
 //! property.
 
 use idem::runtime::FaultPlan;
+use idem::store::EventKind;
 use idem_test_artifacts::STEPS;
 use serde_json::json;
 
-use crate::util::{TestHost, agent, key_counts};
+use crate::util::{TestHost, agent, block_on, key_counts};
 
 const STEPS_N: u64 = 20;
 
@@ -40,6 +41,19 @@ fn recycle_every_n_keeps_output_and_effects() {
             "N={n}: one side effect per step"
         );
         assert!(key_counts(&lines).values().all(|&c| c == 1), "N={n}");
+        // Its timeline: one start per instance, one recycle between each two, all under
+        // the one lease of the drive, and the end.
+        let timeline = block_on(t.store().events(&run_id)).unwrap().unwrap();
+        let kinds: Vec<EventKind> = timeline.events.iter().map(|e| e.kind).collect();
+        let mut expected = vec![EventKind::Started];
+        for _ in 1..report.counts.instances {
+            expected.extend([EventKind::Recycled, EventKind::Started]);
+        }
+        expected.push(EventKind::Finished);
+        assert_eq!(kinds, expected, "N={n}");
+        let tokens: std::collections::BTreeSet<Option<u64>> =
+            timeline.events.iter().map(|e| e.token).collect();
+        assert_eq!(tokens.len(), 1, "N={n}: one lease");
         // Each instance saw its generation: N lines per generation.
         for (i, line) in lines.iter().enumerate() {
             assert_eq!(

@@ -758,6 +758,62 @@ fn api_resolves_parked_keys() {
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
     let lines = crate::util::read_log(&cli.data().join("log.txt"));
     assert_eq!(lines.len(), 6, "five effects, the one in doubt twice");
+
+    // Its timeline: one start per instance the run counts, each under a lease token
+    // and a holder; the end last.
+    let run = served.get("/api/runs/wire").json()["run"].clone();
+    let timeline = served.get("/api/runs/wire/events").json();
+    let events = timeline["events"].as_array().unwrap();
+    let starts: Vec<&Value> = events.iter().filter(|e| e["kind"] == "started").collect();
+    assert_eq!(
+        starts.len() as u64,
+        run["counts"]["instances"].as_u64().unwrap(),
+        "{timeline}"
+    );
+    assert!(
+        starts
+            .iter()
+            .all(|e| e["holder"].is_string() && e["token"].is_u64()),
+        "{timeline}"
+    );
+    let last = events.last().unwrap();
+    assert_eq!(last["kind"], "finished", "{timeline}");
+    assert_eq!(last["detail"]["status"], "completed");
+    assert!(last["summary"].as_str().unwrap().contains("completed"));
+    // The retried step, opened: its result, its second attempt, the run's checkpoint;
+    // by either name of its key (the store's, percent-encoded).
+    for name in [percent_encoded(agent_key), percent_encoded(&key)] {
+        let step = served.get(&format!("/api/runs/wire/steps/{name}"));
+        assert_eq!(step.status, 200, "{}", step.text());
+        let step = step.json();
+        assert_eq!(step["step"]["key"], key.as_str());
+        assert!(step["step"]["attempt"].as_u64().unwrap() >= 2, "{step}");
+        assert_eq!(step["retaken"], true);
+        assert!(step["result_bytes"].as_u64().unwrap() > 0, "{step}");
+        assert!(step["claimed_in"]["kind"] == "started", "{step}");
+        assert!(step["checkpoint"]["step"].as_u64().unwrap() >= 1, "{step}");
+    }
+    // Bad input: typed refusals.
+    let r = served.get("/api/runs/nope/events");
+    assert_eq!((r.status, r.code().as_str()), (404, "unknown_run"));
+    let r = served.get("/api/runs/nope/steps/x");
+    assert_eq!((r.status, r.code().as_str()), (404, "unknown_run"));
+    let r = served.get("/api/runs/wire/steps/no-such-step");
+    assert_eq!((r.status, r.code().as_str()), (404, "unknown_step"));
+    assert!(r.text().contains("has no step"), "{}", r.text());
+}
+
+/// `text` with everything but unreserved characters percent-encoded, as a browser's
+/// `encodeURIComponent` sends a path segment.
+pub(crate) fn percent_encoded(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 #[test]

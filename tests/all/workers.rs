@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use idem::store::{PostgresStore, RunFilter, RunStatus, Store, SyncMode};
+use idem::store::{EventKind, PostgresStore, RunFilter, RunStatus, Store, SyncMode};
 use idem_test_artifacts::{FETCHER, HOSTILE, LEDGER};
 use serde_json::{Value, json};
 
@@ -283,7 +283,150 @@ pub fn workers_through_kills_on(
 
     assert_all_completed(service, &server, runs, STEPS);
     let repeats = assert_effects_fenced(service, &server);
-    eprintln!("{kills} kills, {repeats} effects repeated in doubt");
+    let takeovers = assert_timelines_match(service, &["w0", "w1", "w2"], kills);
+    eprintln!("{kills} kills, {repeats} effects repeated in doubt, {takeovers} takeovers");
+}
+
+/// Whether `holder` is a worker named one of `workers` (a worker's holder name is its
+/// name and a unique suffix).
+fn is_one_of(holder: &str, workers: &[&str]) -> bool {
+    workers
+        .iter()
+        .any(|w| holder == *w || holder.starts_with(&format!("{w}-")))
+}
+
+/// Every run's timeline accounts for what its counts say, after workers were killed
+/// under it: one start per instance (numbered 1, 2, ...), each by one of `workers`
+/// under a lease token that never goes back; each takeover from a worker's expired
+/// lease to a greater token, naming the lease whose start the timeline shows last; a run
+/// that retook a claim in doubt shows a takeover; and the run's end last. Returns the
+/// takeovers (at least one).
+pub(crate) fn assert_timelines_match(service: &Service, workers: &[&str], kills: u32) -> u64 {
+    let store = service.store();
+    let mut takeovers = 0;
+    for run in service.runs() {
+        let id = &run.run_id;
+        let timeline = block_on(store.events(id)).unwrap().unwrap();
+        assert_eq!(timeline.dropped, 0, "{id}");
+        let events = &timeline.events;
+        let starts: Vec<&idem::store::RunEvent> = events
+            .iter()
+            .filter(|e| e.kind == EventKind::Started)
+            .collect();
+        let numbers: Vec<u64> = starts
+            .iter()
+            .map(|e| e.detail["instance"].as_u64().unwrap())
+            .collect();
+        assert_eq!(
+            numbers,
+            (1..=run.counts.instances).collect::<Vec<u64>>(),
+            "{id}: one start per instance: {events:#?}"
+        );
+        let mut last_token = 0;
+        for start in &starts {
+            let holder = start.holder.as_deref().unwrap_or_default();
+            assert!(is_one_of(holder, workers), "{id}: started by {holder:?}");
+            let token = start.token.unwrap();
+            assert!(
+                token >= last_token,
+                "{id}: tokens never go back: {events:#?}"
+            );
+            last_token = token;
+        }
+        let taken: Vec<&idem::store::RunEvent> = events
+            .iter()
+            .filter(|e| e.kind == EventKind::TookOver)
+            .collect();
+        for (at, e) in events.iter().enumerate() {
+            if e.kind != EventKind::TookOver {
+                continue;
+            }
+            let from = e.detail["from_holder"].as_str().unwrap();
+            let from_token = e.detail["from_token"].as_u64().unwrap();
+            assert!(is_one_of(from, workers), "{id}: taken over from {from:?}");
+            assert!(from_token < e.token.unwrap(), "{id}");
+            // The lease taken over is the one the timeline last shows: its holder's
+            // instance started and never ended.
+            let before = events[..at]
+                .iter()
+                .rev()
+                .find(|b| b.token.is_some())
+                .unwrap();
+            assert_eq!(
+                (before.kind, before.token, before.holder.as_deref()),
+                (EventKind::Started, Some(from_token), Some(from)),
+                "{id}: {events:#?}"
+            );
+        }
+        if run.counts.reclaimed > 0 {
+            assert!(
+                !taken.is_empty(),
+                "{id}: retook {} claims in doubt but shows no takeover: {events:#?}",
+                run.counts.reclaimed
+            );
+        }
+        takeovers += taken.len() as u64;
+        let last = events.last().unwrap();
+        assert_eq!(last.kind, EventKind::Finished, "{id}: {events:#?}");
+        assert_eq!(last.detail["status"], "completed", "{id}");
+    }
+    assert!(
+        takeovers >= 1,
+        "{kills} kills but no takeover on any timeline"
+    );
+    show_a_taken_over_run(service);
+    takeovers
+}
+
+/// `idem show --events` and `--step` on a run that was taken over: the takeover and
+/// each start in words, the timeline in JSON, a step opened; unknown runs and steps
+/// refused as bad input.
+fn show_a_taken_over_run(service: &Service) {
+    let store = service.store();
+    let run = service
+        .runs()
+        .into_iter()
+        .find(|r| {
+            let timeline = block_on(store.events(&r.run_id)).unwrap().unwrap();
+            timeline
+                .events
+                .iter()
+                .any(|e| e.kind == EventKind::TookOver)
+        })
+        .unwrap();
+    let id = run.run_id.as_str();
+    let text = service.ok(&["show", id, "--events"]);
+    assert!(text.contains("timeline ("), "{text}");
+    assert!(text.contains("instance 1 started on w"), "{text}");
+    assert!(text.contains("took over on w"), "{text}");
+    assert!(text.contains("run ended completed"), "{text}");
+    let json: Value =
+        serde_json::from_str(&service.ok(&["show", id, "--events", "--json"])).unwrap();
+    let starts = json["timeline"]["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "started")
+        .count();
+    assert_eq!(starts as u64, run.counts.instances);
+    let step = &block_on(store.steps(id)).unwrap()[0];
+    let agent_key = step.key.split_once(':').unwrap().1;
+    let opened = service.ok(&["show", id, "--step", agent_key]);
+    assert!(
+        opened.contains(&format!("step       {}", step.key)),
+        "{opened}"
+    );
+    assert!(opened.contains("result     ("), "{opened}");
+    assert!(opened.contains("checkpoint at step"), "{opened}");
+    let opened: Value =
+        serde_json::from_str(&service.ok(&["show", id, "--step", &step.key, "--json"])).unwrap();
+    assert_eq!(opened["step"]["token"], step.token);
+    // Bad input: exit code 2, and the store says which.
+    let out = service.cli(&["show", "no-such-run", "--events"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let out = service.cli(&["show", id, "--step", "no-such-step"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("has no step"), "{}", stderr(&out));
 }
 
 /// Every one of `runs` runs of the fetcher completed with the right output, and each

@@ -79,6 +79,7 @@ fn summary(report: &GcReport, dry_run: bool) -> String {
         (report.upgrades, "upgrade records"),
         (report.usage, "usage records"),
         (report.live_chunks, "live stream chunks"),
+        (report.events, "timeline events"),
         (report.components, "components"),
         (report.blobs, "large values (blobs)"),
     ] {

@@ -1,10 +1,13 @@
 //! `idem show`: one run — its status and outcome, the worker lease on it, its parent
 //! and children, the schedule that started it, the token usage of its model calls, its
-//! steps in the order they were claimed, its waits and joins, and its open claims.
+//! steps in the order they were claimed, its waits and joins, and its open claims; with
+//! `--events`, its timeline; with `--step KEY`, one step opened.
 
 use clap::Parser;
-use idem::ops::{ChildCounts, PricedUsage, RunView};
-use idem::store::{ChildRecord, Millis, OpenClaim, RunRecord, ScheduledBy, StepRecord, WaitRecord};
+use idem::ops::{ChildCounts, PricedUsage, RunView, StepView};
+use idem::store::{
+    ChildRecord, Millis, OpenClaim, RunRecord, ScheduledBy, StepRecord, Timeline, WaitRecord,
+};
 
 use super::args::{DbArgs, PricesArgs};
 use super::display;
@@ -21,18 +24,46 @@ pub struct ShowCommand {
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
+    /// Also print the run's timeline: each instance started and how it ended, with its
+    /// worker and lease token, takeovers of leases that expired, waits, signals,
+    /// pauses and upgrades (in JSON, as `timeline`).
+    #[arg(long)]
+    events: bool,
+    /// Open one step instead (its key as listed under `steps`, or as the agent named
+    /// it): its committed result, its attempts, the instance that claimed it, and the
+    /// run's checkpoint.
+    #[arg(long, value_name = "KEY", conflicts_with = "events")]
+    step: Option<String>,
 }
 
 impl ShowCommand {
     pub async fn execute(self) -> anyhow::Result<Exit> {
         let prices = self.prices.load()?;
         let store = self.db.open_read_only().await?;
+        if let Some(key) = &self.step {
+            let step = idem::ops::step_view(store.as_ref(), &self.run_id, key).await?;
+            if self.json {
+                println!("{}", display::json(&serde_json::to_value(&step)?));
+            } else {
+                print_step(&step);
+            }
+            return Ok(Exit::Done);
+        }
         let mut view = RunView::of(store.as_ref(), &self.run_id).await?;
+        let timeline = if self.events {
+            Some(idem::ops::timeline(store.as_ref(), &self.run_id).await?)
+        } else {
+            None
+        };
         if let Some(prices) = &prices {
             view = view.priced(prices);
         }
         if self.json {
-            println!("{}", display::json(&serde_json::to_value(&view)?));
+            let mut value = serde_json::to_value(&view)?;
+            if let (Some(timeline), Some(object)) = (&timeline, value.as_object_mut()) {
+                object.insert("timeline".into(), serde_json::to_value(timeline)?);
+            }
+            println!("{}", display::json(&value));
             return Ok(Exit::Done);
         }
         print_run(&view.run, view.schedule.as_ref(), view.now);
@@ -42,6 +73,9 @@ impl ShowCommand {
         print_steps(&view.steps);
         print_waits(&view.waits, view.now);
         print_claims(&view.open_claims, view.now);
+        if let Some(timeline) = &timeline {
+            print_timeline(timeline, view.run.created);
+        }
         Ok(Exit::Done)
     }
 }
@@ -54,6 +88,68 @@ fn print_moves(moves: &[idem::store::RunMove], now: Millis) {
             display::age(now, m.at),
             super::versions::move_line(m)
         );
+    }
+}
+
+/// The run's timeline, one event a line, each at its time since the run was created.
+fn print_timeline(timeline: &Timeline, created: Millis) {
+    let dropped = match timeline.dropped {
+        0 => String::new(),
+        n => format!(", {n} dropped between the first and the last kept"),
+    };
+    println!("timeline ({} events{dropped}):", timeline.events.len());
+    for event in &timeline.events {
+        let since = event.at.saturating_sub(created).max(0);
+        println!(
+            "  {:>5}  +{}.{:03}s  {}",
+            event.seq,
+            since / 1000,
+            since % 1000,
+            display::name(&event.summary())
+        );
+    }
+}
+
+/// One step, opened.
+fn print_step(view: &StepView) {
+    let step = &view.step;
+    println!("run        {}", display::name(&view.run_id));
+    println!("step       {}", display::name(&step.key));
+    let retaken = if view.retaken {
+        " (retaken from a holder that never committed it: its side effect may have run before)"
+    } else {
+        ""
+    };
+    println!("attempt    {}{retaken}", step.attempt);
+    println!("token      {}", step.token);
+    println!("claimed    {}", display::utc(step.claimed_at));
+    if let Some(event) = &view.claimed_in {
+        println!("  in       {}", display::name(&event.summary()));
+    }
+    match (&step.committed_at, &step.parked, &step.holder) {
+        (Some(at), _, _) => println!(
+            "committed  {} ({}ms after its claim)",
+            display::utc(*at),
+            at.saturating_sub(step.claimed_at).max(0)
+        ),
+        (None, Some(reason), _) => println!("parked     in doubt: {}", display::name(reason)),
+        (None, None, Some(holder)) => println!("claimed by {}", display::name(holder)),
+        (None, None, None) => println!("released   (not committed)"),
+    }
+    match (&view.result, view.result_bytes) {
+        (Some(result), Some(bytes)) => {
+            println!("result     ({bytes} bytes) {}", display::json(result));
+        }
+        _ => println!("result     none"),
+    }
+    match &view.checkpoint {
+        Some(checkpoint) => println!(
+            "checkpoint at step {} ({} bytes) {}",
+            checkpoint.step,
+            checkpoint.bytes,
+            display::json(&checkpoint.state)
+        ),
+        None => println!("checkpoint none"),
     }
 }
 

@@ -641,6 +641,15 @@ impl InstanceStore for Walker {
         self.inner.save_counts(fence, counts).await
     }
 
+    async fn start_instance(
+        &self,
+        fence: &RunFence,
+        counts: &Counts,
+        recycled: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.inner.start_instance(fence, counts, recycled).await
+    }
+
     async fn append_log(
         &self,
         fence: &RunFence,

@@ -104,6 +104,7 @@ impl Host {
             signals,
             counts,
             instance_counted,
+            recycled: None,
             preloaded: leased.checkpoint_read.then_some(leased.checkpoint),
             faults: std::mem::take(faults),
             last_committed: 0,
@@ -194,6 +195,7 @@ impl Host {
             Next::Another { reason } => {
                 tracing::debug!(run_id = %text::escape(run.run_id(), false), %reason, "instance dropped");
                 run.counts.recycled += 1;
+                run.recycled = Some(reason);
                 // The next instance writes the counts as it starts, in the one
                 // transaction a recycle needs for them.
                 return Ok(None);

@@ -43,8 +43,14 @@ impl Host {
         // a process killed now still shows the instance it had started, and the counts
         // of the instance dropped before it (if any) are written too. The first
         // instance of a lease whose grant counted it finds them written already.
+        let recycled = run.recycled.take();
         if !std::mem::take(&mut run.instance_counted) {
-            match self.store.save_counts(&run.fence, &run.counts).await {
+            // With the start on the run's timeline, in the same transaction.
+            match self
+                .store
+                .start_instance(&run.fence, &run.counts, recycled.as_deref())
+                .await
+            {
                 Ok(()) => {}
                 Err(StoreError::LeaseLost { .. }) => {
                     return Ok((InstanceEnd::Stopped(Stop::LeaseLost), run));

@@ -94,6 +94,9 @@ pub(crate) struct RunCtx {
     /// The store already counted the next instance as started (the lease's grant did,
     /// `LeasedRun::instance_counted`): it writes no counts before it runs.
     pub(crate) instance_counted: bool,
+    /// Why the host dropped the previous instance under this lease, when it did on
+    /// purpose: the next instance's start records it on the run's timeline.
+    pub(crate) recycled: Option<String>,
     /// The run's checkpoint as the lease was granted, for the drive's first `load`,
     /// while nothing of this drive has written one since (`None`: read the store).
     pub(crate) preloaded: Option<Option<Checkpoint>>,

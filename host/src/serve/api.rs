@@ -148,6 +148,36 @@ pub(super) async fn show_run(
     ok(doc)
 }
 
+pub(super) async fn run_events(
+    State(state): State<ServeState>,
+    Path(run_id): Path<String>,
+) -> Answer {
+    let timeline = crate::ops::timeline(state.store.as_ref(), &run_id).await?;
+    let mut doc =
+        serde_json::to_value(&timeline).map_err(|e| ApiError::new("internal", e.to_string()))?;
+    // Each event also in words, as `idem show --events` prints it: the page shows the
+    // same account as the terminal.
+    if let Some(events) = doc["events"].as_array_mut() {
+        for (value, event) in events.iter_mut().zip(&timeline.events) {
+            value["summary"] = Value::String(event.summary());
+        }
+    }
+    ok(doc)
+}
+
+pub(super) async fn show_step(
+    State(state): State<ServeState>,
+    Path((run_id, key)): Path<(String, String)>,
+) -> Answer {
+    let step = crate::ops::step_view(state.store.as_ref(), &run_id, &key).await?;
+    let mut doc =
+        serde_json::to_value(&step).map_err(|e| ApiError::new("internal", e.to_string()))?;
+    if let Some(event) = &step.claimed_in {
+        doc["claimed_in"]["summary"] = Value::String(event.summary());
+    }
+    ok(doc)
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct SubmitBody {

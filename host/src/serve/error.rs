@@ -75,6 +75,7 @@ pub const CODES: &[(&str, u16, &str)] = &[
     ("forbidden", 403, "the request is not allowed from here"),
     ("not_found", 404, "no such route"),
     ("unknown_run", 404, "no such run"),
+    ("unknown_step", 404, "the run has no such step"),
     ("unknown_schedule", 404, "no such schedule"),
     ("unknown_version", 404, "the deployment has no such version"),
     (
@@ -162,6 +163,7 @@ impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> ApiError {
         let code = match &e {
             StoreError::UnknownRun { .. } => "unknown_run",
+            StoreError::UnknownStep { .. } => "unknown_step",
             StoreError::UnknownDeployment { .. } => "unknown_deployment",
             StoreError::InputMismatch { .. } => "input_mismatch",
             StoreError::NotInDoubt { .. } => "not_parked",

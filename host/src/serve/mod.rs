@@ -298,6 +298,8 @@ fn handler(route: &Route) -> MethodRouter<ServeState> {
         "submit_runs" => post(api::submit_runs),
         "show_run" => get(api::show_run),
         "stream_run" => get(stream::stream_run),
+        "run_events" => get(api::run_events),
+        "show_step" => get(api::show_step),
         "signal_run" => post(api::signal_run),
         "resolve_key" => post(api::resolve_key),
         "cancel_run" => post(api::cancel_run),

@@ -60,6 +60,7 @@ pub fn document() -> Value {
             "pause_run" => Some("Paused"),
             "resume_run" => Some("Resumed"),
             "pause_deployment" | "resume_deployment" => Some("DeploymentPaused"),
+            "run_events" => Some("Timeline"),
             _ => None,
         };
         if route.id == "stream_run" {
@@ -129,6 +130,26 @@ fn schemas() -> Value {
                 "seq": { "type": "integer", "minimum": 0, "description": "the chunk's sequence number in its run (the event's id)" },
                 "key": { "type": "string", "description": "the step that published it" },
                 "text": { "type": "string", "description": "the text, control characters escaped" },
+            },
+        },
+        "Timeline": {
+            "type": "object",
+            "required": ["events", "dropped"],
+            "properties": {
+                "events": { "type": "array", "items": {
+                    "type": "object",
+                    "required": ["seq", "at", "kind", "holder", "token", "detail", "summary"],
+                    "properties": {
+                        "seq": { "type": "integer", "minimum": 1, "description": "the event's place in its run's timeline" },
+                        "at": { "type": "integer", "description": "when, in ms since the epoch on the store's clock" },
+                        "kind": { "type": "string", "enum": ["started", "took_over", "recycled", "waiting", "released", "finished", "signal", "paused", "resumed", "cancelled", "upgraded"] },
+                        "holder": { "type": ["string", "null"], "description": "the worker whose lease it happened under" },
+                        "token": { "type": ["integer", "null"], "description": "the run lease token it happened under" },
+                        "detail": { "type": "object", "description": "the kind's facts: instance; from_holder, from_token, expired_at; reason; due, signal, join; note, paused; status; name, woke; from, to" },
+                        "summary": { "type": "string", "description": "the event in words, as idem show --events prints it" },
+                    },
+                } },
+                "dropped": { "type": "integer", "minimum": 0, "description": "events between the first and the last kept, dropped to bound the timeline" },
             },
         },
         "StreamEnd": {

@@ -173,6 +173,32 @@ pub const ROUTES: &[Route] = &[
         responds: "text/event-stream",
     },
     Route {
+        method: "GET",
+        path: "/api/runs/{run_id}/events",
+        id: "run_events",
+        summary: "The run's timeline, oldest first: each instance started (by which worker, \
+                  under which lease token) and how it ended (recycled, waiting, released, \
+                  finished), takeovers of leases that expired with the old and new tokens, \
+                  signals, pauses, cancels and upgrades; its first 100 and last 900 events \
+                  kept, `dropped` counting those between",
+        access: Access::Read,
+        body: Body::Empty,
+        query: &[],
+        responds: JSON,
+    },
+    Route {
+        method: "GET",
+        path: "/api/runs/{run_id}/steps/{key}",
+        id: "show_step",
+        summary: "One step of the run, opened (the key percent-encoded, as the run lists it \
+                  or as the agent named it): its record, committed result, whether its claim \
+                  was retaken, the instance that claimed it, and the run's checkpoint",
+        access: Access::Read,
+        body: Body::Empty,
+        query: &[],
+        responds: JSON,
+    },
+    Route {
         method: "POST",
         path: "/api/runs/{run_id}/signal",
         id: "signal_run",

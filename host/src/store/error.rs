@@ -54,6 +54,18 @@ pub enum StoreError {
         /// The run.
         run_id: String,
     },
+    /// The run has no step under this key (it never claimed it, or gc collected it).
+    #[error(
+        "run {} has no step {}",
+        crate::text::quoted(run_id),
+        crate::text::quoted(key)
+    )]
+    UnknownStep {
+        /// The run.
+        run_id: String,
+        /// The key, as asked.
+        key: String,
+    },
     /// No deployment has this name.
     #[error("no deployment is named {}", crate::text::quoted(name))]
     UnknownDeployment {
@@ -418,6 +430,7 @@ impl StoreError {
                 | StoreError::NeverMoved { .. }
                 | StoreError::ExportsDiffer { .. }
                 | StoreError::UnknownRun { .. }
+                | StoreError::UnknownStep { .. }
                 | StoreError::RunFinished { .. }
                 | StoreError::NamespaceTaken { .. }
                 | StoreError::PriorityRefused { .. }

@@ -51,6 +51,8 @@ pub struct GcReport {
     pub usage: u64,
     /// Chunks of runs' live streams.
     pub live_chunks: u64,
+    /// Events of runs' timelines.
+    pub events: u64,
     /// Components no run and no deployment uses.
     pub components: u64,
     /// Large values' blobs no row refers to any more.
@@ -75,6 +77,7 @@ impl GcReport {
         self.upgrades += other.upgrades;
         self.usage += other.usage;
         self.live_chunks += other.live_chunks;
+        self.events += other.events;
         self.components += other.components;
         self.blobs += other.blobs;
     }
@@ -91,6 +94,7 @@ impl GcReport {
             + self.upgrades
             + self.usage
             + self.live_chunks
+            + self.events
             + self.components
             + self.blobs
     }

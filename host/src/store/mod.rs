@@ -31,7 +31,7 @@
 //! - [`CatalogStore`], what runs are made from: components by digest, deployments,
 //!   the components a namespace admits, moving a run to another component.
 //! - [`OperatorStore`], an operator: submit, list and look at runs (record, authority,
-//!   steps, open claims, waits, log, live stream), cancel, resolve a parked key, send a signal, gc;
+//!   steps, open claims, waits, log, live stream, timeline), cancel, resolve a parked key, send a signal, gc;
 //!   create, list, pause, resume and delete schedules (`schedules.rs`), whose ticks
 //!   workers fire ([`WorkerStore::fire_schedules`]).
 //!
@@ -49,14 +49,18 @@
 //! - Blobs (large payloads stored by digest): written and read by the instance whose
 //!   step or checkpoint carries them, in the same transaction: [`InstanceStore`];
 //!   collected by [`OperatorStore::gc`].
-//! - Step history and a run's timeline: read by operators beside
-//!   [`OperatorStore::steps`] and [`OperatorStore::waits`]: [`OperatorStore`].
+//! - Step history: read by operators beside [`OperatorStore::steps`] and
+//!   [`OperatorStore::waits`]: [`OperatorStore`]. A run's timeline is there already
+//!   ([`OperatorStore::events`]), written by the backends inside the writes that
+//!   grant, start, suspend, release and end a run's instances
+//!   ([`InstanceStore::start_instance`]).
 //!
 //! # Layout
 //! - `mod.rs`: the roles, what lands where, and the re-exports.
 //! - `roles/`: one file per role trait, [`Store`] their sum, and [`Overlay`].
 //! - `fence.rs`, `claims.rs`, `progress.rs`, `runs.rs`, `children.rs`, `deploy.rs`,
 //!   `waits.rs`, `gc.rs`, `schedules.rs`: the values the roles speak in, by topic.
+//! - `events.rs`: a run's timeline ([`Timeline`]): its event kinds and its bound.
 //! - `values/`: [`ValueStore`], the layer every value crosses: sealed (`sealing/`)
 //!   when the store is encrypted, and kept once by digest when large (`values/blobs.rs`).
 //! - `sealing/`: encryption at rest: the store key, data keys and sealed values.
@@ -78,6 +82,7 @@ mod claims;
 mod clock;
 mod deploy;
 mod error;
+mod events;
 mod fence;
 mod flow;
 mod gc;
@@ -122,6 +127,7 @@ pub use deploy::{
     Rollout, RunMove, VersionRecord,
 };
 pub use error::{DatabaseFault, StoreError};
+pub use events::{EVENTS_HEAD, EVENTS_TAIL, EventKind, RunEvent, Timeline};
 pub use fence::{ParseSyncModeError, RunFence, SyncMode};
 pub(crate) use flow::{FlowCounts, Limit, check_setting, key_of};
 pub use flow::{FlowLimits, FlowRefusal, FlowSetting, MAX_FLOW_LIMIT, MAX_PRIORITY};

@@ -46,6 +46,7 @@ mod claims;
 mod components;
 mod conn;
 mod epoch;
+mod events;
 mod flow;
 mod gc;
 mod leases;

@@ -26,6 +26,7 @@ mod children;
 mod claims;
 mod components;
 mod epoch;
+mod events;
 #[cfg(test)]
 mod fault_tests;
 mod flow;

@@ -260,9 +260,16 @@ function runPage(runId) {
         "each step's committed result is the truth." }),
       el("div", { id: "live" })),
     el("h2", { text: "Steps" }),
+    el("p", { class: "muted", text: "Open a step to see its committed result, its attempts and the run's checkpoint." }),
     el("table", { id: "steps" },
       el("thead", {}, el("tr", {},
         ...["#", "key", "outcome", "attempt", "token", "duration", "claimed"].map(h => el("th", { text: h })))),
+      el("tbody")),
+    el("section", { id: "step-detail", hidden: true }),
+    el("h2", { text: "Timeline" }),
+    el("p", { id: "timeline-note", class: "muted" }),
+    el("table", { id: "timeline" },
+      el("thead", {}, el("tr", {}, ...["#", "at", "kind", "worker", "token", "what"].map(h => el("th", { text: h })))),
       el("tbody")),
     el("h2", { text: "Open claims" }),
     el("table", { id: "claims" },
@@ -365,8 +372,12 @@ function drawLiveStates(run, steps) {
 
 async function refreshRun(runId) {
   try {
-    const doc = await api("GET", "/api/runs/" + encodeURIComponent(runId));
+    const [doc, timeline] = await Promise.all([
+      api("GET", "/api/runs/" + encodeURIComponent(runId)),
+      api("GET", "/api/runs/" + encodeURIComponent(runId) + "/events"),
+    ]);
     drawRun(runId, doc);
+    drawTimeline(doc.run, timeline);
     if (document.getElementById("message").className !== "ok") say("");
   } catch (e) {
     say(String(e.message || e));
@@ -472,7 +483,8 @@ function drawRun(runId, doc) {
       : "—";
     return el("tr", { "data-key": s.key },
       el("td", { class: "num", text: i + 1 }),
-      el("td", {}, el("code", { text: s.key })),
+      el("td", {}, el("button", { class: "open-step link", "data-key": s.key, title: "open this step",
+        onclick: () => openStep(runId, s.key) }, el("code", { text: s.key }))),
       el("td", {}, outcome),
       el("td", {}, String(s.attempt), ...marks),
       el("td", { class: "num", text: s.token }),
@@ -508,6 +520,52 @@ function drawRun(runId, doc) {
 
   const log = document.getElementById("log");
   if (log.textContent !== doc.log) log.textContent = doc.log || "(nothing written)";
+}
+
+// The run's timeline: each instance, the worker and lease token it ran under, how it
+// ended, takeovers, waits and signals, oldest first.
+function drawTimeline(run, timeline) {
+  const events = timeline.events || [];
+  const starts = events.filter(e => e.kind === "started").length;
+  const takeovers = events.filter(e => e.kind === "took_over").length;
+  document.getElementById("timeline-note").textContent =
+    `${events.length} events: ${starts} instance starts, ${takeovers} takeovers` +
+    (timeline.dropped > 0 ? `; ${timeline.dropped} dropped between the first and the last kept` : "");
+  document.querySelector("#timeline tbody").replaceChildren(...events.map(e =>
+    el("tr", { "data-kind": e.kind, "data-seq": e.seq },
+      el("td", { class: "num", text: e.seq }),
+      el("td", { class: "num", text: "+" + ((e.at - run.created) / 1000).toFixed(3) + " s" }),
+      el("td", {}, badge(e.kind, "k-" + e.kind)),
+      el("td", { text: e.holder ?? "—" }),
+      el("td", { class: "num", text: e.token ?? "—" }),
+      el("td", { text: e.summary }))));
+}
+
+// One step opened: fetched once when asked (not redrawn by the poll), until closed.
+async function openStep(runId, key) {
+  const section = document.getElementById("step-detail");
+  try {
+    const v = await api("GET", "/api/runs/" + encodeURIComponent(runId) + "/steps/" + encodeURIComponent(key));
+    const s = v.step;
+    const show = x => typeof x === "string" ? x : JSON.stringify(x);
+    const rows = [
+      ["key", el("code", { text: s.key })],
+      ["attempt", String(s.attempt) + (v.retaken ? " (retaken from a holder that never committed it)" : "")],
+      ["token", String(s.token)],
+      ["claimed", utc(s.claimed_at) + (v.claimed_in ? " in " + v.claimed_in.summary : "")],
+      ["committed", s.committed_at != null ? utc(s.committed_at) : (s.parked != null ? "parked in doubt: " + s.parked : "not committed")],
+      ["result", v.result != null ? el("code", { id: "step-result", text: show(v.result) }) : "none"],
+      ["checkpoint", v.checkpoint != null
+        ? el("code", { id: "step-checkpoint", text: `step ${v.checkpoint.step}: ` + show(v.checkpoint.state) }) : "none"],
+    ];
+    section.replaceChildren(
+      el("h3", {}, "Step ", el("code", { text: s.key }), " ",
+        el("button", { id: "close-step", text: "Close", onclick: () => { section.hidden = true; } })),
+      el("dl", { class: "grid", "data-key": s.key }, ...rows.flatMap(([k, val]) => [el("dt", { text: k }), el("dd", {}, val)])));
+    section.hidden = false;
+  } catch (e) {
+    say(String(e.message || e));
+  }
 }
 
 async function resolve(runId, key, resultText) {

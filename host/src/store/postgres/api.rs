@@ -10,8 +10,8 @@ use super::batch::{Fenced as BatchFenced, FinishJob};
 use super::conn::{Fenced, Lock, write_tx};
 use super::one_trip::OneTrip;
 use super::{
-    PostgresStore, TxError, blobs, children, claims, components, flow, gc, leases, live, logs,
-    pause, rates, runs, schedules, sealing, usage, versions, waits,
+    PostgresStore, TxError, blobs, children, claims, components, events, flow, gc, leases, live,
+    logs, pause, rates, runs, schedules, sealing, usage, versions, waits,
 };
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
@@ -23,7 +23,7 @@ use crate::store::{
     Presence, RateLimit, RateSetting, Resolution, Resumed, Rollout, RunEnd, RunFence, RunFilter,
     RunMove, RunRecord, RunStatus, ScheduleDef, ScheduleRecord, ScheduledBy, Sealer, SignalSent,
     SpawnAnswers, SpawnBatch, StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode,
-    Tick, VersionRecord, WaitRecord, WaitRequest, WaitState, WorkerStore,
+    Tick, Timeline, VersionRecord, WaitRecord, WaitRequest, WaitState, WorkerStore,
 };
 use crate::store::{
     LiveChunk, LiveText, Recorded, UsageFilter, UsageRecord, UsageTotal, check_usage,
@@ -203,6 +203,26 @@ impl InstanceStore for PostgresStore {
             held(fenced, fence)?;
             runs::save_counts(conn, &fence.run_id, counts).await
         })
+    }
+
+    async fn start_instance(
+        &self,
+        fence: &RunFence,
+        counts: &Counts,
+        recycled: Option<&str>,
+    ) -> Result<(), StoreError> {
+        check_counts(counts)?;
+        let with = Some((fence, Lock::Update));
+        write_tx!(
+            self,
+            "start an instance",
+            fence.sync,
+            with,
+            |conn, fenced| {
+                held(fenced, fence)?;
+                leases::start_instance(conn, fence, counts, recycled).await
+            }
+        )
     }
 
     async fn record_usage(&self, record: &UsageRecord<'_>) -> Result<Recorded, StoreError> {
@@ -773,6 +793,13 @@ impl OperatorStore for PostgresStore {
     async fn waits(&self, run_id: &str) -> Result<Vec<WaitRecord>, StoreError> {
         self.read("read a run's waits", async |conn| {
             waits::waits(conn, run_id).await
+        })
+        .await
+    }
+
+    async fn events(&self, run_id: &str) -> Result<Option<Timeline>, StoreError> {
+        self.read("read a run's timeline", async |conn| {
+            events::read(conn, run_id).await
         })
         .await
     }

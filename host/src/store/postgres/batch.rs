@@ -43,6 +43,7 @@ use tokio_postgres::types::ToSql;
 use super::conn::durability;
 use super::epoch::epoch_alive_floor;
 use super::{Clock, fault, words};
+use crate::store::events::{events_head, events_tail};
 use crate::store::{DatabaseFault, Millis, StoreError, SyncMode};
 
 /// A batch's plan is the same whatever its size (every lookup is by primary key), so
@@ -164,7 +165,8 @@ const COMMIT_MANY: &str = concat!(
 ///
 /// [`count_down_parent`]: super::children::count_down_parent
 /// [`leases::FINISH_ALONE`]: super::leases::FINISH_ALONE
-const FINISH_MANY: &str = "WITH
+const FINISH_MANY: &str = concat!(
+    "WITH
      clock AS (SELECT coalesce($1::int8, (extract(epoch FROM now()) * 1000)::int8) AS now),
      req AS (SELECT * FROM unnest($2::text[], $3::int8[], $4::int8[], $5::int8[], $6::int8[],
                                   $7::int8[], $8::int8[], $9::int8[], $10::text[], $11::bytea[],
@@ -175,11 +177,24 @@ const FINISH_MANY: &str = "WITH
              SET executed = req.executed, skipped = req.skipped, awaited = req.awaited,
                  reclaimed = req.reclaimed, instances = req.instances,
                  recycled = req.recycled, status = req.status, lease_holder = NULL,
-                 lease_expires = NULL, cancel_requested = false, updated = clock.now
+                 lease_expires = NULL, cancel_requested = false, updated = clock.now,
+                 events = runs.events + 1
              FROM req CROSS JOIN clock
              WHERE runs.run_id = req.run_id AND runs.lease_token = req.lease_token
                AND runs.lease_holder IS NOT NULL
-             RETURNING runs.run_id, runs.parent, req.counted_down),
+             RETURNING runs.run_id, runs.parent, req.counted_down, runs.events, req.lease_token,
+                       req.status),
+     ev AS (INSERT INTO run_events (run_id, seq, at, kind, token, detail)
+            SELECT fin.run_id, fin.events, clock.now, 'finished', fin.lease_token,
+                   json_build_object('status', fin.status)::text
+            FROM fin CROSS JOIN clock),
+     cut AS (DELETE FROM run_events e USING fin
+             WHERE e.run_id = fin.run_id AND e.seq > ",
+    events_head!(),
+    "
+               AND e.seq <= fin.events - ",
+    events_tail!(),
+    "),
      kept AS (INSERT INTO run_outcomes (run_id, outcome)
               SELECT req.run_id, req.outcome FROM req JOIN fin ON fin.run_id = req.run_id
               WHERE req.outcome IS NOT NULL
@@ -218,7 +233,8 @@ const FINISH_MANY: &str = "WITH
                  THEN ('idem: a count-down is owed to ' || (SELECT run_id FROM owed))::int4 = 0
                  ELSE false END,
             req.ord
-     FROM req LEFT JOIN fin ON fin.run_id = req.run_id";
+     FROM req LEFT JOIN fin ON fin.run_id = req.run_id"
+);
 
 /// What every batched write carries: its key, and the run and lease it is fenced by.
 pub(super) struct Fenced {

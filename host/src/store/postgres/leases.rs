@@ -11,6 +11,9 @@ use super::conn::Conn;
 use super::epoch::token_floor;
 use super::runs::{self, end_as_cancelled, lease_from, status_from, unknown_run};
 use super::{TxError, to_sql_int, u64_col};
+use crate::store::EventKind;
+use crate::store::events::NewEvent;
+use crate::store::events::{EVENTS_HEAD, EVENTS_TAIL, events_head, events_tail};
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{LeaseDecision, decide_run_lease, run_lease_token};
 use crate::store::{
@@ -216,6 +219,41 @@ pub(super) async fn acquire_run(
     }
 }
 
+/// The grant of [`grant`]: `$1` runs, `$2` status, `$3` worker, `$4` expiry, `$5` time,
+/// `$6` tokens, `$7` whether it counts each run's first instance, `$8` and `$9` the
+/// timeline's bounds. Puts the grant on each run's timeline in the same statement: a
+/// lease still recorded (`old`, read under the candidates' row locks) was never given
+/// back, so its holder's instance never ended: a takeover; and, when counted, the
+/// instance's start.
+const GRANT: &str = "WITH
+     g AS (SELECT * FROM unnest($1::text[], $6::int8[]) AS g(id, token)),
+     old AS (SELECT r.run_id, r.lease_holder, r.lease_token, r.lease_expires
+             FROM runs r JOIN g ON r.run_id = g.id),
+     up AS (UPDATE runs
+            SET status = $2, lease_holder = $3, lease_token = g.token, lease_expires = $4,
+                updated = $5, wake_at = NULL, waiting_for = NULL, joining = NULL,
+                join_left = NULL,
+                instances = runs.instances + CASE WHEN $7 THEN 1 ELSE 0 END,
+                events = runs.events + CASE WHEN $7 THEN 1 ELSE 0 END
+                         + CASE WHEN old.lease_holder IS NOT NULL THEN 1 ELSE 0 END
+            FROM g JOIN old ON old.run_id = g.id
+            WHERE runs.run_id = g.id
+            RETURNING runs.run_id, runs.events, runs.instances, g.token,
+                      old.lease_holder AS from_holder, old.lease_token AS from_token,
+                      old.lease_expires AS expired_at),
+     ev AS (INSERT INTO run_events (run_id, seq, at, kind, holder, token, detail)
+            SELECT run_id, events - CASE WHEN $7 THEN 1 ELSE 0 END, $5, 'took_over', $3, token,
+                   json_build_object('from_holder', from_holder, 'from_token', from_token,
+                                     'expired_at', expired_at)::text
+            FROM up WHERE from_holder IS NOT NULL
+            UNION ALL
+            SELECT run_id, events, $5, 'started', $3, token,
+                   json_build_object('instance', instances)::text
+            FROM up WHERE $7),
+     cut AS (DELETE FROM run_events e USING up
+             WHERE e.run_id = up.run_id AND e.seq > $8 AND e.seq <= up.events - $9)
+     SELECT count(*) FROM up";
+
 /// Grants each run's lease to `worker` under its token and sets it running: one
 /// statement for every lease, one read of the records and one of the inputs and
 /// checkpoints, whatever the number of runs (one of each per run cost three round
@@ -239,12 +277,7 @@ async fn grant(
         taken.push(taken_over);
     }
     conn.execute(
-        "UPDATE runs
-         SET status = $2, lease_holder = $3, lease_token = g.token, lease_expires = $4,
-             updated = $5, wake_at = NULL, waiting_for = NULL, joining = NULL, join_left = NULL,
-             instances = instances + CASE WHEN $7 THEN 1 ELSE 0 END
-         FROM unnest($1::text[], $6::int8[]) AS g(id, token)
-         WHERE run_id = g.id",
+        GRANT,
         &[
             &ids,
             &RunStatus::Running.as_str(),
@@ -253,6 +286,8 @@ async fn grant(
             &conn.now,
             &tokens,
             &count,
+            &to_sql_int(EVENTS_HEAD)?,
+            &to_sql_int(EVENTS_TAIL)?,
         ],
     )
     .await?;
@@ -347,13 +382,62 @@ pub(super) async fn release_run(
     counts: &Counts,
     note: Option<&str>,
 ) -> Result<(), TxError> {
+    // A host that gives back a lease whose grant counted an instance it never ran
+    // takes the count back: the timeline says that instance never ran.
+    let counted = conn
+        .query_one(
+            "SELECT instances FROM runs WHERE run_id = $1",
+            &[&fence.run_id],
+        )
+        .await?;
+    let counted = u64_col(&counted, 0)?;
     runs::save_counts(conn, &fence.run_id, counts).await?;
-    conn.execute(
-        "UPDATE runs SET lease_holder = NULL, lease_expires = NULL, note = $2 WHERE run_id = $1",
-        &[&fence.run_id, &note],
-    )
-    .await?;
-    Ok(())
+    let row = conn
+        .query_one(
+            "UPDATE runs SET lease_holder = NULL, lease_expires = NULL, note = $2 WHERE run_id = $1
+             RETURNING paused IS NOT NULL",
+            &[&fence.run_id, &note],
+        )
+        .await?;
+    let paused: bool = row.try_get(0)?;
+    let event = NewEvent::new(
+        EventKind::Released,
+        serde_json::json!({
+            "note": note,
+            "paused": paused,
+            "unstarted": counted > counts.instances,
+        }),
+    );
+    super::events::record(conn, &fence.run_id, &[event.token(fence.token)]).await
+}
+
+/// Records that a new instance of the run starts under `fence`, with the run's counts
+/// (which count it); and, if the instance before it under this lease was dropped on
+/// purpose, that it was, and why. The caller checked the fence.
+pub(super) async fn start_instance(
+    conn: &Conn,
+    fence: &RunFence,
+    counts: &Counts,
+    recycled: Option<&str>,
+) -> Result<(), TxError> {
+    runs::save_counts(conn, &fence.run_id, counts).await?;
+    let mut events = Vec::with_capacity(2);
+    if let Some(reason) = recycled {
+        let event = NewEvent::new(
+            EventKind::Recycled,
+            serde_json::json!({
+                "instance": counts.instances.saturating_sub(1),
+                "reason": reason,
+            }),
+        );
+        events.push(event.token(fence.token));
+    }
+    let event = NewEvent::new(
+        EventKind::Started,
+        serde_json::json!({ "instance": counts.instances }),
+    );
+    events.push(event.token(fence.token));
+    super::events::record(conn, &fence.run_id, &events).await
 }
 
 /// Records that the run ended cancelled, with its counts, and ends its lease (keeping
@@ -403,10 +487,19 @@ macro_rules! finish {
                  UPDATE runs
                  SET executed = $4, skipped = $5, awaited = $6, reclaimed = $7, instances = $8,
                      recycled = $9, status = $10, lease_holder = NULL, lease_expires = NULL,
-                     cancel_requested = false, updated = clock.now
+                     cancel_requested = false, updated = clock.now, events = runs.events + 1
                  FROM clock
                  WHERE run_id = $2 AND lease_token = $3 AND lease_holder IS NOT NULL
-                 RETURNING runs.parent),
+                 RETURNING runs.parent, runs.events),
+             ev AS (
+                 INSERT INTO run_events (run_id, seq, at, kind, token, detail)
+                 SELECT $2, fin.events, clock.now, 'finished', $3,
+                        json_build_object('status', $10::text)::text
+                 FROM fin CROSS JOIN clock),
+             cut AS (
+                 DELETE FROM run_events e USING fin
+                 WHERE e.run_id = $2 AND e.seq > ", events_head!(), "
+                   AND e.seq <= fin.events - ", events_tail!(), "),
              kept AS (
                  INSERT INTO run_outcomes (run_id, outcome)
                  SELECT $2, $11::bytea FROM fin WHERE $11::bytea IS NOT NULL

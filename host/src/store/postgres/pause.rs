@@ -13,6 +13,8 @@
 use super::TxError;
 use super::conn::Conn;
 use super::runs::{lease_from, status_from, unknown_run};
+use crate::store::EventKind;
+use crate::store::events::NewEvent;
 use crate::store::{
     DeploymentPaused, Paused, PausedBy, PausedDeployment, Resumed, RunLeaseInfo, RunStatus,
     StoreError,
@@ -55,6 +57,10 @@ pub(super) async fn pause_run(conn: &Conn, run_id: &str) -> Result<Paused, TxErr
         )
         .await?;
     }
+    if paused.is_none() {
+        let event = NewEvent::new(EventKind::Paused, serde_json::json!({}));
+        super::events::record(conn, run_id, &[event]).await?;
+    }
     Ok(
         match (paused, lease.filter(|lease| lease.expires > conn.now)) {
             (Some(_), _) => Paused::Already,
@@ -76,6 +82,8 @@ pub(super) async fn resume_run(conn: &Conn, run_id: &str) -> Result<Resumed, TxE
         &[&run_id, &conn.now],
     )
     .await?;
+    let event = NewEvent::new(EventKind::Resumed, serde_json::json!({}));
+    super::events::record(conn, run_id, &[event]).await?;
     Ok(Resumed::Now)
 }
 

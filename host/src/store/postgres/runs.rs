@@ -6,6 +6,8 @@ use tokio_postgres::Row;
 
 use super::conn::Conn;
 use super::{TxError, to_sql_int, u64_col};
+use crate::store::EventKind;
+use crate::store::events::NewEvent;
 use crate::store::values;
 use crate::store::{
     BlobDigest, Cancelled, Checkpoint, Counts, MAX_PRIORITY, Payloads, RunFilter, RunLeaseInfo,
@@ -673,9 +675,16 @@ pub(super) async fn cancel_run(conn: &Conn, run_id: &str) -> Result<Cancelled, T
             &[&run_id, &conn.now],
         )
         .await?;
+        let event = NewEvent::new(
+            EventKind::Cancelled,
+            serde_json::json!({ "at_once": false }),
+        );
+        super::events::record(conn, run_id, &[event]).await?;
         super::children::cancel_descendants(conn, run_id).await?;
         return Ok(Cancelled::Requested { lease });
     }
+    let event = NewEvent::new(EventKind::Cancelled, serde_json::json!({ "at_once": true }));
+    super::events::record(conn, run_id, &[event]).await?;
     end_as_cancelled(conn, run_id).await?;
     Ok(Cancelled::Now)
 }
@@ -698,6 +707,13 @@ pub(super) async fn mark_cancelled(conn: &Conn, run_id: &str) -> Result<(), TxEr
         &[&run_id, &RunStatus::Cancelled.as_str(), &conn.now],
     )
     .await?;
+    // Whoever cancelled it (its worker, an operator, an ancestor's cancellation), the
+    // run ended here.
+    let event = NewEvent::new(
+        EventKind::Finished,
+        serde_json::json!({ "status": RunStatus::Cancelled.as_str() }),
+    );
+    super::events::record(conn, run_id, &[event]).await?;
     set_outcome(conn, run_id, None).await?;
     conn.execute(
         "UPDATE steps SET holder = NULL WHERE run_id = $1 AND holder IS NOT NULL",

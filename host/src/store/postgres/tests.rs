@@ -573,11 +573,28 @@ fn many_childrens_ends_share_statements_and_count_their_parents_down_exactly() {
             let run = store.run(kid).await.unwrap().unwrap();
             assert_eq!(run.status, RunStatus::Completed, "{kid}");
             assert_eq!(run.outcome.as_deref(), Some(&b"1"[..]), "{kid}");
+            // Each end is on its run's timeline, written by the shared statement.
+            let events = store.events(kid).await.unwrap().unwrap().events;
+            let last = events.last().unwrap();
+            assert_eq!(last.kind, crate::store::EventKind::Finished, "{kid}");
+            assert_eq!(last.detail["status"], "completed", "{kid}");
         }
+        let in_doubt = store.events(&kids1[29]).await.unwrap().unwrap().events;
+        assert_eq!(in_doubt.last().unwrap().detail["status"], "in-doubt");
         assert_eq!(
             store.run(&kids2[9]).await.unwrap().unwrap().status,
             RunStatus::Running,
             "the zombie's end changed nothing"
+        );
+        assert!(
+            store
+                .events(&kids2[9])
+                .await
+                .unwrap()
+                .unwrap()
+                .events
+                .is_empty(),
+            "nor recorded anything"
         );
         // Its real holder's end is the last one p2 waits for.
         let last = child_fence_of(&store, &kids2[9]).await;

@@ -7,6 +7,8 @@ use tokio_postgres::Row;
 
 use super::conn::Conn;
 use super::{TxError, u64_col};
+use crate::store::EventKind;
+use crate::store::events::NewEvent;
 use crate::store::rules::{IN_FLIGHT_SQL, OnMismatch, Planned, RunFacts, VersionFacts, plan_moves};
 use crate::store::{MoveReason, MoveRuns, MoveTo, RunMove, RunStatus, StoreError, VersionRecord};
 
@@ -183,6 +185,15 @@ async fn apply(conn: &Conn, p: &Planned, reason: MoveReason) -> Result<RunMove, 
         ],
     )
     .await?;
+    let event = NewEvent::new(
+        EventKind::Upgraded,
+        serde_json::json!({
+            "from": p.from_digest, "to": p.to_digest,
+            "from_version": p.from_version, "to_version": p.to_version,
+            "reason": reason.as_str(),
+        }),
+    );
+    super::events::record(conn, &p.run_id, &[event]).await?;
     super::components::add_member(conn, &namespace, &p.to_digest, "upgrade").await?;
     Ok(RunMove {
         run_id: p.run_id.clone(),

@@ -5,6 +5,8 @@
 use super::TxError;
 use super::conn::Conn;
 use super::runs::{save_counts, status_from, unknown_run};
+use crate::store::EventKind;
+use crate::store::events::NewEvent;
 use crate::store::rules::{Recorded, WaitRow, asked, sleep_state};
 use crate::store::{
     Counts, Millis, RunFence, RunStatus, SignalSent, StoreError, Suspension, WaitKind, WaitRecord,
@@ -171,7 +173,16 @@ pub(super) async fn suspend_run(
         ],
     )
     .await?;
-    Ok(())
+    let event = NewEvent::new(
+        EventKind::Waiting,
+        serde_json::json!({
+            "due": suspension.due,
+            "signal": suspension.signal,
+            "join": suspension.join,
+            "due_now": arrived || join_left == Some(0),
+        }),
+    );
+    super::events::record(conn, &fence.run_id, &[event.token(fence.token)]).await
 }
 
 /// Sends a signal; a run suspended waiting for it is due now.
@@ -225,6 +236,13 @@ pub(super) async fn send_signal(
         )
         .await?;
     }
+    // The name only: the payload may be secret, and stays sealed where it is (here it
+    // may be sealed already, so not even its size is the agent's).
+    let event = NewEvent::new(
+        EventKind::Signal,
+        serde_json::json!({ "name": name, "woke": woke }),
+    );
+    super::events::record(conn, run_id, &[event]).await?;
     Ok(SignalSent {
         id: id.unsigned_abs(),
         woke,

@@ -103,6 +103,20 @@ pub trait InstanceStore: Send + Sync + fmt::Debug {
     /// Stores the run's counts (absolute values, not increments).
     async fn save_counts(&self, fence: &RunFence, counts: &Counts) -> Result<(), StoreError>;
 
+    /// Records that a new instance of the run starts under `fence`, with the run's
+    /// counts (`counts.instances` counting it): the write a host makes as each instance
+    /// starts, but the first of a lease whose grant counted it. With `recycled`, the
+    /// instance before it under this lease was dropped on purpose, for that reason. Both
+    /// go on the run's timeline ([`OperatorStore::events`]) in the same transaction, so
+    /// the timeline's starts match `instances`. Fails as
+    /// [`save_counts`](Self::save_counts) does.
+    async fn start_instance(
+        &self,
+        fence: &RunFence,
+        counts: &Counts,
+        recycled: Option<&str>,
+    ) -> Result<(), StoreError>;
+
     /// Appends to the run's log, keeping only its last `keep` bytes.
     async fn append_log(
         &self,

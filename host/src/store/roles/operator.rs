@@ -5,7 +5,7 @@ use std::fmt;
 use crate::store::{
     Cancelled, DeploymentPaused, GcReport, GcRequest, LiveChunk, OpenClaim, Paused,
     PausedDeployment, Resolution, Resumed, RunFilter, RunRecord, ScheduleDef, ScheduleRecord,
-    ScheduledBy, SignalSent, StepRecord, StoreError, Submission, Submitted, UsageFilter,
+    ScheduledBy, SignalSent, StepRecord, StoreError, Submission, Submitted, Timeline, UsageFilter,
     UsageTotal, WaitRecord,
 };
 #[cfg(doc)]
@@ -117,6 +117,10 @@ pub trait OperatorStore: Send + Sync + fmt::Debug {
 
     /// The run's waits, in the order they were first reached.
     async fn waits(&self, run_id: &str) -> Result<Vec<WaitRecord>, StoreError>;
+
+    /// The run's timeline: what happened to it, oldest first, bounded
+    /// ([`Timeline`]); `None` for an unknown run.
+    async fn events(&self, run_id: &str) -> Result<Option<Timeline>, StoreError>;
 
     /// The run's log (the last bytes its agent wrote to stderr and stdout).
     async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError>;

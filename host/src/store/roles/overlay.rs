@@ -28,7 +28,8 @@ use crate::store::{
     Recorded, Resolution, Resumed, Rollout, RunEnd, RunFence, RunFilter, RunMove, RunRecord,
     ScheduleDef, ScheduleRecord, ScheduledBy, Sealer, SignalSent, SpawnAnswers, SpawnBatch,
     SpawnRequest, Spawned, StepRecord, StoreError, Submission, Submitted, Suspension, Tick,
-    UsageFilter, UsageRecord, UsageTotal, VersionRecord, WaitRecord, WaitRequest, WaitState,
+    Timeline, UsageFilter, UsageRecord, UsageTotal, VersionRecord, WaitRecord, WaitRequest,
+    WaitState,
 };
 
 /// A [`Store`] assembled from one handle per role: an underlying store's, with any
@@ -152,6 +153,15 @@ impl InstanceStore for Overlay {
 
     async fn save_counts(&self, fence: &RunFence, counts: &Counts) -> Result<(), StoreError> {
         self.instance.save_counts(fence, counts).await
+    }
+
+    async fn start_instance(
+        &self,
+        fence: &RunFence,
+        counts: &Counts,
+        recycled: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.instance.start_instance(fence, counts, recycled).await
     }
 
     async fn append_log(
@@ -469,6 +479,10 @@ impl OperatorStore for Overlay {
 
     async fn waits(&self, run_id: &str) -> Result<Vec<WaitRecord>, StoreError> {
         self.operator.waits(run_id).await
+    }
+
+    async fn events(&self, run_id: &str) -> Result<Option<Timeline>, StoreError> {
+        self.operator.events(run_id).await
     }
 
     async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError> {

@@ -288,6 +288,7 @@ pub(crate) const GC_RUN_TABLES: &[(&str, ReportField)] = &[
     ("run_upgrades", |r| &mut r.upgrades),
     ("step_usage", |r| &mut r.usage),
     ("run_live", |r| &mut r.live_chunks),
+    ("run_events", |r| &mut r.events),
 ];
 
 /// The statuses gc counts as finished: completed and cancelled runs never run again;

@@ -10,8 +10,8 @@ use super::owned::{
     OwnedEnd, OwnedJoin, OwnedRef, OwnedRequest, OwnedSpawnBatch, OwnedSubmission, OwnedWaitKind,
 };
 use super::{
-    SqliteStore, TxError, blobs, children, claims, components, flow, gc, leases, live, logs, pause,
-    presence, rates, runs, schedules, sealing, usage, versions, waits,
+    SqliteStore, TxError, blobs, children, claims, components, events, flow, gc, leases, live,
+    logs, pause, presence, rates, runs, schedules, sealing, usage, versions, waits,
 };
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
@@ -23,7 +23,8 @@ use crate::store::{
     Payloads, Presence, RateLimit, RateSetting, Rated, Resolution, Resumed, Rollout, RunEnd,
     RunFence, RunFilter, RunMove, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, Sealer,
     SignalSent, SpawnAnswers, SpawnBatch, StepRecord, StoreError, Submission, Submitted,
-    Suspension, SyncMode, Tick, VersionRecord, WaitRecord, WaitRequest, WaitState, WorkerStore,
+    Suspension, SyncMode, Tick, Timeline, VersionRecord, WaitRecord, WaitRequest, WaitState,
+    WorkerStore,
 };
 use crate::store::{
     LiveChunk, LiveText, Recorded, UsageFilter, UsageRecord, UsageTotal, check_usage,
@@ -172,6 +173,21 @@ impl InstanceStore for SqliteStore {
         self.write("save counts", fence.sync, move |conn, now| {
             leases::check_fence(conn, &fence)?;
             runs::save_counts(conn, &fence.run_id, &counts, now)
+        })
+        .await
+    }
+
+    async fn start_instance(
+        &self,
+        fence: &RunFence,
+        counts: &Counts,
+        recycled: Option<&str>,
+    ) -> Result<(), StoreError> {
+        check_counts(counts)?;
+        let (fence, counts) = (fence.clone(), *counts);
+        let recycled = recycled.map(str::to_owned);
+        self.write("start an instance", fence.sync, move |conn, now| {
+            leases::start_instance(conn, &fence, &counts, recycled.as_deref(), now)
         })
         .await
     }
@@ -818,6 +834,14 @@ impl OperatorStore for SqliteStore {
         let run_id = run_id.to_owned();
         self.read("read a run's waits", move |conn| {
             waits::waits(conn, &run_id)
+        })
+        .await
+    }
+
+    async fn events(&self, run_id: &str) -> Result<Option<Timeline>, StoreError> {
+        let run_id = run_id.to_owned();
+        self.read("read a run's timeline", move |conn| {
+            events::read(conn, &run_id)
         })
         .await
     }

@@ -15,11 +15,12 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::runs::{self, end_as_cancelled, lease_from, set_outcome, status_from, unknown_run};
 use super::{TxError, to_sql_int, u64_column};
+use crate::store::events::NewEvent;
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{LeaseDecision, decide_run_lease, run_lease_token};
 use crate::store::{
-    Acquired, Counts, LeaseState, LeasedRun, Millis, RunEnd, RunFence, RunLeaseInfo, RunStatus,
-    StoreError,
+    Acquired, Counts, EventKind, LeaseState, LeasedRun, Millis, RunEnd, RunFence, RunLeaseInfo,
+    RunStatus, StoreError,
 };
 
 /// Whether `fence` is the run's current lease.
@@ -213,7 +214,31 @@ fn grant(
     taken_over: bool,
     count: bool,
 ) -> Result<LeasedRun, TxError> {
-    let token = to_sql_int(token)?;
+    // The lease as it was: one still recorded was never given back, so its holder's
+    // instance never ended (a crash, a kill, a lost store): the takeover, on the
+    // timeline.
+    let before: Option<(String, i64, Option<Millis>)> = if taken_over {
+        conn.prepare_cached(
+            "SELECT lease_holder, lease_token, lease_expires FROM runs
+             WHERE run_id = ?1 AND lease_holder IS NOT NULL",
+        )?
+        .query_row([run_id], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+        .optional()?
+    } else {
+        None
+    };
+    if let Some((from_holder, from_token, expired_at)) = before {
+        let event = NewEvent::new(
+            EventKind::TookOver,
+            serde_json::json!({
+                "from_holder": from_holder,
+                "from_token": from_token,
+                "expired_at": expired_at,
+            }),
+        );
+        super::events::record(conn, run_id, &event.token(token).holder(worker), now)?;
+    }
+    let token_sql = to_sql_int(token)?;
     conn.prepare_cached(
         "UPDATE runs
          SET status = ?2, lease_holder = ?3, lease_token = ?4, lease_expires = ?5, updated = ?6,
@@ -225,19 +250,27 @@ fn grant(
         run_id,
         RunStatus::Running.as_str(),
         worker,
-        token,
+        token_sql,
         expires,
         now,
         i64::from(count)
     ])?;
     let record = runs::run(conn, run_id)?.ok_or_else(|| unknown_run(run_id))?;
+    if count {
+        // The grant starts the lease's first instance: on the timeline with it.
+        let event = NewEvent::new(
+            EventKind::Started,
+            serde_json::json!({ "instance": record.counts.instances }),
+        );
+        super::events::record(conn, run_id, &event.token(token).holder(worker), now)?;
+    }
     let (input, authority) = conn
         .prepare_cached("SELECT input, authority FROM run_inputs WHERE run_id = ?1")?
         .query_row([run_id], |row| Ok((row.get(0)?, row.get(1)?)))?;
     let checkpoint = runs::load_progress(conn, run_id)?;
     Ok(LeasedRun {
         record,
-        token: token.unsigned_abs(),
+        token,
         input,
         authority,
         taken_over,
@@ -290,12 +323,56 @@ pub(super) fn release_run(
     now: Millis,
 ) -> Result<(), TxError> {
     check_fence(conn, fence)?;
+    // A host that gives back a lease whose grant counted an instance it never ran
+    // takes the count back: the timeline says that instance never ran.
+    let counted: u64 = conn
+        .prepare_cached("SELECT instances FROM runs WHERE run_id = ?1")?
+        .query_row([&fence.run_id], |row| u64_column(row, 0))?;
     runs::save_counts(conn, &fence.run_id, counts, now)?;
-    conn.prepare_cached(
-        "UPDATE runs SET lease_holder = NULL, lease_expires = NULL, note = ?2 WHERE run_id = ?1",
-    )?
-    .execute(params![fence.run_id, note])?;
-    Ok(())
+    let paused: bool = conn
+        .prepare_cached(
+            "UPDATE runs SET lease_holder = NULL, lease_expires = NULL, note = ?2 WHERE run_id = ?1
+             RETURNING paused IS NOT NULL",
+        )?
+        .query_row(params![fence.run_id, note], |row| row.get(0))?;
+    let event = NewEvent::new(
+        EventKind::Released,
+        serde_json::json!({
+            "note": note,
+            "paused": paused,
+            "unstarted": counted > counts.instances,
+        }),
+    );
+    super::events::record(conn, &fence.run_id, &event.token(fence.token), now)
+}
+
+/// Records that a new instance of the run starts under `fence`, with the run's counts
+/// (which count it); and, if the instance before it under this lease was dropped on
+/// purpose, that it was, and why.
+pub(super) fn start_instance(
+    conn: &Connection,
+    fence: &RunFence,
+    counts: &Counts,
+    recycled: Option<&str>,
+    now: Millis,
+) -> Result<(), TxError> {
+    check_fence(conn, fence)?;
+    runs::save_counts(conn, &fence.run_id, counts, now)?;
+    if let Some(reason) = recycled {
+        let event = NewEvent::new(
+            EventKind::Recycled,
+            serde_json::json!({
+                "instance": counts.instances.saturating_sub(1),
+                "reason": reason,
+            }),
+        );
+        super::events::record(conn, &fence.run_id, &event.token(fence.token), now)?;
+    }
+    let event = NewEvent::new(
+        EventKind::Started,
+        serde_json::json!({ "instance": counts.instances }),
+    );
+    super::events::record(conn, &fence.run_id, &event.token(fence.token), now)
 }
 
 /// Records how the run ended and ends its lease (keeping its token).
@@ -309,6 +386,19 @@ pub(super) fn finish_run(
     check_fence(conn, fence)?;
     let run_id = fence.run_id.as_str();
     runs::save_counts(conn, run_id, counts, now)?;
+    if !matches!(end, RunEnd::Cancelled) {
+        // A cancellation records its end where every cancellation does.
+        let status = match end {
+            RunEnd::Completed(_) => RunStatus::Completed,
+            RunEnd::Failed(_) => RunStatus::Failed,
+            _ => RunStatus::InDoubt,
+        };
+        let event = NewEvent::new(
+            EventKind::Finished,
+            serde_json::json!({ "status": status.as_str() }),
+        );
+        super::events::record(conn, run_id, &event.token(fence.token), now)?;
+    }
     let status = match end {
         RunEnd::Completed(output) => {
             set_outcome(conn, run_id, Some(output))?;

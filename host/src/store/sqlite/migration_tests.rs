@@ -92,6 +92,7 @@ fn version_2_store_migrates_with_runs_results_and_checkpoints_intact() {
             "paused_deployments",
             "progress",
             "rate_limits",
+            "run_events",
             "run_inputs",
             "run_live",
             "run_logs",

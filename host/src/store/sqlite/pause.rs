@@ -7,6 +7,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::TxError;
 use super::runs::{lease_from, status_from, unknown_run};
+use crate::store::EventKind;
+use crate::store::events::NewEvent;
 use crate::store::{
     DeploymentPaused, Millis, Paused, PausedBy, PausedDeployment, Resumed, RunLeaseInfo, RunStatus,
     StoreError,
@@ -45,6 +47,10 @@ pub(super) fn pause_run(conn: &Connection, run_id: &str, now: Millis) -> Result<
         conn.prepare_cached("UPDATE runs SET paused = ?2, updated = ?3 WHERE run_id = ?1")?
             .execute(params![run_id, PausedBy::Run.as_str(), now])?;
     }
+    if paused.is_none() {
+        let event = NewEvent::new(EventKind::Paused, serde_json::json!({}));
+        super::events::record(conn, run_id, &event, now)?;
+    }
     Ok(match (paused, lease.filter(|lease| lease.expires > now)) {
         (Some(_), _) => Paused::Already,
         (None, Some(lease)) => Paused::Requested { lease },
@@ -61,6 +67,8 @@ pub(super) fn resume_run(conn: &Connection, run_id: &str, now: Millis) -> Result
     }
     conn.prepare_cached("UPDATE runs SET paused = NULL, updated = ?2 WHERE run_id = ?1")?
         .execute(params![run_id, now])?;
+    let event = NewEvent::new(EventKind::Resumed, serde_json::json!({}));
+    super::events::record(conn, run_id, &event, now)?;
     Ok(Resumed::Now)
 }
 

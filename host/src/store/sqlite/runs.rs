@@ -7,6 +7,8 @@ use rusqlite::types::Type;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::{TxError, to_sql_int, u64_column};
+use crate::store::EventKind;
+use crate::store::events::NewEvent;
 use crate::store::{
     Cancelled, Checkpoint, Counts, MAX_PRIORITY, Millis, Payloads, RunFilter, RunLeaseInfo,
     RunRecord, RunStatus, StoreError, Submission, Submitted,
@@ -150,9 +152,16 @@ pub(super) fn cancel_run(
             "UPDATE runs SET cancel_requested = 1, updated = ?2 WHERE run_id = ?1",
         )?
         .execute(params![run_id, now])?;
+        let event = NewEvent::new(
+            EventKind::Cancelled,
+            serde_json::json!({ "at_once": false }),
+        );
+        super::events::record(conn, run_id, &event, now)?;
         super::children::cancel_descendants(conn, run_id, now)?;
         return Ok(Cancelled::Requested { lease });
     }
+    let event = NewEvent::new(EventKind::Cancelled, serde_json::json!({ "at_once": true }));
+    super::events::record(conn, run_id, &event, now)?;
     end_as_cancelled(conn, run_id, now)?;
     Ok(Cancelled::Now)
 }
@@ -179,6 +188,13 @@ pub(super) fn mark_cancelled(conn: &Connection, run_id: &str, now: Millis) -> Re
          WHERE run_id = ?1",
     )?
     .execute(params![run_id, RunStatus::Cancelled.as_str(), now])?;
+    // Whoever cancelled it (its worker, an operator, an ancestor's cancellation), the
+    // run ended here.
+    let event = NewEvent::new(
+        EventKind::Finished,
+        serde_json::json!({ "status": RunStatus::Cancelled.as_str() }),
+    );
+    super::events::record(conn, run_id, &event, now)?;
     set_outcome(conn, run_id, None)?;
     // A scan of `steps`, as for every by-run question: cancelling is rare.
     conn.prepare_cached("UPDATE steps SET holder = NULL WHERE run_id = ?1 AND holder IS NOT NULL")?

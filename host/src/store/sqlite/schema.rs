@@ -35,6 +35,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0016_live.sql"),
     include_str!("../migrations/sqlite/0017_blobs.sql"),
     include_str!("../migrations/sqlite/0018_versions.sql"),
+    include_str!("../migrations/sqlite/0019_events.sql"),
 ];
 
 /// The schema version this build writes and understands.

@@ -9,6 +9,8 @@ use rusqlite::types::Type;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::{TxError, to_sql_int, u64_column};
+use crate::store::EventKind;
+use crate::store::events::NewEvent;
 use crate::store::rules::{IN_FLIGHT_SQL, OnMismatch, Planned, RunFacts, VersionFacts, plan_moves};
 use crate::store::{
     Millis, MoveReason, MoveRuns, MoveTo, RunMove, RunStatus, StoreError, VersionRecord,
@@ -175,6 +177,15 @@ fn apply(
         to_version,
         reason.as_str()
     ])?;
+    let event = NewEvent::new(
+        EventKind::Upgraded,
+        serde_json::json!({
+            "from": p.from_digest, "to": p.to_digest,
+            "from_version": p.from_version, "to_version": p.to_version,
+            "reason": reason.as_str(),
+        }),
+    );
+    super::events::record(conn, &p.run_id, &event, now)?;
     super::components::add_member(conn, &namespace, &p.to_digest, "upgrade", now)?;
     Ok(RunMove {
         run_id: p.run_id.clone(),

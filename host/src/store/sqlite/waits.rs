@@ -7,6 +7,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::TxError;
 use super::leases::check_fence;
 use super::runs::{save_counts, status_from, unknown_run};
+use crate::store::EventKind;
+use crate::store::events::NewEvent;
 use crate::store::rules::{Recorded, WaitRow, asked, sleep_state};
 use crate::store::{
     Counts, Millis, RunFence, RunStatus, SignalSent, StoreError, Suspension, WaitKind, WaitRecord,
@@ -174,7 +176,16 @@ pub(super) fn suspend_run(
         suspension.join,
         join_left
     ])?;
-    Ok(())
+    let event = NewEvent::new(
+        EventKind::Waiting,
+        serde_json::json!({
+            "due": suspension.due,
+            "signal": suspension.signal,
+            "join": suspension.join,
+            "due_now": arrived || join_left == Some(0),
+        }),
+    );
+    super::events::record(conn, &fence.run_id, &event.token(fence.token), now)
 }
 
 /// Sends a signal; a run suspended waiting for it is due now.
@@ -222,6 +233,13 @@ pub(super) fn send_signal(
         conn.prepare_cached("UPDATE runs SET wake_at = ?2, updated = ?2 WHERE run_id = ?1")?
             .execute(params![run_id, now])?;
     }
+    // The name only: the payload may be secret, and stays sealed where it is (here it
+    // may be sealed already, so not even its size is the agent's).
+    let event = NewEvent::new(
+        EventKind::Signal,
+        serde_json::json!({ "name": name, "woke": woke }),
+    );
+    super::events::record(conn, run_id, &event, now)?;
     Ok(SignalSent {
         id: id.unsigned_abs(),
         woke,

@@ -83,6 +83,7 @@ const TABLES: &[&str] = &[
     "step_usage",
     "run_live",
     "components",
+    "run_events",
 ];
 
 fn rows(harness: &dyn Harness) -> Vec<u64> {
@@ -174,6 +175,8 @@ pub(super) async fn gc_deletes_exactly_a_finished_runs_rows_and_a_dry_run_nothin
         usage: 1,
         live_chunks: 2,
         components: 2,
+        // Its timeline: the upgrade, the signal and its end.
+        events: 3,
         ..GcReport::default()
     };
     let before = rows(harness);
@@ -189,7 +192,7 @@ pub(super) async fn gc_deletes_exactly_a_finished_runs_rows_and_a_dry_run_nothin
     let done = store.gc(&request(false)).await.unwrap();
     assert_eq!(done, dry, "a dry run counts what gc then deletes");
     // Per table, in the order of `TABLES`: exactly the old run's rows went.
-    let gone = [1, 1, 1, 1, 1, 3, 1, 1, 1, 1, 2, 2];
+    let gone = [1, 1, 1, 1, 1, 3, 1, 1, 1, 1, 2, 2, 3];
     let after: Vec<u64> = before.iter().zip(gone).map(|(b, g)| b - g).collect();
     assert_eq!(rows(harness), after);
 
@@ -213,6 +216,17 @@ pub(super) async fn gc_deletes_exactly_a_finished_runs_rows_and_a_dry_run_nothin
     // So does its live stream.
     assert_eq!(store.live("live", None, 10).await.unwrap().len(), 1);
     assert!(store.live("old", None, 10).await.unwrap().is_empty());
+    // Its timeline went with it; the others' stay.
+    assert_eq!(store.events("old").await.unwrap(), None);
+    assert!(
+        !store
+            .events("recent")
+            .await
+            .unwrap()
+            .unwrap()
+            .events
+            .is_empty()
+    );
     assert!(store.has_component(DIGEST).await.unwrap());
     assert!(!store.has_component("ef56").await.unwrap());
     // Nothing is left to collect.

@@ -11,6 +11,7 @@
 //! - `leases.rs`: run leases and fences.
 //! - `deploy.rs`: components, deployments and namespaces.
 //! - `versions.rs`: versions of a deployment, rollouts, moving runs and back.
+//! - `events.rs`: runs' timelines: what each lease, instance and operator records.
 //! - `flow.rs`: limits on running runs, concurrency keys, priorities.
 //! - `waits.rs`: sleeps, signals and suspended runs.
 //! - `schedules.rs`: schedules, their ticks and policies.
@@ -26,6 +27,7 @@ mod blobs;
 mod children;
 mod claims;
 mod deploy;
+mod events;
 mod flow;
 mod gc;
 mod leases;
@@ -137,6 +139,9 @@ macro_rules! store_tests {
                 runs::upgrade_moves_a_run_to_another_component,
                 runs::values_a_store_cannot_keep_are_refused_and_write_nothing,
                 runs::logs_keep_the_last_bytes_across_appends,
+                events::a_timeline_records_each_instance_takeover_wait_and_end,
+                events::operators_writes_are_on_the_timeline,
+                events::a_timeline_keeps_its_first_and_last_events,
                 live::live_chunks_are_numbered_per_run_and_read_after_a_number,
                 live::live_streams_keep_their_newest_bytes_and_rows,
                 leases::acquire_runs_takes_the_oldest_free_runs,

@@ -36,8 +36,8 @@ use crate::store::{
     PausedDeployment, RateLimit, RateSetting, Rated, Recorded, Resolution, Resumed, Rollout,
     RunEnd, RunFence, RunFilter, RunMove, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy,
     SignalSent, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned, StepRecord, Store, StoreError,
-    Submission, Submitted, Suspension, Tick, UsageFilter, UsageRecord, UsageTotal, VersionRecord,
-    WaitRecord, WaitRequest, WaitState, WorkerStore, check_signal_payload,
+    Submission, Submitted, Suspension, Tick, Timeline, UsageFilter, UsageRecord, UsageTotal,
+    VersionRecord, WaitRecord, WaitRequest, WaitState, WorkerStore, check_signal_payload,
 };
 
 /// How long a blob stays after its last use, referred to or not: longer than any one
@@ -313,6 +313,15 @@ impl InstanceStore for ValueStore {
 
     async fn save_counts(&self, fence: &RunFence, counts: &Counts) -> Result<(), StoreError> {
         self.inner.save_counts(fence, counts).await
+    }
+
+    async fn start_instance(
+        &self,
+        fence: &RunFence,
+        counts: &Counts,
+        recycled: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.inner.start_instance(fence, counts, recycled).await
     }
 
     async fn append_log(
@@ -769,6 +778,11 @@ impl OperatorStore for ValueStore {
 
     async fn waits(&self, run_id: &str) -> Result<Vec<WaitRecord>, StoreError> {
         self.inner.waits(run_id).await
+    }
+
+    async fn events(&self, run_id: &str) -> Result<Option<Timeline>, StoreError> {
+        // Events hold metadata only, never a value (`store/events.rs`).
+        self.inner.events(run_id).await
     }
 
     async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError> {

@@ -1,0 +1,112 @@
+//! A run's history for an operator: its timeline (the store's events: each instance,
+//! the worker and lease it ran under, takeovers, waits, signals, upgrades) and one step
+//! opened — its committed result, the run's checkpoint, and its attempts as the store
+//! keeps them — as `idem show --events`/`--step`, the API and the web page show them.
+
+use crate::store::{
+    EventKind, Millis, RunEvent, StepRecord, Store, StoreError, Timeline, qualified_key,
+};
+
+use super::payload_value;
+
+/// Run `run_id`'s timeline; [`StoreError::UnknownRun`] if there is none.
+pub async fn timeline(store: &dyn Store, run_id: &str) -> Result<Timeline, StoreError> {
+    store
+        .events(run_id)
+        .await?
+        .ok_or_else(|| StoreError::UnknownRun {
+            run_id: run_id.to_owned(),
+        })
+}
+
+/// One step of a run, opened: what the store keeps of it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StepView {
+    /// The run.
+    pub run_id: String,
+    /// The step's record: its key (qualified), its latest claim's token and attempt,
+    /// when it was claimed and committed, its holder while claimed, why it is parked.
+    pub step: StepRecord,
+    /// Its committed result (JSON as itself, anything else as text); `None` while it
+    /// is not committed.
+    pub result: Option<serde_json::Value>,
+    /// The committed result's size in bytes.
+    pub result_bytes: Option<usize>,
+    /// Its latest claim was retaken from a holder that never committed it (the
+    /// attempt before it may have run its side effect: an in-doubt repeat).
+    pub retaken: bool,
+    /// The instance that held the run when the step's latest claim was granted: the
+    /// timeline's last start at or before it (with its worker and lease token), if the
+    /// timeline still keeps it.
+    pub claimed_in: Option<RunEvent>,
+    /// The run's checkpoint (the latest; the store keeps one per run).
+    pub checkpoint: Option<CheckpointView>,
+}
+
+/// A run's checkpoint as a step view shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CheckpointView {
+    /// The step number it was saved at.
+    pub step: u64,
+    /// Its state (JSON as itself, anything else as text).
+    pub state: serde_json::Value,
+    /// The state's size in bytes.
+    pub bytes: usize,
+}
+
+/// Step `key` of run `run_id`: `key` as the store keeps it (`namespace:key`, as
+/// `idem show` lists it) or as the agent named it. [`StoreError::UnknownRun`] or
+/// [`StoreError::UnknownStep`] if there is no such run or step.
+pub async fn step_view(store: &dyn Store, run_id: &str, key: &str) -> Result<StepView, StoreError> {
+    let run = store
+        .run(run_id)
+        .await?
+        .ok_or_else(|| StoreError::UnknownRun {
+            run_id: run_id.to_owned(),
+        })?;
+    let qualified = qualified_key(&run.namespace, key);
+    let step = store
+        .steps(run_id)
+        .await?
+        .into_iter()
+        .find(|s| s.key == key || s.key == qualified)
+        .ok_or_else(|| StoreError::UnknownStep {
+            run_id: run_id.to_owned(),
+            key: key.to_owned(),
+        })?;
+    let result = match step.committed_at {
+        Some(_) => store.committed(&step.key).await?,
+        None => None,
+    };
+    let checkpoint = store
+        .load_progress(run_id)
+        .await?
+        .map(|checkpoint| CheckpointView {
+            step: checkpoint.step,
+            bytes: checkpoint.state.len(),
+            state: payload_value(&checkpoint.state),
+        });
+    let timeline = store.events(run_id).await?.unwrap_or(Timeline {
+        events: Vec::new(),
+        dropped: 0,
+    });
+    Ok(StepView {
+        run_id: run_id.to_owned(),
+        retaken: step.attempt > 1,
+        claimed_in: instance_at(&timeline, step.claimed_at),
+        result_bytes: result.as_ref().map(Vec::len),
+        result: result.as_deref().map(payload_value),
+        checkpoint,
+        step,
+    })
+}
+
+/// The timeline's last instance start at or before `at`.
+fn instance_at(timeline: &Timeline, at: Millis) -> Option<RunEvent> {
+    timeline
+        .events
+        .iter()
+        .rev()
+        .find(|e| e.kind == EventKind::Started && e.at <= at)
+        .cloned()
+}
