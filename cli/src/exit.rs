@@ -26,7 +26,8 @@ pub enum Exit {
     InDoubt = 5,
     /// The run was cancelled.
     Cancelled = 6,
-    /// `idem prove` found violations.
+    /// `idem prove` found violations, or `idem upgrade --dry-run` runs the upgrade
+    /// would break.
     Violations = 7,
     /// `idem run` was interrupted; the run was given back, to be resumed. Also the code
     /// of a second signal, which ends any command at once (`crate::shutdown`).

@@ -4,7 +4,9 @@
 //! and the committed steps it would run again; a compatible v2 passes, and the run,
 //! then upgraded to it, finishes with each step's effect once (counted in the agent's
 //! log file). The rehearsals change nothing in the real store, which they open
-//! read-only, and send nothing.
+//! read-only, and send nothing. The same through the CLI: `idem upgrade --dry-run`
+//! against versions deployed under the run's name, its exit codes, JSON and JUnit, and
+//! a component of another agent refused.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -12,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use idem::prove::{ProveError, UpgradeRehearsal, UpgradeReport, Verdict, rehearse_upgrade};
 use idem::store::{RunStatus, StoreError, StoreOptions};
-use idem_test_artifacts::{RELEASE, RELEASE_RENAMED, RELEASE_V2};
+use idem_test_artifacts::{RELEASE, RELEASE_RENAMED, RELEASE_V2, WIDER};
 
 use crate::postgres::Schema;
-use crate::util::{agent, block_on, read_log, run_cli, runtime, stderr};
+use crate::util::{agent, block_on, read_log, run_cli, runtime, stderr, stdout};
 
 const RUN: &str = "rel";
 
@@ -100,6 +102,24 @@ fn state(db: &str, data: &Path) -> (usize, String) {
     (read_log(&data.join("log.txt")).len(), kept.join("\n"))
 }
 
+/// Each of the four steps' effects once in the log (a repeat only retaken in doubt,
+/// under the same key), the last done by version 2.
+fn each_effect_once(data: &Path) {
+    let lines = read_log(&data.join("log.txt"));
+    let mut keys: Vec<String> = Vec::new();
+    for line in &lines {
+        if keys.contains(&line.key) {
+            // Retaken in doubt: the same key, a later attempt.
+            assert!(line.attempt() > 1, "a repeat not in doubt: {lines:?}");
+        } else {
+            assert_eq!(line.attempt(), 1, "{lines:?}");
+            keys.push(line.key.clone());
+        }
+    }
+    assert_eq!(keys.len(), 4, "{lines:?}");
+    assert_eq!(lines.last().unwrap().fields["version"], "2", "{lines:?}");
+}
+
 fn rehearsed_then_upgraded(db: &str, data: &Path) {
     leave_in_flight(db, data);
     let before = state(db, data);
@@ -149,19 +169,7 @@ fn rehearsed_then_upgraded(db: &str, data: &Path) {
     assert!(out.status.success(), "{}", stderr(&out));
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["output"]["version"], 2, "{doc}");
-    let lines = read_log(&data.join("log.txt"));
-    let mut keys: Vec<String> = Vec::new();
-    for line in &lines {
-        if keys.contains(&line.key) {
-            // Retaken in doubt: the same key, a later attempt.
-            assert!(line.attempt() > 1, "a repeat not in doubt: {lines:?}");
-        } else {
-            assert_eq!(line.attempt(), 1, "{lines:?}");
-            keys.push(line.key.clone());
-        }
-    }
-    assert_eq!(keys.len(), 4, "{lines:?}");
-    assert_eq!(lines.last().unwrap().fields["version"], "2", "{lines:?}");
+    each_effect_once(data);
 
     // Bad input: an unknown run, and a run that has ended, are typed errors.
     let unknown = rehearse(db, RELEASE_V2, &["nobody"]).unwrap_err();
@@ -200,4 +208,95 @@ fn an_upgrade_is_rehearsed_against_the_runs_in_flight_on_postgres() {
     let data = dir.path().join("data");
     std::fs::create_dir(&data).unwrap();
     rehearsed_then_upgraded(&schema.url(), &data);
+}
+
+/// `idem upgrade --dry-run` against versions deployed under the run's name: the renamed
+/// key exits 7 naming the run and its first committed step, the compatible version
+/// exits 0 (JSON and JUnit say so), a component of another agent is refused, an unknown
+/// version is bad input; none changes anything. Then the real move, and the run
+/// finishes on the new version with each effect once.
+fn dry_run_through_the_cli(db: &str, data: &Path) {
+    leave_in_flight(db, data);
+    for agent in [RELEASE_RENAMED, RELEASE_V2, WIDER] {
+        let out = run_cli(&["deploy", agent, "--name", "release", "--db", db]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let before = state(db, data);
+    let dry = |to: &str, extra: &[&str]| {
+        let mut args = vec!["upgrade", "release", "--to", to, "--dry-run", "--db", db];
+        args.extend_from_slice(extra);
+        run_cli(&args)
+    };
+
+    let renamed = dry("2", &[]);
+    assert_eq!(renamed.status.code(), Some(7), "{}", stderr(&renamed));
+    let text = stdout(&renamed);
+    assert!(
+        text.contains("rel: WOULD REPEAT step 1 (rel/item/"),
+        "{text}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let junit = dir.path().join("upgrade.xml");
+    let compatible = dry("3", &["--json", "--junit", junit.to_str().unwrap()]);
+    assert_eq!(compatible.status.code(), Some(0), "{}", stderr(&compatible));
+    let doc: serde_json::Value = serde_json::from_slice(&compatible.stdout).unwrap();
+    assert_eq!(doc["safe"], true, "{doc}");
+    assert_eq!(doc["report"]["runs"][0]["run_id"], RUN, "{doc}");
+    assert_eq!(doc["report"]["runs"][0]["verdict"], "compatible", "{doc}");
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(xml.contains("tests=\"1\" failures=\"0\""), "{xml}");
+
+    let other = dry("4", &[]);
+    assert_eq!(other.status.code(), Some(7), "{}", stderr(&other));
+    assert!(
+        stdout(&other).contains("REFUSED: the new component exports another agent's"),
+        "{}",
+        stdout(&other)
+    );
+
+    let unknown = dry("9", &[]);
+    assert_eq!(unknown.status.code(), Some(2), "{}", stderr(&unknown));
+    assert!(stderr(&unknown).contains('9'), "{}", stderr(&unknown));
+    assert_eq!(state(db, data), before, "a dry run changed the store");
+
+    let moved = run_cli(&["upgrade", "release", "--to", "3", "--db", db]);
+    assert!(moved.status.success(), "{}", stderr(&moved));
+    let out = run_cli(&[
+        "run",
+        RELEASE_V2,
+        "--db",
+        db,
+        "--run-id",
+        RUN,
+        "--input",
+        &input(),
+        "--dir",
+        &grant(data),
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["output"]["version"], 2, "{doc}");
+    each_effect_once(data);
+}
+
+#[test]
+fn idem_upgrade_dry_run_gates_a_move_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let db = dir.path().join("idem.db");
+    dry_run_through_the_cli(db.to_str().unwrap(), &data);
+}
+
+#[test]
+fn idem_upgrade_dry_run_gates_a_move_on_postgres() {
+    let Some(schema) = Schema::create("idem_upgrade_dry_run_gates_a_move") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    dry_run_through_the_cli(&schema.url(), &data);
 }

@@ -18,6 +18,8 @@ use crate::exit::{BadInput, Exit};
 
 mod report;
 
+pub(crate) use report::xml_escape;
+
 /// The seed of the kill moments: fixed, so that the same command kills at the same
 /// moments (as far as the machine's speed lets it).
 const KILL_SEED: u64 = 1;

@@ -1,15 +1,24 @@
 //! `idem deployments`, `idem upgrade` and `idem rollback`: the versions of a
 //! deployment and the runs on each, and moving runs that have not ended to a version
 //! or back to where they were. A moved run's next instance runs its new version's
-//! component; every move is recorded with the run (`idem show`).
+//! component; every move is recorded with the run (`idem show`). `idem upgrade
+//! --dry-run` rehearses a move against the runs in flight instead (`idem::prove`'s
+//! `rehearse_upgrade`) and changes nothing.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use clap::Parser;
 use idem::ops;
-use idem::store::{MoveReason, RunMove, VersionRecord};
+use idem::prove::{Next, RunRehearsal, UpgradeRehearsal, UpgradeReport, Verdict, rehearse_upgrade};
+use idem::runtime::Runtime;
+use idem::store::{MoveReason, RunFilter, RunMove, Store, StoreError, VersionRecord};
 
-use super::args::DbArgs;
+use super::args::{CacheArgs, DbArgs};
 use super::display;
-use crate::exit::{Exit, op_error};
+use super::prove::xml_escape;
+use crate::exit::{BadInput, Exit, op_error};
 
 #[derive(Debug, Parser)]
 pub struct DeploymentsCommand {
@@ -102,10 +111,29 @@ pub struct UpgradeCommand {
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
+    /// Move nothing: rehearse the move. Each run is resumed twice in scratch stores,
+    /// on the version it is on and on VERSION, from its real checkpoint, its committed
+    /// results read from the store (opened read-only) and nothing sent, up to the
+    /// first step it has no result for. Exits 7 when any run would run a committed
+    /// step again, take another next step, or break on VERSION.
+    #[arg(long)]
+    dry_run: bool,
+    /// With --dry-run, also write a JUnit XML report to FILE: one test case per run.
+    #[arg(long, value_name = "FILE", requires = "dry_run")]
+    junit: Option<PathBuf>,
+    /// With --dry-run: where the scratch stores go (removed after). Defaults to the
+    /// system's temp dir.
+    #[arg(long, value_name = "DIR", requires = "dry_run")]
+    scratch: Option<PathBuf>,
+    #[command(flatten)]
+    cache: CacheArgs,
 }
 
 impl UpgradeCommand {
     pub async fn execute(self) -> anyhow::Result<Exit> {
+        if self.dry_run {
+            return self.rehearse().await;
+        }
         let store = self.db.open_existing().await?;
         let moves = ops::upgrade(store.as_ref(), &self.name, self.to, &self.runs)
             .await
@@ -113,6 +141,216 @@ impl UpgradeCommand {
         print_moves(&self.name, &moves, self.json);
         Ok(Exit::Done)
     }
+}
+
+impl UpgradeCommand {
+    /// `--dry-run`.
+    async fn rehearse(&self) -> anyhow::Result<Exit> {
+        let store = self.db.open_read_only().await?;
+        let versions = ops::versions(store.as_ref(), &self.name)
+            .await
+            .map_err(op_error)?;
+        let target = versions
+            .iter()
+            .find(|v| v.deployment.version == self.to)
+            .ok_or_else(|| StoreError::UnknownVersion {
+                name: self.name.clone(),
+                version: self.to,
+            })?;
+        let runs = self.runs_to_rehearse(store.as_ref()).await?;
+        let runtime = Arc::new(Runtime::new(self.cache.dir())?);
+        let digest = &target.deployment.digest;
+        let bytes = store
+            .component(digest)
+            .await?
+            .ok_or_else(|| StoreError::UnknownComponent {
+                digest: digest.clone(),
+            })?;
+        let path = PathBuf::from(format!("{} version {}", self.name, self.to));
+        let to = {
+            let (runtime, name) = (Arc::clone(&runtime), self.name.clone());
+            tokio::task::spawn_blocking(move || runtime.load_bytes(&path, &name, &bytes)).await??
+        };
+        let report = rehearse_upgrade(
+            &runtime,
+            &store,
+            &to,
+            &UpgradeRehearsal {
+                runs,
+                scratch: self.scratch.clone().unwrap_or_else(std::env::temp_dir),
+            },
+        )
+        .await?;
+        if let Some(path) = &self.junit {
+            std::fs::write(path, junit(&self.name, self.to, &report)).map_err(|e| {
+                BadInput(format!("cannot write --junit file {}: {e}", path.display()))
+            })?;
+        }
+        if self.json {
+            let value = serde_json::json!({
+                "deployment": self.name,
+                "to_version": self.to,
+                "safe": report.is_safe(),
+                "report": report,
+            });
+            println!("{}", display::json(&value));
+        } else {
+            print_rehearsal(&self.name, self.to, &report);
+        }
+        Ok(if report.is_safe() {
+            Exit::Done
+        } else {
+            Exit::Violations
+        })
+    }
+
+    /// The runs listed, each checked to be the deployment's; or every run of it that
+    /// has not ended.
+    async fn runs_to_rehearse(&self, store: &dyn Store) -> anyhow::Result<Vec<String>> {
+        if self.runs.is_empty() {
+            let filter = RunFilter {
+                agent: Some(&self.name),
+                ..RunFilter::default()
+            };
+            let mut runs: Vec<String> = store
+                .runs(&filter)
+                .await?
+                .into_iter()
+                .filter(|r| !r.status.is_finished())
+                .map(|r| r.run_id)
+                .collect();
+            // Oldest first, as they were submitted.
+            runs.reverse();
+            return Ok(runs);
+        }
+        for run_id in &self.runs {
+            let record = store
+                .run(run_id)
+                .await?
+                .ok_or_else(|| StoreError::UnknownRun {
+                    run_id: run_id.clone(),
+                })?;
+            if record.agent != self.name {
+                return Err(StoreError::NotOfDeployment {
+                    run_id: run_id.clone(),
+                    agent: record.agent,
+                    name: self.name.clone(),
+                }
+                .into());
+            }
+        }
+        Ok(self.runs.clone())
+    }
+}
+
+/// Where a walk stopped, as a person reads it.
+fn next_text(next: &Next) -> String {
+    match next {
+        Next::Step { key } => format!("runs step {}", display::name(key)),
+        Next::Wait { key } => format!("waits for signal {}", display::name(key)),
+        Next::Spawn { key } => format!("spawns child {}", display::name(key)),
+        Next::Join { key } => format!("joins {}", display::name(key)),
+        Next::Completed { .. } => "completes".to_string(),
+        Next::Failed { error } => format!("fails: {}", display::name(error)),
+    }
+}
+
+/// What a run's rehearsal found, on one line.
+fn verdict_text(run: &RunRehearsal) -> String {
+    match &run.verdict {
+        Verdict::Compatible => {
+            let next = run
+                .new
+                .as_ref()
+                .map(|w| next_text(&w.next))
+                .unwrap_or_default();
+            let replayed = run.new.as_ref().map_or(0, |w| w.replayed.len());
+            format!("ok: replays its {replayed} committed steps, then {next} as before")
+        }
+        Verdict::AlreadyOn => "ok: already on this version".to_string(),
+        Verdict::OutputDiffers { old, new } => format!(
+            "ok, with another output: {} instead of {}",
+            display::name(new),
+            display::name(old)
+        ),
+        Verdict::Repeats { steps, instead } => {
+            let keys: Vec<String> = steps
+                .iter()
+                .map(|s| format!("step {} ({})", s.step, display::name(&s.key)))
+                .collect();
+            format!(
+                "WOULD REPEAT {}: the new version never asks for their keys; it first {}",
+                keys.join(", "),
+                next_text(instead)
+            )
+        }
+        Verdict::Diverges { old, new } => format!(
+            "DIVERGES: next, the version it is on {}, the new one {}",
+            next_text(old),
+            next_text(new)
+        ),
+        Verdict::Breaks { error } => format!("BREAKS: {}", display::name(error)),
+        Verdict::ExportsDiffer { new, .. } => format!(
+            "REFUSED: the new component exports another agent's interface ({})",
+            display::name(new)
+        ),
+        Verdict::Unchecked { why } => format!("UNCHECKED: {}", display::name(why)),
+    }
+}
+
+fn print_rehearsal(name: &str, to: u64, report: &UpgradeReport) {
+    let bad = report.unsafe_runs().count();
+    println!(
+        "rehearsed moving {} run{} of {} to version {to}: {}",
+        report.runs.len(),
+        if report.runs.len() == 1 { "" } else { "s" },
+        display::name(name),
+        if bad == 0 {
+            "nothing would run again".to_string()
+        } else {
+            format!("{bad} would not be safe (nothing was moved)")
+        }
+    );
+    for run in &report.runs {
+        println!("  {}: {}", display::name(&run.run_id), verdict_text(run));
+    }
+}
+
+/// The rehearsal as JUnit XML: one test case per run, failed where it is not safe.
+fn junit(name: &str, to: u64, report: &UpgradeReport) -> String {
+    let failures = report.unsafe_runs().count();
+    let suite = format!("idem upgrade {name} --to {to} --dry-run");
+    let mut xml = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    let _ = writeln!(
+        xml,
+        "<testsuites name=\"idem upgrade\" tests=\"{}\" failures=\"{failures}\">",
+        report.runs.len()
+    );
+    let _ = writeln!(
+        xml,
+        "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{failures}\">",
+        xml_escape(&suite),
+        report.runs.len()
+    );
+    for run in &report.runs {
+        let _ = write!(
+            xml,
+            "    <testcase classname=\"idem.upgrade.{}\" name=\"{}\"",
+            xml_escape(name),
+            xml_escape(&run.run_id)
+        );
+        if run.verdict.is_safe() {
+            xml.push_str("/>\n");
+            continue;
+        }
+        let _ = writeln!(
+            xml,
+            ">\n      <failure message=\"{}\"/>\n    </testcase>",
+            xml_escape(&verdict_text(run))
+        );
+    }
+    xml.push_str("  </testsuite>\n</testsuites>\n");
+    xml
 }
 
 #[derive(Debug, Parser)]

@@ -131,6 +131,14 @@ pub enum Verdict {
         /// The new version's.
         new: String,
     },
+    /// The new component exports something else than the one the run is on: another
+    /// agent's, not a version of this one. Nothing is walked.
+    ExportsDiffer {
+        /// What the run's component exports.
+        old: String,
+        /// What the new one exports.
+        new: String,
+    },
     /// The old version itself could not be walked, so nothing can be compared.
     Unchecked {
         /// Why.
@@ -258,6 +266,24 @@ pub async fn rehearse_upgrade(
                 let stage = Stage::new(runtime, store, agent, &rehearsal.scratch)?;
                 stages.insert(digest.clone(), stage);
             }
+        }
+        let (old_exports, new_exports) = (
+            stages[&record.digest].agent.exports(),
+            stages[&report.to].agent.exports(),
+        );
+        if old_exports != new_exports {
+            report.runs.push(RunRehearsal {
+                run_id: record.run_id,
+                from: record.digest,
+                status: record.status,
+                old: None,
+                new: None,
+                verdict: Verdict::ExportsDiffer {
+                    old: old_exports,
+                    new: new_exports,
+                },
+            });
+            continue;
         }
         let old_walk = stages[&record.digest]
             .walk(&run, &rehearsal.scratch)

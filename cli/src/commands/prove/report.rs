@@ -310,7 +310,7 @@ pub fn junit(agent: &Path, found: &ProveReport, reproduce: &dyn Fn(&Scenario) ->
 
 /// Text made safe for XML attributes and content; characters XML 1.0 cannot hold at
 /// all (most C0 controls) are written as `\u{XX}`.
-fn xml_escape(text: &str) -> String {
+pub(crate) fn xml_escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {
