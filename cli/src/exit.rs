@@ -103,6 +103,7 @@ pub fn op_error(e: OpError) -> anyhow::Error {
     match e {
         OpError::Store(e) => e.into(),
         OpError::Host(e) => e.into(),
+        OpError::Prove(e) => (*e).into(),
         other => BadInput(other.to_string()).into(),
     }
 }

@@ -16,6 +16,8 @@ pub use schedules::{
     spec_text, upcoming,
 };
 pub use timeline::{CheckpointView, StepView, step_view, timeline};
+#[cfg(feature = "prove")]
+pub use versions::rehearse;
 pub use versions::{rollback, upgrade, versions};
 
 use sha2::{Digest, Sha256};
@@ -39,6 +41,12 @@ pub enum OpError {
     /// The host refused (an unknown deployment, an invalid name, a wider authority).
     #[error(transparent)]
     Host(#[from] HostError),
+    /// A rehearsal could not be carried out (its scratch space, a component that does
+    /// not compile); what it found is in its report, not here.
+    /// Boxed: the proof's error is large, and every operation returns this type.
+    #[cfg(feature = "prove")]
+    #[error(transparent)]
+    Prove(Box<crate::prove::ProveError>),
     /// A value that must be JSON is not.
     #[error("the {what} is not valid JSON: {reason}")]
     NotJson {
@@ -70,6 +78,13 @@ pub enum OpError {
         /// What was given.
         given: String,
     },
+}
+
+#[cfg(feature = "prove")]
+impl From<crate::prove::ProveError> for OpError {
+    fn from(e: crate::prove::ProveError) -> OpError {
+        OpError::Prove(Box::new(e))
+    }
 }
 
 /// Checks that `bytes` are JSON; `what` names them in the error.

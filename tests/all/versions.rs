@@ -499,6 +499,31 @@ fn the_api_lists_versions_and_moves_runs_and_refuses_bad_moves() {
     }
     let r = post("/api/deployments/nobody/rollback", json!({}));
     assert_eq!((r.status, r.code().as_str()), (404, "unknown_deployment"));
+    // A rehearsal: r2 (on version 1) walks on 2 as on 1; it needs the token, and an
+    // unknown version is refused; it moves nothing.
+    let r = served.post_json(
+        "/api/deployments/waiter/rehearse",
+        None,
+        &json!({ "to": 2 }),
+    );
+    assert_eq!((r.status, r.code().as_str()), (401, "unauthorized"));
+    let r = post(
+        "/api/deployments/waiter/rehearse",
+        json!({ "to": 2, "runs": ["r2"] }),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let rehearsal = r.json();
+    assert_eq!(rehearsal["safe"], true, "{rehearsal}");
+    assert_eq!(
+        rehearsal["report"]["runs"][0]["run_id"], "r2",
+        "{rehearsal}"
+    );
+    assert_eq!(
+        rehearsal["report"]["runs"][0]["verdict"], "compatible",
+        "{rehearsal}"
+    );
+    let r = post("/api/deployments/waiter/rehearse", json!({ "to": 9 }));
+    assert_eq!((r.status, r.code().as_str()), (404, "unknown_version"));
     assert_eq!(on(&bench, "r2").0, Some(1), "the refusals moved nothing");
 
     let r = post("/api/deployments/waiter/rollback", json!({}));

@@ -11,9 +11,9 @@ use std::sync::Arc;
 
 use clap::Parser;
 use idem::ops;
-use idem::prove::{Next, RunRehearsal, UpgradeRehearsal, UpgradeReport, Verdict, rehearse_upgrade};
+use idem::prove::{Next, RunRehearsal, UpgradeReport, Verdict};
 use idem::runtime::Runtime;
-use idem::store::{MoveReason, RunFilter, RunMove, Store, StoreError, VersionRecord};
+use idem::store::{MoveReason, RunMove, VersionRecord};
 
 use super::args::{CacheArgs, DbArgs};
 use super::display;
@@ -147,40 +147,11 @@ impl UpgradeCommand {
     /// `--dry-run`.
     async fn rehearse(&self) -> anyhow::Result<Exit> {
         let store = self.db.open_read_only().await?;
-        let versions = ops::versions(store.as_ref(), &self.name)
+        let runtime = Arc::new(Runtime::new(self.cache.dir())?);
+        let scratch = self.scratch.clone().unwrap_or_else(std::env::temp_dir);
+        let report = ops::rehearse(&store, &runtime, &self.name, self.to, &self.runs, &scratch)
             .await
             .map_err(op_error)?;
-        let target = versions
-            .iter()
-            .find(|v| v.deployment.version == self.to)
-            .ok_or_else(|| StoreError::UnknownVersion {
-                name: self.name.clone(),
-                version: self.to,
-            })?;
-        let runs = self.runs_to_rehearse(store.as_ref()).await?;
-        let runtime = Arc::new(Runtime::new(self.cache.dir())?);
-        let digest = &target.deployment.digest;
-        let bytes = store
-            .component(digest)
-            .await?
-            .ok_or_else(|| StoreError::UnknownComponent {
-                digest: digest.clone(),
-            })?;
-        let path = PathBuf::from(format!("{} version {}", self.name, self.to));
-        let to = {
-            let (runtime, name) = (Arc::clone(&runtime), self.name.clone());
-            tokio::task::spawn_blocking(move || runtime.load_bytes(&path, &name, &bytes)).await??
-        };
-        let report = rehearse_upgrade(
-            &runtime,
-            &store,
-            &to,
-            &UpgradeRehearsal {
-                runs,
-                scratch: self.scratch.clone().unwrap_or_else(std::env::temp_dir),
-            },
-        )
-        .await?;
         if let Some(path) = &self.junit {
             std::fs::write(path, junit(&self.name, self.to, &report)).map_err(|e| {
                 BadInput(format!("cannot write --junit file {}: {e}", path.display()))
@@ -202,44 +173,6 @@ impl UpgradeCommand {
         } else {
             Exit::Violations
         })
-    }
-
-    /// The runs listed, each checked to be the deployment's; or every run of it that
-    /// has not ended.
-    async fn runs_to_rehearse(&self, store: &dyn Store) -> anyhow::Result<Vec<String>> {
-        if self.runs.is_empty() {
-            let filter = RunFilter {
-                agent: Some(&self.name),
-                ..RunFilter::default()
-            };
-            let mut runs: Vec<String> = store
-                .runs(&filter)
-                .await?
-                .into_iter()
-                .filter(|r| !r.status.is_finished())
-                .map(|r| r.run_id)
-                .collect();
-            // Oldest first, as they were submitted.
-            runs.reverse();
-            return Ok(runs);
-        }
-        for run_id in &self.runs {
-            let record = store
-                .run(run_id)
-                .await?
-                .ok_or_else(|| StoreError::UnknownRun {
-                    run_id: run_id.clone(),
-                })?;
-            if record.agent != self.name {
-                return Err(StoreError::NotOfDeployment {
-                    run_id: run_id.clone(),
-                    agent: record.agent,
-                    name: self.name.clone(),
-                }
-                .into());
-            }
-        }
-        Ok(self.runs.clone())
     }
 }
 

@@ -1,8 +1,20 @@
 //! Versions of a deployment, for an operator: listing them with the runs on each, and
 //! moving runs to a version (`idem upgrade`) or back (`idem rollback`). Every move is
-//! recorded with its run; a refused request moves nothing.
+//! recorded with its run; a refused request moves nothing. A move can be rehearsed
+//! first ([`rehearse`]), changing nothing.
+
+#[cfg(feature = "prove")]
+use std::path::{Path, PathBuf};
+#[cfg(feature = "prove")]
+use std::sync::Arc;
 
 use super::OpError;
+#[cfg(feature = "prove")]
+use crate::prove::{UpgradeRehearsal, UpgradeReport, rehearse_upgrade};
+#[cfg(feature = "prove")]
+use crate::runtime::{HostError, Runtime};
+#[cfg(feature = "prove")]
+use crate::store::RunFilter;
 use crate::store::{MoveRuns, MoveTo, RunMove, Store, StoreError, VersionRecord};
 
 /// Every version of deployment `name`, oldest first, with how many runs are on each.
@@ -55,4 +67,94 @@ pub async fn rollback(
             runs,
         })
         .await?)
+}
+
+/// Rehearses moving runs of deployment `name` to its version `version` — `runs`, or
+/// every run of `name` that has not ended, oldest first — against the store, which is
+/// only read ([`rehearse_upgrade`]): what each run would do on that version, and
+/// whether anything it committed would run again. Refused for an unknown deployment or
+/// version, and a named run that is unknown or of another deployment; an ended run is
+/// refused by the rehearsal ([`StoreError::RunFinished`]).
+#[cfg(feature = "prove")]
+pub async fn rehearse(
+    store: &Arc<dyn Store>,
+    runtime: &Arc<Runtime>,
+    name: &str,
+    version: u64,
+    runs: &[String],
+    scratch: &Path,
+) -> Result<UpgradeReport, OpError> {
+    let target = versions(store.as_ref(), name)
+        .await?
+        .into_iter()
+        .find(|v| v.deployment.version == version)
+        .ok_or_else(|| StoreError::UnknownVersion {
+            name: name.to_owned(),
+            version,
+        })?;
+    let runs = runs_of(store.as_ref(), name, runs).await?;
+    let digest = target.deployment.digest;
+    let bytes = store
+        .component(&digest)
+        .await?
+        .ok_or_else(|| StoreError::UnknownComponent {
+            digest: digest.clone(),
+        })?;
+    let to = {
+        let runtime = Arc::clone(runtime);
+        let path = PathBuf::from(format!("{name} version {version}"));
+        let name = name.to_owned();
+        // Compiling takes a core for a while: off the executor's threads.
+        tokio::task::spawn_blocking(move || runtime.load_bytes(&path, &name, &bytes))
+            .await
+            .map_err(|e| HostError::Engine(format!("compiling a component failed: {e}")))??
+    };
+    Ok(rehearse_upgrade(
+        runtime,
+        store,
+        &to,
+        &UpgradeRehearsal {
+            runs,
+            scratch: scratch.to_path_buf(),
+        },
+    )
+    .await?)
+}
+
+/// `runs`, each checked to be a run of `name`; or, when empty, every run of `name`
+/// that has not ended, oldest first.
+#[cfg(feature = "prove")]
+async fn runs_of(store: &dyn Store, name: &str, runs: &[String]) -> Result<Vec<String>, OpError> {
+    if runs.is_empty() {
+        let filter = RunFilter {
+            agent: Some(name),
+            ..RunFilter::default()
+        };
+        let mut live: Vec<String> = store
+            .runs(&filter)
+            .await?
+            .into_iter()
+            .filter(|r| !r.status.is_finished())
+            .map(|r| r.run_id)
+            .collect();
+        live.reverse();
+        return Ok(live);
+    }
+    for run_id in runs {
+        let record = store
+            .run(run_id)
+            .await?
+            .ok_or_else(|| StoreError::UnknownRun {
+                run_id: run_id.clone(),
+            })?;
+        if record.agent != name {
+            return Err(StoreError::NotOfDeployment {
+                run_id: run_id.clone(),
+                agent: record.agent,
+                name: name.to_owned(),
+            }
+            .into());
+        }
+    }
+    Ok(runs.to_vec())
 }

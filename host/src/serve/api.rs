@@ -576,6 +576,30 @@ pub(super) async fn upgrade_runs(
     ok(json!({ "deployment": name, "moved": moved }))
 }
 
+pub(super) async fn rehearse_upgrade(
+    State(state): State<ServeState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Answer {
+    let body: UpgradeBody = json_body(&headers, body)?;
+    let report = ops::rehearse(
+        &state.store,
+        &state.runtime,
+        &name,
+        body.to,
+        &body.runs,
+        &std::env::temp_dir(),
+    )
+    .await?;
+    ok(json!({
+        "deployment": name,
+        "to_version": body.to,
+        "safe": report.is_safe(),
+        "report": report,
+    }))
+}
+
 /// `POST /api/deployments/{name}/rollback` body.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

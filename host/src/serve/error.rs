@@ -6,6 +6,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use crate::ops::OpError;
+use crate::prove::ProveError;
 use crate::runtime::{AuthorityError, HostError};
 use crate::store::StoreError;
 
@@ -224,6 +225,11 @@ impl From<OpError> for ApiError {
             OpError::NotParked { message } => ApiError::new("not_parked", message),
             OpError::Ambiguous { message } => ApiError::new("ambiguous_key", message),
             OpError::BadAge { .. } => ApiError::new("bad_request", e.to_string()),
+            OpError::Prove(e) => match *e {
+                ProveError::Store(e) => e.into(),
+                ProveError::Host(e) => e.into(),
+                e => ApiError::new("internal", e.to_string()),
+            },
         }
     }
 }

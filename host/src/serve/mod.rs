@@ -310,6 +310,7 @@ fn handler(route: &Route) -> MethodRouter<ServeState> {
         "list_deployments" => get(api::list_deployments),
         "list_versions" => get(api::list_versions),
         "upgrade_runs" => post(api::upgrade_runs),
+        "rehearse_upgrade" => post(api::rehearse_upgrade),
         "rollback_runs" => post(api::rollback_runs),
         "usage" => get(api::usage),
         "deploy" => post(api::deploy),

@@ -322,6 +322,22 @@ pub const ROUTES: &[Route] = &[
     },
     Route {
         method: "POST",
+        path: "/api/deployments/{name}/rehearse",
+        id: "rehearse_upgrade",
+        summary: "Rehearse moving runs of a deployment that have not ended (the ones listed, \
+                  or all) to one of its versions, changing nothing: each run resumed on its \
+                  version and on that one in scratch stores, from its real checkpoint, and \
+                  the two compared (`safe`, and per run a verdict: `compatible`, \
+                  `repeats` with the committed steps that would run again, `diverges`, \
+                  `breaks`, ...). Needs the token as writes do: it compiles and runs \
+                  components",
+        access: Access::Mutate,
+        body: Body::Json("Upgrade"),
+        query: &[],
+        responds: JSON,
+    },
+    Route {
+        method: "POST",
         path: "/api/deployments/{name}/rollback",
         id: "rollback_runs",
         summary: "Move runs of a deployment (the ones listed, or all that moved before) back \
