@@ -254,7 +254,7 @@ fn streamed_over_sse_and_logs_follow(service: &Service, guest: &str, provider: &
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let followed = read_as_it_comes(follow.stdout.take().unwrap());
+    let (followed, reader) = read_as_it_comes(follow.stdout.take().unwrap());
 
     // The first chunk arrives while the model is still answering: the step that
     // publishes it is not committed.
@@ -302,6 +302,8 @@ fn streamed_over_sse_and_logs_follow(service: &Service, guest: &str, provider: &
     // `idem logs -f` ends with the run, having shown the whole answer.
     let status = follow.wait().unwrap();
     assert!(status.success(), "idem logs -f: {status}");
+    // The process is gone, but its last output may still be in the pipe: read to the end.
+    reader.join().unwrap();
     let shown = followed.lock().unwrap().clone();
     assert!(shown.contains(ANSWER), "{shown}");
 
@@ -333,12 +335,16 @@ fn streamed_over_sse_and_logs_follow(service: &Service, guest: &str, provider: &
 }
 
 /// A child's stdout as it comes, gathered on a thread.
+/// What `out` writes, as it comes, and the thread reading it, which ends at its end.
 fn read_as_it_comes(
     mut out: impl Read + Send + 'static,
-) -> std::sync::Arc<std::sync::Mutex<String>> {
+) -> (
+    std::sync::Arc<std::sync::Mutex<String>>,
+    std::thread::JoinHandle<()>,
+) {
     let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
     let sink = std::sync::Arc::clone(&text);
-    std::thread::spawn(move || {
+    let reader = std::thread::spawn(move || {
         let mut buf = [0; 1024];
         while let Ok(n) = out.read(&mut buf) {
             if n == 0 {
@@ -349,7 +355,7 @@ fn read_as_it_comes(
                 .push_str(&String::from_utf8_lossy(&buf[..n]));
         }
     });
-    text
+    (text, reader)
 }
 
 #[test]
