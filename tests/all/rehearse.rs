@@ -190,24 +190,37 @@ fn rehearsed_then_upgraded(db: &str, data: &Path) {
     );
 }
 
-#[test]
-fn an_upgrade_is_rehearsed_against_the_runs_in_flight_on_sqlite() {
+/// Runs `test` on a fresh SQLite store, with a fresh directory to grant.
+fn on_sqlite(test: fn(&str, &Path)) {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     std::fs::create_dir(&data).unwrap();
     let db = dir.path().join("idem.db");
-    rehearsed_then_upgraded(db.to_str().unwrap(), &data);
+    test(db.to_str().unwrap(), &data);
 }
 
-#[test]
-fn an_upgrade_is_rehearsed_against_the_runs_in_flight_on_postgres() {
-    let Some(schema) = Schema::create("an_upgrade_is_rehearsed_against_the_runs_in_flight") else {
+/// Runs `test` on a schema of its own on the PostgreSQL server, if there is one.
+fn on_postgres(name: &str, test: fn(&str, &Path)) {
+    let Some(schema) = Schema::create(name) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     std::fs::create_dir(&data).unwrap();
-    rehearsed_then_upgraded(&schema.url(), &data);
+    test(&schema.url(), &data);
+}
+
+#[test]
+fn an_upgrade_is_rehearsed_against_the_runs_in_flight_on_sqlite() {
+    on_sqlite(rehearsed_then_upgraded);
+}
+
+#[test]
+fn an_upgrade_is_rehearsed_against_the_runs_in_flight_on_postgres() {
+    on_postgres(
+        "an_upgrade_is_rehearsed_against_the_runs_in_flight",
+        rehearsed_then_upgraded,
+    );
 }
 
 /// `idem upgrade --dry-run` against versions deployed under the run's name: the renamed
@@ -283,20 +296,10 @@ fn dry_run_through_the_cli(db: &str, data: &Path) {
 
 #[test]
 fn idem_upgrade_dry_run_gates_a_move_on_sqlite() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    std::fs::create_dir(&data).unwrap();
-    let db = dir.path().join("idem.db");
-    dry_run_through_the_cli(db.to_str().unwrap(), &data);
+    on_sqlite(dry_run_through_the_cli);
 }
 
 #[test]
 fn idem_upgrade_dry_run_gates_a_move_on_postgres() {
-    let Some(schema) = Schema::create("idem_upgrade_dry_run_gates_a_move") else {
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    std::fs::create_dir(&data).unwrap();
-    dry_run_through_the_cli(&schema.url(), &data);
+    on_postgres("idem_upgrade_dry_run_gates_a_move", dry_run_through_the_cli);
 }
