@@ -243,6 +243,20 @@ fn pin_then_upgrade_policy(bench: &Bench) {
     assert_eq!(on(bench, "new"), (Some(2), d2.clone()));
     bench.wait_for_go(&["new"]);
     assert_eq!(bench.versions(), [(1, 1, 1), (2, 1, 1)]);
+    // `idem ls` shows the version each run is on.
+    let listed = bench.service.ok(&["ls"]);
+    let version_of = |run: &str| {
+        let line = listed
+            .lines()
+            .find(|l| l.starts_with(&format!("{run} ")))
+            .unwrap_or_else(|| panic!("{run} not listed: {listed}"));
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        fields[fields.len() - 2].to_owned()
+    };
+    assert_eq!(
+        (version_of("old"), version_of("new")),
+        ("1".into(), "2".into())
+    );
 
     // The pinned run resumes on version 1: version 2 is broken meanwhile.
     bench.tamper(&d2, true);

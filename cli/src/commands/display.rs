@@ -114,7 +114,7 @@ pub fn waiting(run: &RunRecord, now: Millis) -> Option<String> {
 /// The header of the runs table.
 pub fn runs_header() -> String {
     format!(
-        "{:<32} {:<10} {:>6} {:>8} {:>8} {:>8} {:>9} {:>9}  {:<20} {:>5}",
+        "{:<32} {:<10} {:>6} {:>8} {:>8} {:>8} {:>9} {:>9}  {:<20} {:>7} {:>5}",
         "RUN",
         "STATUS",
         "STEP",
@@ -124,6 +124,7 @@ pub fn runs_header() -> String {
         "RECLAIMED",
         "INSTANCES",
         "AGENT",
+        "VERSION",
         "AGE"
     )
 }
@@ -143,7 +144,7 @@ pub fn run_row(run: &RunRecord, now: Millis) -> String {
         None => run.status.as_str(),
     };
     format!(
-        "{:<32} {:<10} {:>6} {:>8} {:>8} {:>8} {:>9} {:>9}  {:<20} {:>5}",
+        "{:<32} {:<10} {:>6} {:>8} {:>8} {:>8} {:>9} {:>9}  {:<20} {:>7} {:>5}",
         name(&run.run_id),
         status,
         step,
@@ -153,6 +154,9 @@ pub fn run_row(run: &RunRecord, now: Millis) -> String {
         c.reclaimed,
         c.instances,
         name(&run.agent),
+        // The deployment's version the run is on; `-` for a run from before versions.
+        run.version
+            .map_or_else(|| "-".to_string(), |v| v.to_string()),
         age(now, run.created)
     )
 }
