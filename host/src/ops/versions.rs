@@ -4,7 +4,7 @@
 //! first ([`rehearse`]), changing nothing.
 
 #[cfg(feature = "prove")]
-use std::path::{Path, PathBuf};
+use std::path::Path;
 #[cfg(feature = "prove")]
 use std::sync::Arc;
 
@@ -12,7 +12,7 @@ use super::OpError;
 #[cfg(feature = "prove")]
 use crate::prove::{UpgradeRehearsal, UpgradeReport, rehearse_upgrade};
 #[cfg(feature = "prove")]
-use crate::runtime::{HostError, Runtime};
+use crate::runtime::{Runtime, load_stored};
 #[cfg(feature = "prove")]
 use crate::store::RunFilter;
 use crate::store::{MoveRuns, MoveTo, RunMove, Store, StoreError, VersionRecord};
@@ -93,22 +93,7 @@ pub async fn rehearse(
             version,
         })?;
     let runs = runs_of(store.as_ref(), name, runs).await?;
-    let digest = target.deployment.digest;
-    let bytes = store
-        .component(&digest)
-        .await?
-        .ok_or_else(|| StoreError::UnknownComponent {
-            digest: digest.clone(),
-        })?;
-    let to = {
-        let runtime = Arc::clone(runtime);
-        let path = PathBuf::from(format!("{name} version {version}"));
-        let name = name.to_owned();
-        // Compiling takes a core for a while: off the executor's threads.
-        tokio::task::spawn_blocking(move || runtime.load_bytes(&path, &name, &bytes))
-            .await
-            .map_err(|e| HostError::Engine(format!("compiling a component failed: {e}")))??
-    };
+    let to = load_stored(runtime, store.as_ref(), &target.deployment.digest, name).await?;
     Ok(rehearse_upgrade(
         runtime,
         store,

@@ -30,6 +30,7 @@ use super::observe::StandIn;
 use super::scenario::Scratch;
 use crate::runtime::{
     Authority, Echo, FaultPlan, Host, HostError, LoadedAgent, RunOptions, Runtime, StopSignal,
+    load_stored,
 };
 use crate::store::{
     Acquired, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit, Counts, InstanceStore,
@@ -261,7 +262,7 @@ pub async fn rehearse_upgrade(
                 let agent = if digest == &report.to {
                     to.clone()
                 } else {
-                    load(runtime, store, digest, &record.agent).await?
+                    load_stored(runtime, store.as_ref(), digest, &record.agent).await?
                 };
                 let stage = Stage::new(runtime, store, agent, &rehearsal.scratch)?;
                 stages.insert(digest.clone(), stage);
@@ -343,29 +344,6 @@ fn judge(old: &Walk, new: &Walk) -> Verdict {
         },
         _ => Verdict::Compatible,
     }
-}
-
-/// A component of the real store, compiled.
-async fn load(
-    runtime: &Arc<Runtime>,
-    store: &Arc<dyn Store>,
-    digest: &str,
-    name: &str,
-) -> Result<LoadedAgent, ProveError> {
-    let bytes = store
-        .component(digest)
-        .await?
-        .ok_or_else(|| StoreError::UnknownComponent {
-            digest: digest.to_string(),
-        })?;
-    let runtime = Arc::clone(runtime);
-    let name = name.to_string();
-    let path = PathBuf::from(format!("component {digest}"));
-    // Compiling takes a core for a while: off the executor's threads.
-    let agent = tokio::task::spawn_blocking(move || runtime.load_owned(&path, &name, bytes))
-        .await
-        .map_err(|e| HostError::Engine(format!("compiling a component failed: {e}")))??;
-    Ok(agent)
 }
 
 /// What a walk needs of the real run.

@@ -23,7 +23,8 @@ use super::names::namespace_of;
 use super::options::RunOptions;
 use super::report::Rebuilt;
 use crate::store::{
-    Admission, Deployment, DeploymentRecord, InFlight, Rollout, RunRecord, StoreError, Submission,
+    Admission, Deployment, DeploymentRecord, InFlight, Rollout, RunRecord, Store, StoreError,
+    Submission,
 };
 use crate::text;
 
@@ -137,30 +138,7 @@ impl Host {
         digest: &str,
         name: &str,
     ) -> Result<LoadedAgent, HostError> {
-        let bytes =
-            self.store
-                .component(digest)
-                .await?
-                .ok_or_else(|| StoreError::UnknownComponent {
-                    digest: digest.to_string(),
-                })?;
-        let runtime = Arc::clone(self.runtime());
-        let (digest_owned, name) = (digest.to_string(), name.to_string());
-        // Compiling takes a core for a while: off the executor's threads.
-        let agent = tokio::task::spawn_blocking(move || {
-            let path = std::path::PathBuf::from(format!("component {digest_owned}"));
-            runtime.load_owned(&path, &name, bytes)
-        })
-        .await
-        .map_err(|e| HostError::Engine(format!("compiling a component failed: {e}")))??;
-        if agent.digest() != digest {
-            // The store handed back other bytes than the digest names: refuse them.
-            return Err(HostError::Engine(format!(
-                "the store's component {digest} hashes to {}",
-                agent.digest()
-            )));
-        }
-        Ok(agent)
+        load_stored(self.runtime(), self.store().as_ref(), digest, name).await
     }
 
     fn forget_component(&self, agent: &LoadedAgent) {
@@ -265,6 +243,40 @@ fn machine_id() -> String {
         (!id.is_empty()).then(|| id.to_string())
     })
     .unwrap_or_else(|| "this-machine".to_string())
+}
+
+/// The component `digest` as `store` holds it, checked against its digest and compiled
+/// (or loaded from the cache) off the executor's threads: [`Host::load_stored`], and an
+/// upgrade's rehearsal, which has a runtime and a store but no host.
+pub(crate) async fn load_stored(
+    runtime: &Arc<super::Runtime>,
+    store: &dyn Store,
+    digest: &str,
+    name: &str,
+) -> Result<LoadedAgent, HostError> {
+    let bytes = store
+        .component(digest)
+        .await?
+        .ok_or_else(|| StoreError::UnknownComponent {
+            digest: digest.to_string(),
+        })?;
+    let runtime = Arc::clone(runtime);
+    let (digest_owned, name) = (digest.to_string(), name.to_string());
+    // Compiling takes a core for a while: off the executor's threads.
+    let agent = tokio::task::spawn_blocking(move || {
+        let path = std::path::PathBuf::from(format!("component {digest_owned}"));
+        runtime.load_owned(&path, &name, bytes)
+    })
+    .await
+    .map_err(|e| HostError::Engine(format!("compiling a component failed: {e}")))??;
+    if agent.digest() != digest {
+        // The store handed back other bytes than the digest names: refuse them.
+        return Err(HostError::Engine(format!(
+            "the store's component {digest} hashes to {}",
+            agent.digest()
+        )));
+    }
+    Ok(agent)
 }
 
 #[cfg(test)]

@@ -69,6 +69,8 @@ pub use capture::{
     CaptureError, CaptureFuture, CapturedRequest, CapturedResponse, DenialKind, DeniedRequest,
     HttpCapture, MAX_CAPTURED_BODY,
 };
+#[cfg(feature = "prove")]
+pub(crate) use deploy::load_stored;
 pub use deploy::local_source;
 pub use engine::{CompileNotice, LoadedAgent, Runtime};
 pub use error::{Exposes, GrantError, HostError};
