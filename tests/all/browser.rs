@@ -4,7 +4,8 @@
 //! with its children, each a link, and a child's link back to its parent; a running
 //! run paused and resumed with its page's buttons; a schedule paused and resumed from
 //! the schedules table; a model's streamed answer growing on its run's page while its
-//! step has not committed. Screenshots go to `target/browser/`.
+//! step has not committed; a deployment's versions with the runs on each, and dry runs
+//! of an upgrade, one refused and one safe. Screenshots go to `target/browser/`.
 //!
 //! Without `chromium` and `chromedriver` the test says so and passes, unless
 //! `IDEM_TEST_BROWSER=required` (as `.ci/run` sets), when it fails.
@@ -221,6 +222,16 @@ impl Session<'_> {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// How many elements `css` selects now.
+    fn count(&self, css: &str) -> usize {
+        let found = self.call(
+            "POST",
+            "/elements",
+            Some(json!({ "using": "css selector", "value": css })),
+        );
+        found.as_array().unwrap().len()
     }
 
     fn text(&self, css: &str) -> String {
@@ -801,4 +812,195 @@ fn a_running_steps_text_grows_on_its_page_before_it_commits() {
     session.find("#summary[data-status=\"completed\"]");
     session.find(&format!("{block}[data-state=\"committed\"]"));
     assert!(committed(&served, run_id, "/llm/c1/2"));
+}
+
+/// The deployments page against a store where `release` has three versions: 1 with a
+/// run completed and the rehearsal's run left in flight (`crate::rehearse`), 2 the one
+/// that renamed its step's key, 3 the compatible one, current, with a run queued on it
+/// (no worker takes it). The versions list counts the runs on each; a dry run without
+/// the token is refused; with the token typed into the page, the dry run to version 2
+/// is refused naming the run and each committed step it would run again (the keys the
+/// API's own report names), and the one to version 3 is safe. Nothing moves.
+#[test]
+fn the_page_shows_versions_and_rehearses_an_upgrade() {
+    use crate::rehearse::{RUN, leave_in_flight};
+    use idem_test_artifacts::{RELEASE, RELEASE_RENAMED, RELEASE_V2};
+    if !browser_available() {
+        return;
+    }
+    let cli = CliDir::new();
+    let db = cli.db();
+    // Granted what the run left in flight is, so that both are on version 1.
+    let done = cli.run(RELEASE, "done-1", r#"{"items": 1}"#, &[]);
+    assert!(done.status.success(), "{}", stderr(&done));
+    leave_in_flight(&db, &cli.data());
+    for agent in [RELEASE_RENAMED, RELEASE_V2] {
+        let out = run_cli(&["deploy", agent, "--name", "release", "--db", &db]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let token = "page-tok-51c2";
+    let token_file = cli.dir.path().join("token");
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let served = Served::start(&db, &["--token-file", token_file.to_str().unwrap()]);
+    let r = served.post_json(
+        "/api/runs",
+        Some(token),
+        &json!({ "agent": "release", "input": { "items": 1 }, "run_id": "fresh-3" }),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let versions = served.get("/api/deployments/release/versions").json();
+    let digest = |v: usize| {
+        versions["versions"][v - 1]["digest"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let before = served.get(&format!("/api/runs/{RUN}")).json();
+    assert_eq!(before["run"]["digest"], digest(1).as_str(), "{before}");
+
+    let base = format!("http://{}", served.addr);
+    let driver = Driver::start();
+    let session = driver.session();
+    session.open(&format!("{base}/deployments"));
+    let section = "section.deployment[data-deployment=\"release\"]";
+    let row = |v: usize| format!("{section} .versions tr[data-version=\"{v}\"]");
+    session.find(&row(3));
+    assert_eq!(session.count("section.deployment"), 1);
+    assert_eq!(session.count(&format!("{section} .versions tbody tr")), 3);
+    // Version, digest, in-flight policy, then runs in flight, finished and in all.
+    for (v, label, in_flight, finished, all) in [
+        (1, "1", "1", "1", "2"),
+        (2, "2", "0", "0", "0"),
+        (3, "3 (current)", "1", "0", "1"),
+    ] {
+        let cell = |n: usize| session.text(&format!("{} td:nth-child({n})", row(v)));
+        assert_eq!(cell(1), label);
+        assert_eq!(cell(2), digest(v)[..12]);
+        assert_eq!(cell(3), "pin");
+        assert_eq!(
+            (cell(5), cell(6), cell(7)),
+            (in_flight.into(), finished.into(), all.into()),
+            "version {v}"
+        );
+    }
+    // The dry run's choices: each version, the current one chosen.
+    let select = format!("{section} select.dry-run-to");
+    assert_eq!(session.count(&format!("{select} option")), 3);
+    assert_eq!(
+        session.on_element(&select, "GET", "/property/value", None),
+        json!("3")
+    );
+    session.screenshot("deployments.png");
+
+    let report = format!("{section} .dry-run-report");
+    let button = format!("{section} button.dry-run-button");
+    let choose = |v: usize| {
+        session.click(&format!(
+            "{section} select.dry-run-to option[value=\"{v}\"]"
+        ));
+    };
+    // Without the token: the rehearsal is a mutating call, refused.
+    choose(2);
+    session.click(&button);
+    let refused = session.text_until(&report, |t| t.starts_with("dry run refused"));
+    assert!(refused.contains("unauthorized"), "{refused}");
+
+    // With it, typed into the page: version 2 renamed the step's key, so the run in
+    // flight would run its committed steps again; the run queued on version 3 would
+    // take another first step. The keys are the ones the API's report names.
+    session.type_into("#token", token);
+    session.click("#token-form button");
+    let api = served.post_json(
+        "/api/deployments/release/rehearse",
+        Some(token),
+        &json!({ "to": 2 }),
+    );
+    assert_eq!(api.status, 200, "{}", api.text());
+    let api = api.json();
+    let keys: Vec<String> = api["report"]["runs"][0]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["key"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        !keys.is_empty() && keys.iter().all(|k| k.starts_with("rel/item/")),
+        "{api}"
+    );
+    assert_eq!(
+        session.press(&button),
+        "dry run of release to version 2: not safe"
+    );
+    let summary = format!("{report} .dry-run-summary");
+    assert_eq!(
+        session.text(&summary),
+        "version 2: NOT SAFE, nothing was moved (2 runs: 1 repeats, 1 diverges)"
+    );
+    session.find(&format!("{summary}[data-safe=\"false\"]"));
+    assert_eq!(
+        session.count(&format!("{report} .dry-run-runs tbody tr")),
+        2
+    );
+    let rel = format!("{report} tr[data-run=\"{RUN}\"]");
+    assert_eq!(session.text(&format!("{rel} td:nth-child(1)")), RUN);
+    assert_eq!(session.text(&format!("{rel} td:nth-child(3)")), "repeats");
+    let shown: Vec<String> = (1..=keys.len())
+        .map(|i| session.text(&format!("{rel} code.repeated-key:nth-of-type({i})")))
+        .collect();
+    assert_eq!(shown, keys);
+    assert_eq!(
+        session.count(&format!("{rel} code.repeated-key")),
+        keys.len()
+    );
+    let detail = session.text(&format!("{rel} td.detail"));
+    assert!(
+        detail.starts_with(&format!("would run again step 1 ({})", keys[0]))
+            && detail.contains("it first runs step rel/entry/"),
+        "{detail}"
+    );
+    let fresh = format!("{report} tr[data-run=\"fresh-3\"]");
+    assert_eq!(
+        session.text(&format!("{fresh} td:nth-child(3)")),
+        "diverges"
+    );
+    session.screenshot("dry-run-refused.png");
+
+    // Version 3 keeps the key: the run in flight replays its steps and goes on as
+    // before; the queued run is on it already.
+    choose(3);
+    assert_eq!(
+        session.press(&button),
+        "dry run of release to version 3: safe"
+    );
+    assert_eq!(
+        session.text(&summary),
+        "version 3: safe, nothing would run again (2 runs: 1 compatible, 1 already-on)"
+    );
+    session.find(&format!("{summary}[data-safe=\"true\"]"));
+    assert_eq!(
+        session.count(&format!("{report} .dry-run-runs tbody tr")),
+        2
+    );
+    assert_eq!(
+        session.text(&format!("{rel} td:nth-child(3)")),
+        "compatible"
+    );
+    let detail = session.text(&format!("{rel} td.detail"));
+    assert!(
+        detail.starts_with(&format!(
+            "replays its {} committed steps, then runs step rel/item/",
+            keys.len()
+        )) && detail.ends_with(" as before"),
+        "{detail}"
+    );
+    assert_eq!(
+        session.text(&format!("{fresh} td:nth-child(3)")),
+        "already-on"
+    );
+    session.screenshot("dry-run-safe.png");
+
+    // Nothing moved: the run is on version 1 still, the counts as they were.
+    let after = served.get(&format!("/api/runs/{RUN}")).json();
+    assert_eq!(after["run"]["digest"], before["run"]["digest"], "{after}");
+    assert_eq!(session.text(&format!("{} td:nth-child(5)", row(1))), "1");
 }

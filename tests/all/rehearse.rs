@@ -19,7 +19,7 @@ use idem_test_artifacts::{RELEASE, RELEASE_RENAMED, RELEASE_V2, WIDER};
 use crate::postgres::Schema;
 use crate::util::{agent, block_on, read_log, run_cli, runtime, stderr, stdout};
 
-const RUN: &str = "rel";
+pub(crate) const RUN: &str = "rel";
 
 fn input() -> String {
     serde_json::json!({
@@ -33,7 +33,7 @@ fn grant(data: &Path) -> String {
 }
 
 /// Leaves a run of v1 in flight: two steps done, then its process killed in the sleep.
-fn leave_in_flight(db: &str, data: &Path) {
+pub(crate) fn leave_in_flight(db: &str, data: &Path) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
         .args([
             "run",

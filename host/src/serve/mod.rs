@@ -288,7 +288,7 @@ fn router(state: ServeState, policy: Arc<AuthPolicy>, options: &ServeOptions) ->
 /// The handler of a route, by its id.
 fn handler(route: &Route) -> MethodRouter<ServeState> {
     match route.id {
-        "page_runs" | "page_run" => get(page::index),
+        "page_runs" | "page_run" | "page_deployments" => get(page::index),
         "page_script" => get(page::script),
         "page_style" => get(page::style),
         "openapi" => get(openapi::serve),

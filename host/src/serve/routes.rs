@@ -70,6 +70,17 @@ pub const ROUTES: &[Route] = &[
     },
     Route {
         method: "GET",
+        path: "/deployments",
+        id: "page_deployments",
+        summary: "The web page: each deployment's versions with the runs on each, and a \
+                  dry run of moving its runs in flight to one of them",
+        access: Access::Page,
+        body: Body::Empty,
+        query: &[],
+        responds: "text/html",
+    },
+    Route {
+        method: "GET",
         path: "/assets/app.js",
         id: "page_script",
         summary: "The page's script",

@@ -233,6 +233,178 @@ async function pauseSchedule(name, act) {
   refreshRuns();
 }
 
+// ----- the deployments -----
+
+// Each deployment's versions with the runs on each, redrawn every second; under them a
+// dry run of moving its runs in flight to one version. A deployment's section is made
+// once and kept across redraws, so the version chosen and a report drawn stay put.
+function deploymentsPage() {
+  document.getElementById("main").replaceChildren(
+    el("h1", { text: "Deployments" }),
+    el("p", { class: "muted", text: "Each version of a deployment and the runs on it; the current " +
+      "one is what new runs take. A dry run resumes each run in flight on its version and on " +
+      "the one chosen, in scratch stores from its real checkpoint, and compares the two: it " +
+      "moves nothing and sends nothing. Runs move with idem upgrade." }),
+    el("p", { id: "no-deployments", class: "muted", text: "Nothing is deployed.", hidden: true }),
+    el("div", { id: "deployments" }));
+  refreshDeployments();
+}
+
+async function refreshDeployments() {
+  try {
+    const doc = await api("GET", "/api/deployments");
+    const names = doc.deployments.map(d => d.name);
+    const paused = new Set(doc.paused.map(p => p.name));
+    const lists = await Promise.all(names.map(n =>
+      api("GET", "/api/deployments/" + encodeURIComponent(n) + "/versions")));
+    const box = document.getElementById("deployments");
+    const kept = new Map([...box.children].map(s => [s.dataset.deployment, s]));
+    const sections = names.map((n, i) => {
+      const section = kept.get(n) || deploymentSection(n);
+      drawVersions(section, lists[i].versions, paused.has(n));
+      return section;
+    });
+    // Re-inserting a section would close a version list a person has open.
+    if (names.join("\n") !== [...kept.keys()].join("\n")) box.replaceChildren(...sections);
+    document.getElementById("no-deployments").hidden = names.length > 0;
+    if (document.getElementById("message").className !== "ok") say("");
+  } catch (e) {
+    say(String(e.message || e));
+  }
+  schedule(refreshDeployments);
+}
+
+function deploymentSection(name) {
+  const select = el("select", { class: "dry-run-to", "data-deployment": name });
+  const report = el("div", { class: "dry-run-report", hidden: true });
+  const button = el("button", { class: "dry-run-button primary", "data-deployment": name, text: "Dry run" });
+  button.addEventListener("click", () => dryRun(name, select, button, report));
+  return el("section", { class: "deployment", "data-deployment": name },
+    el("h2", {}, el("span", { class: "mono", text: name }), el("span", { class: "paused-mark" })),
+    el("table", { class: "versions" },
+      el("thead", {}, el("tr", {},
+        ...["version", "digest", "in-flight policy", "deployed", "runs in flight", "finished", "in all"]
+          .map((h, i) => el("th", { class: i >= 4 ? "num" : null, text: h })))),
+      el("tbody")),
+    el("div", { class: "dry-run" },
+      el("label", {}, "Dry run: move the runs in flight to ", select),
+      button),
+    report);
+}
+
+// The digest's first 12 hex digits, as `idem deployments` shows it; the whole on hover.
+function shortDigest(digest) { return digest.slice(0, 12); }
+
+function drawVersions(section, versions, paused) {
+  const mark = section.querySelector(".paused-mark");
+  if (mark.textContent !== (paused ? "paused" : "")) mark.replaceChildren(...(paused ? [badge("paused")] : []));
+  section.querySelector(".versions tbody").replaceChildren(...versions.map(v =>
+    el("tr", { "data-version": v.version, class: v.current ? "current" : null },
+      el("td", { text: v.version + (v.current ? " (current)" : "") }),
+      el("td", { class: "mono", title: v.digest, text: shortDigest(v.digest) }),
+      el("td", { text: v.in_flight }),
+      el("td", { text: utc(v.deployed_at) }),
+      el("td", { class: "num in-flight", text: v.runs_in_flight }),
+      el("td", { class: "num finished", text: v.runs - v.runs_in_flight }),
+      el("td", { class: "num all", text: v.runs }))));
+  // The choices change only when a version is deployed: the one chosen stays chosen.
+  const select = section.querySelector(".dry-run-to");
+  const sig = versions.map(v => v.version + (v.current ? "*" : "")).join(",");
+  if (select.getAttribute("data-sig") === sig) return;
+  const chosen = select.value;
+  select.setAttribute("data-sig", sig);
+  select.replaceChildren(...versions.map(v =>
+    el("option", { value: v.version, text: "version " + v.version + (v.current ? " (current)" : "") })));
+  const current = versions.find(v => v.current);
+  if (versions.some(v => String(v.version) === chosen)) select.value = chosen;
+  else if (current) select.value = String(current.version);
+}
+
+// The verdicts `Verdict::is_safe` lets through; only to colour each run's verdict (the
+// report's `safe` is the server's word on the whole).
+const SAFE_VERDICTS = ["compatible", "already-on", "output-differs"];
+
+async function dryRun(name, select, button, report) {
+  const to = Number(select.value);
+  button.disabled = true;
+  report.hidden = false;
+  report.removeAttribute("data-to");
+  report.replaceChildren(el("p", { class: "muted", text: `rehearsing the move to version ${to}…` }));
+  try {
+    // Rehearsing compiles and runs components, so it is a mutating call: the token goes.
+    const doc = await api("POST", `/api/deployments/${encodeURIComponent(name)}/rehearse`, { to });
+    report.replaceChildren(...drawRehearsal(doc));
+    report.setAttribute("data-to", String(to));
+    say(`dry run of ${name} to version ${to}: ` + (doc.safe ? "safe" : "not safe"), true);
+  } catch (e) {
+    const text = String(e.message || e);
+    report.replaceChildren(el("p", { class: "dry-run-error", text: "dry run refused: " + text }));
+    say(text);
+  }
+  button.disabled = false;
+}
+
+function drawRehearsal(doc) {
+  const runs = doc.report.runs;
+  const counts = new Map();
+  for (const r of runs) counts.set(r.verdict, (counts.get(r.verdict) || 0) + 1);
+  const perVerdict = [...counts].map(([v, n]) => `${n} ${v}`).join(", ");
+  const summary = runs.length === 0
+    ? `version ${doc.to_version}: no run in flight to move`
+    : `version ${doc.to_version}: ` +
+      (doc.safe ? "safe, nothing would run again" : "NOT SAFE, nothing was moved") +
+      ` (${runs.length} run${runs.length === 1 ? "" : "s"}: ${perVerdict})`;
+  return [
+    el("p", { class: "dry-run-summary", "data-safe": String(doc.safe), text: summary }),
+    el("table", { class: "dry-run-runs", hidden: runs.length === 0 },
+      el("thead", {}, el("tr", {}, ...["run", "status", "verdict", "what it would do"].map(h => el("th", { text: h })))),
+      el("tbody", {}, ...runs.map(r =>
+        el("tr", { "data-run": r.run_id, "data-verdict": r.verdict },
+          el("td", {}, runLink(r.run_id)),
+          el("td", {}, badge(r.status)),
+          el("td", {}, badge(r.verdict, SAFE_VERDICTS.includes(r.verdict) ? "s-completed" : "s-failed")),
+          el("td", { class: "detail" }, ...verdictDetail(r))))))];
+}
+
+// Where a walk stopped, as `idem upgrade --dry-run` words it.
+function nextText(next) {
+  switch (next.kind) {
+    case "step": return "runs step " + next.key;
+    case "wait": return "waits for signal " + next.key;
+    case "spawn": return "spawns child " + next.key;
+    case "join": return "joins " + next.key;
+    case "completed": return "completes";
+    case "failed": return "fails: " + next.error;
+    default: return next.kind;
+  }
+}
+
+// A run's verdict in words, each key in its own element. The report flattens the
+// verdict into the run, so `old` and `new` are the verdict's where it has them and the
+// walks otherwise.
+function verdictDetail(r) {
+  switch (r.verdict) {
+    case "compatible":
+      return [`replays its ${r.new ? r.new.replayed.length : 0} committed steps, then ` +
+        (r.new ? nextText(r.new.next) : "") + " as before"];
+    case "already-on": return ["already on this version"];
+    case "output-differs": return ["completes with another output: ", el("code", { text: r.new }),
+      " instead of ", el("code", { text: r.old })];
+    case "repeats":
+      return ["would run again ",
+        ...r.steps.flatMap((s, i) => [i ? ", " : "", `step ${s.step} (`,
+          el("code", { class: "repeated-key", text: s.key }), ")"]),
+        ": the new version never asks for their keys; it first " + nextText(r.instead)];
+    case "diverges":
+      return ["next, the version it is on " + nextText(r.old) + ", the new one " + nextText(r.new)];
+    case "breaks": return ["breaks: " + r.error];
+    case "exports-differ":
+      return ["the new component exports another agent's interface: ", el("code", { text: r.new })];
+    case "unchecked": return ["unchecked: " + r.why];
+    default: return [r.verdict];
+  }
+}
+
 // ----- one run -----
 
 function runPage(runId) {
@@ -623,5 +795,6 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   const m = location.pathname.match(/^\/runs\/(.+)$/);
   if (m) runPage(decodeURIComponent(m[1]));
+  else if (location.pathname === "/deployments") deploymentsPage();
   else runsPage();
 });
