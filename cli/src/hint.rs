@@ -2,7 +2,7 @@
 //! key, the limit), turned into the flags and commands of `idem` that mend them.
 
 use idem::runtime::{AuthorityError, HostError};
-use idem::store::{SealError, StoreError};
+use idem::store::{ForkRefusal, SealError, StoreError};
 
 /// What to type next, for an error the library names in its own terms.
 pub fn for_error(err: &anyhow::Error) -> Option<String> {
@@ -85,6 +85,17 @@ fn for_store(e: &StoreError) -> Option<String> {
              other agent under a name of its own"
                 .into(),
         ),
+        StoreError::ForkRefused {
+            run_id,
+            refusal:
+                ForkRefusal::PastEnd { .. } | ForkRefusal::AtZero | ForkRefusal::HistoryCollected { .. },
+        } => Some(format!(
+            "`idem show {} --steps` numbers its committed steps and the checkpoints it keeps",
+            idem::text::escape(run_id, false)
+        )),
+        StoreError::ForkRefused { .. } => {
+            Some("pass --run-id with an id no run (and no recent run) had".into())
+        }
         StoreError::LeaseLost { .. } => {
             Some("another worker drives the run now; `idem show RUN` says which".into())
         }

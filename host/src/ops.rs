@@ -5,11 +5,13 @@
 use std::time::Duration;
 
 mod follow;
+mod forks;
 mod prices;
 mod schedules;
 mod timeline;
 mod versions;
 pub use follow::{FOLLOW_POLL, Follow, Followed};
+pub use forks::{ForkSpec, fork, fork_run_id, history};
 pub use prices::{Price, PriceError, PricedUsage, Prices};
 pub use schedules::{
     ScheduleRequest, ScheduleView, UPCOMING_SHOWN, create_schedule, every_text, parse_every,

@@ -9,6 +9,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use idem::store::HISTORY_KEEP_LARGE;
 use idem_test_artifacts::STEPS;
 use serde_json::Value;
 
@@ -90,9 +91,11 @@ fn killed_and_resumed(db: &str, data: &std::path::Path) {
     assert_eq!(keys.len(), STEPS_N as usize, "{log:?}");
 }
 
-/// The blobs `idem gc` deleted.
-fn gc(db: &str) -> i64 {
-    let out = run_cli(&["gc", "--db", db, "--finished-before", "1h", "--json"]);
+/// The blobs `idem gc` deleted (`extra`: more flags).
+fn gc(db: &str, extra: &[&str]) -> i64 {
+    let mut args = vec!["gc", "--db", db, "--finished-before", "1h", "--json"];
+    args.extend_from_slice(extra);
+    let out = run_cli(&args);
     assert!(out.status.success(), "gc failed: {}", stderr(&out));
     let doc: Value = serde_json::from_str(&stdout(&out)).unwrap();
     doc["report"]["blobs"].as_i64().unwrap()
@@ -100,19 +103,23 @@ fn gc(db: &str) -> i64 {
 
 /// `idem gc --finished-before 1h` beside the run that just finished: a blob used within
 /// that hour is kept; once the blobs are older (their `used_at` moved back two hours in
-/// the store, as two hours passing would), it takes every blob but the one the run's last
-/// checkpoint refers to, and the run (finished within the hour in the store's eyes) stays
-/// readable.
+/// the store, as two hours passing would), it takes every blob but those the run's
+/// history keeps (its last few large checkpoints), then, with `--history-before 0s`,
+/// every blob but the one its last checkpoint refers to; the run (finished within the
+/// hour in the store's eyes) stays readable.
 fn superseded_blobs_are_collected(db: &str, q: &dyn Fn(&str) -> i64, age_blobs: &dyn Fn()) {
     let written = q("SELECT count(*) FROM blobs");
     assert!(
         written >= 2,
         "each checkpoint makes its own blob: {written}"
     );
-    assert_eq!(gc(db), 0, "a blob within the grace is kept");
+    assert_eq!(gc(db, &[]), 0, "a blob within the grace is kept");
     assert_eq!(q("SELECT count(*) FROM blobs"), written);
     age_blobs();
-    assert_eq!(gc(db), written - 1);
+    let kept = written.min(HISTORY_KEEP_LARGE as i64);
+    assert_eq!(gc(db, &[]), written - kept);
+    assert_eq!(q("SELECT count(*) FROM blobs"), kept);
+    assert_eq!(gc(db, &["--history-before", "0s"]), kept - 1);
     assert_eq!(q("SELECT count(*) FROM blobs"), 1);
     assert_eq!(q("SELECT count(*) FROM blob_bytes"), 1);
     let out = run_cli(&["show", "big", "--db", db, "--json"]);
@@ -129,10 +136,11 @@ fn a_20_mib_checkpoint_survives_sigkill_on_sqlite() {
     killed_and_resumed(db.to_str().unwrap(), &data);
     let conn = raw_db(&db);
     let q = |sql: &str| -> i64 { conn.query_row(sql, [], |r| r.get(0)).unwrap() };
-    // The run's row keeps a reference; the history is in blobs, 20 MiB or more each.
+    // The run's rows keep references; the history is in blobs, 20 MiB or more each.
     assert_eq!(
         q("SELECT count(*) FROM progress WHERE run_id = 'big' AND length(state) = 36"),
-        1
+        STEPS_N.min(HISTORY_KEEP_LARGE) as i64,
+        "the history keeps the last few large checkpoints, each a reference"
     );
     assert!(q("SELECT count(*) FROM blobs") >= 1);
     assert_eq!(
@@ -161,7 +169,8 @@ fn a_20_mib_checkpoint_survives_sigkill_on_postgres() {
     let q = |sql: &str| count(&url, sql);
     assert_eq!(
         q("SELECT count(*) FROM progress WHERE run_id = 'big' AND length(state) = 36"),
-        1
+        STEPS_N.min(HISTORY_KEEP_LARGE) as i64,
+        "the history keeps the last few large checkpoints, each a reference"
     );
     assert!(q("SELECT count(*) FROM blobs") >= 1);
     assert_eq!(

@@ -354,6 +354,40 @@ fn retry_a_parked_run_from_the_page() {
     let timeline = session.text_until("#timeline tbody", |t| t.contains("run ended completed"));
     assert!(timeline.contains("instance 1 started"), "{timeline}");
     session.screenshot("run-step-opened.png");
+
+    // Its step history, numbered as a fork takes it; forked from step 2 on the page,
+    // the new run (the page's worker drives it) runs steps 2 on again under its own
+    // keys, once each, and nothing of the original again.
+    let history = served.get("/api/runs/wire/history").json();
+    let steps = history["steps"].as_array().unwrap().len();
+    assert!(steps >= 2, "{history}");
+    session.find(&format!("#history tr[data-n=\"{steps}\"]"));
+    assert!(
+        session
+            .text("#history tr[data-n=\"1\"] td.saved")
+            .contains("step 1")
+    );
+    session.click("#history tr[data-n=\"2\"] button.fork");
+    session.find("#forked-run");
+    let fork = session.text("#forked-run");
+    assert!(fork.starts_with("wire-fork-"), "{fork}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while served.get(&format!("/api/runs/{fork}")).json()["run"]["status"] != "completed" {
+        assert!(Instant::now() < deadline, "the fork did not complete");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let lines = read_log(&cli.data().join("log.txt"));
+    let forked = lines
+        .iter()
+        .filter(|l| l.key.starts_with(&format!("{fork}/")))
+        .count();
+    assert_eq!(
+        forked,
+        steps - 1,
+        "steps 2 to {steps}, under the fork's keys"
+    );
+    assert_eq!(lines.len(), 6 + steps - 1);
+    session.screenshot("run-forked.png");
 }
 
 #[test]

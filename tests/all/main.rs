@@ -18,6 +18,7 @@ mod dedupe;
 mod disk_faults;
 mod doc_links;
 mod flow;
+mod fork;
 mod fuzz_abi;
 mod gc;
 mod grants;

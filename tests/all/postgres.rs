@@ -284,7 +284,7 @@ fn a_ledger_run_on_postgres_end_to_end_with_counts_in_the_database() {
     assert_eq!(q("SELECT count(*) FROM steps WHERE result IS NOT NULL"), 3);
     assert_eq!(q("SELECT count(*) FROM steps WHERE result IS NULL"), 0);
     assert_eq!(q("SELECT count(*) FROM components"), 1);
-    assert_eq!(q("SELECT max(version) FROM idem_migrations"), 17);
+    assert_eq!(q("SELECT max(version) FROM idem_migrations"), 18);
 
     // Running it again executes nothing: every key is committed.
     let again = run_ledger(&url, data.path(), "ledger-1", &["a", "b", "c"]);

@@ -417,7 +417,10 @@ fn show_a_taken_over_run(service: &Service) {
         "{opened}"
     );
     assert!(opened.contains("result     ("), "{opened}");
-    assert!(opened.contains("checkpoint at step"), "{opened}");
+    assert!(
+        opened.contains("checkpoint saved with it at step"),
+        "{opened}"
+    );
     let opened: Value =
         serde_json::from_str(&service.ok(&["show", id, "--step", &step.key, "--json"])).unwrap();
     assert_eq!(opened["step"]["token"], step.token);

@@ -1,5 +1,6 @@
 //! `idem gc`: delete finished runs and the keys, logs and components only they used,
-//! keeping what live runs and the dedupe window still need.
+//! keeping what live runs and the dedupe window still need; and, if asked, the step
+//! history of finished runs that stay.
 
 use std::time::Duration;
 
@@ -25,6 +26,11 @@ pub struct GcCommand {
     /// than any run could be resubmitted with the same id.
     #[arg(long, default_value = "7d", value_name = "AGE", value_parser = age)]
     dedupe_window: Duration,
+    /// Of finished runs that stay, keep only the last checkpoint once they finished at
+    /// least this long ago: their step history goes (`idem show --steps` lists no
+    /// earlier checkpoints, and `idem fork` refuses them). Kept by default.
+    #[arg(long, value_name = "AGE", value_parser = age)]
+    history_before: Option<Duration>,
     /// Delete failed runs too (they are resumable: submitting one again resumes it,
     /// so by default they stay).
     #[arg(long)]
@@ -48,6 +54,7 @@ impl GcCommand {
             finished_before: self.finished_before,
             dedupe_window: self.dedupe_window,
             include_failed: self.include_failed,
+            history_before: self.history_before,
             dry_run: self.dry_run,
         };
         let report = ops::gc(store.as_ref(), &req)

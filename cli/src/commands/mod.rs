@@ -7,6 +7,7 @@ mod cancel;
 mod deploy;
 mod display;
 mod flow;
+mod fork;
 mod gc;
 mod generate;
 mod logs;
@@ -68,6 +69,9 @@ pub enum Command {
     Ls(ls::LsCommand),
     /// Show one run: its lease, steps, open claims.
     Show(show::ShowCommand),
+    /// Start a new run from the checkpoint a run saved before one of its steps, reusing
+    /// the results committed before it; later steps run again under the fork's keys.
+    Fork(fork::ForkCommand),
     /// Cancel a run.
     Cancel(cancel::CancelCommand),
     /// Pause runs, or a deployment: no worker takes them until they are resumed.
@@ -136,6 +140,7 @@ impl Command {
             Command::Rate(cmd) => cmd.execute().await,
             Command::Ls(cmd) => cmd.execute().await,
             Command::Show(cmd) => cmd.execute().await,
+            Command::Fork(cmd) => cmd.execute().await,
             Command::Usage(cmd) => cmd.execute().await,
             Command::Cancel(cmd) => cmd.execute().await,
             Command::Pause(cmd) => cmd.execute().await,

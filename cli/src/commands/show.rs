@@ -1,12 +1,15 @@
 //! `idem show`: one run — its status and outcome, the worker lease on it, its parent
 //! and children, the schedule that started it, the token usage of its model calls, its
 //! steps in the order they were claimed, its waits and joins, and its open claims; with
-//! `--events`, its timeline; with `--step KEY`, one step opened.
+//! `--events`, its timeline; with `--steps`, its step history (each committed step,
+//! numbered as `idem fork --at` takes them, and the checkpoint saved with it); with
+//! `--step KEY`, one step opened.
 
 use clap::Parser;
 use idem::ops::{ChildCounts, PricedUsage, RunView, StepView};
 use idem::store::{
-    ChildRecord, Millis, OpenClaim, RunRecord, ScheduledBy, StepRecord, Timeline, WaitRecord,
+    ChildRecord, Millis, OpenClaim, RunHistory, RunRecord, ScheduledBy, StepRecord, Timeline,
+    WaitRecord,
 };
 
 use super::args::{DbArgs, PricesArgs};
@@ -29,10 +32,15 @@ pub struct ShowCommand {
     /// pauses and upgrades (in JSON, as `timeline`).
     #[arg(long)]
     events: bool,
-    /// Open one step instead (its key as listed under `steps`, or as the agent named
-    /// it): its committed result, its attempts, the instance that claimed it, and the
-    /// run's checkpoint.
-    #[arg(long, value_name = "KEY", conflicts_with = "events")]
+    /// Also print the run's step history: its committed steps in order, numbered as
+    /// `idem fork --at` takes them, each with the checkpoint saved with it (in JSON, as
+    /// `history`).
+    #[arg(long)]
+    steps: bool,
+    /// Open one step instead (its key as listed under `steps`, as the agent named it,
+    /// or its number in `--steps`): its committed result, its attempts, the instance
+    /// that claimed it, and the checkpoint saved with it.
+    #[arg(long, value_name = "KEY", conflicts_with_all = ["events", "steps"])]
     step: Option<String>,
 }
 
@@ -55,6 +63,11 @@ impl ShowCommand {
         } else {
             None
         };
+        let history = if self.steps {
+            Some(idem::ops::history(store.as_ref(), &self.run_id).await?)
+        } else {
+            None
+        };
         if let Some(prices) = &prices {
             view = view.priced(prices);
         }
@@ -62,6 +75,9 @@ impl ShowCommand {
             let mut value = serde_json::to_value(&view)?;
             if let (Some(timeline), Some(object)) = (&timeline, value.as_object_mut()) {
                 object.insert("timeline".into(), serde_json::to_value(timeline)?);
+            }
+            if let (Some(history), Some(object)) = (&history, value.as_object_mut()) {
+                object.insert("history".into(), serde_json::to_value(history)?);
             }
             println!("{}", display::json(&value));
             return Ok(Exit::Done);
@@ -73,10 +89,54 @@ impl ShowCommand {
         print_steps(&view.steps);
         print_waits(&view.waits, view.now);
         print_claims(&view.open_claims, view.now);
+        if let Some(history) = &history {
+            print_history(history);
+        }
         if let Some(timeline) = &timeline {
             print_timeline(timeline, view.run.created);
         }
         Ok(Exit::Done)
+    }
+}
+
+/// The run's committed steps in order, each with the checkpoints saved after it and
+/// before the next (a fork at the next step starts from the last of them).
+fn print_history(history: &RunHistory) {
+    let collected = if history.collected {
+        ", older checkpoints collected"
+    } else {
+        ""
+    };
+    println!(
+        "step history ({} steps, {} checkpoints kept{collected}):",
+        history.steps.len(),
+        history.checkpoints.len()
+    );
+    if let Some((from, at)) = &history.forked_from {
+        println!("  forked from {} at step {at}", display::name(from));
+    }
+    let checkpoints_after = |n: u64| history.checkpoints.iter().filter(move |c| c.after == n);
+    for c in checkpoints_after(0) {
+        println!(
+            "  {:>5}  checkpoint at step {} ({} bytes)",
+            "", c.step, c.bytes
+        );
+    }
+    for step in &history.steps {
+        println!(
+            "  {:>5}  {}  attempt {}  token {}  committed {}",
+            step.n,
+            display::name(&step.key),
+            step.attempt,
+            step.token,
+            display::utc(step.committed_at)
+        );
+        for c in checkpoints_after(step.n) {
+            println!(
+                "  {:>5}  checkpoint at step {} ({} bytes)",
+                "", c.step, c.bytes
+            );
+        }
     }
 }
 
@@ -142,14 +202,17 @@ fn print_step(view: &StepView) {
         }
         _ => println!("result     none"),
     }
+    if let Some(n) = view.n {
+        println!("number     {n} (of the run's committed steps: `idem fork --at {n}`)");
+    }
     match &view.checkpoint {
         Some(checkpoint) => println!(
-            "checkpoint at step {} ({} bytes) {}",
+            "checkpoint saved with it at step {} ({} bytes) {}",
             checkpoint.step,
             checkpoint.bytes,
             display::json(&checkpoint.state)
         ),
-        None => println!("checkpoint none"),
+        None => println!("checkpoint none saved with it"),
     }
 }
 

@@ -1,10 +1,10 @@
 //! A run's history for an operator: its timeline (the store's events: each instance,
 //! the worker and lease it ran under, takeovers, waits, signals, upgrades) and one step
-//! opened — its committed result, the run's checkpoint, and its attempts as the store
-//! keeps them — as `idem show --events`/`--step`, the API and the web page show them.
+//! opened — its committed result, the checkpoint saved with it, and its attempts as the
+//! store keeps them — as `idem show --events`/`--step`, the API and the web page show them.
 
 use crate::store::{
-    EventKind, Millis, RunEvent, StepRecord, Store, StoreError, Timeline, qualified_key,
+    EventKind, Millis, RunEvent, RunHistory, StepRecord, Store, StoreError, Timeline, qualified_key,
 };
 
 use super::payload_value;
@@ -39,15 +39,22 @@ pub struct StepView {
     /// timeline's last start at or before it (with its worker and lease token), if the
     /// timeline still keeps it.
     pub claimed_in: Option<RunEvent>,
-    /// The run's checkpoint (the latest; the store keeps one per run).
+    /// Its number among the run's committed steps (`idem show --steps`, `idem fork
+    /// --at`); `None` while it is not committed.
+    pub n: Option<u64>,
+    /// The checkpoint the run saved with this step, or after it and before its next
+    /// step: where a fork at the next step starts. `None` if it saved none then (or it
+    /// was collected).
     pub checkpoint: Option<CheckpointView>,
 }
 
 /// A run's checkpoint as a step view shows it.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct CheckpointView {
-    /// The step number it was saved at.
+    /// The step number it was saved at (the agent's own count).
     pub step: u64,
+    /// When it was saved.
+    pub saved_at: Millis,
     /// Its state (JSON as itself, anything else as text).
     pub state: serde_json::Value,
     /// The state's size in bytes.
@@ -55,7 +62,8 @@ pub struct CheckpointView {
 }
 
 /// Step `key` of run `run_id`: `key` as the store keeps it (`namespace:key`, as
-/// `idem show` lists it) or as the agent named it. [`StoreError::UnknownRun`] or
+/// `idem show` lists it), as the agent named it, or its number among the run's
+/// committed steps (`idem show --steps`). [`StoreError::UnknownRun`] or
 /// [`StoreError::UnknownStep`] if there is no such run or step.
 pub async fn step_view(store: &dyn Store, run_id: &str, key: &str) -> Result<StepView, StoreError> {
     let run = store
@@ -64,12 +72,24 @@ pub async fn step_view(store: &dyn Store, run_id: &str, key: &str) -> Result<Ste
         .ok_or_else(|| StoreError::UnknownRun {
             run_id: run_id.to_owned(),
         })?;
+    let history = store.history(run_id).await?.unwrap_or(RunHistory {
+        steps: Vec::new(),
+        checkpoints: Vec::new(),
+        collected: false,
+        forked_from: None,
+    });
     let qualified = qualified_key(&run.namespace, key);
-    let step = store
-        .steps(run_id)
-        .await?
-        .into_iter()
-        .find(|s| s.key == key || s.key == qualified)
+    let steps = store.steps(run_id).await?;
+    let by_key = |k: &str| steps.iter().find(|s| s.key == k);
+    let step = by_key(key)
+        .or_else(|| by_key(&qualified))
+        .or_else(|| {
+            // A number names the step the history numbers so.
+            let n: u64 = key.parse().ok()?;
+            let numbered = history.steps.iter().find(|s| s.n == n)?;
+            by_key(&numbered.key)
+        })
+        .cloned()
         .ok_or_else(|| StoreError::UnknownStep {
             run_id: run_id.to_owned(),
             key: key.to_owned(),
@@ -78,14 +98,23 @@ pub async fn step_view(store: &dyn Store, run_id: &str, key: &str) -> Result<Ste
         Some(_) => store.committed(&step.key).await?,
         None => None,
     };
-    let checkpoint = store
-        .load_progress(run_id)
-        .await?
-        .map(|checkpoint| CheckpointView {
-            step: checkpoint.step,
-            bytes: checkpoint.state.len(),
-            state: payload_value(&checkpoint.state),
-        });
+    let at = history.steps.iter().position(|s| s.key == step.key);
+    let checkpoint = match at {
+        Some(i) => {
+            let next = history.steps.get(i + 1).map(|s| s.position);
+            store
+                .checkpoint_before(run_id, next)
+                .await?
+                .filter(|saved| saved.position >= history.steps[i].position)
+        }
+        None => None,
+    }
+    .map(|saved| CheckpointView {
+        step: saved.checkpoint.step,
+        saved_at: saved.saved_at,
+        bytes: saved.checkpoint.state.len(),
+        state: payload_value(&saved.checkpoint.state),
+    });
     let timeline = store.events(run_id).await?.unwrap_or(Timeline {
         events: Vec::new(),
         dropped: 0,
@@ -96,6 +125,7 @@ pub async fn step_view(store: &dyn Store, run_id: &str, key: &str) -> Result<Ste
         claimed_in: instance_at(&timeline, step.claimed_at),
         result_bytes: result.as_ref().map(Vec::len),
         result: result.as_deref().map(payload_value),
+        n: at.map(|i| history.steps[i].n),
         checkpoint,
         step,
     })

@@ -179,8 +179,11 @@ pub struct RunRehearsal {
     /// Its status in the real store.
     pub status: RunStatus,
     /// The old version's walk (`None` when the run is on the new component already).
+    /// `old_walk` in JSON: the verdict beside it has an `old` of its own.
+    #[serde(rename = "old_walk")]
     pub old: Option<Walk>,
-    /// The new version's walk.
+    /// The new version's walk (`new_walk` in JSON).
+    #[serde(rename = "new_walk")]
     pub new: Option<Walk>,
     /// What it means.
     #[serde(flatten)]

@@ -165,6 +165,63 @@ pub(super) async fn run_events(
     ok(doc)
 }
 
+pub(super) async fn run_history(
+    State(state): State<ServeState>,
+    Path(run_id): Path<String>,
+) -> Answer {
+    let history = ops::history(state.store.as_ref(), &run_id).await?;
+    ok(serde_json::to_value(&history).map_err(|e| ApiError::new("internal", e.to_string()))?)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ForkBody {
+    at: u64,
+    input: Option<Value>,
+    version: Option<u64>,
+    run_id: Option<String>,
+}
+
+pub(super) async fn fork_run(
+    State(state): State<ServeState>,
+    Path(run_id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let b: ForkBody = json_body(&headers, body)?;
+    let input = b
+        .input
+        .as_ref()
+        .map(serde_json::to_vec)
+        .transpose()
+        .map_err(|e| ApiError::new("internal", e.to_string()))?;
+    let forked = ops::fork(
+        state.store.as_ref(),
+        &ops::ForkSpec {
+            run_id: &run_id,
+            at: b.at,
+            input: input.as_deref(),
+            version: b.version,
+            new_run_id: b.run_id.as_deref(),
+        },
+    )
+    .await?;
+    let r = &forked.record;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({
+            "run_id": r.run_id,
+            "forked_from": run_id,
+            "at": b.at,
+            "status": r.status,
+            "version": r.version,
+            "namespace": forked.namespace,
+            "reused": forked.reused,
+            "checkpoint": forked.checkpoint,
+        })),
+    ))
+}
+
 pub(super) async fn show_step(
     State(state): State<ServeState>,
     Path((run_id, key)): Path<(String, String)>,
@@ -401,6 +458,7 @@ pub(super) async fn cancel_run(
 pub(super) struct GcBody {
     finished_before: Option<String>,
     dedupe_window: Option<String>,
+    history_before: Option<String>,
     #[serde(default)]
     include_failed: bool,
     #[serde(default)]
@@ -425,6 +483,10 @@ pub(super) async fn gc(
         )?,
         dedupe_window: age("dedupe_window", b.dedupe_window, ops::DEFAULT_DEDUPE_WINDOW)?,
         include_failed: b.include_failed,
+        history_before: b
+            .history_before
+            .map(|text| ops::parse_age("history_before", &text))
+            .transpose()?,
         dry_run: b.dry_run,
     };
     let report = ops::gc(state.store.as_ref(), &req).await?;

@@ -121,6 +121,11 @@ pub const CODES: &[(&str, u16, &str)] = &[
         409,
         "another component owns the namespace",
     ),
+    (
+        "fork_refused",
+        409,
+        "the fork is refused: no such step, its checkpoint was collected, or the run id is taken",
+    ),
     ("body_too_large", 413, "the body is over the limit"),
     (
         "unsupported_media_type",
@@ -174,6 +179,7 @@ impl From<StoreError> for ApiError {
             StoreError::NeverMoved { .. } => "never_moved",
             StoreError::ExportsDiffer { .. } => "exports_differ",
             StoreError::NamespaceTaken { .. } => "namespace_taken",
+            StoreError::ForkRefused { .. } => "fork_refused",
             StoreError::SignalRefused { .. } => "signal_refused",
             StoreError::UnknownSchedule { .. } => "unknown_schedule",
             StoreError::ScheduleRefused { .. } => "schedule_refused",

@@ -300,6 +300,8 @@ fn handler(route: &Route) -> MethodRouter<ServeState> {
         "stream_run" => get(stream::stream_run),
         "run_events" => get(api::run_events),
         "show_step" => get(api::show_step),
+        "run_history" => get(api::run_history),
+        "fork_run" => post(api::fork_run),
         "signal_run" => post(api::signal_run),
         "resolve_key" => post(api::resolve_key),
         "cancel_run" => post(api::cancel_run),

@@ -213,6 +213,17 @@ fn schemas() -> Value {
                 },
             },
         },
+        "Fork": {
+            "type": "object",
+            "required": ["at"],
+            "additionalProperties": false,
+            "properties": {
+                "at": { "type": "integer", "minimum": 1, "description": "the step to fork at, numbered as the run's history numbers its committed steps" },
+                "input": { "description": "the fork's input (default: the run's)" },
+                "version": { "type": "integer", "minimum": 1, "description": "the version of the run's deployment to run (default: the run's)" },
+                "run_id": { "type": "string", "description": "the fork's run id (default: the run's id, -fork- and eight hex digits)" },
+            },
+        },
         "Upgrade": {
             "type": "object",
             "required": ["to"],
@@ -352,6 +363,7 @@ fn schemas() -> Value {
                 "finished_before": { "type": "string", "description": "runs finished this long ago go, as 30d, 12h, 90m or 30s (default 30d)" },
                 "dedupe_window": { "type": "string", "description": "keys committed within this stay (default 7d)" },
                 "include_failed": { "type": "boolean", "description": "failed runs count as finished (default false)" },
+                "history_before": { "type": "string", "description": "finished runs that stay keep only their last checkpoint once they finished this long ago (default: kept)" },
                 "dry_run": { "type": "boolean", "description": "count only (default false)" },
             },
         },

@@ -210,6 +210,32 @@ pub const ROUTES: &[Route] = &[
         responds: JSON,
     },
     Route {
+        method: "GET",
+        path: "/api/runs/{run_id}/history",
+        id: "run_history",
+        summary: "The run's step history: its committed steps in order, numbered as a fork \
+                  takes them, and the checkpoints it keeps, each with how many steps came \
+                  before it; `collected` when older checkpoints were collected",
+        access: Access::Read,
+        body: Body::Empty,
+        query: &[],
+        responds: JSON,
+    },
+    Route {
+        method: "POST",
+        path: "/api/runs/{run_id}/fork",
+        id: "fork_run",
+        summary: "Start a new run (queued) from the checkpoint the run saved before step \
+                  `at`, reusing the results committed before it; later steps run again \
+                  under the fork's own keys. Refused, creating nothing, for a step past \
+                  the run's last, a collected history, an unknown version or one exporting \
+                  something else, or a run id taken",
+        access: Access::Mutate,
+        body: Body::Json("Fork"),
+        query: &[],
+        responds: JSON,
+    },
+    Route {
         method: "POST",
         path: "/api/runs/{run_id}/signal",
         id: "signal_run",

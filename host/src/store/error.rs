@@ -159,6 +159,14 @@ pub enum StoreError {
         /// Why.
         refusal: super::SpawnRefusal,
     },
+    /// A fork was refused ([`ForkRefusal`](super::ForkRefusal)). Nothing was written.
+    #[error("fork of run {} refused: {refusal}", crate::text::quoted(run_id))]
+    ForkRefused {
+        /// The run to fork.
+        run_id: String,
+        /// Why.
+        refusal: super::ForkRefusal,
+    },
     /// A model call's usage was refused ([`UsageRefusal`](super::UsageRefusal)). Nothing
     /// was written.
     #[error(
@@ -442,6 +450,7 @@ impl StoreError {
                 | StoreError::UsageRefused { .. }
                 | StoreError::ScheduleRefused { .. }
                 | StoreError::UnknownSchedule { .. }
+                | StoreError::ForkRefused { .. }
         )
     }
 }

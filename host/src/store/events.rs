@@ -82,6 +82,10 @@ pub enum EventKind {
     Cancelled,
     /// The run was moved to another component (`detail.from`, `detail.to`: digests).
     Upgraded,
+    /// The run was forked (`detail.into`: the new run, `detail.at`: the step), or is a
+    /// fork (`detail.from`: the run it was forked from, `detail.at`, `detail.reused`:
+    /// results copied, `detail.checkpoint`: the step of the checkpoint it starts from).
+    Forked,
 }
 
 impl EventKind {
@@ -99,6 +103,7 @@ impl EventKind {
             EventKind::Resumed => "resumed",
             EventKind::Cancelled => "cancelled",
             EventKind::Upgraded => "upgraded",
+            EventKind::Forked => "forked",
         }
     }
 
@@ -116,6 +121,7 @@ impl EventKind {
             "resumed" => EventKind::Resumed,
             "cancelled" => EventKind::Cancelled,
             "upgraded" => EventKind::Upgraded,
+            "forked" => EventKind::Forked,
             _ => return None,
         })
     }
@@ -216,6 +222,15 @@ impl RunEvent {
                 text("from").unwrap_or_default(),
                 text("to").unwrap_or_default()
             ),
+            EventKind::Forked => {
+                let at = d.get("at").and_then(serde_json::Value::as_u64).unwrap_or(0);
+                match (text("into"), text("from")) {
+                    (Some(into), _) => format!("forked at step {at} into run {into}"),
+                    (None, from) => {
+                        format!("forked from run {} at step {at}", from.unwrap_or_default())
+                    }
+                }
+            }
         }
     }
 }
@@ -321,6 +336,7 @@ mod tests {
             EventKind::Resumed,
             EventKind::Cancelled,
             EventKind::Upgraded,
+            EventKind::Forked,
         ] {
             assert_eq!(EventKind::parse(kind.as_str()), Some(kind));
             // The name serialised is the name stored.
@@ -329,7 +345,7 @@ mod tests {
                 serde_json::Value::String(kind.as_str().into())
             );
         }
-        assert_eq!(EventKind::parse("forked"), None);
+        assert_eq!(EventKind::parse("merged"), None);
     }
 
     #[test]

@@ -24,6 +24,10 @@ pub struct GcRequest {
     /// Failed runs count as finished too. They are resumable (submitting one again
     /// resumes it), so by default they stay.
     pub include_failed: bool,
+    /// Finished runs that stay (they finished after `finished_before`) keep only their
+    /// last checkpoint once they finished at least this long ago: their step history
+    /// goes, and a fork of them is refused. `None` keeps it while the run stays.
+    pub history_before: Option<Duration>,
     /// Count what would go, and delete nothing.
     pub dry_run: bool,
 }
@@ -37,7 +41,8 @@ pub struct GcReport {
     pub results: u64,
     /// Claims never committed (released, or left by a run that stopped).
     pub claims: u64,
-    /// Checkpoints.
+    /// Checkpoints: those of the runs deleted, and those of runs that stay whose
+    /// history went ([`GcRequest::history_before`]).
     pub checkpoints: u64,
     /// Chunks of run logs.
     pub log_chunks: u64,

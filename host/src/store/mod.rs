@@ -86,6 +86,7 @@ mod events;
 mod fence;
 mod flow;
 mod gc;
+mod history;
 mod live;
 #[cfg(test)]
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -132,6 +133,13 @@ pub use fence::{ParseSyncModeError, RunFence, SyncMode};
 pub(crate) use flow::{FlowCounts, Limit, check_setting, key_of};
 pub use flow::{FlowLimits, FlowRefusal, FlowSetting, MAX_FLOW_LIMIT, MAX_PRIORITY};
 pub use gc::{GcReport, GcRequest};
+pub(crate) use history::tick;
+pub use history::{
+    ForkRefusal, ForkRequest, Forked, HISTORY_KEEP, HISTORY_KEEP_LARGE, HistoryCheckpoint,
+    HistoryStep, Position, RunHistory, SavedCheckpoint, fork_namespace,
+};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) use history::{check_fork_exports, fork_events, fork_key, plan_fork, steps_before};
 pub use live::{LIVE_KEEP, LiveChunk, LiveText, MAX_LIVE_CHUNK_BYTES};
 pub use open::{Location, StoreOptions, is_postgres_url, open};
 pub use parked::{ParkedKeys, ParkedMatch, qualified_key};

@@ -49,6 +49,7 @@ mod epoch;
 mod events;
 mod flow;
 mod gc;
+mod history;
 mod leases;
 mod live;
 mod logs;

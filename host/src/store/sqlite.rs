@@ -31,6 +31,7 @@ mod events;
 mod fault_tests;
 mod flow;
 mod gc;
+mod history;
 mod leases;
 mod live;
 mod logs;

@@ -380,13 +380,13 @@ function nextText(next) {
 }
 
 // A run's verdict in words, each key in its own element. The report flattens the
-// verdict into the run, so `old` and `new` are the verdict's where it has them and the
-// walks otherwise.
+// verdict into the run: `old` and `new` are the verdict's, `old_walk` and `new_walk`
+// the walks.
 function verdictDetail(r) {
   switch (r.verdict) {
     case "compatible":
-      return [`replays its ${r.new ? r.new.replayed.length : 0} committed steps, then ` +
-        (r.new ? nextText(r.new.next) : "") + " as before"];
+      return [`replays its ${r.new_walk ? r.new_walk.replayed.length : 0} committed steps, ` +
+        "then " + (r.new_walk ? nextText(r.new_walk.next) : "") + " as before"];
     case "already-on": return ["already on this version"];
     case "output-differs": return ["completes with another output: ", el("code", { text: r.new }),
       " instead of ", el("code", { text: r.old })];
@@ -432,12 +432,19 @@ function runPage(runId) {
         "each step's committed result is the truth." }),
       el("div", { id: "live" })),
     el("h2", { text: "Steps" }),
-    el("p", { class: "muted", text: "Open a step to see its committed result, its attempts and the run's checkpoint." }),
+    el("p", { class: "muted", text: "Open a step to see its committed result, its attempts and the checkpoint saved with it." }),
     el("table", { id: "steps" },
       el("thead", {}, el("tr", {},
         ...["#", "key", "outcome", "attempt", "token", "duration", "claimed"].map(h => el("th", { text: h })))),
       el("tbody")),
     el("section", { id: "step-detail", hidden: true }),
+    el("h2", { text: "Step history" }),
+    el("p", { id: "history-note", class: "muted" }),
+    el("table", { id: "history" },
+      el("thead", {}, el("tr", {},
+        ...["#", "key", "committed", "checkpoint saved with it", ""].map(h => el("th", { text: h })))),
+      el("tbody")),
+    el("p", { id: "fork-result" }),
     el("h2", { text: "Timeline" }),
     el("p", { id: "timeline-note", class: "muted" }),
     el("table", { id: "timeline" },
@@ -544,12 +551,14 @@ function drawLiveStates(run, steps) {
 
 async function refreshRun(runId) {
   try {
-    const [doc, timeline] = await Promise.all([
+    const [doc, timeline, history] = await Promise.all([
       api("GET", "/api/runs/" + encodeURIComponent(runId)),
       api("GET", "/api/runs/" + encodeURIComponent(runId) + "/events"),
+      api("GET", "/api/runs/" + encodeURIComponent(runId) + "/history"),
     ]);
     drawRun(runId, doc);
     drawTimeline(doc.run, timeline);
+    drawHistory(runId, history);
     if (document.getElementById("message").className !== "ok") say("");
   } catch (e) {
     say(String(e.message || e));
@@ -713,6 +722,38 @@ function drawTimeline(run, timeline) {
       el("td", { text: e.summary }))));
 }
 
+// The run's committed steps in order, numbered as a fork takes them, each with the
+// checkpoints saved after it; each row forks the run from that step.
+function drawHistory(runId, history) {
+  const from = history.forked_from ? `forked from ${history.forked_from[0]} at step ${history.forked_from[1]}; ` : "";
+  document.getElementById("history-note").textContent = from +
+    `${history.steps.length} steps committed, ${history.checkpoints.length} checkpoints kept` +
+    (history.collected ? " (older checkpoints collected)" : "") +
+    ". Fork from a step: a new run from the checkpoint before it, reusing the steps before it.";
+  const saved = n => history.checkpoints.filter(c => c.after === n)
+    .map(c => `step ${c.step} (${c.bytes} bytes)`).join(", ");
+  document.querySelector("#history tbody").replaceChildren(...history.steps.map(s =>
+    el("tr", { "data-n": s.n, "data-key": s.key },
+      el("td", { class: "num", text: s.n }),
+      el("td", {}, el("button", { class: "open-step link", title: "open this step",
+        onclick: () => openStep(runId, s.key) }, el("code", { text: s.key }))),
+      el("td", { text: utc(s.committed_at) }),
+      el("td", { class: "saved", text: saved(s.n) || "—" }),
+      el("td", {}, el("button", { class: "fork", "data-n": s.n, text: "Fork from here",
+        onclick: () => fork(runId, s.n) })))));
+}
+
+async function fork(runId, at) {
+  try {
+    const doc = await api("POST", `/api/runs/${encodeURIComponent(runId)}/fork`, { at });
+    say(`forked at step ${at} into ${doc.run_id}: reuses ${doc.reused} steps`, true);
+    document.getElementById("fork-result").replaceChildren(
+      `Forked at step ${at}: `, runLink(doc.run_id, { id: "forked-run" }),
+      ` (queued; reuses ${doc.reused} steps` +
+      (doc.checkpoint != null ? `, starts from the checkpoint at step ${doc.checkpoint})` : ")"));
+  } catch (e) { say(String(e.message || e)); }
+}
+
 // One step opened: fetched once when asked (not redrawn by the poll), until closed.
 async function openStep(runId, key) {
   const section = document.getElementById("step-detail");
@@ -727,7 +768,8 @@ async function openStep(runId, key) {
       ["claimed", utc(s.claimed_at) + (v.claimed_in ? " in " + v.claimed_in.summary : "")],
       ["committed", s.committed_at != null ? utc(s.committed_at) : (s.parked != null ? "parked in doubt: " + s.parked : "not committed")],
       ["result", v.result != null ? el("code", { id: "step-result", text: show(v.result) }) : "none"],
-      ["checkpoint", v.checkpoint != null
+      ["number", v.n != null ? String(v.n) : "not committed"],
+      ["checkpoint saved with it", v.checkpoint != null
         ? el("code", { id: "step-checkpoint", text: `step ${v.checkpoint.step}: ` + show(v.checkpoint.state) }) : "none"],
     ];
     section.replaceChildren(

@@ -10,8 +10,8 @@ use super::batch::{Fenced as BatchFenced, FinishJob};
 use super::conn::{Fenced, Lock, write_tx};
 use super::one_trip::OneTrip;
 use super::{
-    PostgresStore, TxError, blobs, children, claims, components, events, flow, gc, leases, live,
-    logs, pause, rates, runs, schedules, sealing, usage, versions, waits,
+    PostgresStore, TxError, blobs, children, claims, components, events, flow, gc, history, leases,
+    live, logs, pause, rates, runs, schedules, sealing, usage, versions, waits,
 };
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
@@ -26,7 +26,8 @@ use crate::store::{
     Tick, Timeline, VersionRecord, WaitRecord, WaitRequest, WaitState, WorkerStore,
 };
 use crate::store::{
-    LiveChunk, LiveText, Recorded, UsageFilter, UsageRecord, UsageTotal, check_usage,
+    ForkRequest, Forked, LiveChunk, LiveText, Position, Recorded, RunHistory, SavedCheckpoint,
+    UsageFilter, UsageRecord, UsageTotal, check_usage,
 };
 
 /// Refuses a write whose fence did not hold.
@@ -41,6 +42,42 @@ fn held(fenced: &Fenced, fence: &RunFence) -> Result<(), TxError> {
 }
 
 impl PostgresStore {
+    /// After a checkpoint's save, keeps the run's history to its bounds: now and then
+    /// ([`trim_due`](crate::store::history)) its checkpoints past [`HISTORY_KEEP`],
+    /// and after a large one (`state` is a blob's reference) the states of its large
+    /// ones but the last few. In a transaction of its own: housekeeping whose failure
+    /// the save that called it does not share (the next one tries again).
+    ///
+    /// [`HISTORY_KEEP`]: crate::store::HISTORY_KEEP
+    async fn bound_history(&self, fence: &RunFence, state: &[u8]) {
+        let trim = crate::store::history::trim_due();
+        let large = crate::store::values::blobs::referred(state).is_some();
+        if !trim && !large {
+            return;
+        }
+        let trimmed: Result<(), StoreError> = async {
+            write_tx!(
+                self,
+                "collect a run's old checkpoints",
+                SyncMode::Normal,
+                None,
+                |conn, _fenced| {
+                    if trim {
+                        runs::trim_history(conn, &fence.run_id).await?;
+                    }
+                    if large {
+                        runs::drop_large_states(conn, &fence.run_id).await?;
+                    }
+                    Ok(())
+                }
+            )
+        }
+        .await;
+        if let Err(e) = trimmed {
+            tracing::debug!(run_id = %fence.run_id, error = %e, "old checkpoints not collected");
+        }
+    }
+
     /// Runs `f` on a pooled connection outside any transaction.
     async fn read<T>(
         &self,
@@ -90,7 +127,12 @@ impl InstanceStore for PostgresStore {
         if let Some(counts) = commit.counts {
             check_counts(counts)?;
         }
-        self.commit_in_one_trip(commit).await
+        self.commit_in_one_trip(commit).await?;
+        if let Some(checkpoint) = commit.checkpoint {
+            self.bound_history(commit.claim.fence, &checkpoint.state)
+                .await;
+        }
+        Ok(())
     }
 
     async fn release(&self, claim: &ClaimRef<'_>) -> Result<bool, StoreError> {
@@ -191,9 +233,15 @@ impl InstanceStore for PostgresStore {
                 if let Some(counts) = counts {
                     runs::save_counts(conn, &fence.run_id, counts).await?;
                 }
-                runs::save_checkpoint(conn, &fence.run_id, checkpoint).await
+                let position = Position {
+                    lease: fence.token,
+                    tick: crate::store::tick(),
+                };
+                runs::save_checkpoint(conn, &fence.run_id, checkpoint, position).await
             }
-        )
+        )?;
+        self.bound_history(fence, &checkpoint.state).await;
+        Ok(())
     }
 
     async fn save_counts(&self, fence: &RunFence, counts: &Counts) -> Result<(), StoreError> {
@@ -804,6 +852,30 @@ impl OperatorStore for PostgresStore {
         .await
     }
 
+    async fn history(&self, run_id: &str) -> Result<Option<RunHistory>, StoreError> {
+        self.read("read a run's history", async |conn| {
+            history::history(conn, run_id).await
+        })
+        .await
+    }
+
+    async fn checkpoint_before(
+        &self,
+        run_id: &str,
+        before: Option<Position>,
+    ) -> Result<Option<SavedCheckpoint>, StoreError> {
+        self.read("read a run's checkpoint", async |conn| {
+            history::checkpoint_before(conn, run_id, before).await
+        })
+        .await
+    }
+
+    async fn fork(&self, req: &ForkRequest<'_>) -> Result<Forked, StoreError> {
+        write_tx!(self, "fork a run", self.sync, None, |conn, _f| {
+            history::fork(conn, req).await
+        })
+    }
+
     async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError> {
         self.read("read a run's log", async |conn| {
             logs::read(conn, run_id).await
@@ -923,6 +995,37 @@ impl OperatorStore for PostgresStore {
                 })?
             };
             report.add(&part);
+        }
+        // Then the step history of finished runs that stay, if asked.
+        if let Some(before) = cut.history_before {
+            let mut after = 0;
+            loop {
+                let batch = self
+                    .read(OP, async |conn| {
+                        gc::history_runs(conn, &cut, before, after).await
+                    })
+                    .await?;
+                let Some(&(last, ..)) = batch.last() else {
+                    break;
+                };
+                after = last;
+                let ids: Vec<String> = batch
+                    .into_iter()
+                    .filter(|(_, _, extra)| *extra > 0)
+                    .map(|(_, id, extra)| {
+                        if req.dry_run {
+                            report.checkpoints += extra;
+                        }
+                        id
+                    })
+                    .collect();
+                if req.dry_run || ids.is_empty() {
+                    continue;
+                }
+                report.checkpoints += write_tx!(self, OP, self.sync, None, |conn, _f| {
+                    gc::collect_history(conn, &cut, before, &ids).await
+                })?;
+            }
         }
         // Last the components no run or deployment uses any more.
         if req.dry_run {

@@ -101,7 +101,8 @@ const CLAIM_MANY: &str = concat!(
 /// Many runs' commits, each with its counts and checkpoint when given. Parameters: `$1`
 /// manual time, then arrays of run, run lease token, key, claim token, result, whether
 /// counts are given, the six counts, whether a checkpoint is given, its step and its
-/// state. Returns, per request, whether its fence held, whether its claim was still
+/// state; then `$17`, the statement's tick (where each commit stands in its run, with
+/// its lease token: a batch holds one commit per run). Returns, per request, whether its fence held, whether its claim was still
 /// the caller's (and is now committed), and its place (1-based). Every write reads
 /// from `fence` through `done`, as the one-row commit's do.
 const COMMIT_MANY: &str = concat!(
@@ -121,7 +122,8 @@ const COMMIT_MANY: &str = concat!(
                                    FOR NO KEY UPDATE) AS held),
      done AS (UPDATE steps
               SET run_id = req.run_id, holder = NULL, result = req.result,
-                  committed_at = clock.now
+                  committed_at = clock.now, commit_lease = req.lease_token,
+                  commit_tick = $17
               FROM req JOIN fence ON fence.ord = req.ord CROSS JOIN clock
               WHERE steps.key = req.key AND steps.token = req.token
                 AND steps.holder IS NOT NULL
@@ -132,11 +134,11 @@ const COMMIT_MANY: &str = concat!(
                         recycled = req.recycled, updated = clock.now
                     FROM req JOIN done ON done.key = req.key CROSS JOIN clock
                     WHERE runs.run_id = req.run_id AND req.has_counts),
-     progress_row AS (INSERT INTO progress (run_id, step, state, updated)
-                      SELECT req.run_id, req.step, req.state, clock.now
+     progress_row AS (INSERT INTO progress (run_id, lease, tick, step, state, updated)
+                      SELECT req.run_id, req.lease_token, $17, req.step, req.state, clock.now
                       FROM req JOIN done ON done.key = req.key CROSS JOIN clock
                       WHERE req.has_checkpoint
-                      ON CONFLICT (run_id) DO UPDATE
+                      ON CONFLICT (run_id, lease, tick) DO UPDATE
                       SET step = excluded.step, state = excluded.state,
                           updated = excluded.updated)
      SELECT fence.ord IS NOT NULL, done.key IS NOT NULL, req.ord
@@ -527,6 +529,7 @@ impl Job for CommitJob {
             .iter()
             .map(|j| j.checkpoint.as_ref().map_or(&[][..], |c| c.1.as_slice()))
             .collect();
+        let tick = i64::try_from(crate::store::tick()).unwrap_or(i64::MAX);
         target
             .run(
                 session,
@@ -549,6 +552,7 @@ impl Job for CommitJob {
                     &has_checkpoint,
                     &steps,
                     &states,
+                    &tick,
                 ],
                 jobs.len(),
             )

@@ -11,7 +11,7 @@
 use super::TxError;
 use super::conn::Conn;
 use super::{to_sql_int, u64_col};
-use crate::store::rules::{GC_BATCH, GC_RUN_TABLES, gc_cutoffs, gc_statuses};
+use crate::store::rules::{GC_BATCH, GC_RUN_TABLES, gc_cutoffs, gc_statuses, history_cutoff};
 use crate::store::{GcReport, GcRequest, Millis};
 
 /// What one gc collects, fixed when it starts.
@@ -24,6 +24,9 @@ pub(super) struct Cut {
     keys_before: Millis,
     /// `r.status IN (...)`: the statuses counted as finished.
     finished_status: String,
+    /// Finished runs that stay lose all but their last checkpoint if they finished
+    /// before this time.
+    pub(super) history_before: Option<Millis>,
 }
 
 impl Cut {
@@ -38,6 +41,7 @@ impl Cut {
             runs_before,
             keys_before,
             finished_status: format!("r.status IN ({})", names.join(", ")),
+            history_before: history_cutoff(now, req),
         }
     }
 
@@ -187,6 +191,57 @@ pub(super) async fn collected_runs(
     rows.iter()
         .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
         .collect()
+}
+
+/// The finished runs after submission number `after` (up to [`GC_BATCH`] of them, with
+/// their numbers) that finished before the history cut-off, each with how many of its
+/// checkpoints gc collects: all but its last.
+pub(super) async fn history_runs(
+    conn: &Conn,
+    cut: &Cut,
+    before: Millis,
+    after: i64,
+) -> Result<Vec<(i64, String, u64)>, TxError> {
+    let sql = format!(
+        "SELECT r.seq, r.run_id,
+                greatest((SELECT count(*) FROM progress p WHERE p.run_id = r.run_id) - 1, 0)
+         FROM runs r
+         WHERE r.seq > $1 AND {} AND r.updated < $2
+         ORDER BY r.seq LIMIT $3",
+        cut.finished_status
+    );
+    let limit = to_sql_int(GC_BATCH as u64)?;
+    let rows = conn.query(&sql, &[&after, &before, &limit]).await?;
+    rows.iter()
+        .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, u64_col(row, 2)?)))
+        .collect()
+}
+
+/// Deletes all but the last checkpoint of the runs `ids` that are still finished
+/// before the history cut-off (locked and judged again), marking their history cut;
+/// how many it deleted.
+pub(super) async fn collect_history(
+    conn: &Conn,
+    cut: &Cut,
+    before: Millis,
+    ids: &[String],
+) -> Result<u64, TxError> {
+    let sql = format!(
+        "WITH still AS (SELECT r.run_id FROM runs r
+                        WHERE r.run_id = ANY ($1) AND {} AND r.updated < $2
+                        ORDER BY r.run_id FOR NO KEY UPDATE),
+              gone AS (DELETE FROM progress p USING still
+                       WHERE p.run_id = still.run_id AND (p.lease, p.tick) <
+                           (SELECT lease, tick FROM progress l WHERE l.run_id = still.run_id
+                            ORDER BY lease DESC, tick DESC LIMIT 1)
+                       RETURNING p.run_id),
+              cut AS (UPDATE runs SET history_cut = true
+                      WHERE run_id IN (SELECT run_id FROM gone))
+         SELECT count(*) FROM gone",
+        cut.finished_status
+    );
+    let row = conn.query_one(&sql, &[&ids, &before]).await?;
+    u64_col(&row, 0)
 }
 
 /// Counts (`dry_run`) or deletes the runs `ids` that gc still collects (locked and

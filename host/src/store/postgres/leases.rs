@@ -298,7 +298,10 @@ async fn grant(
         runs::runs_by_id(conn, &ids),
         conn.query(
             "SELECT i.run_id, i.input, i.authority, p.step, p.state
-             FROM run_inputs i LEFT JOIN progress p ON p.run_id = i.run_id
+             FROM run_inputs i
+             LEFT JOIN LATERAL (SELECT step, state FROM progress
+                                WHERE progress.run_id = i.run_id
+                                ORDER BY lease DESC, tick DESC LIMIT 1) p ON true
              WHERE i.run_id = ANY ($1)",
             &params,
         )

@@ -348,18 +348,22 @@ impl PostgresStore {
             params.push(step);
             params.push(&checkpoint.state);
         }
+        // Where the step stands in its run, last: each statement names its place.
+        let tick = i64::try_from(crate::store::tick()).unwrap_or(i64::MAX);
+        params.push(&tick);
         self.one_statement(op, fence.sync, sql, &params).await
     }
 }
 
-/// The commit statement, with the counts (`$7`–`$11`) and the checkpoint (the next two
-/// parameters) when given. `$1` manual time, `$2` run, `$3` run lease token, `$4` key,
-/// `$5` claim token, `$6` result. Every write reads from `fence` (through `done`), so
+/// The commit statement, with the counts (`$7`–`$12`) and the checkpoint (the next two
+/// parameters) when given, then the commit's tick (its position in the run, with `$3`).
+/// `$1` manual time, `$2` run, `$3` run lease token, `$4` key, `$5` claim token, `$6`
+/// result. Every write reads from `fence` (through `done`), so
 /// nothing is written unless the fence held and the claim was still the caller's.
 fn commit_sql(counts: bool, checkpoint: bool) -> &'static str {
     // Four fixed texts, so that each is prepared once per connection.
     macro_rules! commit {
-        ($lock:literal, $counts:literal, $progress:literal) => {
+        ($lock:literal, $tick:literal, $counts:literal, $progress:literal) => {
             concat!(
                 "WITH ",
                 "clock AS (SELECT coalesce($1::int8, (extract(epoch FROM now()) * 1000)::int8) AS now), ",
@@ -367,7 +371,10 @@ fn commit_sql(counts: bool, checkpoint: bool) -> &'static str {
                           WHERE run_id = $2 AND lease_token = $3 AND lease_holder IS NOT NULL ",
                 $lock,
                 "), done AS (UPDATE steps
-                             SET run_id = $2, holder = NULL, result = $6, committed_at = clock.now
+                             SET run_id = $2, holder = NULL, result = $6, committed_at = clock.now,
+                                 commit_lease = $3, commit_tick = ",
+                $tick,
+                "
                              FROM clock, fence
                              WHERE key = $4 AND token = $5 AND holder IS NOT NULL
                              RETURNING 1)",
@@ -378,17 +385,19 @@ fn commit_sql(counts: bool, checkpoint: bool) -> &'static str {
         };
     }
     match (counts, checkpoint) {
-        (false, false) => commit!("FOR SHARE", "", ""),
+        (false, false) => commit!("FOR SHARE", "$7", "", ""),
         (false, true) => commit!(
             "FOR SHARE",
+            "$9",
             "",
-            ", progress_row AS (INSERT INTO progress (run_id, step, state, updated)
-                 SELECT $2, $7, $8, clock.now FROM clock, done
-                 ON CONFLICT (run_id) DO UPDATE
+            ", progress_row AS (INSERT INTO progress (run_id, lease, tick, step, state, updated)
+                 SELECT $2, $3, $9, $7, $8, clock.now FROM clock, done
+                 ON CONFLICT (run_id, lease, tick) DO UPDATE
                  SET step = excluded.step, state = excluded.state, updated = excluded.updated)"
         ),
         (true, false) => commit!(
             "FOR NO KEY UPDATE",
+            "$13",
             ", counts_row AS (UPDATE runs
                  SET executed = $7, skipped = $8, awaited = $9, reclaimed = $10,
                      instances = $11, recycled = $12, updated = clock.now
@@ -397,13 +406,14 @@ fn commit_sql(counts: bool, checkpoint: bool) -> &'static str {
         ),
         (true, true) => commit!(
             "FOR NO KEY UPDATE",
+            "$15",
             ", counts_row AS (UPDATE runs
                  SET executed = $7, skipped = $8, awaited = $9, reclaimed = $10,
                      instances = $11, recycled = $12, updated = clock.now
                  FROM clock, done WHERE run_id = $2)",
-            ", progress_row AS (INSERT INTO progress (run_id, step, state, updated)
-                 SELECT $2, $13, $14, clock.now FROM clock, done
-                 ON CONFLICT (run_id) DO UPDATE
+            ", progress_row AS (INSERT INTO progress (run_id, lease, tick, step, state, updated)
+                 SELECT $2, $3, $15, $13, $14, clock.now FROM clock, done
+                 ON CONFLICT (run_id, lease, tick) DO UPDATE
                  SET step = excluded.step, state = excluded.state, updated = excluded.updated)"
         ),
     }

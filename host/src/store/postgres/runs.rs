@@ -8,6 +8,7 @@ use super::conn::Conn;
 use super::{TxError, to_sql_int, u64_col};
 use crate::store::EventKind;
 use crate::store::events::NewEvent;
+use crate::store::history::{HISTORY_KEEP, HISTORY_KEEP_LARGE, Position};
 use crate::store::values;
 use crate::store::{
     BlobDigest, Cancelled, Checkpoint, Counts, MAX_PRIORITY, Payloads, RunFilter, RunLeaseInfo,
@@ -34,7 +35,8 @@ macro_rules! select_records {
                     r.recycled, r.parent, r.spawn_key, r.detached, r.joining, r.paused,
                     r.priority, r.flow_key, r.version
              FROM runs r
-             LEFT JOIN progress p ON p.run_id = r.run_id
+             LEFT JOIN LATERAL (SELECT step FROM progress WHERE progress.run_id = r.run_id
+                                ORDER BY lease DESC, tick DESC LIMIT 1) p ON true
              LEFT JOIN run_outcomes o ON o.run_id = r.run_id ",
             $($tail)*
         )
@@ -825,7 +827,8 @@ pub(super) async fn load_progress(
 ) -> Result<Option<Checkpoint>, TxError> {
     let row = conn
         .query_opt(
-            "SELECT step, state FROM progress WHERE run_id = $1",
+            "SELECT step, state FROM progress WHERE run_id = $1 AND state IS NOT NULL
+             ORDER BY lease DESC, tick DESC LIMIT 1",
             &[&run_id],
         )
         .await?;
@@ -838,18 +841,23 @@ pub(super) async fn load_progress(
     }
 }
 
-/// Replaces the run's checkpoint. The caller checked the fence, so the run exists.
+/// Saves the run's checkpoint at `position`; its history keeps the ones before. The
+/// caller checked the fence, so the run exists.
 pub(super) async fn save_checkpoint(
     conn: &Conn,
     run_id: &str,
     checkpoint: &Checkpoint,
+    position: Position,
 ) -> Result<(), TxError> {
     conn.execute(
-        "INSERT INTO progress (run_id, step, state, updated) VALUES ($1, $2, $3, $4)
-         ON CONFLICT (run_id) DO UPDATE
+        "INSERT INTO progress (run_id, lease, tick, step, state, updated)
+         VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (run_id, lease, tick) DO UPDATE
          SET step = excluded.step, state = excluded.state, updated = excluded.updated",
         &[
             &run_id,
+            &to_sql_int(position.lease)?,
+            &to_sql_int(position.tick)?,
             &to_sql_int(checkpoint.step)?,
             &checkpoint.state,
             &conn.now,
@@ -857,6 +865,44 @@ pub(super) async fn save_checkpoint(
     )
     .await?;
     Ok(())
+}
+
+/// Collects the states of the run's large checkpoints but its last
+/// [`HISTORY_KEEP_LARGE`], keeping their rows (their place in the history).
+pub(super) async fn drop_large_states(conn: &Conn, run_id: &str) -> Result<u64, TxError> {
+    let dropped = conn
+        .execute(
+            "UPDATE progress SET state = NULL
+             WHERE run_id = $1 AND substr(state, 1, 4) = '\\x00494201'::bytea
+               AND (lease, tick) <=
+                 (SELECT lease, tick FROM progress
+                  WHERE run_id = $1 AND substr(state, 1, 4) = '\\x00494201'::bytea
+                  ORDER BY lease DESC, tick DESC LIMIT 1 OFFSET $2)",
+            &[&run_id, &to_sql_int(HISTORY_KEEP_LARGE)?],
+        )
+        .await?;
+    Ok(dropped)
+}
+
+/// Deletes the run's checkpoints but its last [`HISTORY_KEEP`], marking its history
+/// cut when it deleted any; how many it deleted.
+pub(super) async fn trim_history(conn: &Conn, run_id: &str) -> Result<u64, TxError> {
+    let deleted = conn
+        .execute(
+            "DELETE FROM progress WHERE run_id = $1 AND (lease, tick) <=
+                 (SELECT lease, tick FROM progress WHERE run_id = $1
+                  ORDER BY lease DESC, tick DESC LIMIT 1 OFFSET $2)",
+            &[&run_id, &to_sql_int(HISTORY_KEEP)?],
+        )
+        .await?;
+    if deleted > 0 {
+        conn.execute(
+            "UPDATE runs SET history_cut = true WHERE run_id = $1",
+            &[&run_id],
+        )
+        .await?;
+    }
+    Ok(deleted)
 }
 
 /// Stores the run's counts as given. The caller checked the fence, so the run exists.

@@ -30,6 +30,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/postgres/0015_blobs.sql"),
     include_str!("../migrations/postgres/0016_versions.sql"),
     include_str!("../migrations/postgres/0017_events.sql"),
+    include_str!("../migrations/postgres/0018_history.sql"),
 ];
 
 /// The schema version this build writes and understands.

@@ -3,10 +3,10 @@
 use std::fmt;
 
 use crate::store::{
-    Cancelled, DeploymentPaused, GcReport, GcRequest, LiveChunk, OpenClaim, Paused,
-    PausedDeployment, Resolution, Resumed, RunFilter, RunRecord, ScheduleDef, ScheduleRecord,
-    ScheduledBy, SignalSent, StepRecord, StoreError, Submission, Submitted, Timeline, UsageFilter,
-    UsageTotal, WaitRecord,
+    Cancelled, DeploymentPaused, ForkRequest, Forked, GcReport, GcRequest, LiveChunk, OpenClaim,
+    Paused, PausedDeployment, Position, Resolution, Resumed, RunFilter, RunHistory, RunRecord,
+    SavedCheckpoint, ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent, StepRecord, StoreError,
+    Submission, Submitted, Timeline, UsageFilter, UsageTotal, WaitRecord,
 };
 #[cfg(doc)]
 use crate::store::{InstanceStore, RunStatus, WorkerStore};
@@ -121,6 +121,25 @@ pub trait OperatorStore: Send + Sync + fmt::Debug {
     /// The run's timeline: what happened to it, oldest first, bounded
     /// ([`Timeline`]); `None` for an unknown run.
     async fn events(&self, run_id: &str) -> Result<Option<Timeline>, StoreError>;
+
+    /// The run's step history: the steps it committed and the checkpoints it keeps,
+    /// each in order ([`RunHistory`]); `None` for an unknown run.
+    async fn history(&self, run_id: &str) -> Result<Option<RunHistory>, StoreError>;
+
+    /// The run's last checkpoint saved before `before` (its last of all for `None`),
+    /// from its history; `None` if it kept none.
+    async fn checkpoint_before(
+        &self,
+        run_id: &str,
+        before: Option<Position>,
+    ) -> Result<Option<SavedCheckpoint>, StoreError>;
+
+    /// Starts a new run from the checkpoint run `req.run_id` saved before its step
+    /// `req.at`, with the results it committed before that step copied into the new
+    /// run's own namespace ([`ForkRequest`], [`Forked`]), in one transaction; the new
+    /// run is queued. [`StoreError::ForkRefused`], [`StoreError::UnknownRun`],
+    /// [`StoreError::UnknownVersion`] or [`StoreError::ExportsDiffer`] write nothing.
+    async fn fork(&self, req: &ForkRequest<'_>) -> Result<Forked, StoreError>;
 
     /// The run's log (the last bytes its agent wrote to stderr and stdout).
     async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError>;

@@ -23,13 +23,13 @@ use super::{CatalogStore, InstanceStore, OperatorStore, Store, WorkerStore};
 use crate::store::{
     Acquired, BlobDigest, Cancelled, Checkpoint, ClaimOutcome, ClaimRef, ClaimRequest, Commit,
     Counts, DataKeyRecord, Deployed, Deployment, DeploymentPaused, DeploymentRecord, FlowLimits,
-    FlowSetting, GcReport, GcRequest, JoinRequest, LeaseState, LeasedRun, LiveChunk, LiveText,
-    Millis, MoveRuns, OpenClaim, Paused, PausedDeployment, Presence, RateLimit, RateSetting, Rated,
-    Recorded, Resolution, Resumed, Rollout, RunEnd, RunFence, RunFilter, RunMove, RunRecord,
-    ScheduleDef, ScheduleRecord, ScheduledBy, Sealer, SignalSent, SpawnAnswers, SpawnBatch,
-    SpawnRequest, Spawned, StepRecord, StoreError, Submission, Submitted, Suspension, Tick,
-    Timeline, UsageFilter, UsageRecord, UsageTotal, VersionRecord, WaitRecord, WaitRequest,
-    WaitState,
+    FlowSetting, ForkRequest, Forked, GcReport, GcRequest, JoinRequest, LeaseState, LeasedRun,
+    LiveChunk, LiveText, Millis, MoveRuns, OpenClaim, Paused, PausedDeployment, Position, Presence,
+    RateLimit, RateSetting, Rated, Recorded, Resolution, Resumed, Rollout, RunEnd, RunFence,
+    RunFilter, RunHistory, RunMove, RunRecord, SavedCheckpoint, ScheduleDef, ScheduleRecord,
+    ScheduledBy, Sealer, SignalSent, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned, StepRecord,
+    StoreError, Submission, Submitted, Suspension, Tick, Timeline, UsageFilter, UsageRecord,
+    UsageTotal, VersionRecord, WaitRecord, WaitRequest, WaitState,
 };
 
 /// A [`Store`] assembled from one handle per role: an underlying store's, with any
@@ -483,6 +483,22 @@ impl OperatorStore for Overlay {
 
     async fn events(&self, run_id: &str) -> Result<Option<Timeline>, StoreError> {
         self.operator.events(run_id).await
+    }
+
+    async fn history(&self, run_id: &str) -> Result<Option<RunHistory>, StoreError> {
+        self.operator.history(run_id).await
+    }
+
+    async fn checkpoint_before(
+        &self,
+        run_id: &str,
+        before: Option<Position>,
+    ) -> Result<Option<SavedCheckpoint>, StoreError> {
+        self.operator.checkpoint_before(run_id, before).await
+    }
+
+    async fn fork(&self, req: &ForkRequest<'_>) -> Result<Forked, StoreError> {
+        self.operator.fork(req).await
     }
 
     async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError> {

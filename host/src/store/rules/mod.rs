@@ -270,6 +270,13 @@ pub(crate) fn gc_cutoffs(now: Millis, req: &GcRequest) -> (Millis, Millis) {
     (before(req.finished_before), before(req.dedupe_window))
 }
 
+/// When gc collects finished runs' step history ([`GcRequest::history_before`]), if
+/// it does: measured back from `now` on the store's clock.
+pub(crate) fn history_cutoff(now: Millis, req: &GcRequest) -> Option<Millis> {
+    req.history_before
+        .map(|age| now.saturating_sub(Millis::try_from(age.as_millis()).unwrap_or(Millis::MAX)))
+}
+
 /// The most chunks a run's live stream keeps, whatever their size: an agent that
 /// publishes a byte at a time under changing keys cannot make trimming read thousands
 /// of rows per flush.

@@ -7,24 +7,25 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::owned::{
-    OwnedEnd, OwnedJoin, OwnedRef, OwnedRequest, OwnedSpawnBatch, OwnedSubmission, OwnedWaitKind,
+    OwnedEnd, OwnedFork, OwnedJoin, OwnedRef, OwnedRequest, OwnedSpawnBatch, OwnedSubmission,
+    OwnedWaitKind,
 };
 use super::{
-    SqliteStore, TxError, blobs, children, claims, components, events, flow, gc, leases, live,
-    logs, pause, presence, rates, runs, schedules, sealing, usage, versions, waits,
+    SqliteStore, TxError, blobs, children, claims, components, events, flow, gc, history, leases,
+    live, logs, pause, presence, rates, runs, schedules, sealing, usage, versions, waits,
 };
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{check_checkpoint, check_counts};
 use crate::store::{
     Acquired, BlobDigest, Cancelled, CatalogStore, Checkpoint, ClaimOutcome, ClaimRef,
     ClaimRequest, Commit, Counts, DataKeyRecord, Deployed, Deployment, DeploymentPaused,
-    DeploymentRecord, FlowLimits, FlowSetting, GcReport, GcRequest, InstanceStore, JoinRequest,
-    LeaseState, LeasedRun, Millis, MoveRuns, OpenClaim, OperatorStore, Paused, PausedDeployment,
-    Payloads, Presence, RateLimit, RateSetting, Rated, Resolution, Resumed, Rollout, RunEnd,
-    RunFence, RunFilter, RunMove, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy, Sealer,
-    SignalSent, SpawnAnswers, SpawnBatch, StepRecord, StoreError, Submission, Submitted,
-    Suspension, SyncMode, Tick, Timeline, VersionRecord, WaitRecord, WaitRequest, WaitState,
-    WorkerStore,
+    DeploymentRecord, FlowLimits, FlowSetting, ForkRequest, Forked, GcReport, GcRequest,
+    InstanceStore, JoinRequest, LeaseState, LeasedRun, Millis, MoveRuns, OpenClaim, OperatorStore,
+    Paused, PausedDeployment, Payloads, Position, Presence, RateLimit, RateSetting, Rated,
+    Resolution, Resumed, Rollout, RunEnd, RunFence, RunFilter, RunHistory, RunMove, RunRecord,
+    SavedCheckpoint, ScheduleDef, ScheduleRecord, ScheduledBy, Sealer, SignalSent, SpawnAnswers,
+    SpawnBatch, StepRecord, StoreError, Submission, Submitted, Suspension, SyncMode, Tick,
+    Timeline, VersionRecord, WaitRecord, WaitRequest, WaitState, WorkerStore,
 };
 use crate::store::{
     LiveChunk, LiveText, Recorded, UsageFilter, UsageRecord, UsageTotal, check_usage,
@@ -162,7 +163,11 @@ impl InstanceStore for SqliteStore {
             if let Some(counts) = &counts {
                 runs::save_counts(conn, &fence.run_id, counts, now)?;
             }
-            runs::save_checkpoint(conn, &fence.run_id, &checkpoint, now)
+            let position = Position {
+                lease: fence.token,
+                tick: crate::store::tick(),
+            };
+            runs::save_checkpoint(conn, &fence.run_id, &checkpoint, position, now)
         })
         .await
     }
@@ -846,6 +851,35 @@ impl OperatorStore for SqliteStore {
         .await
     }
 
+    async fn history(&self, run_id: &str) -> Result<Option<RunHistory>, StoreError> {
+        let run_id = run_id.to_owned();
+        self.read("read a run's history", move |conn| {
+            history::history(conn, &run_id)
+        })
+        .await
+    }
+
+    async fn checkpoint_before(
+        &self,
+        run_id: &str,
+        before: Option<Position>,
+    ) -> Result<Option<SavedCheckpoint>, StoreError> {
+        let run_id = run_id.to_owned();
+        self.read("read a run's checkpoint", move |conn| {
+            history::checkpoint_before(conn, &run_id, before)
+        })
+        .await
+    }
+
+    async fn fork(&self, req: &ForkRequest<'_>) -> Result<Forked, StoreError> {
+        let owned = OwnedFork::new(req);
+        let sealer = self.sealer();
+        self.write("fork a run", self.sync, move |conn, now| {
+            history::fork(conn, &owned.borrow(), now, Payloads(sealer.as_deref()))
+        })
+        .await
+    }
+
     async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError> {
         let run_id = run_id.to_owned();
         let sealer = self.sealer();
@@ -993,6 +1027,39 @@ impl OperatorStore for SqliteStore {
                 .await?
             };
             report.add(&part);
+        }
+        // Then the step history of finished runs that stay, if asked.
+        if let Some(before) = cut.history_before {
+            let mut after = 0;
+            loop {
+                let c = cut.clone();
+                let batch = self
+                    .read(OP, move |conn| gc::history_runs(conn, &c, before, after))
+                    .await?;
+                let Some(&(last, ..)) = batch.last() else {
+                    break;
+                };
+                after = last;
+                let ids: Vec<String> = batch
+                    .into_iter()
+                    .filter(|(_, _, extra)| *extra > 0)
+                    .map(|(_, id, extra)| {
+                        if req.dry_run {
+                            report.checkpoints += extra;
+                        }
+                        id
+                    })
+                    .collect();
+                if req.dry_run || ids.is_empty() {
+                    continue;
+                }
+                let c = cut.clone();
+                report.checkpoints += self
+                    .write(OP, self.sync, move |conn, _| {
+                        gc::collect_history(conn, &c, before, &ids)
+                    })
+                    .await?;
+            }
         }
         // Last the components no run or deployment uses any more.
         if req.dry_run {

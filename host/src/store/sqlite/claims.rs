@@ -14,6 +14,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use super::leases::{check_fence, fence_holds, lease_lost};
 use super::runs::{self, set_outcome};
 use super::{TxError, to_sql_int, u32_column, u64_column};
+use crate::store::history::{self, Position};
 use crate::store::rules::lease_expiry;
 use crate::store::rules::{
     ClaimDecision, KeyRow, claim_lost, decide_claim, first_grant, next_token,
@@ -161,6 +162,11 @@ fn lost(key: &str, token: u64) -> TxError {
 /// written at once.
 pub(super) fn commit(conn: &Connection, commit: &Commit<'_>, now: Millis) -> Result<(), TxError> {
     let claim = &commit.claim;
+    // Where the step stands in its run; a checkpoint saved with it stands there too.
+    let position = Position {
+        lease: claim.fence.token,
+        tick: history::tick(),
+    };
     // A token beyond SQLite's range was never handed out, so it holds nothing.
     let (Ok(token), Ok(fence_token)) = (to_sql_int(claim.token), to_sql_int(claim.fence.token))
     else {
@@ -172,7 +178,8 @@ pub(super) fn commit(conn: &Connection, commit: &Commit<'_>, now: Millis) -> Res
     // the fence first, as a claim does.
     let changed = conn
         .prepare_cached(
-            "UPDATE steps SET run_id = ?3, holder = NULL, result = ?4, committed_at = ?5
+            "UPDATE steps SET run_id = ?3, holder = NULL, result = ?4, committed_at = ?5,
+                              commit_lease = ?6, commit_tick = ?7
              WHERE key = ?1 AND token = ?2 AND holder IS NOT NULL
                AND EXISTS (SELECT 1 FROM runs
                    WHERE run_id = ?3 AND lease_token = ?6 AND lease_holder IS NOT NULL)",
@@ -183,7 +190,8 @@ pub(super) fn commit(conn: &Connection, commit: &Commit<'_>, now: Millis) -> Res
             claim.fence.run_id,
             commit.result,
             now,
-            fence_token
+            fence_token,
+            to_sql_int(position.tick)?
         ])?;
     if changed != 1 {
         check_fence(conn, claim.fence)?;
@@ -194,7 +202,7 @@ pub(super) fn commit(conn: &Connection, commit: &Commit<'_>, now: Millis) -> Res
         runs::save_counts(conn, run_id, counts, now)?;
     }
     if let Some(checkpoint) = commit.checkpoint {
-        runs::save_checkpoint(conn, run_id, checkpoint, now)?;
+        runs::save_checkpoint(conn, run_id, checkpoint, position, now)?;
     }
     Ok(())
 }

@@ -11,7 +11,7 @@
 use rusqlite::{Connection, named_params};
 
 use super::{TxError, to_sql_int, u64_column};
-use crate::store::rules::{GC_BATCH, GC_RUN_TABLES, gc_cutoffs, gc_statuses};
+use crate::store::rules::{GC_BATCH, GC_RUN_TABLES, gc_cutoffs, gc_statuses, history_cutoff};
 use crate::store::{GcReport, GcRequest, Millis};
 
 /// What one gc collects, fixed when it starts.
@@ -24,6 +24,9 @@ pub(super) struct Cut {
     keys_before: Millis,
     /// `r.status IN (...)`: the statuses counted as finished.
     finished_status: String,
+    /// Finished runs that stay lose all but their last checkpoint if they finished
+    /// before this time.
+    pub(super) history_before: Option<Millis>,
 }
 
 impl Cut {
@@ -38,6 +41,7 @@ impl Cut {
             runs_before,
             keys_before,
             finished_status: format!("r.status IN ({})", names.join(", ")),
+            history_before: history_cutoff(now, req),
         }
     }
 
@@ -244,6 +248,65 @@ pub(super) fn collect_runs(
     };
     report.runs += runs;
     Ok(())
+}
+
+/// The finished runs after rowid `after` (up to [`GC_BATCH`] of them, with their
+/// rowids) that finished before the history cut-off, each with how many of its
+/// checkpoints gc collects: all but its last.
+pub(super) fn history_runs(
+    conn: &Connection,
+    cut: &Cut,
+    before: Millis,
+    after: i64,
+) -> Result<Vec<(i64, String, u64)>, TxError> {
+    let sql = format!(
+        "SELECT r.rowid, r.run_id,
+                max((SELECT count(*) FROM progress p WHERE p.run_id = r.run_id) - 1, 0)
+         FROM runs r
+         WHERE r.rowid > :after AND {} AND r.updated < :before
+         ORDER BY r.rowid LIMIT :limit",
+        cut.finished_status
+    );
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let rows = stmt.query_map(
+        named_params! {
+            ":after": after, ":before": before, ":limit": to_sql_int(GC_BATCH as u64)?,
+        },
+        |row| Ok((row.get(0)?, row.get(1)?, u64_column(row, 2)?)),
+    )?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Deletes all but the last checkpoint of the runs `ids` that are still finished
+/// before the history cut-off (judged under the write lock), marking their history
+/// cut; how many it deleted.
+pub(super) fn collect_history(
+    conn: &Connection,
+    cut: &Cut,
+    before: Millis,
+    ids: &[String],
+) -> Result<u64, TxError> {
+    let still = format!(
+        "EXISTS (SELECT 1 FROM runs r WHERE r.run_id = :run AND {} AND r.updated < :before)",
+        cut.finished_status
+    );
+    let mut deleted = 0;
+    for id in ids {
+        let n = conn
+            .prepare_cached(&format!(
+                "DELETE FROM progress WHERE run_id = :run AND (lease, tick) <
+                     (SELECT lease, tick FROM progress WHERE run_id = :run
+                      ORDER BY lease DESC, tick DESC LIMIT 1)
+                   AND {still}"
+            ))?
+            .execute(named_params! { ":run": id, ":before": before })?;
+        if n > 0 {
+            conn.prepare_cached("UPDATE runs SET history_cut = 1 WHERE run_id = ?1")?
+                .execute([id])?;
+        }
+        deleted += n as u64;
+    }
+    Ok(deleted)
 }
 
 /// Components gc collects: stored before the runs cut-off, and used by no deployment

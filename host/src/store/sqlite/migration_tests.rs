@@ -438,3 +438,62 @@ fn version_17_store_numbers_deployments_and_places_runs_on_them() {
         assert_eq!(d3.version, 3);
     });
 }
+
+#[test]
+fn version_19_store_keeps_its_checkpoints_and_orders_its_steps_by_commit_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.db");
+    let conn = Connection::open(&path).unwrap();
+    conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA foreign_keys = OFF;")
+        .unwrap();
+    for migration in &super::schema::MIGRATIONS[..19] {
+        conn.execute_batch(migration).unwrap();
+    }
+    conn.execute_batch(
+        "PRAGMA application_id = 1768187245; PRAGMA user_version = 19;
+         INSERT INTO components (digest, bytes, size, created) VALUES ('d1', x'00', 1, 1);
+         INSERT INTO runs (run_id, agent, digest, namespace, status, created, updated)
+         VALUES ('a', 'mailer', 'd1', 'mailer', 'running', 40, 40);
+         INSERT INTO run_inputs (run_id, input, authority) VALUES ('a', x'7b7d', x'');
+         INSERT INTO progress (run_id, step, state, updated) VALUES ('a', 2, x'7332', 50);
+         INSERT INTO steps (key, run_id, token, attempt, claimed_at, lease_expires, result,
+                            committed_at)
+         VALUES ('mailer:a/second', 'a', 1, 1, 45, 45, x'32', 46),
+                ('mailer:a/first', 'a', 1, 1, 41, 41, x'31', 42);",
+    )
+    .unwrap();
+    drop(conn);
+    let store = SqliteStore::open(&path, SyncMode::Normal).unwrap();
+    block_on(async {
+        assert_eq!(
+            store.load_progress("a").await.unwrap(),
+            Some(Checkpoint {
+                step: 2,
+                state: b"s2".to_vec()
+            })
+        );
+        let history = store.history("a").await.unwrap().unwrap();
+        let keys: Vec<&str> = history.steps.iter().map(|s| s.key.as_str()).collect();
+        assert_eq!(keys, ["mailer:a/first", "mailer:a/second"]);
+        assert_eq!(history.checkpoints.len(), 1);
+        // The checkpoint stands at its time: after both steps.
+        assert_eq!(history.checkpoints[0].after, 2);
+        // A fork at the second step: the first's result copied, no checkpoint before it.
+        let forked = store
+            .fork(&crate::store::ForkRequest {
+                run_id: "a",
+                at: 2,
+                new_run_id: "f",
+                input: None,
+                version: None,
+            })
+            .await
+            .unwrap();
+        assert_eq!((forked.reused, forked.checkpoint), (1, None));
+        let ns = crate::store::fork_namespace("mailer", "f");
+        assert_eq!(
+            store.committed(&format!("{ns}:f/first")).await.unwrap(),
+            Some(b"1".to_vec())
+        );
+    });
+}

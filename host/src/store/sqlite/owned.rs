@@ -273,3 +273,34 @@ impl OwnedSubmission {
         }
     }
 }
+
+/// A [`ForkRequest`](crate::store::ForkRequest), owned.
+pub(super) struct OwnedFork {
+    run_id: String,
+    at: u64,
+    new_run_id: String,
+    input: Option<Vec<u8>>,
+    version: Option<u64>,
+}
+
+impl OwnedFork {
+    pub(super) fn new(r: &crate::store::ForkRequest<'_>) -> Self {
+        OwnedFork {
+            run_id: r.run_id.to_owned(),
+            at: r.at,
+            new_run_id: r.new_run_id.to_owned(),
+            input: r.input.map(<[u8]>::to_vec),
+            version: r.version,
+        }
+    }
+
+    pub(super) fn borrow(&self) -> crate::store::ForkRequest<'_> {
+        crate::store::ForkRequest {
+            run_id: &self.run_id,
+            at: self.at,
+            new_run_id: &self.new_run_id,
+            input: self.input.as_deref(),
+            version: self.version,
+        }
+    }
+}

@@ -9,6 +9,8 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use super::{TxError, to_sql_int, u64_column};
 use crate::store::EventKind;
 use crate::store::events::NewEvent;
+use crate::store::history::{self, HISTORY_KEEP, HISTORY_KEEP_LARGE, Position};
+use crate::store::values::blobs;
 use crate::store::{
     Cancelled, Checkpoint, Counts, MAX_PRIORITY, Millis, Payloads, RunFilter, RunLeaseInfo,
     RunRecord, RunStatus, StoreError, Submission, Submitted,
@@ -31,11 +33,13 @@ macro_rules! select_records {
             "SELECT r.run_id, r.agent, r.digest, r.namespace, ", run_status!(), ", o.outcome,
                     r.executed, r.skipped, r.awaited, r.reclaimed, r.instances,
                     r.lease_holder, r.lease_token, r.lease_expires, r.cancel_requested,
-                    r.note, r.created, r.updated, p.step, r.wake_at, r.waiting_for,
+                    r.note, r.created, r.updated,
+                    (SELECT p.step FROM progress p WHERE p.run_id = r.run_id
+                     ORDER BY p.lease DESC, p.tick DESC LIMIT 1),
+                    r.wake_at, r.waiting_for,
                     r.recycled, r.parent, r.spawn_key, r.detached, r.joining, r.paused,
                     r.priority, r.flow_key, r.version
              FROM runs r
-             LEFT JOIN progress p ON p.run_id = r.run_id
              LEFT JOIN run_outcomes o ON o.run_id = r.run_id ",
             $($tail)*
         )
@@ -301,7 +305,10 @@ pub(super) fn load_progress(
     run_id: &str,
 ) -> Result<Option<Checkpoint>, TxError> {
     let checkpoint = conn
-        .prepare_cached("SELECT step, state FROM progress WHERE run_id = ?1")?
+        .prepare_cached(
+            "SELECT step, state FROM progress WHERE run_id = ?1 AND state IS NOT NULL
+             ORDER BY lease DESC, tick DESC LIMIT 1",
+        )?
         .query_row([run_id], |row| {
             Ok(Checkpoint {
                 step: u64_column(row, 0)?,
@@ -312,28 +319,66 @@ pub(super) fn load_progress(
     Ok(checkpoint)
 }
 
-/// Replaces the run's checkpoint. The caller checked the fence, so the run exists.
+/// Saves the run's checkpoint at `position` (its history keeps the ones before), and,
+/// now and then, collects those past [`HISTORY_KEEP`]. The caller checked the fence, so
+/// the run exists.
 pub(super) fn save_checkpoint(
     conn: &Connection,
     run_id: &str,
     checkpoint: &Checkpoint,
+    position: Position,
     now: Millis,
 ) -> Result<(), TxError> {
     let step = to_sql_int(checkpoint.step)?;
-    // The row exists after a run's first save: an UPDATE that leaves `run_id` alone
-    // neither tries an insert first nor checks the foreign key again.
-    let updated = conn
-        .prepare_cached(
-            "UPDATE progress SET step = ?2, state = ?3, updated = ?4 WHERE run_id = ?1",
-        )?
-        .execute(params![run_id, step, checkpoint.state, now])?;
-    if updated == 0 {
-        conn.prepare_cached(
-            "INSERT INTO progress (run_id, step, state, updated) VALUES (?1, ?2, ?3, ?4)",
-        )?
-        .execute(params![run_id, step, checkpoint.state, now])?;
+    let (lease, tick) = (to_sql_int(position.lease)?, to_sql_int(position.tick)?);
+    // An insert writes the page the update it replaces would have: the run's rows sit
+    // together, in order.
+    conn.prepare_cached(
+        "INSERT INTO progress (run_id, lease, tick, step, state, updated)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+         ON CONFLICT (run_id, lease, tick) DO UPDATE
+         SET step = excluded.step, state = excluded.state, updated = excluded.updated",
+    )?
+    .execute(params![run_id, lease, tick, step, checkpoint.state, now])?;
+    if history::trim_due() {
+        trim_history(conn, run_id)?;
+    }
+    if blobs::referred(&checkpoint.state).is_some() {
+        drop_large_states(conn, run_id)?;
     }
     Ok(())
+}
+
+/// Collects the states of the run's large checkpoints but its last
+/// [`HISTORY_KEEP_LARGE`], keeping their rows (their place in the history): called as
+/// a large one is saved, whose blob costs far more than this.
+fn drop_large_states(conn: &Connection, run_id: &str) -> Result<(), TxError> {
+    conn.prepare_cached(
+        "UPDATE progress SET state = NULL
+         WHERE run_id = ?1 AND substr(state, 1, 4) = X'00494201' AND (lease, tick) <=
+             (SELECT lease, tick FROM progress
+              WHERE run_id = ?1 AND substr(state, 1, 4) = X'00494201'
+              ORDER BY lease DESC, tick DESC LIMIT 1 OFFSET ?2)",
+    )?
+    .execute(params![run_id, to_sql_int(HISTORY_KEEP_LARGE)?])?;
+    Ok(())
+}
+
+/// Deletes the run's checkpoints but its last [`HISTORY_KEEP`], marking its history
+/// cut when it deleted any.
+pub(super) fn trim_history(conn: &Connection, run_id: &str) -> Result<u64, TxError> {
+    let deleted = conn
+        .prepare_cached(
+            "DELETE FROM progress WHERE run_id = ?1 AND (lease, tick) <=
+                 (SELECT lease, tick FROM progress WHERE run_id = ?1
+                  ORDER BY lease DESC, tick DESC LIMIT 1 OFFSET ?2)",
+        )?
+        .execute(params![run_id, to_sql_int(HISTORY_KEEP)?])?;
+    if deleted > 0 {
+        conn.prepare_cached("UPDATE runs SET history_cut = 1 WHERE run_id = ?1")?
+            .execute([run_id])?;
+    }
+    Ok(deleted as u64)
 }
 
 /// Stores the run's counts as given. The caller checked the fence, so the run exists.

@@ -36,6 +36,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0017_blobs.sql"),
     include_str!("../migrations/sqlite/0018_versions.sql"),
     include_str!("../migrations/sqlite/0019_events.sql"),
+    include_str!("../migrations/sqlite/0020_history.sql"),
 ];
 
 /// The schema version this build writes and understands.

@@ -12,7 +12,8 @@ use super::sealing::plant;
 use super::{Env, Harness, T0, block_on};
 use crate::store::values::blobs;
 use crate::store::{
-    BLOB_FROM, BLOB_GRACE, Checkpoint, Clock, Counts, GcRequest, Millis, RunEnd, Store, ValueStore,
+    BLOB_FROM, BLOB_GRACE, Checkpoint, Clock, Counts, GcRequest, HISTORY_KEEP_LARGE, Millis,
+    RunEnd, Store, ValueStore,
 };
 
 /// The harness's store as idem opens it: behind a [`ValueStore`] (a sealed harness's
@@ -115,13 +116,16 @@ fn a_value_that_looks_like_a_reference_reads_back_as_itself<H: Harness>(wrap: bo
     });
 }
 
-/// gc collects a blob once no row refers to it and it went unused for the grace:
-/// a checkpoint replaced, then a finished run's values with the run.
+/// gc collects a blob once no row refers to it and it went unused for the grace: a
+/// large checkpoint's once the run saved [`HISTORY_KEEP_LARGE`] larger ones after it
+/// (its history keeps its place, not its state), then a finished run's values with the
+/// run.
 fn gc_collects_the_blobs_no_row_refers_to<H: Harness>(wrap: bool) {
     with_store(wrap, |harness: &H, env| {
         let store = env.store;
         let gc = |finished_before: Duration| {
             block_on(store.gc(&GcRequest {
+                history_before: None,
                 finished_before,
                 dedupe_window: finished_before,
                 include_failed: false,
@@ -133,7 +137,7 @@ fn gc_collects_the_blobs_no_row_refers_to<H: Harness>(wrap: bool) {
         let run = block_on(async {
             env.submit("kept", &large(b'i')).await;
             let run = env.acquire("kept", "w").await;
-            for (step, tag) in [(1, b'a'), (2, b'b')] {
+            for (step, tag) in (1..).zip(b'a'..=b'f') {
                 let checkpoint = Checkpoint {
                     step,
                     state: large(tag),
@@ -142,31 +146,35 @@ fn gc_collects_the_blobs_no_row_refers_to<H: Harness>(wrap: bool) {
             }
             run
         });
-        // The input and both checkpoints; the first is referred to by nothing now.
-        assert_eq!(harness.rows("blobs"), 3);
+        // The input and six checkpoints; the first two are referred to by nothing now.
+        assert_eq!(HISTORY_KEEP_LARGE, 4);
+        assert_eq!(harness.rows("blobs"), 7);
+        let history = block_on(store.history("kept")).unwrap().unwrap();
+        let kept: Vec<bool> = history.checkpoints.iter().map(|c| c.kept).collect();
+        assert_eq!(kept, [false, false, true, true, true, true]);
         // Within the grace nothing goes, even with the cuts at now.
         assert_eq!(gc(Duration::ZERO).blobs, 0);
         let grace = Millis::try_from(BLOB_GRACE.as_millis()).unwrap();
         env.advance(grace + 1);
         let report = gc(Duration::ZERO);
-        assert_eq!((report.blobs, report.runs), (1, 0));
-        assert_eq!((harness.rows("blobs"), harness.rows("blob_bytes")), (2, 2));
+        assert_eq!((report.blobs, report.runs), (2, 0));
+        assert_eq!((harness.rows("blobs"), harness.rows("blob_bytes")), (5, 5));
         assert_eq!(
             block_on(store.load_progress("kept"))
                 .unwrap()
                 .unwrap()
                 .state,
-            large(b'b')
+            large(b'f')
         );
 
         // The run ends with a large output; a day later gc takes the run and every blob.
         block_on(store.finish_run(&run, RunEnd::Completed(&large(b'o')), &Counts::default()))
             .unwrap();
-        assert_eq!(harness.rows("blobs"), 3);
+        assert_eq!(harness.rows("blobs"), 6);
         let day = Duration::from_secs(86_400);
         env.advance(Millis::try_from(2 * day.as_millis()).unwrap());
         let report = gc(day);
-        assert_eq!((report.runs, report.blobs), (1, 3));
+        assert_eq!((report.runs, report.blobs), (1, 6));
         assert_eq!((harness.rows("blobs"), harness.rows("blob_bytes")), (0, 0));
     });
 }

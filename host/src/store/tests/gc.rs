@@ -38,6 +38,7 @@ fn days(n: u64) -> Duration {
 /// Runs finished 30 days ago go; keys stay 7 days.
 fn request(dry_run: bool) -> GcRequest {
     GcRequest {
+        history_before: None,
         finished_before: days(30),
         dedupe_window: days(7),
         include_failed: false,
@@ -282,6 +283,7 @@ pub(super) async fn keys_inside_the_dedupe_window_outlive_their_run(env: &Env<'_
         .unwrap();
     env.advance(2 * DAY);
     let req = GcRequest {
+        history_before: None,
         finished_before: days(1),
         ..request(false)
     };
@@ -296,6 +298,7 @@ pub(super) async fn keys_inside_the_dedupe_window_outlive_their_run(env: &Env<'_
     env.advance(6 * DAY);
     let dry = store
         .gc(&GcRequest {
+            history_before: None,
             dry_run: true,
             ..req.clone()
         })
@@ -331,6 +334,7 @@ pub(super) async fn failed_runs_stay_unless_asked_and_live_claims_always(env: &E
     assert_eq!(report.total(), 0, "{report:?}");
     let report = store
         .gc(&GcRequest {
+            history_before: None,
             include_failed: true,
             ..request(false)
         })

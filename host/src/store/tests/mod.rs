@@ -12,6 +12,7 @@
 //! - `deploy.rs`: components, deployments and namespaces.
 //! - `versions.rs`: versions of a deployment, rollouts, moving runs and back.
 //! - `events.rs`: runs' timelines: what each lease, instance and operator records.
+//! - `history.rs`: runs' step histories, forks made from them, and their collection.
 //! - `flow.rs`: limits on running runs, concurrency keys, priorities.
 //! - `waits.rs`: sleeps, signals and suspended runs.
 //! - `schedules.rs`: schedules, their ticks and policies.
@@ -30,6 +31,7 @@ mod deploy;
 mod events;
 mod flow;
 mod gc;
+mod history;
 mod leases;
 mod live;
 mod pause;
@@ -165,6 +167,10 @@ macro_rules! store_tests {
                 versions::runs_move_to_a_version_and_back,
                 versions::bad_moves_are_refused_and_change_nothing,
                 versions::a_dev_upgrade_is_recorded_with_its_versions,
+                history::a_runs_history_keeps_its_steps_and_checkpoints_in_order,
+                history::a_fork_reuses_the_steps_before_and_runs_the_rest_under_its_keys,
+                history::bad_forks_are_refused_and_change_nothing,
+                history::gc_collects_a_finished_runs_history_when_asked,
                 waits::a_sleep_keeps_its_first_wake_time_and_elapses_on_the_clock,
                 waits::a_suspended_run_is_leased_only_when_due_in_due_order,
                 waits::a_signal_is_taken_once_by_the_wait_that_records_it,

@@ -31,13 +31,14 @@ use super::{DataKeyRecord, Sealer};
 use crate::store::{
     Acquired, Cancelled, CatalogStore, Checkpoint, ChildEnd, ChildSpec, ClaimOutcome, ClaimRef,
     ClaimRequest, Commit, Counts, Deployed, Deployment, DeploymentPaused, DeploymentRecord,
-    FlowLimits, FlowSetting, GcReport, GcRequest, InstanceStore, JoinRequest, LeaseState,
-    LeasedRun, LiveChunk, LiveText, Millis, MoveRuns, OpenClaim, OperatorStore, Paused,
-    PausedDeployment, RateLimit, RateSetting, Rated, Recorded, Resolution, Resumed, Rollout,
-    RunEnd, RunFence, RunFilter, RunMove, RunRecord, ScheduleDef, ScheduleRecord, ScheduledBy,
-    SignalSent, SpawnAnswers, SpawnBatch, SpawnRequest, Spawned, StepRecord, Store, StoreError,
-    Submission, Submitted, Suspension, Tick, Timeline, UsageFilter, UsageRecord, UsageTotal,
-    VersionRecord, WaitRecord, WaitRequest, WaitState, WorkerStore, check_signal_payload,
+    FlowLimits, FlowSetting, ForkRequest, Forked, GcReport, GcRequest, InstanceStore, JoinRequest,
+    LeaseState, LeasedRun, LiveChunk, LiveText, Millis, MoveRuns, OpenClaim, OperatorStore, Paused,
+    PausedDeployment, Position, RateLimit, RateSetting, Rated, Recorded, Resolution, Resumed,
+    Rollout, RunEnd, RunFence, RunFilter, RunHistory, RunMove, RunRecord, SavedCheckpoint,
+    ScheduleDef, ScheduleRecord, ScheduledBy, SignalSent, SpawnAnswers, SpawnBatch, SpawnRequest,
+    Spawned, StepRecord, Store, StoreError, Submission, Submitted, Suspension, Tick, Timeline,
+    UsageFilter, UsageRecord, UsageTotal, VersionRecord, WaitRecord, WaitRequest, WaitState,
+    WorkerStore, check_signal_payload,
 };
 
 /// How long a blob stays after its last use, referred to or not: longer than any one
@@ -783,6 +784,47 @@ impl OperatorStore for ValueStore {
     async fn events(&self, run_id: &str) -> Result<Option<Timeline>, StoreError> {
         // Events hold metadata only, never a value (`store/events.rs`).
         self.inner.events(run_id).await
+    }
+
+    async fn history(&self, run_id: &str) -> Result<Option<RunHistory>, StoreError> {
+        // Positions, keys and sizes: no value.
+        self.inner.history(run_id).await
+    }
+
+    async fn checkpoint_before(
+        &self,
+        run_id: &str,
+        before: Option<Position>,
+    ) -> Result<Option<SavedCheckpoint>, StoreError> {
+        let Some(saved) = self.inner.checkpoint_before(run_id, before).await? else {
+            return Ok(None);
+        };
+        let state = self.open(saved.checkpoint.state).await?;
+        Ok(Some(SavedCheckpoint {
+            checkpoint: Checkpoint {
+                state,
+                ..saved.checkpoint
+            },
+            ..saved
+        }))
+    }
+
+    async fn fork(&self, req: &ForkRequest<'_>) -> Result<Forked, StoreError> {
+        // A new input is kept as a submission's is; the original's, and the results and
+        // checkpoint copied, the backend copies as it keeps them.
+        let input = match req.input {
+            Some(input) => Some(self.keep(input).await?),
+            None => None,
+        };
+        let forked = self
+            .inner
+            .fork(&ForkRequest {
+                input: input.as_deref(),
+                ..req.clone()
+            })
+            .await?;
+        let record = self.open_record(forked.record).await?;
+        Ok(Forked { record, ..forked })
     }
 
     async fn logs(&self, run_id: &str) -> Result<Vec<u8>, StoreError> {
