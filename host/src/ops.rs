@@ -19,7 +19,7 @@ pub use schedules::{
 };
 pub use timeline::{CheckpointView, StepView, step_view, timeline};
 #[cfg(feature = "prove")]
-pub use versions::rehearse;
+pub use versions::{rehearse, rehearse_build};
 pub use versions::{rollback, upgrade, versions};
 
 use sha2::{Digest, Sha256};

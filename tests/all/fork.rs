@@ -4,7 +4,8 @@
 //! checkpoints every step (the fork starts from step 2's checkpoint and never asks for
 //! steps 1 and 2), `release` saves none and replays from the start (the fork finds
 //! steps 1 and 2 committed, copied from the original, and runs neither again). Bad
-//! forks are refused with exit 2, creating nothing.
+//! forks are refused with exit 2, creating nothing, and so is a fork of a run whose
+//! history `idem gc --history-before` collected.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -154,6 +155,19 @@ fn bad_forks_change_nothing(db: &str) {
     }
     let out = run_cli(&["fork", "nobody", "--at", "1", "--db", db]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(listed(), before);
+
+    // Once gc took the finished run's history, its forks are refused; the run stays.
+    let out = run_cli(&["gc", "--db", db, "--history-before", "0s", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        report["report"]["checkpoints"].as_u64().unwrap() >= 4,
+        "{report}"
+    );
+    let out = run_cli(&["fork", "orig", "--at", "3", "--db", db]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("collected"), "{}", stderr(&out));
     assert_eq!(listed(), before);
 }
 

@@ -271,6 +271,36 @@ fn dry_run_through_the_cli(db: &str, data: &Path) {
     let unknown = dry("9", &[]);
     assert_eq!(unknown.status.code(), Some(2), "{}", stderr(&unknown));
     assert!(stderr(&unknown).contains('9'), "{}", stderr(&unknown));
+
+    // The same check of a build not deployed yet, from `idem prove`: a CI job's gate
+    // before the deploy.
+    let prove = |agent: &str, deployment: &str| {
+        run_cli(&[
+            "prove",
+            agent,
+            "--against-store",
+            db,
+            "--deployment",
+            deployment,
+        ])
+    };
+    let renamed = prove(RELEASE_RENAMED, "release");
+    assert_eq!(renamed.status.code(), Some(7), "{}", stderr(&renamed));
+    let text = stdout(&renamed);
+    assert!(
+        text.contains("rel: WOULD REPEAT step 1 (rel/item/"),
+        "{text}"
+    );
+    let compatible = prove(RELEASE_V2, "release");
+    assert_eq!(compatible.status.code(), Some(0), "{}", stderr(&compatible));
+    assert!(
+        stdout(&compatible).contains("nothing would run again"),
+        "{}",
+        stdout(&compatible)
+    );
+    let nobody = prove(RELEASE_V2, "nobody");
+    assert_eq!(nobody.status.code(), Some(2), "{}", stderr(&nobody));
+    assert!(stderr(&nobody).contains("nobody"), "{}", stderr(&nobody));
     assert_eq!(state(db, data), before, "a dry run changed the store");
 
     let moved = run_cli(&["upgrade", "release", "--to", "3", "--db", db]);

@@ -11,10 +11,12 @@ use clap::Parser;
 use idem::prove::{ChildRun, Kills, Progress, ProveOptions, Scenario, Upstream, prove};
 use idem::runtime::{Authority, Phase, Runtime, check_grants};
 
-use super::args::{AuthorityArgs, CacheArgs, json_or_file, protected};
+use idem::ops;
+
+use super::args::{AuthorityArgs, CacheArgs, DbArgs, json_or_file, protected};
 use super::display;
 use super::run::default_run_id;
-use crate::exit::{BadInput, Exit};
+use crate::exit::{BadInput, Exit, op_error};
 
 mod report;
 
@@ -73,6 +75,22 @@ pub struct ProveCommand {
     /// system's temp dir.
     #[arg(long, value_name = "DIR")]
     scratch: Option<PathBuf>,
+    /// Instead of crash-testing the agent, check it as a new version of a deployment
+    /// against that deployment's runs in flight in this store (a SQLite file or a
+    /// PostgreSQL URL), read-only, as `idem upgrade --dry-run` checks a deployed
+    /// version: each run resumed in scratch stores on the version it is on and on this
+    /// build, nothing sent. Exits 7 when any run would run a committed step again,
+    /// take another next step, or break. The gate a CI job runs before a deploy.
+    #[arg(long, value_name = "PATH|URL")]
+    against_store: Option<String>,
+    /// With --against-store: the deployment whose runs are checked. Defaults to the
+    /// agent's name (its file name), as `idem deploy` names it.
+    #[arg(long, value_name = "NAME", requires = "against_store")]
+    deployment: Option<String>,
+    /// With --against-store: the key of a store encrypted at rest (a file of 64 hex
+    /// digits; IDEM_STORE_KEY may hold the digits instead).
+    #[arg(long, value_name = "PATH", requires = "against_store")]
+    key_file: Option<PathBuf>,
     #[command(flatten)]
     cache: CacheArgs,
 }
@@ -141,6 +159,9 @@ fn seeds(s: &str) -> Result<SeedList, String> {
 
 impl ProveCommand {
     pub async fn execute(self) -> anyhow::Result<Exit> {
+        if let Some(db) = &self.against_store {
+            return self.against_store(db).await;
+        }
         let input = json_or_file("--input", &self.input)?;
         let authority = self.authority.authority()?;
         let upstream = match &self.stub {
@@ -197,6 +218,30 @@ impl ProveCommand {
         } else {
             Exit::Violations
         })
+    }
+
+    /// `--against-store`: this build rehearsed on the deployment's runs in flight.
+    async fn against_store(&self, db: &str) -> anyhow::Result<Exit> {
+        let store = DbArgs {
+            db: db.to_owned(),
+            db_pool: 4,
+            db_timeout: std::time::Duration::from_secs(10),
+            key_file: self.key_file.clone(),
+        }
+        .open_read_only()
+        .await?;
+        let runtime = Arc::new(Runtime::new(self.cache.dir())?);
+        let agent = runtime.load(&self.agent)?;
+        let name = self
+            .deployment
+            .clone()
+            .unwrap_or_else(|| agent.name().to_owned());
+        let scratch = self.scratch.clone().unwrap_or_else(std::env::temp_dir);
+        let report = ops::rehearse_build(&store, &runtime, &name, &agent, &[], &scratch)
+            .await
+            .map_err(op_error)?;
+        let target = format!("this build ({})", self.agent.display());
+        super::versions::report_rehearsal(&name, &target, &report, self.json, self.junit.as_deref())
     }
 
     /// The one command that reproduces a scenario: `idem run` with the same input and

@@ -152,28 +152,47 @@ impl UpgradeCommand {
         let report = ops::rehearse(&store, &runtime, &self.name, self.to, &self.runs, &scratch)
             .await
             .map_err(op_error)?;
-        if let Some(path) = &self.junit {
-            std::fs::write(path, junit(&self.name, self.to, &report)).map_err(|e| {
-                BadInput(format!("cannot write --junit file {}: {e}", path.display()))
-            })?;
-        }
-        if self.json {
-            let value = serde_json::json!({
-                "deployment": self.name,
-                "to_version": self.to,
-                "safe": report.is_safe(),
-                "report": report,
-            });
-            println!("{}", display::json(&value));
-        } else {
-            print_rehearsal(&self.name, self.to, &report);
-        }
-        Ok(if report.is_safe() {
-            Exit::Done
-        } else {
-            Exit::Violations
-        })
+        let target = format!("version {}", self.to);
+        report_rehearsal(
+            &self.name,
+            &target,
+            &report,
+            self.json,
+            self.junit.as_deref(),
+        )
     }
+}
+
+/// A rehearsal of moving runs of deployment `name` to `target` (`version 3`, or a
+/// build not deployed yet), as text or JSON, and as JUnit XML to `junit` if given; exit
+/// 7 when any run would not be safe.
+pub fn report_rehearsal(
+    name: &str,
+    target: &str,
+    report: &UpgradeReport,
+    json: bool,
+    junit_to: Option<&std::path::Path>,
+) -> anyhow::Result<Exit> {
+    if let Some(path) = junit_to {
+        std::fs::write(path, junit(name, target, report))
+            .map_err(|e| BadInput(format!("cannot write --junit file {}: {e}", path.display())))?;
+    }
+    if json {
+        let value = serde_json::json!({
+            "deployment": name,
+            "to": target,
+            "safe": report.is_safe(),
+            "report": report,
+        });
+        println!("{}", display::json(&value));
+    } else {
+        print_rehearsal(name, target, report);
+    }
+    Ok(if report.is_safe() {
+        Exit::Done
+    } else {
+        Exit::Violations
+    })
 }
 
 /// Where a walk stopped, as a person reads it.
@@ -231,13 +250,14 @@ fn verdict_text(run: &RunRehearsal) -> String {
     }
 }
 
-fn print_rehearsal(name: &str, to: u64, report: &UpgradeReport) {
+fn print_rehearsal(name: &str, target: &str, report: &UpgradeReport) {
     let bad = report.unsafe_runs().count();
     println!(
-        "rehearsed moving {} run{} of {} to version {to}: {}",
+        "rehearsed moving {} run{} of {} to {}: {}",
         report.runs.len(),
         if report.runs.len() == 1 { "" } else { "s" },
         display::name(name),
+        display::name(target),
         if bad == 0 {
             "nothing would run again".to_string()
         } else {
@@ -250,9 +270,9 @@ fn print_rehearsal(name: &str, to: u64, report: &UpgradeReport) {
 }
 
 /// The rehearsal as JUnit XML: one test case per run, failed where it is not safe.
-fn junit(name: &str, to: u64, report: &UpgradeReport) -> String {
+fn junit(name: &str, target: &str, report: &UpgradeReport) -> String {
     let failures = report.unsafe_runs().count();
-    let suite = format!("idem upgrade {name} --to {to} --dry-run");
+    let suite = format!("moving runs of {name} to {target}");
     let mut xml = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
     let _ = writeln!(
         xml,

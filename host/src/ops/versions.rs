@@ -12,7 +12,7 @@ use super::OpError;
 #[cfg(feature = "prove")]
 use crate::prove::{UpgradeRehearsal, UpgradeReport, rehearse_upgrade};
 #[cfg(feature = "prove")]
-use crate::runtime::{Runtime, load_stored};
+use crate::runtime::{LoadedAgent, Runtime, load_stored};
 #[cfg(feature = "prove")]
 use crate::store::RunFilter;
 use crate::store::{MoveRuns, MoveTo, RunMove, Store, StoreError, VersionRecord};
@@ -92,12 +92,33 @@ pub async fn rehearse(
             name: name.to_owned(),
             version,
         })?;
-    let runs = runs_of(store.as_ref(), name, runs).await?;
     let to = load_stored(runtime, store.as_ref(), &target.deployment.digest, name).await?;
+    rehearse_build(store, runtime, name, &to, runs, scratch).await
+}
+
+/// Rehearses moving runs of deployment `name` — `runs`, or every run of `name` that has
+/// not ended — to `to`, a build not deployed yet (`idem prove AGENT --against-store`),
+/// as [`rehearse`] does to a version: the check a CI job makes before a deploy.
+#[cfg(feature = "prove")]
+pub async fn rehearse_build(
+    store: &Arc<dyn Store>,
+    runtime: &Arc<Runtime>,
+    name: &str,
+    to: &LoadedAgent,
+    runs: &[String],
+    scratch: &Path,
+) -> Result<UpgradeReport, OpError> {
+    if store.deployment(name).await?.is_none() {
+        return Err(StoreError::UnknownDeployment {
+            name: name.to_owned(),
+        }
+        .into());
+    }
+    let runs = runs_of(store.as_ref(), name, runs).await?;
     Ok(rehearse_upgrade(
         runtime,
         store,
-        &to,
+        to,
         &UpgradeRehearsal {
             runs,
             scratch: scratch.to_path_buf(),
