@@ -530,7 +530,8 @@ pub struct RunView {
     /// Its output (completed), error (failed) or reason (in doubt, cancelled), as JSON
     /// when it is JSON, else as text.
     pub outcome: Option<serde_json::Value>,
-    /// The keys it claimed, in the order their latest claims were granted.
+    /// The keys it claimed: those it committed in the order it committed them, then its
+    /// open claims in the order they were granted.
     pub steps: Vec<StepRecord>,
     /// Its sleeps and signal waits, in the order first reached.
     pub waits: Vec<WaitRecord>,

@@ -1,7 +1,7 @@
 //! `idem show`: one run — its status and outcome, the worker lease on it, its parent
 //! and children, the schedule that started it, the token usage of its model calls, its
-//! steps in the order they were claimed, its waits and joins, and its open claims; with
-//! `--events`, its timeline; with `--steps`, its step history (each committed step,
+//! steps (committed ones in the order committed, then open claims), its waits and
+//! joins, and its open claims; with `--events`, its timeline; with `--steps`, its step history (each committed step,
 //! numbered as `idem fork --at` takes them, and the checkpoint saved with it); with
 //! `--step KEY`, one step opened.
 
@@ -347,7 +347,7 @@ fn print_usage(usage: &[PricedUsage]) {
     }
 }
 
-/// Its steps, in the order they were claimed.
+/// Its steps: the committed ones in the order committed, then its open claims.
 fn print_steps(steps: &[StepRecord]) {
     println!("steps ({}):", steps.len());
     for step in steps {

@@ -199,12 +199,16 @@ pub(super) async fn open_claims(
         .collect()
 }
 
-/// The keys of a run, in the order their latest claims were granted.
+/// The keys of a run: those it committed in the order it committed them, then its
+/// open claims in the order they were granted.
 pub(super) async fn steps(conn: &Conn, run_id: &str) -> Result<Vec<StepRecord>, TxError> {
     let rows = conn
         .query(
             "SELECT key, token, attempt, claimed_at, committed_at, holder, parked FROM steps
-             WHERE run_id = $1 ORDER BY claimed_at, key COLLATE \"C\"",
+             WHERE run_id = $1
+             ORDER BY result IS NULL, coalesce(commit_lease, 0),
+                      coalesce(commit_tick, committed_at * 1000), claimed_at,
+                      key COLLATE \"C\"",
             &[&run_id],
         )
         .await?;

@@ -111,8 +111,9 @@ pub trait OperatorStore: Send + Sync + fmt::Debug {
     /// Claims not committed yet, of one run or of all runs, ordered by key.
     async fn open_claims(&self, run_id: Option<&str>) -> Result<Vec<OpenClaim>, StoreError>;
 
-    /// The keys run `run_id` claimed (and still holds or committed), in the order their
-    /// latest claims were granted.
+    /// The keys run `run_id` claimed (and still holds or committed): those it committed
+    /// in the order it committed them (as its history numbers them), then its open
+    /// claims in the order they were granted.
     async fn steps(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError>;
 
     /// The run's waits, in the order they were first reached.

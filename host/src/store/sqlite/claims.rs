@@ -300,13 +300,16 @@ fn open_claim(row: &Row<'_>) -> rusqlite::Result<OpenClaim> {
     })
 }
 
-/// The keys of a run, in the order their latest claims were granted.
+/// The keys of a run: those it committed in the order it committed them, then its
+/// open claims in the order they were granted.
 pub(super) fn steps(conn: &Connection, run_id: &str) -> Result<Vec<StepRecord>, TxError> {
     // A scan, like `open_claims`: an index by run would cost every claim a page.
     let steps = conn
         .prepare_cached(
             "SELECT key, token, attempt, claimed_at, committed_at, holder, parked FROM steps
-             WHERE run_id = ?1 ORDER BY claimed_at, key",
+             WHERE run_id = ?1
+             ORDER BY result IS NULL, coalesce(commit_lease, 0),
+                      coalesce(commit_tick, committed_at * 1000), claimed_at, key",
         )?
         .query_map([run_id], |row| {
             Ok(StepRecord {
