@@ -30,8 +30,9 @@ impl Shutdown {
     /// that a second signal exits) and asks for the stop; a second prints `COMMAND:
     /// exiting at once` and exits with 130.
     ///
-    /// Until this is called a signal ends the process as it would any other: call it
-    /// once the command holds something a drain gives back.
+    /// Until this is called a signal ends the process as it would any other: `idem
+    /// worker` calls it first of all, so that a stop asked while it starts is a drain
+    /// of nothing (exit 0), not a death by signal.
     pub fn on_signals(command: &'static str, draining: &'static str) -> std::io::Result<Shutdown> {
         let signals = Signals {
             term: signal(SignalKind::terminate())?,

@@ -209,6 +209,29 @@ pub(crate) fn deploy_fetcher(service: &Service, server: &TestServer, extra: &[&s
     service.ok(&args);
 }
 
+/// A worker asked to stop before it started (here: while it waits for a database
+/// nobody serves yet) drains nothing and exits 0, as a drained worker does, rather than
+/// dying of the signal: a supervisor stopping workers cannot tell when each started.
+#[test]
+fn a_worker_stopped_while_it_starts_exits_0() {
+    let url = format!(
+        "postgres://root@127.0.0.1:{}/test",
+        crate::postgres::free_port()
+    );
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["worker", "--db", &url])
+        .env("IDEM_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = crate::util::StderrLines::of(&mut worker);
+    lines.wait_for("cannot reach the server", Duration::from_secs(30));
+    signal(&worker, "TERM");
+    let status = worker.wait().unwrap();
+    assert!(status.success(), "{status:?}: {}", lines.rest());
+}
+
 #[test]
 fn three_workers_complete_200_runs_through_50_kills_each_effect_fenced() {
     workers_through_kills(200, 50, 0x3_0000_0200);

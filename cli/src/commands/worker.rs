@@ -51,7 +51,17 @@ impl WorkerCommand {
                 ..WorkerOptions::default()
             },
         )?;
-        let store = open_when_reachable(&self.db).await?;
+        // Listened for before anything else: a worker asked to stop while it starts (or
+        // while it waits for its database) exits 0 holding nothing, as a drained one
+        // does, whenever the signal comes, rather than dying of it.
+        let shutdown = Shutdown::on_signals(
+            "idem worker",
+            "draining (send the signal again to exit at once)",
+        )?;
+        let store = tokio::select! {
+            store = open_when_reachable(&self.db) => store?,
+            () = shutdown.requested() => return Ok(Exit::Done),
+        };
         let cache = self.cache.dir();
         let protected = protected(
             self.db.path(),
@@ -60,10 +70,6 @@ impl WorkerCommand {
         );
         let runtime = Arc::new(Runtime::new(cache)?);
         let worker = setup.build(runtime, store, protected)?;
-        let shutdown = Shutdown::on_signals(
-            "idem worker",
-            "draining (send the signal again to exit at once)",
-        )?;
         worker.run(shutdown.requested()).await?;
         Ok(Exit::Done)
     }
