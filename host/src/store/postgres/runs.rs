@@ -897,7 +897,7 @@ pub(super) async fn trim_history(conn: &Conn, run_id: &str) -> Result<u64, TxErr
         .await?;
     if deleted > 0 {
         conn.execute(
-            "UPDATE runs SET history_cut = true WHERE run_id = $1",
+            "UPDATE runs SET history_cut = true WHERE run_id = $1 AND NOT history_cut",
             &[&run_id],
         )
         .await?;

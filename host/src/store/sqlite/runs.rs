@@ -375,8 +375,10 @@ pub(super) fn trim_history(conn: &Connection, run_id: &str) -> Result<u64, TxErr
         )?
         .execute(params![run_id, to_sql_int(HISTORY_KEEP)?])?;
     if deleted > 0 {
-        conn.prepare_cached("UPDATE runs SET history_cut = 1 WHERE run_id = ?1")?
-            .execute([run_id])?;
+        conn.prepare_cached(
+            "UPDATE runs SET history_cut = 1 WHERE run_id = ?1 AND history_cut = 0",
+        )?
+        .execute([run_id])?;
     }
     Ok(deleted as u64)
 }
