@@ -170,7 +170,8 @@ const FULL_PLAN: Plan = Plan {
     service: service::ServicePlan {
         waiting: 1_000,
         wait: Duration::from_secs(2),
-        short_runs: 500,
+        short_runs: 1_000,
+        short_turns: 5,
         takeover_runs: 20,
     },
     sleepers: sleepers::SleepersPlan {
@@ -219,6 +220,7 @@ const QUICK_PLAN: Plan = Plan {
         waiting: 50,
         wait: Duration::from_millis(500),
         short_runs: 50,
+        short_turns: 1,
         takeover_runs: 4,
     },
     sleepers: sleepers::SleepersPlan {
@@ -258,7 +260,7 @@ type Section = (
 );
 
 /// Every section, in the order of the table.
-const SECTIONS: [Section; 22] = [
+const SECTIONS: [Section; 23] = [
     ("steps", "floor and durable steps", floor_and_steps),
     ("calls", "host-call round trip", host_calls),
     ("resume", "resume after recycle", resume),
@@ -270,6 +272,11 @@ const SECTIONS: [Section; 22] = [
     ("throughput", "throughput", throughput),
     ("scaling", "scaling with committed rows", scaling),
     ("workers", "the service: workers", service::service),
+    (
+        "short",
+        "short runs through one worker",
+        service::short_runs,
+    ),
     (
         "sleepers",
         "durable sleeps: wake-ups and memory",
