@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use idem::runtime::Runtime;
+use idem::runtime::{DEFAULT_INSTANCES, Runtime};
 use idem::serve::{ServeOptions, Server};
 use idem::worker::WorkerOptions;
 
@@ -46,7 +46,8 @@ pub struct ServeCommand {
     /// Also drive runs in this process, as `idem worker` does.
     #[arg(long)]
     worker: bool,
-    /// With --worker: most runs driven at once.
+    /// With --worker: most runs driven at once; each running one holds an instance, and
+    /// the process holds at most 16,384 (runs past that wait for one).
     #[arg(long, default_value = "16", value_parser = clap::value_parser!(u32).range(1..=100_000))]
     concurrency: u32,
     /// With --worker: the worker's name (a unique suffix is added).
@@ -89,7 +90,12 @@ impl ServeCommand {
             self.db.key_file.as_deref(),
             cache.as_deref(),
         );
-        let runtime = Arc::new(Runtime::new(cache)?);
+        let instances = if self.worker {
+            worker.instances()
+        } else {
+            DEFAULT_INSTANCES
+        };
+        let runtime = Arc::new(Runtime::with_instances(cache, instances)?);
         let server = Server::bind(Arc::clone(&store), Arc::clone(&runtime), options)
             .await
             .map_err(|e| BadInput(e.to_string()))?;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use idem::runtime::{Host, Protected, Runtime, check_namespace};
+use idem::runtime::{DEFAULT_INSTANCES, Host, Protected, Runtime, check_namespace};
 use idem::store::{DatabaseFault, Store, StoreError};
 use idem::worker::{Worker, WorkerOptions, WorkerReport};
 
@@ -19,7 +19,8 @@ use crate::shutdown::Shutdown;
 pub struct WorkerCommand {
     #[command(flatten)]
     db: DbArgs,
-    /// Most runs driven at once.
+    /// Most runs driven at once; each running one holds an instance, and the process
+    /// holds at most 16,384 (runs past that wait for one).
     #[arg(long, default_value = "64", value_parser = clap::value_parser!(u32).range(1..=100_000))]
     concurrency: u32,
     /// This worker's name, shown on the runs it holds (a unique suffix is added).
@@ -68,7 +69,7 @@ impl WorkerCommand {
             self.db.key_file.as_deref(),
             cache.as_deref(),
         );
-        let runtime = Arc::new(Runtime::new(cache)?);
+        let runtime = Arc::new(Runtime::with_instances(cache, setup.instances())?);
         let worker = setup.build(runtime, store, protected)?;
         worker.run(shutdown.requested()).await?;
         Ok(Exit::Done)
@@ -86,6 +87,12 @@ pub struct WorkerSetup {
 }
 
 impl WorkerSetup {
+    /// The instances its process must be able to hold at once: one for each run it
+    /// drives, and never fewer than a process holds by default.
+    pub fn instances(&self) -> usize {
+        self.options.concurrency.max(DEFAULT_INSTANCES)
+    }
+
     /// A worker named `name` (a unique suffix is added when it is built) that works as
     /// `options` say; the paths it protects are given to [`WorkerSetup::build`].
     pub fn new(

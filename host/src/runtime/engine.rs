@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine};
 
@@ -29,8 +30,70 @@ pub struct Runtime {
     linker: Linker<InstanceState>,
     cache: Option<ComponentCache>,
     on_compile: Option<CompileNotice>,
+    /// One permit per instance the engine's pool has room for.
+    slots: Arc<Semaphore>,
     _ticker: EpochTicker,
 }
+
+/// Instances a process holds at once unless told otherwise: what the bench's and a
+/// worker's thousand runs waiting on HTTP need.
+pub const DEFAULT_INSTANCES: usize = 1000;
+
+/// Most instances one process can be told to hold at once: each reserves its linear
+/// memory's 4 GiB of address space (not memory) in the pool, and 16,384 of them use a
+/// quarter of what x86-64 gives a process.
+pub const MAX_INSTANCES: usize = 16_384;
+
+/// Builds the engine with wasmtime's pooling allocator: an instance's memory, tables
+/// and fiber stack come from slots mapped once, reset between uses, where the default
+/// allocator maps and unmaps them for every instance. That mapping was half of a
+/// worker's CPU for each short run (`perf`: `mmap`, `munmap` and the page-table work
+/// and TLB shootdowns they cause across cores). The pool is sized for `instances`
+/// instances of any agent idem builds: a Rust component is a handful of core
+/// instances, a Python one (componentize-py) a few dozen with one memory and a table of
+/// tens of thousands of functions. Where the address space cannot be reserved (a
+/// `ulimit -v`), the engine falls back to mapping each instance on its own, slower but
+/// the same to every run.
+fn pooled_engine(
+    config: &mut Config,
+    instances: usize,
+) -> Result<(Engine, Arc<Semaphore>), HostError> {
+    let n = u32::try_from(instances).unwrap_or(u32::MAX);
+    let mut pool = wasmtime::PoolingAllocationConfig::default();
+    pool.total_component_instances(n)
+        .total_core_instances(n.saturating_mul(CORE_INSTANCES_EACH))
+        .total_memories(n.saturating_mul(MEMORIES_EACH))
+        .total_tables(n.saturating_mul(TABLES_EACH))
+        .total_stacks(n)
+        .max_memories_per_module(MEMORIES_EACH)
+        .max_tables_per_module(TABLES_EACH)
+        .table_elements(TABLE_ELEMENTS);
+    config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
+    match Engine::new(config) {
+        Ok(engine) => Ok((engine, Arc::new(Semaphore::new(instances)))),
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "cannot reserve the instance pool; mapping each instance on its own");
+            config.allocation_strategy(wasmtime::InstanceAllocationStrategy::OnDemand);
+            let engine = Engine::new(config).map_err(|e| HostError::Engine(format!("{e:#}")))?;
+            Ok((engine, Arc::new(Semaphore::new(instances))))
+        }
+    }
+}
+
+/// Core instances one component instance may use: a Rust agent uses a few, a Python
+/// one some thirty (its libraries linked as modules of their own).
+const CORE_INSTANCES_EACH: u32 = 64;
+
+/// Linear memories a module may define, and slots kept per instance.
+const MEMORIES_EACH: u32 = 2;
+
+/// Tables a module may define, and slots kept per instance.
+const TABLES_EACH: u32 = 4;
+
+/// Most elements of one table: CPython's table of functions is in the tens of
+/// thousands. The pool reserves address space for this many in every table slot, and
+/// touches only what an instance uses.
+const TABLE_ELEMENTS: usize = 200_000;
 
 /// Called with the agent's path and size just before a component is compiled (neither
 /// the cache nor this process had its code): compiling a large one (a Python agent,
@@ -138,7 +201,21 @@ impl LoadedAgent {
 impl Runtime {
     /// Builds the engine and the linker. `cache_dir` enables the precompiled-component
     /// cache; a directory that others could change is refused ([`HostError::Cache`]).
+    /// The process holds at most [`DEFAULT_INSTANCES`] instances at once
+    /// ([`Runtime::with_instances`]).
     pub fn new(cache_dir: Option<PathBuf>) -> Result<Runtime, HostError> {
+        Runtime::with_instances(cache_dir, DEFAULT_INSTANCES)
+    }
+
+    /// Like [`Runtime::new`], holding at most `instances` instances at once (at least
+    /// one): a run that needs an instance while that many are alive waits until one
+    /// ends. A worker driving N runs at once needs N (a run in a durable wait holds
+    /// none).
+    pub fn with_instances(
+        cache_dir: Option<PathBuf>,
+        instances: usize,
+    ) -> Result<Runtime, HostError> {
+        let instances = instances.clamp(1, MAX_INSTANCES);
         let mut config = Config::new();
         config.wasm_component_model(true);
         // Fuel lets the host end an instance in the middle of guest computation at a
@@ -147,7 +224,7 @@ impl Runtime {
         // Epochs end instances by wall-clock time (compute and side-effect limits); a
         // ticker thread advances them.
         config.epoch_interruption(true);
-        let engine = Engine::new(&config).map_err(|e| HostError::Engine(format!("{e:#}")))?;
+        let (engine, slots) = pooled_engine(&mut config, instances)?;
         let ticker = EpochTicker::start(&engine);
 
         let mut linker = Linker::new(&engine);
@@ -171,6 +248,7 @@ impl Runtime {
             linker,
             cache,
             on_compile: None,
+            slots,
             _ticker: ticker,
         })
     }
@@ -182,6 +260,16 @@ impl Runtime {
 
     pub(crate) fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// A slot for one instance, waited for while the pool is full; the instance must
+    /// be dropped before the slot is.
+    pub(crate) async fn slot(&self) -> OwnedSemaphorePermit {
+        Arc::clone(&self.slots)
+            .acquire_owned()
+            .await
+            // The semaphore is never closed.
+            .unwrap_or_else(|_| unreachable!("the instance slots are never closed"))
     }
 
     /// Reads, checks and compiles (or loads from the cache) the agent at `path`.

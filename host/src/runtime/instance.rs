@@ -77,6 +77,9 @@ impl Host {
             held: Vec::new(),
             watch: Arc::clone(&watched.watch),
         };
+        // Taken before the store and given back after it is dropped (the end of this
+        // function): the pool never has more instances than slots.
+        let _slot = self.runtime.slot().await;
         let mut store = self.instance_store(authority, idem, fuel)?;
         self.live.enter(&holder);
         let result = self.watch_call(agent, &mut store, input, &watched).await;

@@ -72,7 +72,7 @@ pub use capture::{
 #[cfg(feature = "prove")]
 pub(crate) use deploy::load_stored;
 pub use deploy::local_source;
-pub use engine::{CompileNotice, LoadedAgent, Runtime};
+pub use engine::{CompileNotice, DEFAULT_INSTANCES, LoadedAgent, MAX_INSTANCES, Runtime};
 pub use error::{Exposes, GrantError, HostError};
 pub use faults::{CrashPoint, CrashPointError, FaultPlan, Phase, Recycle};
 pub use grants::{Protected, check_grants};
