@@ -24,6 +24,10 @@ use crate::text;
 /// poll).
 const LOOK_FOR_GONE: Duration = Duration::from_millis(50);
 
+/// A worker leases again once this fraction of its runs (1/8) has ended, or at its
+/// next poll.
+const LEASE_BATCH_OF: usize = 8;
+
 /// Most schedules one worker fires in one transaction; more due wait for its next
 /// look (at once, since firing found work).
 const FIRE_AT_ONCE: usize = 64;
@@ -126,15 +130,28 @@ impl Worker {
         let mut backoff = self.options.poll;
         self.host.be_present().await;
         let mut looked_for_gone: Option<Instant> = None;
+        // Runs that end one by one are replaced a batch at a time: one lease (a query
+        // of the queue, a transaction) for several runs rather than one for each.
+        let batch = (self.options.concurrency / LEASE_BATCH_OF).max(1);
         loop {
-            let full = pool.tasks.len() >= self.options.concurrency;
-            // A full worker still wakes at each poll, to fire the schedules that came
-            // due: a tick is started on time however busy the workers are.
-            let pause = if full { self.options.poll } else { backoff };
+            let free = self.options.concurrency.saturating_sub(pool.tasks.len());
+            // With room for a batch, or nothing running, the worker looks after its
+            // backoff (at once when the last look found work); with less room it looks
+            // when enough runs have ended, or at the next poll. A full worker still
+            // wakes at each poll, to fire the schedules that came due: a tick is
+            // started on time however busy the workers are.
+            let pause = if free >= batch || pool.tasks.is_empty() {
+                backoff
+            } else {
+                self.options.poll
+            };
             tokio::select! {
                 () = &mut shutdown => break,
                 Some(done) = pool.tasks.join_next() => {
                     self.settle(done, &mut pool);
+                    while let Some(done) = pool.tasks.try_join_next() {
+                        self.settle(done, &mut pool);
+                    }
                     continue;
                 }
                 () = tokio::time::sleep(pause) => {}
