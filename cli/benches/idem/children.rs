@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
-use idem::runtime::{Authority, Host};
+use idem::runtime::{Authority, Host, Runtime};
 use idem::store::{
     OpenOptions as StoreOptions, PostgresStore, RunStatus, SqliteStore, Store, Submission, SyncMode,
 };
@@ -126,7 +126,13 @@ fn fan_out(
     n: usize,
     open: impl Fn() -> anyhow::Result<Arc<dyn Store>>,
 ) -> anyhow::Result<f64> {
-    let fanout = bed.runtime.load(Path::new(FANOUT))?;
+    // The workers share a component cache, as workers on one machine do: each compiles
+    // both agents once (in the warm-up below), or loads what the other compiled. With
+    // the compile of one of them left inside the measured fan-out, a child's CPU was
+    // 1.4 ms instead of a few hundred µs, depending on which worker the warm-up's few
+    // children had reached.
+    let runtime = Arc::new(Runtime::new(Some(bed.dir.join("children-cache")))?);
+    let fanout = runtime.load(Path::new(FANOUT))?;
     let store = open()?;
     let handles = [open()?, open()?];
     bed.tokio.block_on(async {
@@ -157,16 +163,16 @@ fn fan_out(
         let mut stops = Vec::new();
         let mut working = Vec::new();
         for handle in &handles {
-            let host = Arc::new(Host::new(Arc::clone(&bed.runtime), Arc::clone(handle))?);
+            let host = Arc::new(Host::new(Arc::clone(&runtime), Arc::clone(handle))?);
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             stops.push(stop);
             working.push(tokio::spawn(bench_worker(host).run(async move {
                 let _ = stopped.await;
             })));
         }
-        // A small fan-out first, so that both workers have compiled both agents: the
-        // rows measure children, not compiles.
-        submit("warm-up", 4).await?;
+        // A fan-out first, wider than one worker takes at once, so that both workers
+        // have loaded both agents: the rows measure children, not compiles.
+        submit("warm-up", 160).await?;
         finished(store.as_ref(), "warm-up").await?;
         let cpu = (cpu_seconds("self"), server_cpu_seconds());
         submit("parent", n).await?;
