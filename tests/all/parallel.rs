@@ -753,3 +753,45 @@ fn idem_prove_passes_an_agent_with_parallel_claims() {
     assert_eq!(stub.with(|r| r.seen.len()), 5);
     assert_eq!(real.with(|r| r.seen.len()), 0);
 }
+
+/// A process told to hold two instances at once runs five runs that each wait on the
+/// server inside their instance: the server never sees more than two requests at once
+/// (a run waits for a slot instead of failing to instantiate), and every run completes
+/// with its one effect applied once.
+#[test]
+fn a_process_holds_no_more_instances_than_its_slots_and_the_others_wait() {
+    let server = ParallelServer::start(Duration::from_millis(300));
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&dir.path().join("idem.db"), SyncMode::Normal).unwrap();
+    let runtime = Arc::new(idem::runtime::Runtime::with_instances(None, 2).unwrap());
+    let loaded = runtime
+        .load(std::path::Path::new(PARALLEL))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let host = {
+        let _inside = crate::util::tokio().enter();
+        Arc::new(Host::new(runtime, Arc::new(store)).unwrap())
+    };
+    let runs: Vec<_> = (0..5)
+        .map(|i| {
+            let (host, loaded) = (Arc::clone(&host), loaded.clone());
+            let opts = RunOptions {
+                run_id: format!("slot-{i}"),
+                input: serde_json::to_vec(&json!({ "url": server.url(), "batches": [1] })).unwrap(),
+                authority: Authority {
+                    http: server.policy(),
+                    sync: SyncMode::Normal,
+                    ..Authority::default()
+                },
+                ..RunOptions::default()
+            };
+            crate::util::tokio().spawn(async move { host.run(&loaded, &opts).await })
+        })
+        .collect();
+    for (i, run) in runs.into_iter().enumerate() {
+        let report = block_on(run).unwrap().unwrap_or_else(|e| panic!("{e:#}"));
+        output(&report);
+        let key = call_key(&format!("slot-{i}"), &names(&[1])[0]);
+        assert_eq!(server.requests_of(&key).len(), 1, "slot-{i} sent once");
+    }
+    assert_eq!(server.max_active(), 2, "two instances at once, never more");
+}

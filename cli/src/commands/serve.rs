@@ -47,7 +47,7 @@ pub struct ServeCommand {
     #[arg(long)]
     worker: bool,
     /// With --worker: most runs driven at once; each running one holds an instance, and
-    /// the process holds at most 16,384 (runs past that wait for one).
+    /// the process holds at most 8,192 (runs past that wait for one).
     #[arg(long, default_value = "16", value_parser = clap::value_parser!(u32).range(1..=100_000))]
     concurrency: u32,
     /// With --worker: the worker's name (a unique suffix is added).

@@ -20,7 +20,7 @@ pub struct WorkerCommand {
     #[command(flatten)]
     db: DbArgs,
     /// Most runs driven at once; each running one holds an instance, and the process
-    /// holds at most 16,384 (runs past that wait for one).
+    /// holds at most 8,192 (runs past that wait for one).
     #[arg(long, default_value = "64", value_parser = clap::value_parser!(u32).range(1..=100_000))]
     concurrency: u32,
     /// This worker's name, shown on the runs it holds (a unique suffix is added).

@@ -39,10 +39,11 @@ pub struct Runtime {
 /// worker's thousand runs waiting on HTTP need.
 pub const DEFAULT_INSTANCES: usize = 1000;
 
-/// Most instances one process can be told to hold at once: each reserves its linear
-/// memory's 4 GiB of address space (not memory) in the pool, and 16,384 of them use a
-/// quarter of what x86-64 gives a process.
-pub const MAX_INSTANCES: usize = 16_384;
+/// Most instances one process can be told to hold at once. The pool reserves address
+/// space (not memory) for two linear memories an instance, about 4 GiB
+/// each with their guards: 8,192 instances take half of the 128 TiB x86-64 gives a
+/// process.
+pub const MAX_INSTANCES: usize = 8_192;
 
 /// Builds the engine with wasmtime's pooling allocator: an instance's memory, tables
 /// and fiber stack come from slots mapped once, reset between uses, where the default
