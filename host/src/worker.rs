@@ -135,12 +135,12 @@ impl Worker {
         let batch = (self.options.concurrency / LEASE_BATCH_OF).max(1);
         loop {
             let free = self.options.concurrency.saturating_sub(pool.tasks.len());
-            // With room for a batch, or nothing running, the worker looks after its
-            // backoff (at once when the last look found work); with less room it looks
-            // when enough runs have ended, or at the next poll. A full worker still
-            // wakes at each poll, to fire the schedules that came due: a tick is
+            // With room for a batch (always, when nothing runs), the worker looks after
+            // its backoff (at once when the last look found work); with less room it
+            // looks when enough runs have ended, or at the next poll. A full worker
+            // still wakes at each poll, to fire the schedules that came due: a tick is
             // started on time however busy the workers are.
-            let pause = if free >= batch || pool.tasks.is_empty() {
+            let pause = if free >= batch {
                 backoff
             } else {
                 self.options.poll

@@ -50,9 +50,23 @@ pub(crate) fn service(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Resu
 fn bulk_submit(bed: &Bed, plan: &ServicePlan, table: &mut Table) -> anyhow::Result<()> {
     let sqlite = bed.dir.join("bulk.db");
     bulk_submit_into(bed, plan, table, "SQLite", &sqlite.display().to_string())?;
+    in_postgres_schema(bed, "bulk", "bulk submission", |url| {
+        bulk_submit_into(bed, plan, table, "PostgreSQL", url)
+    })
+}
+
+/// Runs `measure` with the URL of a schema of its own on the bench's PostgreSQL server
+/// (`IDEM_BENCH_POSTGRES`, else the tests' server), dropped afterwards; where no server
+/// answers, says that `what` is skipped and returns.
+fn in_postgres_schema(
+    bed: &Bed,
+    prefix: &str,
+    what: &str,
+    measure: impl FnOnce(&str) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
     let server = std::env::var("IDEM_BENCH_POSTGRES")
         .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into());
-    let schema = format!("bench_bulk_{}", std::process::id());
+    let schema = format!("bench_{prefix}_{}", std::process::id());
     let created = bed.tokio.block_on(async {
         let (client, connection) = tokio_postgres::connect(&server, tokio_postgres::NoTls).await?;
         tokio::spawn(connection);
@@ -63,12 +77,11 @@ fn bulk_submit(bed: &Bed, plan: &ServicePlan, table: &mut Table) -> anyhow::Resu
     });
     let Ok(admin) = created else {
         progress(&format!(
-            "  SKIPPED: bulk submission on PostgreSQL (no server at {server})"
+            "  SKIPPED: {what} on PostgreSQL (no server at {server})"
         ));
         return Ok(());
     };
-    let url = format!("{server}?options=-csearch_path%3D{schema}");
-    let measured = bulk_submit_into(bed, plan, table, "PostgreSQL", &url);
+    let measured = measure(&format!("{server}?options=-csearch_path%3D{schema}"));
     bed.tokio
         .block_on(admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")))?;
     measured
@@ -466,32 +479,12 @@ pub(crate) fn short_runs(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::R
     let store: Arc<dyn Store> =
         Arc::new(SqliteStore::open_with(&sqlite, &StoreOptions::default())?);
     short_runs_on(bed, plan, table, "SQLite", store)?;
-    let server = std::env::var("IDEM_BENCH_POSTGRES")
-        .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into());
-    let schema = format!("bench_short_{}", std::process::id());
-    let created = bed.tokio.block_on(async {
-        let (client, connection) = tokio_postgres::connect(&server, tokio_postgres::NoTls).await?;
-        tokio::spawn(connection);
-        client
-            .batch_execute(&format!("CREATE SCHEMA {schema}"))
-            .await?;
-        anyhow::Ok(client)
-    });
-    let Ok(admin) = created else {
-        progress(&format!(
-            "  SKIPPED: short runs on PostgreSQL (no server at {server})"
-        ));
-        return Ok(());
-    };
-    let url = format!("{server}?options=-csearch_path%3D{schema}");
-    let measured = bed
-        .tokio
-        .block_on(PostgresStore::connect(&url, SyncMode::Normal))
-        .map_err(anyhow::Error::from)
-        .and_then(|store| short_runs_on(bed, plan, table, "PostgreSQL", Arc::new(store)));
-    bed.tokio
-        .block_on(admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")))?;
-    measured
+    in_postgres_schema(bed, "short", "short runs", |url| {
+        let store = bed
+            .tokio
+            .block_on(PostgresStore::connect(url, SyncMode::Normal))?;
+        short_runs_on(bed, plan, table, "PostgreSQL", Arc::new(store))
+    })
 }
 
 fn short_runs_on(

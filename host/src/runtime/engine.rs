@@ -55,10 +55,7 @@ pub const MAX_INSTANCES: usize = 8_192;
 /// tens of thousands of functions. Where the address space cannot be reserved (a
 /// `ulimit -v`), the engine falls back to mapping each instance on its own, slower but
 /// the same to every run.
-fn pooled_engine(
-    config: &mut Config,
-    instances: usize,
-) -> Result<(Engine, Arc<Semaphore>), HostError> {
+fn pooled_engine(config: &mut Config, instances: usize) -> Result<Engine, HostError> {
     let n = u32::try_from(instances).unwrap_or(u32::MAX);
     let mut pool = wasmtime::PoolingAllocationConfig::default();
     pool.total_component_instances(n)
@@ -70,15 +67,11 @@ fn pooled_engine(
         .max_tables_per_module(TABLES_EACH)
         .table_elements(TABLE_ELEMENTS);
     config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
-    match Engine::new(config) {
-        Ok(engine) => Ok((engine, Arc::new(Semaphore::new(instances)))),
-        Err(e) => {
-            tracing::warn!(error = %format!("{e:#}"), "cannot reserve the instance pool; mapping each instance on its own");
-            config.allocation_strategy(wasmtime::InstanceAllocationStrategy::OnDemand);
-            let engine = Engine::new(config).map_err(|e| HostError::Engine(format!("{e:#}")))?;
-            Ok((engine, Arc::new(Semaphore::new(instances))))
-        }
-    }
+    Engine::new(config).or_else(|e| {
+        tracing::warn!(error = %format!("{e:#}"), "cannot reserve the instance pool; mapping each instance on its own");
+        config.allocation_strategy(wasmtime::InstanceAllocationStrategy::OnDemand);
+        Engine::new(config).map_err(|e| HostError::Engine(format!("{e:#}")))
+    })
 }
 
 /// Core instances one component instance may use: a Rust agent uses a few, a Python
@@ -225,7 +218,7 @@ impl Runtime {
         // Epochs end instances by wall-clock time (compute and side-effect limits); a
         // ticker thread advances them.
         config.epoch_interruption(true);
-        let (engine, slots) = pooled_engine(&mut config, instances)?;
+        let engine = pooled_engine(&mut config, instances)?;
         let ticker = EpochTicker::start(&engine);
 
         let mut linker = Linker::new(&engine);
@@ -249,7 +242,7 @@ impl Runtime {
             linker,
             cache,
             on_compile: None,
-            slots,
+            slots: Arc::new(Semaphore::new(instances)),
             _ticker: ticker,
         })
     }
