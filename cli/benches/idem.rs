@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail, ensure};
 use idem::runtime::{Authority, FaultPlan, Host, LoadedAgent, RunOptions, RunReport, Runtime};
-use idem::store::{OpenOptions as StoreOptions, RunStatus, SqliteStore, SyncMode};
+use idem::store::{OpenOptions as StoreOptions, RunStatus, SqliteStore, Store, SyncMode};
 use idem_test_artifacts::BENCH;
 use idem_test_artifacts::power_loss::PowerLossVfs;
 use rusqlite::{Connection, params};
@@ -170,6 +170,8 @@ const FULL_PLAN: Plan = Plan {
     service: service::ServicePlan {
         waiting: 1_000,
         wait: Duration::from_secs(2),
+        waiting_turns: 3,
+        waiting_many: 10_000,
         short_runs: 1_000,
         short_turns: 5,
         takeover_runs: 20,
@@ -219,6 +221,8 @@ const QUICK_PLAN: Plan = Plan {
     service: service::ServicePlan {
         waiting: 50,
         wait: Duration::from_millis(500),
+        waiting_turns: 1,
+        waiting_many: 200,
         short_runs: 50,
         short_turns: 1,
         takeover_runs: 4,
@@ -429,15 +433,21 @@ struct Bed {
 struct BenchHost {
     host: Arc<Host>,
     sync: SyncMode,
+    /// Its store, where it is SQLite: how long its connection was held.
+    sqlite: Option<Arc<SqliteStore>>,
 }
 
 impl Bed {
     fn host(&self, db: &Path, sync: SyncMode) -> anyhow::Result<BenchHost> {
-        let store = SqliteStore::open_with(db, &StoreOptions::default())?;
+        let store = Arc::new(SqliteStore::open_with(db, &StoreOptions::default())?);
         let _inside = self.tokio.enter();
         Ok(BenchHost {
-            host: Arc::new(Host::new(Arc::clone(&self.runtime), Arc::new(store))?),
+            host: Arc::new(Host::new(
+                Arc::clone(&self.runtime),
+                Arc::clone(&store) as Arc<dyn Store>,
+            )?),
             sync,
+            sqlite: Some(store),
         })
     }
 
@@ -689,6 +699,7 @@ fn frames_per_step(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<
             BenchHost {
                 host: Arc::new(Host::new(Arc::clone(&bed.runtime), Arc::new(store))?),
                 sync,
+                sqlite: None,
             }
         };
         // Warm-up: the component and the first run's rows.
@@ -1146,15 +1157,19 @@ fn throughput(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<()> {
         let host = bed.host(&bed.dir.join(format!("throughput-{sync}.db")), sync)?;
         bed.steps(&host, n)?;
         let mut samples = vec![Vec::new(); CONCURRENCY.len()];
+        let mut loads = vec![Vec::new(); CONCURRENCY.len()];
         repeat(turns, || {
-            for (runs, rates) in CONCURRENCY.iter().zip(&mut samples) {
-                rates.push(concurrent_runs(bed, &host, *runs, n)?);
+            for ((runs, rates), load) in CONCURRENCY.iter().zip(&mut samples).zip(&mut loads) {
+                let (rate, spent) = concurrent_runs(bed, &host, *runs, n)?;
+                rates.push(rate);
+                load.push(spent);
             }
             Ok(())
         })?;
         let one_run = median(&sorted(samples[0].clone()));
-        for (runs, rates) in CONCURRENCY.into_iter().zip(samples) {
-            let ratio = median(&sorted(rates.clone())) / one_run;
+        for ((runs, rates), load) in CONCURRENCY.into_iter().zip(samples).zip(loads) {
+            let rate = median(&sorted(rates.clone()));
+            let ratio = rate / one_run;
             let (what, ratio) = match runs {
                 1 => (format!("throughput: 1 run × {n} steps, sync {sync}"), None),
                 _ => (
@@ -1163,19 +1178,87 @@ fn throughput(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<()> {
                 ),
             };
             table.rate_row(what, rates, ratio);
+            load_rows(
+                table,
+                &format!("{runs} run(s) × {n} steps, sync {sync}"),
+                &load,
+                one_run,
+            );
         }
     }
     Ok(())
 }
 
-/// `runs` runs of `n` steps started at once as tasks of one host: steps per second.
-fn concurrent_runs(bed: &Bed, host: &BenchHost, runs: usize, n: u64) -> anyhow::Result<f64> {
+/// What a turn of concurrent runs kept busy, each over its wall time: the process's
+/// threads (their time on a CPU, in cores) and the store's one connection (the time it
+/// was held, a share of the wall); and its steps per second.
+#[derive(Clone, Copy)]
+struct Spent {
+    rate: f64,
+    cpu: f64,
+    connection: f64,
+}
+
+/// What bounds a throughput row: the time a step takes of the process's CPUs and of the
+/// store's one connection, and the steps per second each allows when fully busy (every
+/// core; the connection all the time), as a multiple of one run.
+fn load_rows(table: &mut Table, what: &str, load: &[Spent], one_run: f64) {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
+    // A resource: its name, the unit of its share, how much of it there is, and its
+    // share of a turn's wall.
+    type Resource = (&'static str, &'static str, f64, fn(&Spent) -> f64);
+    let resources: [Resource; 2] = [
+        (
+            "the process's CPU a step (all threads)",
+            "cores",
+            cores,
+            |s| s.cpu,
+        ),
+        (
+            "the store's connection held a step",
+            "of the wall",
+            1.0,
+            |s| s.connection,
+        ),
+    ];
+    for (name, unit, capacity, busy) in resources {
+        let samples: Vec<f64> = load.iter().map(|s| busy(s) * 1e6 / s.rate).collect();
+        let us = median(&sorted(samples.clone()));
+        let share = median(&sorted(load.iter().map(busy).collect()));
+        table.row_with_ratio(
+            format!("throughput: {what}: {name}"),
+            "µs",
+            samples,
+            format!(
+                "busy {share:.2} {unit} (of {capacity}); at {capacity}: {:.0} steps/s, \
+                 {:.1}× 1 run",
+                capacity * 1e6 / us,
+                capacity * 1e6 / us / one_run
+            ),
+        );
+    }
+}
+
+/// `runs` runs of `n` steps started at once as tasks of one host: steps per second, and
+/// what the turn kept busy.
+fn concurrent_runs(
+    bed: &Bed,
+    host: &BenchHost,
+    runs: usize,
+    n: u64,
+) -> anyhow::Result<(f64, Spent)> {
     let input = json!({ "mode": "steps", "n": n });
     let all: Vec<RunOptions> = (0..runs)
         .map(|_| options(host.sync, &input, FaultPlan::default()))
         .collect::<anyhow::Result<_>>()?;
-    let elapsed = bed.tokio.block_on(async {
+    let held = || {
+        host.sqlite
+            .as_ref()
+            .map_or(Duration::ZERO, |s| s.connection_busy())
+    };
+    let (elapsed, cpu, connection) = bed.tokio.block_on(async {
         let mut tasks = tokio::task::JoinSet::new();
+        let (cpu, connection) = (on_cpu()?, held());
         let t = Instant::now();
         for opts in all {
             let (host, agent) = (Arc::clone(&host.host), Arc::clone(&bed.agent));
@@ -1185,9 +1268,42 @@ fn concurrent_runs(bed: &Bed, host: &BenchHost, runs: usize, n: u64) -> anyhow::
             let report = done??;
             ensure!(report.counts.executed == n, "{:?}", report.counts);
         }
-        Ok::<_, anyhow::Error>(t.elapsed())
+        Ok::<_, anyhow::Error>((
+            t.elapsed(),
+            on_cpu()?.saturating_sub(cpu),
+            held().saturating_sub(connection),
+        ))
     })?;
-    Ok((runs as u64 * n) as f64 / elapsed.as_secs_f64())
+    let wall = elapsed.as_secs_f64();
+    let rate = (runs as u64 * n) as f64 / wall;
+    Ok((
+        rate,
+        Spent {
+            rate,
+            cpu: cpu.as_secs_f64() / wall,
+            connection: connection.as_secs_f64() / wall,
+        },
+    ))
+}
+
+/// The time this process's threads have spent on a CPU, from each one's
+/// `/proc/self/task/*/schedstat` (nanoseconds; the threads of a bench live as long as
+/// its runtime, so none is lost between two readings).
+fn on_cpu() -> anyhow::Result<Duration> {
+    let mut ns = 0u64;
+    for task in std::fs::read_dir("/proc/self/task")? {
+        let path = task?.path().join("schedstat");
+        // A thread that ended since the listing has no file left: nothing to add.
+        let Ok(stat) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        ns += stat
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .with_context(|| format!("{} holds no time", path.display()))?;
+    }
+    Ok(Duration::from_nanos(ns))
 }
 
 /// The durable step (sync normal) on stores already holding more and more committed

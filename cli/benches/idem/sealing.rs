@@ -28,6 +28,7 @@ pub(crate) fn sealing(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Resu
             BenchHost {
                 host: Arc::new(Host::new(Arc::clone(&bed.runtime), sealed_store)?),
                 sync,
+                sqlite: None,
             }
         };
         let n = plan.sealing.n;

@@ -67,6 +67,7 @@ fn host(bed: &Bed, location: &str) -> anyhow::Result<BenchHost> {
     Ok(BenchHost {
         host: Arc::new(Host::new(Arc::clone(&bed.runtime), store)?),
         sync: SyncMode::Normal,
+        sqlite: None,
     })
 }
 

@@ -230,6 +230,15 @@ impl SqliteStore {
         Self::serve(path, conn, &options, 0)
     }
 
+    /// How long this handle's one connection has been held since it opened: by its
+    /// thread for the batched transactions it runs (their syncs included), or by a
+    /// caller running its transaction alone. Every write of the process goes through
+    /// it one after another, so its share of the wall time is how saturated the store
+    /// is: near all of it, more concurrent runs add waiting, not steps.
+    pub fn connection_busy(&self) -> Duration {
+        self.db.busy()
+    }
+
     fn serve(
         path: &Path,
         conn: Connection,

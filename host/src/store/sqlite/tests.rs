@@ -168,6 +168,30 @@ fn each_batch_syncs_as_its_writes_ask() {
     }
 }
 
+/// The connection's busy time counts the time it is held for work (a synced batch of
+/// writes here, on the thread or on the caller's) and not the time it lies idle.
+#[test]
+fn the_connection_counts_the_time_it_is_held_not_idle() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&dir.path().join("idem.db"), SyncMode::Full).unwrap();
+    let before = store.connection_busy();
+    let fence = leased(&store, SyncMode::Full);
+    for _ in 0..20 {
+        block_on(store.save_counts(&fence, &Counts::default())).unwrap();
+    }
+    let worked = store.connection_busy();
+    assert!(
+        worked > before,
+        "{worked:?} after 20 synced writes, {before:?} before"
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    let idle = store.connection_busy() - worked;
+    assert!(
+        idle < Duration::from_millis(100),
+        "{idle:?} counted while idle"
+    );
+}
+
 /// The pages a durable step writes: its claim and its commit each dirty the one leaf of
 /// `steps` (the run's fence is read, not written); a commit carrying a checkpoint and
 /// counts adds the run's progress and counts pages, and nothing else.

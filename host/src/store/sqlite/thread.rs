@@ -39,10 +39,10 @@
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, mpsc};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, ErrorCode};
 use tokio::sync::oneshot;
@@ -69,21 +69,66 @@ struct Shared {
     /// Messages sent to the thread and not yet finished: while any are, callers queue
     /// behind them rather than overtake them, and their writes join the next batch.
     queued: AtomicUsize,
+    /// Nanoseconds the connection has been held, by the thread or by callers.
+    busy: AtomicU64,
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Worker> {
+    fn lock(&self) -> Held<'_> {
         // Works run under `catch_unwind`; a panic elsewhere leaves the connection
         // outside any transaction (every path rolls back first), so it stays usable.
-        self.worker.lock().unwrap_or_else(PoisonError::into_inner)
+        Held::new(
+            self.worker.lock().unwrap_or_else(PoisonError::into_inner),
+            &self.busy,
+        )
     }
 
     /// The connection, if nothing is queued for the thread and nobody holds it.
-    fn try_lock(&self) -> Option<MutexGuard<'_, Worker>> {
+    fn try_lock(&self) -> Option<Held<'_>> {
         if self.queued.load(Ordering::Acquire) != 0 {
             return None;
         }
-        self.worker.try_lock().ok()
+        let guard = self.worker.try_lock().ok()?;
+        Some(Held::new(guard, &self.busy))
+    }
+}
+
+/// The connection held, and since when: letting it go adds the time to
+/// [`Shared::busy`].
+struct Held<'a> {
+    guard: MutexGuard<'a, Worker>,
+    since: Instant,
+    busy: &'a AtomicU64,
+}
+
+impl<'a> Held<'a> {
+    fn new(guard: MutexGuard<'a, Worker>, busy: &'a AtomicU64) -> Held<'a> {
+        Held {
+            guard,
+            since: Instant::now(),
+            busy,
+        }
+    }
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = Worker;
+
+    fn deref(&self) -> &Worker {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for Held<'_> {
+    fn deref_mut(&mut self) -> &mut Worker {
+        &mut self.guard
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        let held = u64::try_from(self.since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.busy.fetch_add(held, Ordering::Relaxed);
     }
 }
 
@@ -192,6 +237,7 @@ impl DbThread {
                 busy_timeout,
             }),
             queued: AtomicUsize::new(0),
+            busy: AtomicU64::new(0),
         });
         let thread_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -202,6 +248,12 @@ impl DbThread {
             thread: Some(thread),
             shared,
         })
+    }
+
+    /// How long the connection has been held since it opened, by the thread or by a
+    /// caller running its own transaction.
+    pub(super) fn busy(&self) -> Duration {
+        Duration::from_nanos(self.shared.busy.load(Ordering::Relaxed))
     }
 
     /// Runs `f` outside any transaction: it reads only committed data. On the caller's
