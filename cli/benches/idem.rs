@@ -1160,8 +1160,8 @@ fn throughput(bed: &Bed, plan: &Plan, table: &mut Table) -> anyhow::Result<()> {
         let mut loads = vec![Vec::new(); CONCURRENCY.len()];
         repeat(turns, || {
             for ((runs, rates), load) in CONCURRENCY.iter().zip(&mut samples).zip(&mut loads) {
-                let (rate, spent) = concurrent_runs(bed, &host, *runs, n)?;
-                rates.push(rate);
+                let spent = concurrent_runs(bed, &host, *runs, n)?;
+                rates.push(spent.rate);
                 load.push(spent);
             }
             Ok(())
@@ -1241,12 +1241,7 @@ fn load_rows(table: &mut Table, what: &str, load: &[Spent], one_run: f64) {
 
 /// `runs` runs of `n` steps started at once as tasks of one host: steps per second, and
 /// what the turn kept busy.
-fn concurrent_runs(
-    bed: &Bed,
-    host: &BenchHost,
-    runs: usize,
-    n: u64,
-) -> anyhow::Result<(f64, Spent)> {
+fn concurrent_runs(bed: &Bed, host: &BenchHost, runs: usize, n: u64) -> anyhow::Result<Spent> {
     let input = json!({ "mode": "steps", "n": n });
     let all: Vec<RunOptions> = (0..runs)
         .map(|_| options(host.sync, &input, FaultPlan::default()))
@@ -1275,15 +1270,11 @@ fn concurrent_runs(
         ))
     })?;
     let wall = elapsed.as_secs_f64();
-    let rate = (runs as u64 * n) as f64 / wall;
-    Ok((
-        rate,
-        Spent {
-            rate,
-            cpu: cpu.as_secs_f64() / wall,
-            connection: connection.as_secs_f64() / wall,
-        },
-    ))
+    Ok(Spent {
+        rate: (runs as u64 * n) as f64 / wall,
+        cpu: cpu.as_secs_f64() / wall,
+        connection: connection.as_secs_f64() / wall,
+    })
 }
 
 /// The time this process's threads have spent on a CPU, from each one's

@@ -121,7 +121,7 @@ fn measure(bed: &Bed, plan: &Plan, table: &mut Table, url: &str) -> anyhow::Resu
         let mut rates = vec![Vec::new(); CONCURRENCY.len()];
         repeat(turns, || {
             for (runs, rate) in CONCURRENCY.iter().zip(&mut rates) {
-                rate.push(concurrent_runs(bed, &host, *runs, n)?.0);
+                rate.push(concurrent_runs(bed, &host, *runs, n)?.rate);
             }
             Ok(())
         })?;

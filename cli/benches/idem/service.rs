@@ -475,9 +475,11 @@ fn waiting_row(
             [input("warm")],
         )
         .await?;
-        while unfinished(store.as_ref()).await? > 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_until(Duration::from_secs(60), || async {
+            Ok(unfinished(store.as_ref()).await? == 0)
+        })
+        .await
+        .context("the warm-up run did not finish")?;
         let (idle_threads, idle_rss) = threads_and_rss()?;
         let (mut peak_threads, mut peak_rss) = (idle_threads, idle_rss);
         let mut walls = Vec::new();
