@@ -38,13 +38,13 @@ pub const HISTORY_KEEP_LARGE: u64 = 4;
 /// [`HISTORY_KEEP`]: one save in [`TRIM_EVERY`], drawn from the clock's microseconds,
 /// so whatever a run's pattern of leases and saves, collecting costs a save little on
 /// average and its history stays near its bound.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "postgres")]
 pub(crate) fn trim_due() -> bool {
     tick().is_multiple_of(TRIM_EVERY)
 }
 
 /// See [`trim_due`].
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(feature = "postgres")]
 const TRIM_EVERY: u64 = 32;
 
 /// Ticks handed out by this process, so that two never repeat or go back.

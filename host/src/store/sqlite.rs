@@ -250,6 +250,7 @@ impl SqliteStore {
             options.clock.clone(),
             options.sync,
             options.busy_timeout,
+            history::write_on_close,
         )
         .map_err(|e| StoreError::Open {
             location: path.display().to_string(),

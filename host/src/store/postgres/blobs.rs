@@ -53,7 +53,7 @@ pub(super) async fn get(conn: &Conn, digest: &BlobDigest) -> Result<Option<Vec<u
 fn collected() -> String {
     format!(
         "b.used_at < $1 AND {}",
-        blobs::unreferenced("'\\x00494201'::bytea")
+        blobs::unreferenced("'\\x00494201'::bytea", &[])
     )
 }
 

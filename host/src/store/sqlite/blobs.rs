@@ -46,7 +46,7 @@ pub(super) fn get(conn: &Connection, digest: &BlobDigest) -> Result<Option<Vec<u
 fn collected() -> String {
     format!(
         "b.used_at < :before AND {}",
-        blobs::unreferenced("X'00494201'")
+        blobs::unreferenced("X'00494201'", &[("latest_progress", "state")])
     )
 }
 

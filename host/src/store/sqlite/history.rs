@@ -3,16 +3,158 @@
 //! `steps` has no index by run (every step would pay for one), so reading a run's
 //! steps scans them, as `idem show` does: history and forks are an operator's
 //! questions, not a step's.
+//!
+//! A run's checkpoints live in three places. Its last one is in `latest_progress`,
+//! updated in place at every save: what a resumed run loads. Its history is in
+//! `progress`, clustered by run, but a save does not insert there: written one at a
+//! time, the rows of many runs stepping at once cost a page each per step (the journal,
+//! "session 27", counted the WAL's frames). The connection gathers them instead in a
+//! table of its own, `temp.gathered_progress` (in memory, and in the transaction like
+//! any table: a save rolled back gathers nothing), and writes a run's gathered rows to
+//! `progress` together: when they reach [`GATHER_ROWS`] or [`GATHER_BYTES`], when the
+//! run's lease ends, when the run's lease is found gone, and when the store closes. A
+//! process that dies loses what it gathered, at most one batch a run: a fork then
+//! starts from an earlier checkpoint and replays the steps between from their copied
+//! results, which is correct, only longer. A state kept as a blob is written at once
+//! (gc collects a blob no database row refers to). Readers on this connection see the
+//! three together; another process sees the history up to the last batch written, and
+//! the last checkpoint.
 
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::runs::{self, unknown_run};
 use super::{TxError, to_sql_int, u32_column, u64_column};
+use crate::store::values::blobs;
 use crate::store::{
-    ForkRefusal, ForkRequest, Forked, HistoryCheckpoint, HistoryStep, Millis, Payloads, Position,
-    RunHistory, SavedCheckpoint, StoreError, Submission, check_fork_exports, fork_events, fork_key,
-    fork_namespace, plan_fork, steps_before,
+    Checkpoint, ForkRefusal, ForkRequest, Forked, HistoryCheckpoint, HistoryStep, Millis, Payloads,
+    Position, RunHistory, SavedCheckpoint, StoreError, Submission, check_fork_exports, fork_events,
+    fork_key, fork_namespace, plan_fork, steps_before,
 };
+
+/// A run's gathered checkpoints are written once there are this many: the rows of one
+/// run, written together, share their pages.
+const GATHER_ROWS: i64 = 32;
+
+/// ... or once their states come to this many bytes: what a process holds for a run
+/// stays small however large its states.
+const GATHER_BYTES: i64 = 32 << 10;
+
+/// Makes the connection's table of gathered checkpoints (see the module docs): on
+/// every connection, read-only ones too, since readers look into it.
+pub(super) fn gather_on(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(
+        "CREATE TEMP TABLE IF NOT EXISTS gathered_progress (
+             run_id  TEXT NOT NULL,
+             lease   INTEGER NOT NULL,
+             tick    INTEGER NOT NULL,
+             step    INTEGER NOT NULL,
+             state   BLOB NOT NULL,
+             updated INTEGER NOT NULL,
+             PRIMARY KEY (run_id, lease, tick)
+         ) WITHOUT ROWID",
+    )
+}
+
+/// Adds the checkpoint the run saved at `position` to its history: gathered, or
+/// written with what was gathered before it when the batch is full or its state is a
+/// blob's reference.
+pub(super) fn keep(
+    conn: &Connection,
+    run_id: &str,
+    checkpoint: &Checkpoint,
+    position: Position,
+    now: Millis,
+) -> Result<(), TxError> {
+    let step = to_sql_int(checkpoint.step)?;
+    let (lease, tick) = (to_sql_int(position.lease)?, to_sql_int(position.tick)?);
+    if blobs::referred(&checkpoint.state).is_some() {
+        write_gathered(conn, run_id)?;
+        conn.prepare_cached(
+            "INSERT INTO progress (run_id, lease, tick, step, state, updated)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT (run_id, lease, tick) DO UPDATE
+             SET step = excluded.step, state = excluded.state, updated = excluded.updated",
+        )?
+        .execute(params![run_id, lease, tick, step, checkpoint.state, now])?;
+        runs::trim_history(conn, run_id)?;
+        return runs::drop_large_states(conn, run_id);
+    }
+    conn.prepare_cached(
+        "INSERT OR REPLACE INTO temp.gathered_progress (run_id, lease, tick, step, state, updated)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![run_id, lease, tick, step, checkpoint.state, now])?;
+    let (rows, bytes): (i64, i64) = conn
+        .prepare_cached(
+            "SELECT count(*), coalesce(sum(length(state)), 0) FROM temp.gathered_progress
+             WHERE run_id = ?1",
+        )?
+        .query_row([run_id], |row| Ok((row.get(0)?, row.get(1)?)))?;
+    if rows >= GATHER_ROWS || bytes >= GATHER_BYTES {
+        write_gathered(conn, run_id)?;
+    }
+    Ok(())
+}
+
+/// Writes the run's gathered checkpoints to its history (none if the run is gone), and
+/// collects those past [`HISTORY_KEEP`](crate::store::HISTORY_KEEP).
+pub(super) fn write_gathered(conn: &Connection, run_id: &str) -> Result<(), TxError> {
+    let written = conn
+        .prepare_cached(
+            "INSERT INTO progress (run_id, lease, tick, step, state, updated)
+             SELECT run_id, lease, tick, step, state, updated FROM temp.gathered_progress
+             WHERE run_id = ?1 AND EXISTS (SELECT 1 FROM runs WHERE run_id = ?1)
+             ON CONFLICT (run_id, lease, tick) DO NOTHING",
+        )?
+        .execute([run_id])?;
+    conn.prepare_cached("DELETE FROM temp.gathered_progress WHERE run_id = ?1")?
+        .execute([run_id])?;
+    if written > 0 {
+        runs::trim_history(conn, run_id)?;
+    }
+    Ok(())
+}
+
+/// Writes the gathered checkpoints of the runs this process no longer leases under the
+/// lease they were saved under (lost, taken over, ended elsewhere), or of every run.
+pub(super) fn write_all_gathered(conn: &Connection, only_unleased: bool) -> Result<(), TxError> {
+    let runs: Vec<String> = conn
+        .prepare_cached(
+            "SELECT DISTINCT g.run_id FROM temp.gathered_progress g
+             WHERE ?1 = 0 OR NOT EXISTS (
+                 SELECT 1 FROM runs r WHERE r.run_id = g.run_id AND r.lease_token = g.lease
+                   AND r.lease_holder IS NOT NULL)",
+        )?
+        .query_map([only_unleased], |row| row.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    for run_id in &runs {
+        write_gathered(conn, run_id)?;
+    }
+    Ok(())
+}
+
+/// Writes every gathered checkpoint before the connection closes, in a transaction of
+/// its own; what cannot be written (a full disk, a lock held past the busy timeout) is
+/// lost as a crash would lose it.
+pub(super) fn write_on_close(conn: &Connection) {
+    let gathered = conn
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM temp.gathered_progress)",
+            [],
+            |row| row.get::<_, bool>(0),
+        )
+        .unwrap_or(false);
+    if !gathered || conn.execute_batch("BEGIN IMMEDIATE").is_err() {
+        return;
+    }
+    let done = match write_all_gathered(conn, false) {
+        Ok(()) => conn.execute_batch("COMMIT").is_ok(),
+        Err(_) => false,
+    };
+    if !done {
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+}
 
 /// The committed steps of a run, in order: a step committed before positions were kept
 /// stands at lease 0, at its commit time.
@@ -52,13 +194,21 @@ fn steps(conn: &Connection, run_id: &str) -> Result<Vec<HistoryStep>, TxError> {
         .collect())
 }
 
-/// The run's kept checkpoints, in order, without their states.
+/// The run's kept checkpoints, in order, without their states: its history, what this
+/// connection gathered, and its last (module docs).
 fn checkpoints(conn: &Connection, run_id: &str) -> Result<Vec<HistoryCheckpoint>, TxError> {
     let rows = conn
         .prepare_cached(
-            "SELECT lease, tick, step, coalesce(length(state), 0), updated, state IS NOT NULL
+            "SELECT lease, tick, step, coalesce(length(state), 0), updated, state IS NOT NULL,
+                    0 AS source
              FROM progress WHERE run_id = ?1
-             ORDER BY lease, tick",
+             UNION ALL
+             SELECT lease, tick, step, length(state), updated, 1, 1
+             FROM temp.gathered_progress WHERE run_id = ?1
+             UNION ALL
+             SELECT lease, tick, step, length(state), updated, 1, 2
+             FROM latest_progress WHERE run_id = ?1
+             ORDER BY 1, 2, source",
         )?
         .query_map([run_id], |row| {
             Ok(HistoryCheckpoint {
@@ -71,6 +221,10 @@ fn checkpoints(conn: &Connection, run_id: &str) -> Result<Vec<HistoryCheckpoint>
             })
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut rows = rows;
+    // A checkpoint may be in two places (the last one, once written); the history's
+    // row, first, is the one that says whether its state is still kept.
+    rows.dedup_by_key(|c| c.position);
     Ok(rows)
 }
 
@@ -112,8 +266,15 @@ pub(super) fn checkpoint_before(
     };
     let saved = conn
         .prepare_cached(
-            "SELECT lease, tick, step, state, updated FROM progress
-             WHERE run_id = ?1 AND (lease, tick) < (?2, ?3) AND state IS NOT NULL
+            "SELECT lease, tick, step, state, updated FROM (
+                 SELECT lease, tick, step, state, updated FROM progress
+                 WHERE run_id = ?1 AND (lease, tick) < (?2, ?3) AND state IS NOT NULL
+                 UNION ALL
+                 SELECT lease, tick, step, state, updated FROM temp.gathered_progress
+                 WHERE run_id = ?1 AND (lease, tick) < (?2, ?3)
+                 UNION ALL
+                 SELECT lease, tick, step, state, updated FROM latest_progress
+                 WHERE run_id = ?1 AND (lease, tick) < (?2, ?3))
              ORDER BY lease DESC, tick DESC LIMIT 1",
         )?
         .query_row(params![run_id, lease, tick], |row| {
@@ -179,6 +340,7 @@ pub(super) fn fork(
             },
         ));
     }
+    write_gathered(conn, run_id)?;
     let steps = steps(conn, run_id)?;
     let positions: Vec<Position> = steps.iter().map(|s| s.position).collect();
     let kept: Vec<(Position, bool)> = checkpoints(conn, run_id)?
@@ -281,10 +443,17 @@ pub(super) fn fork(
         reused += 1;
     }
     if let Some((at, after)) = plan.checkpoint {
+        // The fork's first checkpoint is its last as well. The original's may be only
+        // its last, written by another process that has not written its history yet.
         conn.prepare_cached(
             "INSERT INTO progress (run_id, lease, tick, step, state, updated)
-             SELECT ?1, 0, ?5, step, state, ?6 FROM progress
-             WHERE run_id = ?2 AND lease = ?3 AND tick = ?4",
+             SELECT ?1, 0, ?5, step, state, ?6 FROM (
+                 SELECT step, state FROM progress
+                 WHERE run_id = ?2 AND lease = ?3 AND tick = ?4 AND state IS NOT NULL
+                 UNION ALL
+                 SELECT step, state FROM latest_progress
+                 WHERE run_id = ?2 AND lease = ?3 AND tick = ?4)
+             LIMIT 1",
         )?
         .execute(params![
             req.new_run_id,
@@ -294,6 +463,11 @@ pub(super) fn fork(
             to_sql_int(2 * after + 1)?,
             now
         ])?;
+        conn.prepare_cached(
+            "INSERT INTO latest_progress (run_id, lease, tick, step, state, updated)
+             SELECT run_id, lease, tick, step, state, updated FROM progress WHERE run_id = ?1",
+        )?
+        .execute([req.new_run_id])?;
     }
     let checkpoint: Option<u64> = match plan.checkpoint {
         Some(_) => runs::load_progress(conn, req.new_run_id)?.map(|c| c.step),

@@ -90,6 +90,9 @@ pub(super) fn acquire_runs(
     if max == 0 {
         return Ok(Vec::new());
     }
+    // A poll is this process's write that comes whatever its runs do: the history it
+    // gathered for runs whose lease it lost goes out with it.
+    super::history::write_all_gathered(conn, true)?;
     let skip: HashSet<&str> = skip.iter().map(String::as_str).collect();
     let mut flow = super::flow::counts(conn, now)?;
     let mut chosen = Vec::new();
@@ -323,6 +326,7 @@ pub(super) fn release_run(
     now: Millis,
 ) -> Result<(), TxError> {
     check_fence(conn, fence)?;
+    super::history::write_gathered(conn, &fence.run_id)?;
     // A host that gives back a lease whose grant counted an instance it never ran
     // takes the count back: the timeline says that instance never ran.
     let counted: u64 = conn
@@ -385,6 +389,7 @@ pub(super) fn finish_run(
 ) -> Result<(), TxError> {
     check_fence(conn, fence)?;
     let run_id = fence.run_id.as_str();
+    super::history::write_gathered(conn, run_id)?;
     runs::save_counts(conn, run_id, counts, now)?;
     if !matches!(end, RunEnd::Cancelled) {
         // A cancellation records its end where every cancellation does.

@@ -88,6 +88,7 @@ fn version_2_store_migrates_with_runs_results_and_checkpoints_intact() {
             "epoch",
             "flow_limits",
             "join_members",
+            "latest_progress",
             "namespace_members",
             "paused_deployments",
             "progress",

@@ -9,8 +9,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use super::{TxError, to_sql_int, u64_column};
 use crate::store::EventKind;
 use crate::store::events::NewEvent;
-use crate::store::history::{self, HISTORY_KEEP, HISTORY_KEEP_LARGE, Position};
-use crate::store::values::blobs;
+use crate::store::history::{HISTORY_KEEP, HISTORY_KEEP_LARGE, Position};
 use crate::store::{
     Cancelled, Checkpoint, Counts, MAX_PRIORITY, Millis, Payloads, RunFilter, RunLeaseInfo,
     RunRecord, RunStatus, StoreError, Submission, Submitted,
@@ -34,8 +33,7 @@ macro_rules! select_records {
                     r.executed, r.skipped, r.awaited, r.reclaimed, r.instances,
                     r.lease_holder, r.lease_token, r.lease_expires, r.cancel_requested,
                     r.note, r.created, r.updated,
-                    (SELECT p.step FROM progress p WHERE p.run_id = r.run_id
-                     ORDER BY p.lease DESC, p.tick DESC LIMIT 1),
+                    (SELECT p.step FROM latest_progress p WHERE p.run_id = r.run_id),
                     r.wake_at, r.waiting_for,
                     r.recycled, r.parent, r.spawn_key, r.detached, r.joining, r.paused,
                     r.priority, r.flow_key, r.version
@@ -305,10 +303,7 @@ pub(super) fn load_progress(
     run_id: &str,
 ) -> Result<Option<Checkpoint>, TxError> {
     let checkpoint = conn
-        .prepare_cached(
-            "SELECT step, state FROM progress WHERE run_id = ?1 AND state IS NOT NULL
-             ORDER BY lease DESC, tick DESC LIMIT 1",
-        )?
+        .prepare_cached("SELECT step, state FROM latest_progress WHERE run_id = ?1")?
         .query_row([run_id], |row| {
             Ok(Checkpoint {
                 step: u64_column(row, 0)?,
@@ -319,9 +314,8 @@ pub(super) fn load_progress(
     Ok(checkpoint)
 }
 
-/// Saves the run's checkpoint at `position` (its history keeps the ones before), and,
-/// now and then, collects those past [`HISTORY_KEEP`]. The caller checked the fence, so
-/// the run exists.
+/// Saves the run's checkpoint at `position`: its last one, in place, and one more of
+/// its history ([`history::keep`]). The caller checked the fence, so the run exists.
 pub(super) fn save_checkpoint(
     conn: &Connection,
     run_id: &str,
@@ -331,28 +325,21 @@ pub(super) fn save_checkpoint(
 ) -> Result<(), TxError> {
     let step = to_sql_int(checkpoint.step)?;
     let (lease, tick) = (to_sql_int(position.lease)?, to_sql_int(position.tick)?);
-    // An insert writes the page the update it replaces would have: the run's rows sit
-    // together, in order.
     conn.prepare_cached(
-        "INSERT INTO progress (run_id, lease, tick, step, state, updated)
+        "INSERT INTO latest_progress (run_id, lease, tick, step, state, updated)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-         ON CONFLICT (run_id, lease, tick) DO UPDATE
-         SET step = excluded.step, state = excluded.state, updated = excluded.updated",
+         ON CONFLICT (run_id) DO UPDATE
+         SET lease = excluded.lease, tick = excluded.tick, step = excluded.step,
+             state = excluded.state, updated = excluded.updated",
     )?
     .execute(params![run_id, lease, tick, step, checkpoint.state, now])?;
-    if history::trim_due() {
-        trim_history(conn, run_id)?;
-    }
-    if blobs::referred(&checkpoint.state).is_some() {
-        drop_large_states(conn, run_id)?;
-    }
-    Ok(())
+    super::history::keep(conn, run_id, checkpoint, position, now)
 }
 
 /// Collects the states of the run's large checkpoints but its last
 /// [`HISTORY_KEEP_LARGE`], keeping their rows (their place in the history): called as
 /// a large one is saved, whose blob costs far more than this.
-fn drop_large_states(conn: &Connection, run_id: &str) -> Result<(), TxError> {
+pub(super) fn drop_large_states(conn: &Connection, run_id: &str) -> Result<(), TxError> {
     conn.prepare_cached(
         "UPDATE progress SET state = NULL
          WHERE run_id = ?1 AND substr(state, 1, 4) = X'00494201' AND (lease, tick) <=

@@ -37,6 +37,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0018_versions.sql"),
     include_str!("../migrations/sqlite/0019_events.sql"),
     include_str!("../migrations/sqlite/0020_history.sql"),
+    include_str!("../migrations/sqlite/0021_latest_progress.sql"),
 ];
 
 /// The schema version this build writes and understands.
@@ -174,6 +175,7 @@ pub(super) fn open(path: &Path, options: &OpenOptions) -> Result<(Connection, u6
     let floor =
         super::epoch::token_floor(&mut conn, options.boot_id.as_deref()).map_err(sql_fail)?;
     keep_prepared(&conn).map_err(sql_fail)?;
+    super::history::gather_on(&conn).map_err(sql_fail)?;
     Ok((conn, floor))
 }
 
@@ -210,6 +212,7 @@ pub(super) fn open_read_only(
         }
     }
     keep_prepared(&conn).map_err(sql_fail)?;
+    super::history::gather_on(&conn).map_err(sql_fail)?;
     Ok(conn)
 }
 

@@ -755,3 +755,103 @@ fn tokens_after_a_reboot_start_above_every_token_before_it() {
     let store = SqliteStore::open(&path, SyncMode::Full).unwrap();
     assert_eq!(store.token_floor, 1 << 32);
 }
+
+/// A run's history is gathered by the process that saves it and written a batch at a
+/// time: the saving handle sees every checkpoint at once, another process the batches
+/// written and the last checkpoint, and everything once the first handle closes. A save
+/// rolled back gathers nothing.
+#[test]
+fn a_runs_history_is_written_a_batch_at_a_time_and_its_last_checkpoint_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.db");
+    let store = SqliteStore::open(&path, SyncMode::Normal).unwrap();
+    let fence = leased(&store, SyncMode::Normal);
+    let save = |step: u64| {
+        let checkpoint = Checkpoint {
+            step,
+            state: format!("state {step}").into_bytes(),
+        };
+        block_on(store.save_progress(&fence, &checkpoint, None)).unwrap();
+    };
+    let steps = |store: &SqliteStore| -> Vec<u64> {
+        block_on(store.history("run-1"))
+            .unwrap()
+            .unwrap()
+            .checkpoints
+            .iter()
+            .map(|c| c.step)
+            .collect()
+    };
+    for step in 1..=40 {
+        save(step);
+    }
+    let all: Vec<u64> = (1..=40).collect();
+    assert_eq!(steps(&store), all);
+
+    let other = SqliteStore::open(&path, SyncMode::Normal).unwrap();
+    let batch_and_last: Vec<u64> = (1..=32).chain([40]).collect();
+    assert_eq!(steps(&other), batch_and_last);
+    let last = block_on(other.load_progress("run-1")).unwrap().unwrap();
+    assert_eq!(last.step, 40);
+    let before = block_on(other.checkpoint_before("run-1", None))
+        .unwrap()
+        .unwrap();
+    assert_eq!(before.checkpoint, last);
+
+    // A save whose transaction rolls back leaves neither its last checkpoint nor a
+    // gathered row.
+    let position = crate::store::Position {
+        lease: fence.token,
+        tick: crate::store::tick(),
+    };
+    let refused = block_on(store.db.write(SyncMode::Normal, move |conn, now| {
+        let checkpoint = Checkpoint {
+            step: 99,
+            state: b"rolled back".to_vec(),
+        };
+        super::runs::save_checkpoint(conn, "run-1", &checkpoint, position, now)?;
+        Err::<(), _>(super::TxError::Store(StoreError::UnknownRun {
+            run_id: "run-1".to_owned(),
+        }))
+    }));
+    assert!(refused.is_err());
+    assert_eq!(steps(&store), all);
+    assert_eq!(
+        block_on(store.load_progress("run-1"))
+            .unwrap()
+            .unwrap()
+            .step,
+        40
+    );
+
+    drop(store);
+    assert_eq!(steps(&other), all);
+}
+
+/// A run's lease ending writes what its process gathered of its history.
+#[test]
+fn a_runs_history_is_written_when_its_lease_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.db");
+    let store = SqliteStore::open(&path, SyncMode::Normal).unwrap();
+    let fence = leased(&store, SyncMode::Normal);
+    for step in 1..=3 {
+        let checkpoint = Checkpoint {
+            step,
+            state: b"s".to_vec(),
+        };
+        block_on(store.save_progress(&fence, &checkpoint, None)).unwrap();
+    }
+    let other = SqliteStore::open(&path, SyncMode::Normal).unwrap();
+    let count = |s: &SqliteStore| {
+        block_on(s.history("run-1"))
+            .unwrap()
+            .unwrap()
+            .checkpoints
+            .len()
+    };
+    assert_eq!(count(&other), 1, "only the last checkpoint is out");
+    block_on(store.release_run(&fence, &Counts::default(), None)).unwrap();
+    assert_eq!(count(&other), 3);
+    drop(store);
+}

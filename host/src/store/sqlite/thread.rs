@@ -222,11 +222,14 @@ pub(super) enum Ran {
 
 impl DbThread {
     /// Starts the thread that owns `conn`, whose `synchronous` pragma is `sync` now.
+    /// Once the last handle is gone and its work done, the thread runs `close` on the
+    /// connection (outside any transaction) before it closes it.
     pub(super) fn spawn(
         conn: Connection,
         clock: Clock,
         sync: SyncMode,
         busy_timeout: Duration,
+        close: fn(&Connection),
     ) -> std::io::Result<DbThread> {
         let (sender, receiver) = mpsc::channel();
         let shared = Arc::new(Shared {
@@ -242,7 +245,12 @@ impl DbThread {
         let thread_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("idem-sqlite".to_owned())
-            .spawn(move || serve(&thread_shared, &receiver))?;
+            .spawn(move || {
+                serve(&thread_shared, &receiver);
+                let worker = thread_shared.lock();
+                rollback(&worker.conn);
+                close(&worker.conn);
+            })?;
         Ok(DbThread {
             sender: Some(sender),
             thread: Some(thread),

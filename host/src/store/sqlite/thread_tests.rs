@@ -32,6 +32,7 @@ fn db() -> (tempfile::TempDir, DbThread) {
         Clock::manual(0),
         SyncMode::Normal,
         Duration::from_secs(5),
+        |_| {},
     )
     .unwrap();
     (dir, db)

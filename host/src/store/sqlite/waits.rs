@@ -139,6 +139,7 @@ pub(super) fn suspend_run(
 ) -> Result<(), TxError> {
     check_fence(conn, fence)?;
     save_counts(conn, &fence.run_id, counts, now)?;
+    super::history::write_gathered(conn, &fence.run_id)?;
     // A signal sent between the wait's look and this suspension is not missed: the
     // run is due at once.
     let arrived = match suspension.signal {

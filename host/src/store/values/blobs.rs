@@ -70,12 +70,14 @@ pub fn hex(digest: &BlobDigest) -> String {
 }
 
 /// How gc tells that no row refers to blob `b` (its `id` column holds the reference),
-/// with `prefix` the backend's literal for [`REF_MAGIC`]: each clause the same
-/// expression as its partial index's predicate, so the planner uses the index.
+/// with `prefix` the backend's literal for [`REF_MAGIC`] and `also` the backend's own
+/// tables that refer to blobs beside [`REFERRERS`]: each clause the same expression as
+/// its partial index's predicate, so the planner uses the index.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) fn unreferenced(prefix: &str) -> String {
+pub(crate) fn unreferenced(prefix: &str, also: &[(&str, &str)]) -> String {
     REFERRERS
         .iter()
+        .chain(also)
         .map(|(table, column)| {
             format!(
                 "NOT EXISTS (SELECT 1 FROM {table} WHERE substr({column}, 1, 4) = {prefix} \
