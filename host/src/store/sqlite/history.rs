@@ -120,7 +120,8 @@ pub(super) fn write_gathered(conn: &Connection, run_id: &str) -> Result<(), TxEr
 pub(super) fn write_all_gathered(conn: &Connection, only_unleased: bool) -> Result<(), TxError> {
     let runs: Vec<String> = conn
         .prepare_cached(
-            "SELECT DISTINCT g.run_id FROM temp.gathered_progress g
+            "SELECT DISTINCT g.run_id
+             FROM (SELECT DISTINCT run_id, lease FROM temp.gathered_progress) g
              WHERE ?1 = 0 OR NOT EXISTS (
                  SELECT 1 FROM runs r WHERE r.run_id = g.run_id AND r.lease_token = g.lease
                    AND r.lease_holder IS NOT NULL)",
