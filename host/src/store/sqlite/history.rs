@@ -8,17 +8,20 @@
 //! updated in place at every save: what a resumed run loads. Its history is in
 //! `progress`, clustered by run, but a save does not insert there: written one at a
 //! time, the rows of many runs stepping at once cost a page each per step (the journal,
-//! "session 27", counted the WAL's frames). The connection gathers them instead in a
-//! table of its own, `temp.gathered_progress` (in memory, and in the transaction like
-//! any table: a save rolled back gathers nothing), and writes a run's gathered rows to
+//! "session 27", counted the WAL's frames), and a statement each. The connection gathers
+//! them in memory instead ([`keep`]), exactly as committed (a save that does not commit
+//! takes its row back: `thread::on_rollback`), and writes a run's gathered rows to
 //! `progress` together: when they reach [`GATHER_ROWS`] or [`GATHER_BYTES`], when the
-//! run's lease ends, when the run's lease is found gone, and when the store closes. A
-//! process that dies loses what it gathered, at most one batch a run: a fork then
-//! starts from an earlier checkpoint and replays the steps between from their copied
-//! results, which is correct, only longer. A state kept as a blob is written at once
-//! (gc collects a blob no database row refers to). Readers on this connection see the
-//! three together; another process sees the history up to the last batch written, and
-//! the last checkpoint.
+//! run's lease ends, when a poll finds the lease they were saved under gone, and when the
+//! store closes. A process that dies loses what it gathered, at most one batch a run: a
+//! fork then starts from an earlier checkpoint and replays the steps between from their
+//! copied results, which is correct, only longer. A state kept as a blob is written at
+//! once (gc collects a blob no database row refers to). Readers on this connection see
+//! the three together; another process sees the history up to the last batch written,
+//! and the last checkpoint.
+
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex, PoisonError};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -33,26 +36,51 @@ use crate::store::{
 
 /// A run's gathered checkpoints are written once there are this many: the rows of one
 /// run, written together, share their pages.
-const GATHER_ROWS: i64 = 32;
+const GATHER_ROWS: usize = 32;
 
 /// ... or once their states come to this many bytes: what a process holds for a run
 /// stays small however large its states.
-const GATHER_BYTES: i64 = 32 << 10;
+const GATHER_BYTES: usize = 32 << 10;
 
-/// Makes the connection's table of gathered checkpoints (see the module docs): on
-/// every connection, read-only ones too, since readers look into it.
-pub(super) fn gather_on(conn: &Connection) -> rusqlite::Result<()> {
-    conn.execute_batch(
-        "CREATE TEMP TABLE IF NOT EXISTS gathered_progress (
-             run_id  TEXT NOT NULL,
-             lease   INTEGER NOT NULL,
-             tick    INTEGER NOT NULL,
-             step    INTEGER NOT NULL,
-             state   BLOB NOT NULL,
-             updated INTEGER NOT NULL,
-             PRIMARY KEY (run_id, lease, tick)
-         ) WITHOUT ROWID",
-    )
+/// A checkpoint gathered for a run's history and not written yet.
+#[derive(Debug, Clone)]
+struct Gathered {
+    lease: i64,
+    tick: i64,
+    step: i64,
+    state: Vec<u8>,
+    updated: Millis,
+}
+
+impl Gathered {
+    fn position(&self) -> Position {
+        position(self.lease, self.tick)
+    }
+}
+
+/// Each connection's gathered checkpoints, by run, in the order saved; a connection is
+/// known by its address, where it stays from its store's opening to its closing (it
+/// lives in its database thread's state), and its entry goes when it closes
+/// ([`write_on_close`]). Held only for a moment, by whoever holds that connection.
+type ByRun = HashMap<String, Vec<Gathered>>;
+static GATHERED: LazyLock<Mutex<HashMap<usize, ByRun>>> = LazyLock::new(Mutex::default);
+
+fn connection_key(conn: &Connection) -> usize {
+    std::ptr::from_ref(conn) as usize
+}
+
+fn with_gathered<T>(key: usize, f: impl FnOnce(&mut ByRun) -> T) -> T {
+    let mut all = GATHERED.lock().unwrap_or_else(PoisonError::into_inner);
+    f(all.entry(key).or_default())
+}
+
+/// What the connection gathered for the run, copied.
+fn gathered_of(conn: &Connection, run_id: &str) -> Vec<Gathered> {
+    let all = GATHERED.lock().unwrap_or_else(PoisonError::into_inner);
+    all.get(&connection_key(conn))
+        .and_then(|runs| runs.get(run_id))
+        .cloned()
+        .unwrap_or_default()
 }
 
 /// Adds the checkpoint the run saved at `position` to its history: gathered, or
@@ -79,18 +107,32 @@ pub(super) fn keep(
         runs::trim_history(conn, run_id)?;
         return runs::drop_large_states(conn, run_id);
     }
-    conn.prepare_cached(
-        "INSERT OR REPLACE INTO temp.gathered_progress (run_id, lease, tick, step, state, updated)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    )?
-    .execute(params![run_id, lease, tick, step, checkpoint.state, now])?;
-    let (rows, bytes): (i64, i64) = conn
-        .prepare_cached(
-            "SELECT count(*), coalesce(sum(length(state)), 0) FROM temp.gathered_progress
-             WHERE run_id = ?1",
-        )?
-        .query_row([run_id], |row| Ok((row.get(0)?, row.get(1)?)))?;
-    if rows >= GATHER_ROWS || bytes >= GATHER_BYTES {
+    let key = connection_key(conn);
+    let row = Gathered {
+        lease,
+        tick,
+        step,
+        state: checkpoint.state.clone(),
+        updated: now,
+    };
+    let full = with_gathered(key, |runs| {
+        let rows = match runs.get_mut(run_id) {
+            Some(rows) => rows,
+            None => runs.entry(run_id.to_owned()).or_default(),
+        };
+        rows.push(row);
+        rows.len() >= GATHER_ROWS
+            || rows.iter().map(|r| r.state.len()).sum::<usize>() >= GATHER_BYTES
+    });
+    let run = run_id.to_owned();
+    super::thread::on_rollback(move || {
+        with_gathered(key, |runs| {
+            if let Some(rows) = runs.get_mut(&run) {
+                rows.retain(|r| (r.lease, r.tick) != (lease, tick));
+            }
+        });
+    });
+    if full {
         write_gathered(conn, run_id)?;
     }
     Ok(())
@@ -99,62 +141,93 @@ pub(super) fn keep(
 /// Writes the run's gathered checkpoints to its history (none if the run is gone), and
 /// collects those past [`HISTORY_KEEP`](crate::store::HISTORY_KEEP).
 pub(super) fn write_gathered(conn: &Connection, run_id: &str) -> Result<(), TxError> {
-    let written = conn
-        .prepare_cached(
-            "INSERT INTO progress (run_id, lease, tick, step, state, updated)
-             SELECT run_id, lease, tick, step, state, updated FROM temp.gathered_progress
-             WHERE run_id = ?1 AND EXISTS (SELECT 1 FROM runs WHERE run_id = ?1)
-             ON CONFLICT (run_id, lease, tick) DO NOTHING",
-        )?
-        .execute([run_id])?;
-    conn.prepare_cached("DELETE FROM temp.gathered_progress WHERE run_id = ?1")?
-        .execute([run_id])?;
-    if written > 0 {
-        runs::trim_history(conn, run_id)?;
+    let key = connection_key(conn);
+    let Some(rows) = with_gathered(key, |runs| runs.remove(run_id)) else {
+        return Ok(());
+    };
+    let run = run_id.to_owned();
+    let taken = rows.clone();
+    // Undone after whatever was gathered later in the transaction: back in front.
+    super::thread::on_rollback(move || {
+        with_gathered(key, |runs| {
+            let later = runs.remove(&run).unwrap_or_default();
+            let mut rows = taken;
+            rows.extend(later);
+            runs.insert(run, rows);
+        });
+    });
+    let exists: bool = conn
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM runs WHERE run_id = ?1)")?
+        .query_row([run_id], |row| row.get(0))?;
+    if !exists {
+        return Ok(());
     }
+    let mut insert = conn.prepare_cached(
+        "INSERT INTO progress (run_id, lease, tick, step, state, updated)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+         ON CONFLICT (run_id, lease, tick) DO NOTHING",
+    )?;
+    for row in &rows {
+        insert.execute(params![
+            run_id,
+            row.lease,
+            row.tick,
+            row.step,
+            row.state,
+            row.updated
+        ])?;
+    }
+    runs::trim_history(conn, run_id)?;
     Ok(())
 }
 
 /// Writes the gathered checkpoints of the runs this process no longer leases under the
 /// lease they were saved under (lost, taken over, ended elsewhere), or of every run.
 pub(super) fn write_all_gathered(conn: &Connection, only_unleased: bool) -> Result<(), TxError> {
-    let runs: Vec<String> = conn
-        .prepare_cached(
-            "SELECT DISTINCT g.run_id
-             FROM (SELECT DISTINCT run_id, lease FROM temp.gathered_progress) g
-             WHERE ?1 = 0 OR NOT EXISTS (
-                 SELECT 1 FROM runs r WHERE r.run_id = g.run_id AND r.lease_token = g.lease
-                   AND r.lease_holder IS NOT NULL)",
-        )?
-        .query_map([only_unleased], |row| row.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
-    for run_id in &runs {
-        write_gathered(conn, run_id)?;
+    let runs: Vec<(String, i64)> = {
+        let all = GATHERED.lock().unwrap_or_else(PoisonError::into_inner);
+        match all.get(&connection_key(conn)) {
+            Some(runs) => runs
+                .iter()
+                .filter_map(|(run, rows)| Some((run.clone(), rows.last()?.lease)))
+                .collect(),
+            None => return Ok(()),
+        }
+    };
+    for (run_id, lease) in &runs {
+        let held = only_unleased
+            && conn
+                .prepare_cached(
+                    "SELECT EXISTS (SELECT 1 FROM runs WHERE run_id = ?1 AND lease_token = ?2
+                                    AND lease_holder IS NOT NULL)",
+                )?
+                .query_row(params![run_id, lease], |row| row.get::<_, bool>(0))?;
+        if !held {
+            write_gathered(conn, run_id)?;
+        }
     }
     Ok(())
 }
 
 /// Writes every gathered checkpoint before the connection closes, in a transaction of
-/// its own; what cannot be written (a full disk, a lock held past the busy timeout) is
-/// lost as a crash would lose it.
+/// its own, and forgets the connection; what cannot be written (a full disk, a lock
+/// held past the busy timeout) is lost as a crash would lose it.
 pub(super) fn write_on_close(conn: &Connection) {
-    let gathered = conn
-        .query_row(
-            "SELECT EXISTS (SELECT 1 FROM temp.gathered_progress)",
-            [],
-            |row| row.get::<_, bool>(0),
-        )
-        .unwrap_or(false);
-    if !gathered || conn.execute_batch("BEGIN IMMEDIATE").is_err() {
-        return;
+    let key = connection_key(conn);
+    let any = with_gathered(key, |runs| runs.values().any(|rows| !rows.is_empty()));
+    if any && conn.execute_batch("BEGIN IMMEDIATE").is_ok() {
+        let done = match write_all_gathered(conn, false) {
+            Ok(()) => conn.execute_batch("COMMIT").is_ok(),
+            Err(_) => false,
+        };
+        if !done {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
     }
-    let done = match write_all_gathered(conn, false) {
-        Ok(()) => conn.execute_batch("COMMIT").is_ok(),
-        Err(_) => false,
-    };
-    if !done {
-        let _ = conn.execute_batch("ROLLBACK");
-    }
+    GATHERED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remove(&key);
 }
 
 /// The committed steps of a run, in order: a step committed before positions were kept
@@ -198,35 +271,45 @@ fn steps(conn: &Connection, run_id: &str) -> Result<Vec<HistoryStep>, TxError> {
 /// The run's kept checkpoints, in order, without their states: its history, what this
 /// connection gathered, and its last (module docs).
 fn checkpoints(conn: &Connection, run_id: &str) -> Result<Vec<HistoryCheckpoint>, TxError> {
-    let rows = conn
+    let mut rows: Vec<(HistoryCheckpoint, u8)> = conn
         .prepare_cached(
             "SELECT lease, tick, step, coalesce(length(state), 0), updated, state IS NOT NULL,
-                    0 AS source
+                    0
              FROM progress WHERE run_id = ?1
              UNION ALL
-             SELECT lease, tick, step, length(state), updated, 1, 1
-             FROM temp.gathered_progress WHERE run_id = ?1
-             UNION ALL
              SELECT lease, tick, step, length(state), updated, 1, 2
-             FROM latest_progress WHERE run_id = ?1
-             ORDER BY 1, 2, source",
+             FROM latest_progress WHERE run_id = ?1",
         )?
         .query_map([run_id], |row| {
-            Ok(HistoryCheckpoint {
-                position: position(row.get(0)?, row.get(1)?),
-                step: u64_column(row, 2)?,
-                bytes: u64_column(row, 3)?,
-                saved_at: row.get(4)?,
-                kept: row.get(5)?,
-                after: 0,
-            })
+            Ok((
+                HistoryCheckpoint {
+                    position: position(row.get(0)?, row.get(1)?),
+                    step: u64_column(row, 2)?,
+                    bytes: u64_column(row, 3)?,
+                    saved_at: row.get(4)?,
+                    kept: row.get(5)?,
+                    after: 0,
+                },
+                row.get(6)?,
+            ))
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    let mut rows = rows;
+    rows.extend(gathered_of(conn, run_id).into_iter().map(|g| {
+        let checkpoint = HistoryCheckpoint {
+            position: g.position(),
+            step: u64::try_from(g.step).unwrap_or(0),
+            bytes: g.state.len() as u64,
+            saved_at: g.updated,
+            kept: true,
+            after: 0,
+        };
+        (checkpoint, 1)
+    }));
     // A checkpoint may be in two places (the last one, once written); the history's
     // row, first, is the one that says whether its state is still kept.
-    rows.dedup_by_key(|c| c.position);
-    Ok(rows)
+    rows.sort_by_key(|(c, source)| (c.position, *source));
+    rows.dedup_by_key(|(c, _)| c.position);
+    Ok(rows.into_iter().map(|(c, _)| c).collect())
 }
 
 /// The run's history; `None` if there is no such run.
@@ -265,14 +348,11 @@ pub(super) fn checkpoint_before(
         Some(p) => (to_sql_int(p.lease)?, to_sql_int(p.tick)?),
         None => (i64::MAX, i64::MAX),
     };
-    let saved = conn
+    let stored = conn
         .prepare_cached(
             "SELECT lease, tick, step, state, updated FROM (
                  SELECT lease, tick, step, state, updated FROM progress
                  WHERE run_id = ?1 AND (lease, tick) < (?2, ?3) AND state IS NOT NULL
-                 UNION ALL
-                 SELECT lease, tick, step, state, updated FROM temp.gathered_progress
-                 WHERE run_id = ?1 AND (lease, tick) < (?2, ?3)
                  UNION ALL
                  SELECT lease, tick, step, state, updated FROM latest_progress
                  WHERE run_id = ?1 AND (lease, tick) < (?2, ?3))
@@ -289,7 +369,22 @@ pub(super) fn checkpoint_before(
             })
         })
         .optional()?;
-    Ok(saved)
+    let gathered = gathered_of(conn, run_id)
+        .into_iter()
+        .filter(|g| (g.lease, g.tick) < (lease, tick))
+        .max_by_key(|g| (g.lease, g.tick))
+        .map(|g| SavedCheckpoint {
+            position: g.position(),
+            checkpoint: crate::store::Checkpoint {
+                step: u64::try_from(g.step).unwrap_or(0),
+                state: g.state,
+            },
+            saved_at: g.updated,
+        });
+    Ok(match (stored, gathered) {
+        (Some(s), Some(g)) => Some(if g.position > s.position { g } else { s }),
+        (s, g) => s.or(g),
+    })
 }
 
 fn refused(run_id: &str, refusal: ForkRefusal) -> TxError {

@@ -175,7 +175,6 @@ pub(super) fn open(path: &Path, options: &OpenOptions) -> Result<(Connection, u6
     let floor =
         super::epoch::token_floor(&mut conn, options.boot_id.as_deref()).map_err(sql_fail)?;
     keep_prepared(&conn).map_err(sql_fail)?;
-    super::history::gather_on(&conn).map_err(sql_fail)?;
     Ok((conn, floor))
 }
 
@@ -212,7 +211,6 @@ pub(super) fn open_read_only(
         }
     }
     keep_prepared(&conn).map_err(sql_fail)?;
-    super::history::gather_on(&conn).map_err(sql_fail)?;
     Ok(conn)
 }
 

@@ -798,8 +798,8 @@ fn a_runs_history_is_written_a_batch_at_a_time_and_its_last_checkpoint_at_once()
         .unwrap();
     assert_eq!(before.checkpoint, last);
 
-    // A save whose transaction rolls back leaves neither its last checkpoint nor a
-    // gathered row.
+    // A save whose work fails (its transaction rolled back) leaves neither its last
+    // checkpoint nor a gathered checkpoint.
     let position = crate::store::Position {
         lease: fence.token,
         tick: crate::store::tick(),

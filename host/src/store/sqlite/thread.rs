@@ -37,6 +37,7 @@
 //! transactions, where SQLite takes it) if any of its writes asks for
 //! [`SyncMode::Full`], `NORMAL` otherwise.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -48,6 +49,45 @@ use rusqlite::{Connection, ErrorCode};
 use tokio::sync::oneshot;
 
 use crate::store::{Clock, Millis, SyncMode};
+
+thread_local! {
+    /// What to undo, newest last, if the writes running on this thread do not commit:
+    /// registered by works through [`on_rollback`] for what they keep beside the
+    /// database, run by whoever runs the works once it knows their fate.
+    static UNDO: RefCell<Vec<Box<dyn FnOnce()>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Registers `undo`, to run if the write running now on this thread does not commit:
+/// its work fails (its savepoint rolled back) or its transaction does not commit. A work
+/// that keeps state beside the database (in memory) so stays exactly as committed as
+/// its statements.
+pub(super) fn on_rollback(undo: impl FnOnce() + 'static) {
+    UNDO.with(|u| u.borrow_mut().push(Box::new(undo)));
+}
+
+fn undo_mark() -> usize {
+    UNDO.with(|u| u.borrow().len())
+}
+
+/// Undoes, newest first, what was registered since `mark`.
+fn undo_since(mark: usize) {
+    loop {
+        // Popped one at a time, the list not borrowed while an undo runs.
+        let undo = UNDO.with(|u| {
+            let mut u = u.borrow_mut();
+            if u.len() > mark { u.pop() } else { None }
+        });
+        match undo {
+            Some(undo) => undo(),
+            None => return,
+        }
+    }
+}
+
+/// Forgets what was registered since `mark`: it committed.
+fn forget_undo_since(mark: usize) {
+    UNDO.with(|u| u.borrow_mut().truncate(mark));
+}
 
 /// Works one transaction takes at most: bounds how long the first of them waits.
 pub(super) const MAX_BATCH: usize = 256;
@@ -497,10 +537,12 @@ impl Worker {
             return Err(f);
         }
         let now = self.clock.now();
+        let began = undo_mark();
         let result = guarded(|| f(conn, now));
         let commit = match ran(&result) {
             Ran::Failed(_) => {
                 rollback(conn);
+                undo_since(began);
                 return Ok(result);
             }
             Ran::Ok if conn.is_autocommit() => {
@@ -510,6 +552,9 @@ impl Worker {
         };
         if commit.is_err() {
             rollback(conn);
+            undo_since(began);
+        } else {
+            forget_undo_since(began);
         }
         Ok(outcome(Some(result), commit.as_ref().map(|_| ())))
     }
@@ -548,9 +593,14 @@ impl Worker {
             }
             let mut members: Vec<Box<dyn Job>> = Vec::new();
             let mut aborted = None;
+            let began = undo_mark();
             while let Some(mut job) = queue.pop_front() {
                 let first = members.is_empty();
+                let mark = undo_mark();
                 let ran = job.run(conn, self.clock.now(), first);
+                if let Ran::Failed(_) = ran {
+                    undo_since(mark);
+                }
                 if first && let Ran::Failed(_) = ran {
                     // Nothing else was in the transaction: it goes, and the rest of the
                     // batch waits for a fresh one.
@@ -577,6 +627,9 @@ impl Worker {
             };
             if commit.is_err() {
                 rollback(conn);
+                undo_since(began);
+            } else {
+                forget_undo_since(began);
             }
             for job in members {
                 job.settle(commit.as_ref().map(|_| ()));

@@ -437,3 +437,65 @@ fn a_borrowing_write_is_copied_only_when_it_goes_to_the_thread() {
     assert_eq!(told.unwrap(), 3);
     assert_eq!(rows(&db), vec![1, 2, 3, 4, 5]);
 }
+
+/// What works keep beside the database through `on_rollback` follows their fate: the
+/// rows of the writes that failed in a batch are undone, the rest stay, and a write run
+/// alone on the caller's thread that fails is undone too.
+#[test]
+fn what_a_failed_write_kept_beside_the_database_is_undone() {
+    let (_dir, db) = db();
+    let kept = Arc::new(std::sync::Mutex::new(Vec::<i64>::new()));
+    let keep = |kept: &Arc<std::sync::Mutex<Vec<i64>>>, id: i64| {
+        kept.lock().unwrap().push(id);
+        let kept = Arc::clone(kept);
+        on_rollback(move || kept.lock().unwrap().retain(|k| *k != id));
+    };
+    let release = hold(&db);
+    let answers: Vec<_> = (0..20_i64)
+        .map(|id| {
+            let kept = Arc::clone(&kept);
+            db.queue_write(SyncMode::Normal, move |conn, _| {
+                insert(conn, id)?;
+                keep(&kept, id);
+                if id % 3 == 0 {
+                    return Err(rusqlite::Error::QueryReturnedNoRows);
+                }
+                Ok(())
+            })
+            .unwrap()
+        })
+        .collect();
+    drop(release);
+    for answer in answers {
+        let _ = block_on(answer).unwrap();
+    }
+    let on_disk = rows(&db);
+    assert_eq!(
+        on_disk,
+        (0..20).filter(|id| id % 3 != 0).collect::<Vec<_>>()
+    );
+    let mut in_memory = kept.lock().unwrap().clone();
+    in_memory.sort_unstable();
+    assert_eq!(in_memory, on_disk);
+
+    let alone = {
+        let kept = Arc::clone(&kept);
+        block_on(db.write(SyncMode::Normal, move |conn, _| {
+            insert(conn, 100)?;
+            keep(&kept, 100);
+            Err::<(), _>(rusqlite::Error::QueryReturnedNoRows)
+        }))
+    };
+    assert!(matches!(alone, Err(DbError::Work(_))));
+    assert!(!kept.lock().unwrap().contains(&100));
+    let committed = {
+        let kept = Arc::clone(&kept);
+        block_on(db.write(SyncMode::Normal, move |conn, _| {
+            insert(conn, 101)?;
+            keep(&kept, 101);
+            Ok::<(), rusqlite::Error>(())
+        }))
+    };
+    assert!(committed.is_ok());
+    assert!(kept.lock().unwrap().contains(&101));
+}
