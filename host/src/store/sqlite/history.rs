@@ -21,6 +21,7 @@
 //! and the last checkpoint.
 
 use std::collections::HashMap;
+use std::rc::Rc;
 use std::sync::{LazyLock, Mutex, PoisonError};
 
 use rusqlite::{Connection, OptionalExtension, params};
@@ -62,7 +63,15 @@ impl Gathered {
 /// known by its address, where it stays from its store's opening to its closing (it
 /// lives in its database thread's state), and its entry goes when it closes
 /// ([`write_on_close`]). Held only for a moment, by whoever holds that connection.
-type ByRun = HashMap<String, Vec<Gathered>>;
+type ByRun = HashMap<String, Run>;
+
+/// What a connection gathered for one run: the rows not written yet, and how many full
+/// batches it wrote (every [`TRIM_EVERY`]th also collects the run's oldest).
+#[derive(Debug, Default)]
+struct Run {
+    rows: Vec<Gathered>,
+    batches: u32,
+}
 static GATHERED: LazyLock<Mutex<HashMap<usize, ByRun>>> = LazyLock::new(Mutex::default);
 
 fn connection_key(conn: &Connection) -> usize {
@@ -79,7 +88,7 @@ fn gathered_of(conn: &Connection, run_id: &str) -> Vec<Gathered> {
     let all = GATHERED.lock().unwrap_or_else(PoisonError::into_inner);
     all.get(&connection_key(conn))
         .and_then(|runs| runs.get(run_id))
-        .cloned()
+        .map(|run| run.rows.clone())
         .unwrap_or_default()
 }
 
@@ -117,8 +126,8 @@ pub(super) fn keep(
     };
     let full = with_gathered(key, |runs| {
         let rows = match runs.get_mut(run_id) {
-            Some(rows) => rows,
-            None => runs.entry(run_id.to_owned()).or_default(),
+            Some(run) => &mut run.rows,
+            None => &mut runs.entry(run_id.to_owned()).or_default().rows,
         };
         rows.push(row);
         rows.len() >= GATHER_ROWS
@@ -127,59 +136,116 @@ pub(super) fn keep(
     let run = run_id.to_owned();
     super::thread::on_rollback(move || {
         with_gathered(key, |runs| {
-            if let Some(rows) = runs.get_mut(&run) {
-                rows.retain(|r| (r.lease, r.tick) != (lease, tick));
+            if let Some(run) = runs.get_mut(&run) {
+                run.rows.retain(|r| (r.lease, r.tick) != (lease, tick));
             }
         });
     });
     if full {
-        write_gathered(conn, run_id)?;
+        write(conn, run_id, false)?;
     }
     Ok(())
 }
 
 /// Writes the run's gathered checkpoints to its history (none if the run is gone), and
-/// collects those past [`HISTORY_KEEP`](crate::store::HISTORY_KEEP).
+/// collects those past [`HISTORY_KEEP`](crate::store::HISTORY_KEEP); forgets the run:
+/// its lease ends, or its history is read whole (a fork).
 pub(super) fn write_gathered(conn: &Connection, run_id: &str) -> Result<(), TxError> {
+    write(conn, run_id, true)
+}
+
+/// Writes the run's gathered checkpoints: all of them and forgetting the run when it
+/// `ends`, else a full batch, collecting the run's oldest every [`TRIM_EVERY`] batches.
+fn write(conn: &Connection, run_id: &str, ends: bool) -> Result<(), TxError> {
     let key = connection_key(conn);
-    let Some(rows) = with_gathered(key, |runs| runs.remove(run_id)) else {
+    let taken = with_gathered(key, |runs| {
+        if ends {
+            let run = runs.remove(run_id)?;
+            let wrote = run.batches > 0;
+            let trim = wrote || !run.rows.is_empty();
+            Some((run.rows, trim))
+        } else {
+            let run = runs.get_mut(run_id)?;
+            run.batches += 1;
+            Some((std::mem::take(&mut run.rows), run.batches % TRIM_EVERY == 0))
+        }
+    });
+    let Some((rows, trim)) = taken else {
         return Ok(());
     };
-    let run = run_id.to_owned();
-    let taken = rows.clone();
+    let rows = Rc::new(rows);
+    let (run, taken) = (run_id.to_owned(), Rc::clone(&rows));
     // Undone after whatever was gathered later in the transaction: back in front.
     super::thread::on_rollback(move || {
         with_gathered(key, |runs| {
-            let later = runs.remove(&run).unwrap_or_default();
-            let mut rows = taken;
-            rows.extend(later);
-            runs.insert(run, rows);
+            let run = runs.entry(run).or_default();
+            let later = std::mem::take(&mut run.rows);
+            run.rows = Rc::try_unwrap(taken).unwrap_or_else(|rows| (*rows).clone());
+            run.rows.extend(later);
         });
     });
-    let exists: bool = conn
-        .prepare_cached("SELECT EXISTS (SELECT 1 FROM runs WHERE run_id = ?1)")?
-        .query_row([run_id], |row| row.get(0))?;
-    if !exists {
-        return Ok(());
+    if rows.len() == GATHER_ROWS {
+        // A full batch, the common case: one statement for all its rows.
+        let mut values: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(1 + 5 * GATHER_ROWS);
+        values.push(&run_id);
+        for row in rows.iter() {
+            values.extend([
+                &row.lease as &dyn rusqlite::ToSql,
+                &row.tick,
+                &row.step,
+                &row.state,
+                &row.updated,
+            ]);
+        }
+        conn.prepare_cached(&FULL_BATCH)?
+            .execute(values.as_slice())?;
+    } else {
+        let mut insert = conn.prepare_cached(
+            "INSERT INTO progress (run_id, lease, tick, step, state, updated)
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE EXISTS (SELECT 1 FROM runs WHERE run_id = ?1)
+             ON CONFLICT (run_id, lease, tick) DO NOTHING",
+        )?;
+        for row in rows.iter() {
+            insert.execute(params![
+                run_id,
+                row.lease,
+                row.tick,
+                row.step,
+                row.state,
+                row.updated
+            ])?;
+        }
     }
-    let mut insert = conn.prepare_cached(
-        "INSERT INTO progress (run_id, lease, tick, step, state, updated)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-         ON CONFLICT (run_id, lease, tick) DO NOTHING",
-    )?;
-    for row in &rows {
-        insert.execute(params![
-            run_id,
-            row.lease,
-            row.tick,
-            row.step,
-            row.state,
-            row.updated
-        ])?;
+    if trim {
+        runs::trim_history(conn, run_id)?;
     }
-    runs::trim_history(conn, run_id)?;
     Ok(())
 }
+
+/// The statement that writes a full batch of a run's gathered checkpoints: `?1` the
+/// run, then five values a row; nothing if the run is gone.
+static FULL_BATCH: LazyLock<String> = LazyLock::new(|| {
+    let rows: Vec<String> = (0..GATHER_ROWS)
+        .map(|i| {
+            let p = 2 + 5 * i;
+            format!("(?{}, ?{}, ?{}, ?{}, ?{})", p, p + 1, p + 2, p + 3, p + 4)
+        })
+        .collect();
+    format!(
+        "INSERT INTO progress (run_id, lease, tick, step, state, updated)
+         SELECT ?1, column1, column2, column3, column4, column5 FROM (VALUES {})
+         WHERE EXISTS (SELECT 1 FROM runs WHERE run_id = ?1)
+         ON CONFLICT (run_id, lease, tick) DO NOTHING",
+        rows.join(", ")
+    )
+});
+
+/// Full batches of a run between two collections of its checkpoints past
+/// [`HISTORY_KEEP`](crate::store::HISTORY_KEEP): collecting walks the run's last
+/// thousand rows, so it is paid once in this many batches, and a running run's history
+/// passes its bound by at most this many batches (256 checkpoints); its lease's end
+/// brings it back.
+const TRIM_EVERY: u32 = 8;
 
 /// Writes the gathered checkpoints of the runs this process no longer leases under the
 /// lease they were saved under (lost, taken over, ended elsewhere), or of every run.
@@ -189,7 +255,7 @@ pub(super) fn write_all_gathered(conn: &Connection, only_unleased: bool) -> Resu
         match all.get(&connection_key(conn)) {
             Some(runs) => runs
                 .iter()
-                .filter_map(|(run, rows)| Some((run.clone(), rows.last()?.lease)))
+                .filter_map(|(id, run)| Some((id.clone(), run.rows.last()?.lease)))
                 .collect(),
             None => return Ok(()),
         }
@@ -214,7 +280,7 @@ pub(super) fn write_all_gathered(conn: &Connection, only_unleased: bool) -> Resu
 /// held past the busy timeout) is lost as a crash would lose it.
 pub(super) fn write_on_close(conn: &Connection) {
     let key = connection_key(conn);
-    let any = with_gathered(key, |runs| runs.values().any(|rows| !rows.is_empty()));
+    let any = with_gathered(key, |runs| runs.values().any(|run| !run.rows.is_empty()));
     if any && conn.execute_batch("BEGIN IMMEDIATE").is_ok() {
         let done = match write_all_gathered(conn, false) {
             Ok(()) => conn.execute_batch("COMMIT").is_ok(),

@@ -855,3 +855,29 @@ fn a_runs_history_is_written_when_its_lease_ends() {
     assert_eq!(count(&other), 3);
     drop(store);
 }
+
+/// A running run's history passes its bound by a few batches at most, and comes back
+/// to it when its lease ends.
+#[test]
+fn a_runs_history_keeps_near_its_bound_and_at_it_once_its_lease_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&dir.path().join("idem.db"), SyncMode::Normal).unwrap();
+    let fence = leased(&store, SyncMode::Normal);
+    let keep = crate::store::HISTORY_KEEP as usize;
+    for step in 1..=1_300 {
+        let checkpoint = Checkpoint {
+            step,
+            state: b"s".to_vec(),
+        };
+        block_on(store.save_progress(&fence, &checkpoint, None)).unwrap();
+    }
+    let history = block_on(store.history("run-1")).unwrap().unwrap();
+    let kept = history.checkpoints.len();
+    assert!(history.collected);
+    assert!((keep..=keep + 256).contains(&kept), "{kept} kept");
+    assert_eq!(history.checkpoints.last().unwrap().step, 1_300);
+    block_on(store.release_run(&fence, &Counts::default(), None)).unwrap();
+    let history = block_on(store.history("run-1")).unwrap().unwrap();
+    assert_eq!(history.checkpoints.len(), keep);
+    assert_eq!(history.checkpoints[0].step, 301);
+}
