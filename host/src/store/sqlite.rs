@@ -18,6 +18,8 @@
 //! - `schema.rs`: opening a file, refusing what is not ours, migrations.
 //! - `claims.rs`, `runs.rs`, `leases.rs`, `components.rs`, `logs.rs`, `waits.rs`: the
 //!   statements, each run inside the transaction the thread opened.
+//! - `history.rs`: a run's step history (its checkpoints gathered in memory and written
+//!   in batches) and forks.
 //! - `vfs.rs`: the VFS every connection writes through: one write per WAL frame.
 
 mod api;

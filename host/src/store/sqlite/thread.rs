@@ -33,6 +33,11 @@
 //! fsync runs in `block_in_place` on a multi-threaded runtime, so that the runtime's
 //! other tasks move to another worker meanwhile.
 //!
+//! A work that keeps something beside the database (in memory) registers how to undo
+//! it ([`on_rollback`]); whoever runs the work runs the undo if the work's savepoint or
+//! its transaction does not commit, so that what it kept is exactly as committed as its
+//! statements.
+//!
 //! Durability is chosen per batch: `PRAGMA synchronous = FULL` (set between
 //! transactions, where SQLite takes it) if any of its writes asks for
 //! [`SyncMode::Full`], `NORMAL` otherwise.
