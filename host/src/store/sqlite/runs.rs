@@ -315,7 +315,8 @@ pub(super) fn load_progress(
 }
 
 /// Saves the run's checkpoint at `position`: its last one, in place, and one more of
-/// its history ([`history::keep`]). The caller checked the fence, so the run exists.
+/// its history ([`super::history::keep`]). The caller checked the fence, so the run
+/// exists.
 pub(super) fn save_checkpoint(
     conn: &Connection,
     run_id: &str,
