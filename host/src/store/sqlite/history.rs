@@ -43,17 +43,33 @@ const GATHER_ROWS: usize = 32;
 /// stays small however large its states.
 const GATHER_BYTES: usize = 32 << 10;
 
-/// A checkpoint gathered for a run's history and not written yet.
+/// A checkpoint as a save keeps it, in the store's integers: the run's last one, and one
+/// gathered for its history until it is written.
 #[derive(Debug, Clone)]
-struct Gathered {
-    lease: i64,
-    tick: i64,
-    step: i64,
-    state: Vec<u8>,
-    updated: Millis,
+pub(super) struct Saved {
+    pub(super) lease: i64,
+    pub(super) tick: i64,
+    pub(super) step: i64,
+    pub(super) state: Vec<u8>,
+    pub(super) updated: Millis,
 }
 
-impl Gathered {
+impl Saved {
+    /// `checkpoint`, saved at `position` at `now`.
+    pub(super) fn new(
+        checkpoint: &Checkpoint,
+        position: Position,
+        now: Millis,
+    ) -> Result<Saved, TxError> {
+        Ok(Saved {
+            lease: to_sql_int(position.lease)?,
+            tick: to_sql_int(position.tick)?,
+            step: to_sql_int(checkpoint.step)?,
+            state: checkpoint.state.clone(),
+            updated: now,
+        })
+    }
+
     fn position(&self) -> Position {
         position(self.lease, self.tick)
     }
@@ -69,7 +85,7 @@ type ByRun = HashMap<String, Run>;
 /// batches it wrote (every [`TRIM_EVERY`]th also collects the run's oldest).
 #[derive(Debug, Default)]
 struct Run {
-    rows: Vec<Gathered>,
+    rows: Vec<Saved>,
     batches: u32,
 }
 static GATHERED: LazyLock<Mutex<HashMap<usize, ByRun>>> = LazyLock::new(Mutex::default);
@@ -84,7 +100,7 @@ fn with_gathered<T>(key: usize, f: impl FnOnce(&mut ByRun) -> T) -> T {
 }
 
 /// What the connection gathered for the run, copied.
-fn gathered_of(conn: &Connection, run_id: &str) -> Vec<Gathered> {
+fn gathered_of(conn: &Connection, run_id: &str) -> Vec<Saved> {
     let all = GATHERED.lock().unwrap_or_else(PoisonError::into_inner);
     all.get(&connection_key(conn))
         .and_then(|runs| runs.get(run_id))
@@ -92,19 +108,10 @@ fn gathered_of(conn: &Connection, run_id: &str) -> Vec<Gathered> {
         .unwrap_or_default()
 }
 
-/// Adds the checkpoint the run saved at `position` to its history: gathered, or
-/// written with what was gathered before it when the batch is full or its state is a
-/// blob's reference.
-pub(super) fn keep(
-    conn: &Connection,
-    run_id: &str,
-    checkpoint: &Checkpoint,
-    position: Position,
-    now: Millis,
-) -> Result<(), TxError> {
-    let step = to_sql_int(checkpoint.step)?;
-    let (lease, tick) = (to_sql_int(position.lease)?, to_sql_int(position.tick)?);
-    if blobs::referred(&checkpoint.state).is_some() {
+/// Adds a checkpoint the run saved to its history: gathered, or written with what was
+/// gathered before it when the batch is full or its state is a blob's reference.
+pub(super) fn keep(conn: &Connection, run_id: &str, row: Saved) -> Result<(), TxError> {
+    if blobs::referred(&row.state).is_some() {
         write_gathered(conn, run_id)?;
         conn.prepare_cached(
             "INSERT INTO progress (run_id, lease, tick, step, state, updated)
@@ -112,18 +119,19 @@ pub(super) fn keep(
              ON CONFLICT (run_id, lease, tick) DO UPDATE
              SET step = excluded.step, state = excluded.state, updated = excluded.updated",
         )?
-        .execute(params![run_id, lease, tick, step, checkpoint.state, now])?;
+        .execute(params![
+            run_id,
+            row.lease,
+            row.tick,
+            row.step,
+            row.state,
+            row.updated
+        ])?;
         runs::trim_history(conn, run_id)?;
         return runs::drop_large_states(conn, run_id);
     }
     let key = connection_key(conn);
-    let row = Gathered {
-        lease,
-        tick,
-        step,
-        state: checkpoint.state.clone(),
-        updated: now,
-    };
+    let (lease, tick) = (row.lease, row.tick);
     let full = with_gathered(key, |runs| {
         let rows = match runs.get_mut(run_id) {
             Some(run) => &mut run.rows,

@@ -324,8 +324,7 @@ pub(super) fn save_checkpoint(
     position: Position,
     now: Millis,
 ) -> Result<(), TxError> {
-    let step = to_sql_int(checkpoint.step)?;
-    let (lease, tick) = (to_sql_int(position.lease)?, to_sql_int(position.tick)?);
+    let row = super::history::Saved::new(checkpoint, position, now)?;
     conn.prepare_cached(
         "INSERT INTO latest_progress (run_id, lease, tick, step, state, updated)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)
@@ -333,8 +332,15 @@ pub(super) fn save_checkpoint(
          SET lease = excluded.lease, tick = excluded.tick, step = excluded.step,
              state = excluded.state, updated = excluded.updated",
     )?
-    .execute(params![run_id, lease, tick, step, checkpoint.state, now])?;
-    super::history::keep(conn, run_id, checkpoint, position, now)
+    .execute(params![
+        run_id,
+        row.lease,
+        row.tick,
+        row.step,
+        row.state,
+        row.updated
+    ])?;
+    super::history::keep(conn, run_id, row)
 }
 
 /// Collects the states of the run's large checkpoints but its last
