@@ -73,6 +73,19 @@ impl Saved {
     fn position(&self) -> Position {
         position(self.lease, self.tick)
     }
+
+    /// The statement parameters `(run_id, lease, tick, step, state, updated)`, the
+    /// order every statement writing a checkpoint takes them in.
+    pub(super) fn params<'a>(&'a self, run_id: &'a &str) -> [&'a dyn rusqlite::ToSql; 6] {
+        [
+            run_id,
+            &self.lease,
+            &self.tick,
+            &self.step,
+            &self.state,
+            &self.updated,
+        ]
+    }
 }
 
 /// Each connection's gathered checkpoints, by run, in the order saved; a connection is
@@ -119,14 +132,7 @@ pub(super) fn keep(conn: &Connection, run_id: &str, row: Saved) -> Result<(), Tx
              ON CONFLICT (run_id, lease, tick) DO UPDATE
              SET step = excluded.step, state = excluded.state, updated = excluded.updated",
         )?
-        .execute(params![
-            run_id,
-            row.lease,
-            row.tick,
-            row.step,
-            row.state,
-            row.updated
-        ])?;
+        .execute(row.params(&run_id))?;
         runs::trim_history(conn, run_id)?;
         return runs::drop_large_states(conn, run_id);
     }
@@ -214,14 +220,7 @@ fn write(conn: &Connection, run_id: &str, ends: bool) -> Result<(), TxError> {
              ON CONFLICT (run_id, lease, tick) DO NOTHING",
         )?;
         for row in rows.iter() {
-            insert.execute(params![
-                run_id,
-                row.lease,
-                row.tick,
-                row.step,
-                row.state,
-                row.updated
-            ])?;
+            insert.execute(row.params(&run_id))?;
         }
     }
     if trim {

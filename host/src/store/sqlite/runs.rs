@@ -332,14 +332,7 @@ pub(super) fn save_checkpoint(
          SET lease = excluded.lease, tick = excluded.tick, step = excluded.step,
              state = excluded.state, updated = excluded.updated",
     )?
-    .execute(params![
-        run_id,
-        row.lease,
-        row.tick,
-        row.step,
-        row.state,
-        row.updated
-    ])?;
+    .execute(row.params(&run_id))?;
     super::history::keep(conn, run_id, row)
 }
 
