@@ -498,3 +498,60 @@ fn version_19_store_keeps_its_checkpoints_and_orders_its_steps_by_commit_time() 
         );
     });
 }
+
+#[test]
+fn version_21_store_keeps_its_history_and_gc_still_collects_it_with_its_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.db");
+    let conn = Connection::open(&path).unwrap();
+    conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA foreign_keys = OFF;")
+        .unwrap();
+    for migration in &super::schema::MIGRATIONS[..21] {
+        conn.execute_batch(migration).unwrap();
+    }
+    conn.execute_batch(
+        "PRAGMA application_id = 1768187245; PRAGMA user_version = 21;
+         INSERT INTO components (digest, bytes, size, created) VALUES ('d1', x'00', 1, 1);
+         INSERT INTO runs (run_id, agent, digest, namespace, status, created, updated)
+         VALUES ('a', 'mailer', 'd1', 'mailer', 'completed', 40, 40);
+         INSERT INTO run_inputs (run_id, input, authority) VALUES ('a', x'7b7d', x'');
+         INSERT INTO progress (run_id, lease, tick, step, state, updated)
+         VALUES ('a', 1, 10, 1, x'7331', 41), ('a', 1, 20, 2, NULL, 42),
+                ('a', 2, 5, 3, x'7333', 43);
+         INSERT INTO latest_progress (run_id, lease, tick, step, state, updated)
+         VALUES ('a', 2, 5, 3, x'7333', 43);",
+    )
+    .unwrap();
+    drop(conn);
+    let store = SqliteStore::open(&path, SyncMode::Normal).unwrap();
+    block_on(async {
+        let history = store.history("a").await.unwrap().unwrap();
+        let kept: Vec<(u64, u64, u64, bool)> = history
+            .checkpoints
+            .iter()
+            .map(|c| (c.position.lease, c.position.tick, c.step, c.kept))
+            .collect();
+        assert_eq!(kept, [(1, 10, 1, true), (1, 20, 2, false), (2, 5, 3, true)]);
+        // The history no longer refers to its run by a foreign key: gc deletes it with
+        // the run, as it deletes the run's other rows.
+        let report = store
+            .gc(&crate::store::GcRequest {
+                finished_before: Duration::ZERO,
+                dedupe_window: Duration::ZERO,
+                include_failed: false,
+                history_before: None,
+                dry_run: false,
+            })
+            .await
+            .unwrap();
+        assert_eq!((report.runs, report.checkpoints), (1, 3));
+        assert!(store.history("a").await.unwrap().is_none());
+    });
+    let left: i64 = block_on(
+        store
+            .db
+            .read(|conn, _| conn.query_row("SELECT count(*) FROM progress", [], |r| r.get(0))),
+    )
+    .unwrap();
+    assert_eq!(left, 0);
+}

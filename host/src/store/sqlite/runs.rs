@@ -325,14 +325,23 @@ pub(super) fn save_checkpoint(
     now: Millis,
 ) -> Result<(), TxError> {
     let row = super::history::Saved::new(checkpoint, position, now)?;
-    conn.prepare_cached(
-        "INSERT INTO latest_progress (run_id, lease, tick, step, state, updated)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-         ON CONFLICT (run_id) DO UPDATE
-         SET lease = excluded.lease, tick = excluded.tick, step = excluded.step,
-             state = excluded.state, updated = excluded.updated",
-    )?
-    .execute(row.params(&run_id))?;
+    // The row exists after a run's first save: an UPDATE that leaves `run_id` alone
+    // neither tries an insert first nor checks the foreign key again, as an upsert
+    // would at every save.
+    let updated = conn
+        .prepare_cached(
+            "UPDATE latest_progress SET lease = ?2, tick = ?3, step = ?4, state = ?5,
+                                        updated = ?6
+             WHERE run_id = ?1",
+        )?
+        .execute(row.params(&run_id))?;
+    if updated == 0 {
+        conn.prepare_cached(
+            "INSERT INTO latest_progress (run_id, lease, tick, step, state, updated)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )?
+        .execute(row.params(&run_id))?;
+    }
     super::history::keep(conn, run_id, row)
 }
 
@@ -354,13 +363,27 @@ pub(super) fn drop_large_states(conn: &Connection, run_id: &str) -> Result<(), T
 /// Deletes the run's checkpoints but its last [`HISTORY_KEEP`], marking its history
 /// cut when it deleted any.
 pub(super) fn trim_history(conn: &Connection, run_id: &str) -> Result<u64, TxError> {
-    let deleted = conn
+    let cut: Option<(i64, i64)> = conn
         .prepare_cached(
-            "DELETE FROM progress WHERE run_id = ?1 AND (lease, tick) <=
-                 (SELECT lease, tick FROM progress WHERE run_id = ?1
-                  ORDER BY lease DESC, tick DESC LIMIT 1 OFFSET ?2)",
+            "SELECT lease, tick FROM progress WHERE run_id = ?1
+             ORDER BY lease DESC, tick DESC LIMIT 1 OFFSET ?2",
         )?
-        .execute(params![run_id, to_sql_int(HISTORY_KEEP)?])?;
+        .query_row(params![run_id, to_sql_int(HISTORY_KEEP)?], |row| {
+            Ok((row.get(0)?, row.get(1)?))
+        })
+        .optional()?;
+    let Some((lease, tick)) = cut else {
+        return Ok(0);
+    };
+    // Two ranges of the primary key: compared as a row value, `(lease, tick) <= cut`
+    // is searched as `lease <= cut.lease` and tested row by row, every row of the run's
+    // lease (most of its history) visited to delete a few.
+    let mut deleted = conn
+        .prepare_cached("DELETE FROM progress WHERE run_id = ?1 AND lease < ?2")?
+        .execute(params![run_id, lease])?;
+    deleted += conn
+        .prepare_cached("DELETE FROM progress WHERE run_id = ?1 AND lease = ?2 AND tick <= ?3")?
+        .execute(params![run_id, lease, tick])?;
     if deleted > 0 {
         conn.prepare_cached(
             "UPDATE runs SET history_cut = 1 WHERE run_id = ?1 AND history_cut = 0",

@@ -38,6 +38,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0019_events.sql"),
     include_str!("../migrations/sqlite/0020_history.sql"),
     include_str!("../migrations/sqlite/0021_latest_progress.sql"),
+    include_str!("../migrations/sqlite/0022_progress_unreferenced.sql"),
 ];
 
 /// The schema version this build writes and understands.

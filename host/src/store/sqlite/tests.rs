@@ -881,3 +881,45 @@ fn a_runs_history_keeps_near_its_bound_and_at_it_once_its_lease_ends() {
     assert_eq!(history.checkpoints.len(), keep);
     assert_eq!(history.checkpoints[0].step, 301);
 }
+
+#[test]
+fn a_runs_history_is_cut_across_its_leases_at_its_bound() {
+    // Three leases; the oldest kept checkpoint is in the second: the first is collected
+    // whole, the second in part, the third kept whole.
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&dir.path().join("idem.db"), SyncMode::Normal).unwrap();
+    let mut fence = leased(&store, SyncMode::Normal);
+    let keep = crate::store::HISTORY_KEEP;
+    let leases = [keep * 3 / 10, keep * 8 / 10, keep / 2];
+    let mut step = 0;
+    for (n, saves) in leases.into_iter().enumerate() {
+        if n > 0 {
+            block_on(store.release_run(&fence, &Counts::default(), None)).unwrap();
+            let lease = Duration::from_secs(3600);
+            fence.token = match block_on(store.acquire_run("run-1", "w", lease)).unwrap() {
+                Acquired::Leased(run) => run.token,
+                other => panic!("{other:?}"),
+            };
+        }
+        for _ in 0..saves {
+            step += 1;
+            let checkpoint = Checkpoint {
+                step,
+                state: b"s".to_vec(),
+            };
+            block_on(store.save_progress(&fence, &checkpoint, None)).unwrap();
+        }
+    }
+    block_on(store.release_run(&fence, &Counts::default(), None)).unwrap();
+    let history = block_on(store.history("run-1")).unwrap().unwrap();
+    assert!(history.collected);
+    let steps: Vec<u64> = history.checkpoints.iter().map(|c| c.step).collect();
+    let expected: Vec<u64> = (step - keep + 1..=step).collect();
+    assert_eq!(steps, expected);
+    let kept_leases: std::collections::BTreeSet<u64> = history
+        .checkpoints
+        .iter()
+        .map(|c| c.position.lease)
+        .collect();
+    assert_eq!(kept_leases.len(), 2, "{kept_leases:?}");
+}
