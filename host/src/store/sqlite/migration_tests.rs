@@ -36,6 +36,23 @@ fn old_store(path: &Path, version: usize, sql: &str) {
     conn.execute_batch(sql).unwrap();
 }
 
+/// Creates a store file at schema `version` with this build's first `version`
+/// migrations and the rows of `sql`, as the idem of that version left it (foreign keys
+/// off, as its migrations ran).
+fn store_at(path: &Path, version: usize, sql: &str) {
+    let conn = Connection::open(path).unwrap();
+    conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA foreign_keys = OFF;")
+        .unwrap();
+    for migration in &super::schema::MIGRATIONS[..version] {
+        conn.execute_batch(migration).unwrap();
+    }
+    conn.execute_batch(&format!(
+        "PRAGMA application_id = 1768187245; PRAGMA user_version = {version};"
+    ))
+    .unwrap();
+    conn.execute_batch(sql).unwrap();
+}
+
 fn tables(store: &SqliteStore) -> Vec<String> {
     block_on(store.db.read(|conn, _| {
         conn.prepare("SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name")?
@@ -357,15 +374,10 @@ fn version_1_store_migrates_with_claims_and_results_intact() {
 fn version_17_store_numbers_deployments_and_places_runs_on_them() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("idem.db");
-    let conn = Connection::open(&path).unwrap();
-    conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA foreign_keys = OFF;")
-        .unwrap();
-    for migration in &super::schema::MIGRATIONS[..17] {
-        conn.execute_batch(migration).unwrap();
-    }
-    conn.execute_batch(
-        "PRAGMA application_id = 1768187245; PRAGMA user_version = 17;
-         INSERT INTO components (digest, bytes, size, created)
+    store_at(
+        &path,
+        17,
+        "INSERT INTO components (digest, bytes, size, created)
          VALUES ('d1', x'00', 1, 1), ('d2', x'00', 1, 1);
          INSERT INTO deployments (name, digest, authority, admission, deployed_at, source)
          VALUES ('mailer', 'd1', x'', 'explicit', 10, NULL),
@@ -379,9 +391,7 @@ fn version_17_store_numbers_deployments_and_places_runs_on_them() {
          VALUES ('a', x'', x''), ('b', x'', x''), ('c', x'', x'');
          INSERT INTO run_upgrades (run_id, from_digest, to_digest, at)
          VALUES ('b', 'd1', 'd2', 45);",
-    )
-    .unwrap();
-    drop(conn);
+    );
     let store = SqliteStore::open(&path, SyncMode::Normal).unwrap();
     block_on(async {
         let versions: Vec<(u64, String, u64)> = store
@@ -444,15 +454,10 @@ fn version_17_store_numbers_deployments_and_places_runs_on_them() {
 fn version_19_store_keeps_its_checkpoints_and_orders_its_steps_by_commit_time() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("idem.db");
-    let conn = Connection::open(&path).unwrap();
-    conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA foreign_keys = OFF;")
-        .unwrap();
-    for migration in &super::schema::MIGRATIONS[..19] {
-        conn.execute_batch(migration).unwrap();
-    }
-    conn.execute_batch(
-        "PRAGMA application_id = 1768187245; PRAGMA user_version = 19;
-         INSERT INTO components (digest, bytes, size, created) VALUES ('d1', x'00', 1, 1);
+    store_at(
+        &path,
+        19,
+        "INSERT INTO components (digest, bytes, size, created) VALUES ('d1', x'00', 1, 1);
          INSERT INTO runs (run_id, agent, digest, namespace, status, created, updated)
          VALUES ('a', 'mailer', 'd1', 'mailer', 'running', 40, 40);
          INSERT INTO run_inputs (run_id, input, authority) VALUES ('a', x'7b7d', x'');
@@ -461,9 +466,7 @@ fn version_19_store_keeps_its_checkpoints_and_orders_its_steps_by_commit_time() 
                             committed_at)
          VALUES ('mailer:a/second', 'a', 1, 1, 45, 45, x'32', 46),
                 ('mailer:a/first', 'a', 1, 1, 41, 41, x'31', 42);",
-    )
-    .unwrap();
-    drop(conn);
+    );
     let store = SqliteStore::open(&path, SyncMode::Normal).unwrap();
     block_on(async {
         assert_eq!(
@@ -503,15 +506,10 @@ fn version_19_store_keeps_its_checkpoints_and_orders_its_steps_by_commit_time() 
 fn version_21_store_keeps_its_history_and_gc_still_collects_it_with_its_run() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("idem.db");
-    let conn = Connection::open(&path).unwrap();
-    conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA foreign_keys = OFF;")
-        .unwrap();
-    for migration in &super::schema::MIGRATIONS[..21] {
-        conn.execute_batch(migration).unwrap();
-    }
-    conn.execute_batch(
-        "PRAGMA application_id = 1768187245; PRAGMA user_version = 21;
-         INSERT INTO components (digest, bytes, size, created) VALUES ('d1', x'00', 1, 1);
+    store_at(
+        &path,
+        21,
+        "INSERT INTO components (digest, bytes, size, created) VALUES ('d1', x'00', 1, 1);
          INSERT INTO runs (run_id, agent, digest, namespace, status, created, updated)
          VALUES ('a', 'mailer', 'd1', 'mailer', 'completed', 40, 40);
          INSERT INTO run_inputs (run_id, input, authority) VALUES ('a', x'7b7d', x'');
@@ -520,9 +518,7 @@ fn version_21_store_keeps_its_history_and_gc_still_collects_it_with_its_run() {
                 ('a', 2, 5, 3, x'7333', 43);
          INSERT INTO latest_progress (run_id, lease, tick, step, state, updated)
          VALUES ('a', 2, 5, 3, x'7333', 43);",
-    )
-    .unwrap();
-    drop(conn);
+    );
     let store = SqliteStore::open(&path, SyncMode::Normal).unwrap();
     block_on(async {
         let history = store.history("a").await.unwrap().unwrap();
