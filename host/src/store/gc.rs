@@ -87,6 +87,27 @@ impl GcReport {
         self.blobs += other.blobs;
     }
 
+    /// Of a batch of finished runs, each `(position, id, checkpoints past its last)`,
+    /// the ids whose history has checkpoints to collect; a dry run, which collects
+    /// nothing, counts them here instead.
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub(crate) fn histories_to_collect(
+        &mut self,
+        batch: Vec<(i64, String, u64)>,
+        dry_run: bool,
+    ) -> Vec<String> {
+        batch
+            .into_iter()
+            .filter(|(_, _, extra)| *extra > 0)
+            .map(|(_, id, extra)| {
+                if dry_run {
+                    self.checkpoints += extra;
+                }
+                id
+            })
+            .collect()
+    }
+
     /// Rows of every kind, summed.
     pub fn total(&self) -> u64 {
         self.runs

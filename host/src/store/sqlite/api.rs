@@ -1040,16 +1040,7 @@ impl OperatorStore for SqliteStore {
                     break;
                 };
                 after = last;
-                let ids: Vec<String> = batch
-                    .into_iter()
-                    .filter(|(_, _, extra)| *extra > 0)
-                    .map(|(_, id, extra)| {
-                        if req.dry_run {
-                            report.checkpoints += extra;
-                        }
-                        id
-                    })
-                    .collect();
+                let ids = report.histories_to_collect(batch, req.dry_run);
                 if req.dry_run || ids.is_empty() {
                     continue;
                 }
