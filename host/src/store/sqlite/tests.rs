@@ -64,17 +64,20 @@ pub(super) fn submit(store: &SqliteStore, run_id: &str) {
 fn leased(store: &SqliteStore, sync: SyncMode) -> RunFence {
     block_on(store.put_component("00", b"")).unwrap();
     submit(store, "run-1");
-    block_on(async {
-        let lease = Duration::from_secs(3600);
-        match store.acquire_run("run-1", "w", lease).await.unwrap() {
-            Acquired::Leased(run) => RunFence {
-                run_id: "run-1".to_owned(),
-                token: run.token,
-                sync,
-            },
-            other => panic!("{other:?}"),
-        }
-    })
+    lease(store, sync)
+}
+
+/// A lease of `run-1`, submitted and not leased now.
+fn lease(store: &SqliteStore, sync: SyncMode) -> RunFence {
+    let lease = Duration::from_secs(3600);
+    match block_on(store.acquire_run("run-1", "w", lease)).unwrap() {
+        Acquired::Leased(run) => RunFence {
+            run_id: "run-1".to_owned(),
+            token: run.token,
+            sync,
+        },
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]
@@ -895,11 +898,7 @@ fn a_runs_history_is_cut_across_its_leases_at_its_bound() {
     for (n, saves) in leases.into_iter().enumerate() {
         if n > 0 {
             block_on(store.release_run(&fence, &Counts::default(), None)).unwrap();
-            let lease = Duration::from_secs(3600);
-            fence.token = match block_on(store.acquire_run("run-1", "w", lease)).unwrap() {
-                Acquired::Leased(run) => run.token,
-                other => panic!("{other:?}"),
-            };
+            fence = lease(&store, SyncMode::Normal);
         }
         for _ in 0..saves {
             step += 1;
